@@ -1,0 +1,34 @@
+"""Liveness, readiness and the service's own Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from app.api.deps import MonitorDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict:
+    """The process is alive (no dependencies checked)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(monitor: MonitorDep, response: Response) -> dict:
+    """Ready when the database answers."""
+    try:
+        with monitor.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+    except Exception as exc:
+        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+        return {"status": "unavailable", "database": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers)}
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(monitor: MonitorDep) -> Response:
+    return Response(generate_latest(monitor.telemetry.registry), media_type=CONTENT_TYPE_LATEST)

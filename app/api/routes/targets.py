@@ -1,0 +1,226 @@
+"""Targets: CRUD, latency percentiles, quantile time series, scrape health."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Annotated
+
+import anyio.from_thread
+from fastapi import APIRouter, HTTPException, Query, status
+from pydantic import ValidationError
+
+from app import latency
+from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.schemas import ScrapeOut, TargetIn, TargetOut, TargetPatch
+from app.config import TargetConfig, validate_target_url
+from app.durations import parse_duration
+from app.lifespan import Monitor
+from app.sources.base import HISTOGRAM_SIGNALS
+from app.store import repository
+from app.store.models import Scrape, Target
+
+router = APIRouter(prefix="/api/v1", tags=["targets"])
+
+
+def unprocessable(field: str, message: str) -> HTTPException:
+    """A 422 shaped like FastAPI's own validation errors, naming the field."""
+    return HTTPException(422,
+                         [{"loc": field.split("."), "msg": message, "type": "value_error"}])
+
+
+def duration_param(value: str, name: str, minimum: float = 1.0, maximum: float = 31 * 86400) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise unprocessable(f"query.{name}", str(exc)) from None
+    if not minimum <= seconds <= maximum:
+        raise unprocessable(f"query.{name}", f"must be between {minimum:g}s and {maximum:g}s, got {value!r}")
+    return seconds
+
+
+def scrape_out(scrape: Scrape | None) -> ScrapeOut | None:
+    if scrape is None:
+        return None
+    return ScrapeOut(ts=scrape.ts, up=scrape.up, duration_seconds=scrape.duration, bytes=scrape.bytes,
+                     samples_seen=scrape.samples_seen, samples_kept=scrape.samples_kept,
+                     malformed_lines=scrape.malformed, engine=scrape.engine, error_class=scrape.error_class,
+                     error=scrape.error)
+
+
+def target_out(monitor: Monitor, target: Target, last: Scrape | None = None) -> TargetOut:
+    s = monitor.settings
+    interval = target.scrape_interval or s.default_scrape_interval
+    return TargetOut(
+        name=target.name, url=target.url, engine=target.engine, detected_engine=target.detected_engine,
+        labels=target.labels, scrape_interval_seconds=interval,
+        scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
+        source=target.source, created_at=target.created_at, updated_at=target.updated_at,
+        last_scrape=scrape_out(last),
+    )
+
+
+def get_or_404(session: SessionDep, name: str) -> Target:
+    target = repository.get_target(session, name)
+    if target is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
+    return target
+
+
+def check_url(monitor: Monitor, url: str) -> None:
+    try:
+        validate_target_url(url, monitor.settings.allowed_target_hosts)
+    except ValueError as exc:
+        raise unprocessable("body.url", str(exc)) from None
+
+
+def reschedule(monitor: Monitor) -> None:
+    """Called from the request's worker thread after commit: update the scrape jobs."""
+    anyio.from_thread.run(monitor.reload_targets)
+
+
+@router.get("/targets", response_model=list[TargetOut])
+def list_targets(session: SessionDep, monitor: MonitorDep) -> list[TargetOut]:
+    latest = repository.latest_scrapes(session)
+    return [target_out(monitor, t, latest.get(t.id)) for t in repository.list_targets(session)]
+
+
+@router.post("/targets", response_model=TargetOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
+def create_target(body: TargetIn, session: SessionDep, monitor: MonitorDep) -> TargetOut:
+    check_url(monitor, body.url)
+    if repository.get_target(session, body.name) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"target {body.name!r} already exists")
+    target = repository.create_target(session, **body.model_dump())
+    session.commit()
+    reschedule(monitor)
+    return target_out(monitor, target)
+
+
+@router.get("/targets/{name}", response_model=TargetOut)
+def get_target(name: str, session: SessionDep, monitor: MonitorDep) -> TargetOut:
+    target = get_or_404(session, name)
+    return target_out(monitor, target, repository.latest_scrapes(session).get(target.id))
+
+
+@router.put("/targets/{name}", response_model=TargetOut, dependencies=[WriteAuth])
+def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: MonitorDep) -> TargetOut:
+    if body.name != name:
+        raise unprocessable("body.name", f"must equal the name in the path ({name!r}); targets cannot be renamed")
+    check_url(monitor, body.url)
+    target = get_or_404(session, name)
+    repository.update_target(session, target, **body.model_dump(exclude={"name"}))
+    session.commit()
+    reschedule(monitor)
+    return target_out(monitor, target)
+
+
+@router.patch("/targets/{name}", response_model=TargetOut, dependencies=[WriteAuth])
+def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: MonitorDep) -> TargetOut:
+    target = get_or_404(session, name)
+    changes = body.model_dump(exclude_unset=True)
+    if "url" in changes:
+        if changes["url"] is None:
+            raise unprocessable("body.url", "cannot be null")
+        check_url(monitor, changes["url"])
+    merged = {"name": target.name, "url": target.url, "engine": target.engine, "labels": target.labels,
+              "scrape_interval": target.scrape_interval, "scrape_timeout": target.scrape_timeout, **changes}
+    try:
+        TargetConfig.model_validate(merged)  # the combination must still be valid
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise unprocessable("body." + ".".join(map(str, first["loc"])) if first["loc"] else "body",
+                            first["msg"].removeprefix("Value error, ")) from None
+    repository.update_target(session, target, **changes)
+    session.commit()
+    reschedule(monitor)
+    return target_out(monitor, target)
+
+
+@router.delete("/targets/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
+def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
+    target = get_or_404(session, name)
+    monitor.scraping.writer.forget_target(target.id)
+    repository.delete_target(session, target)
+    session.commit()
+    reschedule(monitor)
+
+
+@router.get("/targets/{name}/latency")
+def target_latency(name: str, session: SessionDep,
+                   window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
+                   end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
+    """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
+    ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
+    overall and per model; counter rates; gauge last/mean/max."""
+    target = get_or_404(session, name)
+    seconds = duration_param(window, "window")
+    report = latency.latency_report(session, [target.id], seconds, end if end is not None else time.time())
+    return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
+
+
+@router.get("/targets/{name}/series")
+def target_series(name: str, session: SessionDep,
+                  signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
+                  q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
+                  step: str = "30s", window: str = "1h",
+                  lookback: Annotated[str, Query(description="increase() range of each point")] = "5m",
+                  model: str | None = None, end: float | None = None) -> dict:
+    target = get_or_404(session, name)
+    if signal not in HISTOGRAM_SIGNALS:
+        raise unprocessable("query.signal", f"unknown signal {signal!r}; one of {', '.join(HISTOGRAM_SIGNALS)}")
+    quantile: float | None = None
+    if q != "mean":
+        try:
+            quantile = float(q)
+        except ValueError:
+            quantile = math.nan
+        if not 0.0 <= quantile <= 1.0:
+            raise unprocessable("query.q", f"must be a number between 0 and 1 or 'mean', got {q!r}")
+    span = duration_param(window, "window")
+    step_s = duration_param(step, "step")
+    if span / step_s > 11_000:
+        raise unprocessable("query.step", "too many points (more than 11000); use a larger step")
+    lookback_s = duration_param(lookback, "lookback")
+    points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s,
+                                     end if end is not None else time.time(), model)
+    return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
+            "model": model, "points": points}
+
+
+@router.get("/targets/{name}/scrapes", response_model=list[ScrapeOut])
+def target_scrapes(name: str, session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list:
+    target = get_or_404(session, name)
+    return [scrape_out(s) for s in repository.scrape_log(session, target.id, limit)]
+
+
+@router.get("/targets/{name}/config")
+def target_config(name: str, session: SessionDep) -> dict:
+    """Engine configuration revealed by info metrics (e.g. vLLM cache_config_info)."""
+    target = get_or_404(session, name)
+    return {"target": name, "info": [{"name": i.name, "model": i.model, "rank": i.rank, "labels": i.labels,
+                                      "ts": i.ts} for i in repository.target_infos(session, target.id)]}
+
+
+@router.get("/latency")
+def fleet_latency(session: SessionDep, window: str = "5m", end: float | None = None) -> dict:
+    """Fleet-wide percentiles: every target's histograms summed by le (same bucket bounds)."""
+    seconds = duration_param(window, "window")
+    targets = repository.list_targets(session)
+    report = latency.latency_report(session, [t.id for t in targets], seconds,
+                                    end if end is not None else time.time())
+    return {"targets": [t.name for t in targets], "window": window, **report}
+
+
+@router.get("/scrape-health")
+def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") -> list[dict]:
+    seconds = duration_param(window, "window")
+    since = time.time() - seconds
+    latest = repository.latest_scrapes(session)
+    out = []
+    for target in repository.list_targets(session):
+        total, failed = repository.scrape_counts(session, target.id, since)
+        out.append({"target": target.name, "engine": target.detected_engine or target.engine,
+                    "scrapes": total, "failed": failed,
+                    "success_ratio": None if total == 0 else (total - failed) / total,
+                    "last": scrape_out(latest.get(target.id))})
+    return out

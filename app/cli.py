@@ -1,0 +1,173 @@
+"""The ``llm-latency`` command."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+import yaml
+from pydantic import ValidationError
+
+from app.config import ConfigError, format_validation_error, load_config
+from app.settings import Settings
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with command-line overrides; a bad value exits
+    with a message naming the setting."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise click.ClickException(f"invalid settings: {format_validation_error(exc)}") from None
+
+
+@click.group()
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+def main(log_level: str) -> None:
+    """LLM Latency Monitor: TTFT/ITL percentiles and why LLM serving is slow."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_server(settings: Settings, host: str, port: int) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    try:
+        settings.check_listen_security(host)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+
+
+@main.command()
+@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML file with targets.")
+@click.option("--host", help="Listen address (default LLM_LATENCY_HOST or 127.0.0.1).")
+@click.option("--port", type=int, help="Listen port (default LLM_LATENCY_PORT or 8000).")
+def serve(config_file: Path | None, host: str | None, port: int | None) -> None:
+    """Run the service: scrape the configured targets, store, serve the API."""
+    settings = load_settings(config_file=config_file, host=host, port=port)
+    if settings.config_file is not None:
+        try:
+            load_config(settings.config_file, settings.allowed_target_hosts)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
+    click.echo(f"LLM Latency Monitor on http://{settings.host}:{settings.port}  (API docs: /docs)")
+    run_server(settings, settings.host, settings.port)
+
+
+@main.command("check-config")
+@click.argument("config_file", type=click.Path(path_type=Path))
+def check_config(config_file: Path) -> None:
+    """Validate a targets file and exit non-zero naming every bad field."""
+    settings = load_settings()
+    try:
+        config = load_config(config_file, settings.allowed_target_hosts)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{config_file}: OK, {len(config.targets)} target(s)")
+
+
+@main.group()
+def db() -> None:
+    """Database schema migrations (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Create or upgrade the schema of LLM_LATENCY_DATABASE_URL."""
+    from app.store.db import upgrade
+
+    settings = load_settings()
+    upgrade(settings.effective_database_url, revision)
+    click.echo(f"database at revision {revision}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+def db_downgrade(revision: str) -> None:
+    """Downgrade the schema to REVISION ('base' drops everything)."""
+    from app.store.db import downgrade
+
+    downgrade(load_settings().effective_database_url, revision)
+    click.echo(f"database at revision {revision}")
+
+
+@db.command("current")
+def db_current() -> None:
+    """Print the schema revision of the database."""
+    from app.store.db import current_revision, head_revision, make_engine
+
+    engine = make_engine(load_settings().effective_database_url)
+    click.echo(f"current: {current_revision(engine) or 'none'}  head: {head_revision()}")
+    engine.dispose()
+
+
+DEMO_TARGETS = (
+    # name, scenario, engine
+    ("vllm-healthy", "healthy", "vllm"),
+    ("vllm-queueing", "queueing", "vllm"),
+    ("vllm-interference", "prefill_interference", "vllm"),
+    ("vllm-kv-pressure", "kv_cache_pressure", "vllm"),
+    ("tgi-bandwidth", "bandwidth_bound", "tgi"),
+    ("vllm-long-prompts", "prefill_compute", "vllm-legacy"),
+)
+
+
+@main.command()
+@click.option("--port", default=8000, show_default=True, help="Port of the monitor's API.")
+@click.option("--time-scale", default=1.0, show_default=True, help="Emulator clock speed-up.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data/demo"), show_default=True)
+@click.option("--scrape-interval", default="5s", show_default=True)
+def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> None:
+    """Emulated vLLM and TGI engines in different regimes + the monitor, on this machine.
+
+    No GPU and no external services: the engines are the built-in emulator, storage is
+    SQLite under --data-dir (recreated each run). Runs until Ctrl-C.
+    """
+    from app.emulator.server import EmulatorFleet, TargetSpec
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for leftover in data_dir.glob("llm-latency.db*"):
+        leftover.unlink()
+    fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale)
+                           for i, (name, scenario, engine) in enumerate(DEMO_TARGETS)])
+    fleet.start()
+    try:
+        config = {"targets": [{"name": name, "url": f"{fleet.urls[name]}/metrics",
+                               "scrape_interval": scrape_interval} for name, _, _ in DEMO_TARGETS]}
+        config_path = data_dir / "demo-targets.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        settings = load_settings(data_dir=data_dir, config_file=config_path, port=port, host="127.0.0.1",
+                                 default_scrape_interval=scrape_interval, latency_window="2m",
+                                 summary_interval=scrape_interval)
+        click.echo("Emulated engines:")
+        for name, scenario, engine in DEMO_TARGETS:
+            click.echo(f"  {name:<20} {engine:<12} {scenario:<22} {fleet.urls[name]}/metrics")
+        base = f"http://127.0.0.1:{port}"
+        click.echo(f"\nLLM Latency Monitor: {base}\n  API docs:   {base}/docs\n"
+                   f"  latency:    {base}/api/v1/targets/vllm-queueing/latency?window=1m\n"
+                   f"  self metrics: {base}/metrics\nCtrl-C to stop.")
+        run_server(settings, "127.0.0.1", port)
+    finally:
+        fleet.stop()
+
+
+def _register_optional_commands() -> None:
+    """Commands that live with their feature package."""
+    try:
+        from app.emulator.cli import emulate
+    except ImportError:
+        return
+    main.add_command(emulate)
+
+
+_register_optional_commands()
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Durations written the way Prometheus writes them ("15s", "5m", "1h30m", "7d").
+
+Users already type these in Prometheus and Grafana; accepting the same syntax in the
+config file, the environment and API query parameters means one less thing to learn.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+
+
+def parse_duration(text: str | int | float) -> float:
+    """Return seconds for a Prometheus-style duration; plain numbers are seconds.
+
+    Raises ValueError with the offending text so config and API errors can name it.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        s = text.strip()
+        try:
+            seconds = float(s)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for match in _PART.finditer(s):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+                pos = match.end()
+            if pos != len(s) or not s:
+                raise ValueError(
+                    f"not a duration: {text!r} (use e.g. 30s, 5m, 1h, 7d)"
+                ) from None
+    if seconds != seconds or seconds < 0 or seconds == float("inf"):
+        raise ValueError(f"duration must be a finite, non-negative number of seconds: {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Shortest Prometheus-style spelling of a whole number of seconds (e.g. 300 -> "5m")."""
+    s = int(round(seconds))
+    if s != seconds or s == 0:
+        return f"{seconds:g}s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s % size == 0:
+            return f"{s // size}{unit}"
+    return f"{s}s"

@@ -1,0 +1,145 @@
+"""Builds every long-lived resource of the service and tears it down again.
+
+Nothing is created at import time: ``create_app(settings)`` is cheap and a test can
+build as many isolated apps as it likes. The :class:`Monitor` is the typed state the
+routes reach through ``app.state.monitor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import latency
+from app.config import ConfigError, load_config
+from app.scrape.jobs import TargetSpec
+from app.scrape.scheduler import ScrapeService
+from app.settings import Settings
+from app.sources.base import TIME_SIGNALS
+from app.store import db, repository
+from app.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    """The running service: database, scraper, periodic jobs, telemetry."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.engine: Engine = db.make_engine(settings.effective_database_url)
+        self.sessions: sessionmaker[Session] = db.make_sessionmaker(self.engine)
+        self.telemetry = Telemetry()
+        self.scraping = ScrapeService(
+            self.engine, self.telemetry, max_concurrency=settings.max_concurrent_scrapes,
+            max_bytes=settings.max_page_bytes, connect_timeout=settings.connect_timeout,
+            jitter=settings.scrape_jitter, write_interval=settings.write_batch_interval,
+            on_engine_detected=self._engine_detected,
+        )
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------ startup
+    def prepare_database(self) -> None:
+        """SQLite upgrades itself; a server database must be migrated explicitly
+        (``llm-latency db upgrade``), so a rollout never migrates by surprise."""
+        url = self.settings.effective_database_url
+        if self.engine.dialect.name == "sqlite":
+            db.upgrade(url)
+            return
+        head = db.head_revision()
+        current = db.current_revision(self.engine)
+        if current != head:
+            raise RuntimeError(
+                f"database schema is at revision {current or 'none'}, the service needs {head}: "
+                "run `llm-latency db upgrade` first"
+            )
+
+    def load_config_targets(self) -> None:
+        if self.settings.config_file is None:
+            return
+        config = load_config(self.settings.config_file, self.settings.allowed_target_hosts)
+        with self.sessions.begin() as session:
+            repository.sync_config_targets(session, [t.model_dump() for t in config.targets])
+
+    def target_specs(self) -> list[TargetSpec]:
+        s = self.settings
+        with self.sessions() as session:
+            return [
+                TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
+                           min(t.scrape_timeout or s.default_scrape_timeout,
+                               t.scrape_interval or s.default_scrape_interval), dict(t.labels))
+                for t in repository.list_targets(session)
+            ]
+
+    async def reload_targets(self) -> None:
+        specs = await asyncio.to_thread(self.target_specs)
+        self.scraping.sync_targets(specs)
+
+    def _engine_detected(self, target_id: int, engine: str) -> None:
+        def store() -> None:
+            with self.sessions.begin() as session:
+                repository.set_detected_engine(session, target_id, engine)
+        asyncio.get_running_loop().run_in_executor(None, store)
+
+    # ------------------------------------------------------------------ periodic jobs
+    def prune(self) -> dict[str, int]:
+        with self.sessions.begin() as session:
+            return repository.prune(session, time.time() - self.settings.retention)
+
+    def refresh_summaries(self) -> None:
+        """Recompute the per-target quantile gauges exported on /metrics."""
+        end = time.time()
+        window = self.settings.latency_window
+        summaries: dict[tuple[str, str, str], dict] = {}
+        with self.sessions() as session:
+            for target in repository.list_targets(session):
+                loaded = latency.load_histograms(session, [target.id], TIME_SIGNALS, end - window, end)
+                for model in sorted({s.model for s in loaded.series}):
+                    for signal, summary in latency.summarize_signals(loaded, end - window, end, model).items():
+                        if signal in TIME_SIGNALS:
+                            summaries[(target.name, model, signal)] = summary
+        self.telemetry.derived.summaries = summaries
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.prepare_database)
+        await asyncio.to_thread(self.load_config_targets)
+        await self.scraping.start(await asyncio.to_thread(self.target_specs))
+        scheduler = self.scraping.scheduler
+        scheduler.add_job(self._in_thread(self.prune), "interval", seconds=self.settings.prune_interval,
+                          id="prune", max_instances=1, coalesce=True)
+        scheduler.add_job(self._in_thread(self.refresh_summaries), "interval",
+                          seconds=self.settings.summary_interval, id="summaries", max_instances=1, coalesce=True)
+
+    @staticmethod
+    def _in_thread(func):  # type: ignore[no-untyped-def]
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(func)
+            except Exception:
+                log.exception("periodic job %s failed", func.__name__)
+        run.__name__ = func.__name__
+        return run
+
+    async def stop(self) -> None:
+        await self.scraping.stop()
+        self.engine.dispose()
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    monitor: Monitor = app.state.monitor
+    await monitor.start()
+    try:
+        yield
+    finally:
+        await monitor.stop()
+
+
+__all__ = ["ConfigError", "Monitor", "lifespan"]

@@ -1,0 +1,24 @@
+"""The FastAPI application. ``create_app`` does no I/O; the lifespan starts everything."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from app.api.routes import health, targets
+from app.lifespan import Monitor, lifespan
+from app.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    app = FastAPI(
+        title="LLM Latency Monitor",
+        version="0.1.0",
+        description="TTFT/ITL percentiles of LLM inference engines, computed exactly as Prometheus would, "
+        "and why serving is slow.",
+        lifespan=lifespan,
+    )
+    app.state.monitor = Monitor(settings)
+    app.include_router(health.router)
+    app.include_router(targets.router)
+    return app

@@ -1,0 +1,128 @@
+"""One scrape of one target: fetch -> parse (only the wanted families) -> canonical signals.
+
+Nothing here raises on bad targets: a down, slow, oversized or garbage-serving target
+produces a :class:`ScrapeRecord` with ``up=False`` and a classified error, and the
+other targets never notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.scrape.client import PageFetcher, ScrapeError
+from app.scrape.parser import PageParser, ParsedPage
+from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
+from app.sources.base import Canonical
+from app.store.repository import ScrapeRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TargetSpec:
+    """What the scheduler needs to know about a target (a detached copy of the DB row)."""
+
+    id: int
+    name: str
+    url: str
+    engine: str = "auto"
+    interval: float = 15.0
+    timeout: float = 10.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _detect_keep(name: str) -> bool:
+    return name.startswith(DETECTION_PREFIXES)
+
+
+class PageProcessor:
+    """Parse + adapt for one target. Keeps the parser (and its line cache) across scrapes.
+
+    With ``engine="auto"`` the first page is parsed with every adapter's prefixes to
+    detect the engine; afterwards only the detected adapter's families are kept.
+    """
+
+    def __init__(self, engine: str = "auto") -> None:
+        self.configured = engine
+        self.engine: str | None = None if engine == "auto" else engine
+        self._parser = self._make_parser()
+
+    def _make_parser(self) -> PageParser:
+        if self.engine is None:
+            return PageParser(keep=_detect_keep)
+        families = ADAPTERS[self.engine].families
+        return PageParser(keep=families.__contains__)
+
+    def process(self, body: bytes | str) -> tuple[ParsedPage, Canonical | None, str | None]:
+        """Returns (parsed page, canonical signals or None, error class or None)."""
+        page = self._parser.parse(body)
+        if self.engine is None:
+            detected = detect_engine(page)
+            if detected is not None:
+                self.engine = detected
+                self._parser = self._make_parser()
+                page = self._parser.parse(body)
+        if self.engine is None or not page.families:
+            if page.samples_seen == 0 and page.malformed:
+                return page, None, "parse_error"
+            return page, None, "no_engine_metrics"
+        canonical = ADAPTERS[self.engine].to_canonical(page)
+        return page, canonical, None
+
+
+class TargetScraper:
+    """The scheduled job for one target."""
+
+    def __init__(self, spec: TargetSpec, fetcher: PageFetcher, sink: Callable[[ScrapeRecord], None],
+                 on_result: Callable[[TargetSpec, ScrapeRecord], None] | None = None) -> None:
+        self.spec = spec
+        self.fetcher = fetcher
+        self.sink = sink
+        self.on_result = on_result
+        self.processor = PageProcessor(spec.engine)
+        self.last: ScrapeRecord | None = None
+
+    async def run(self) -> ScrapeRecord:
+        spec = self.spec
+        started = time.time()
+        t0 = time.perf_counter()
+        try:
+            fetched = await self.fetcher.fetch(spec.url, spec.timeout)
+        except ScrapeError as exc:
+            record = ScrapeRecord(spec.id, started, False, time.perf_counter() - t0,
+                                  error_class=exc.error_class, error=str(exc)[:500])
+        except Exception as exc:  # never let one target's surprise stop the scheduler
+            log.exception("unexpected error scraping %s", spec.name)
+            record = ScrapeRecord(spec.id, started, False, time.perf_counter() - t0,
+                                  error_class="internal", error=f"{type(exc).__name__}: {exc}"[:500])
+        else:
+            record = self._build_record(fetched.body, started, t0)
+        self.last = record
+        self.sink(record)
+        if self.on_result is not None:
+            self.on_result(spec, record)
+        return record
+
+    def _build_record(self, body: bytes, started: float, t0: float) -> ScrapeRecord:
+        spec = self.spec
+        try:
+            page, canonical, error_class = self.processor.process(body)
+        except Exception as exc:
+            log.exception("processing the page of %s failed", spec.name)
+            return ScrapeRecord(spec.id, started, False, time.perf_counter() - t0, len(body),
+                                error_class="internal", error=f"{type(exc).__name__}: {exc}"[:500])
+        errors = list(page.errors[:3])
+        if canonical is not None:
+            errors = canonical.problems[:3] + errors
+        up = error_class != "parse_error"
+        if error_class == "no_engine_metrics":
+            errors.insert(0, "page has no vLLM, TGI or SGLang metrics; this target cannot be diagnosed from metrics")
+        elif error_class is None and (page.malformed or (canonical and canonical.problems)):
+            error_class = "partial"
+        return ScrapeRecord(
+            spec.id, started, up, time.perf_counter() - t0, len(body), page.samples_seen, page.samples_kept,
+            page.malformed, self.processor.engine, error_class, "; ".join(errors)[:1000] or None, canonical,
+        )

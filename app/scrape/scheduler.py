@@ -1,0 +1,148 @@
+"""Scheduling: one APScheduler interval job per target, plus the batch writer.
+
+Each target's first run is offset by a stable fraction of its interval derived from its
+name (as Prometheus spreads its scrapes), so 500 targets with a 15 s interval do not
+all fire in the same millisecond; ``scrape_jitter`` adds a little per-run randomness on
+top. Jobs never overlap (``max_instances=1``) and a missed run is coalesced rather than
+replayed.
+
+Scrape results go into an in-memory list that a single flusher writes every
+``write_batch_interval`` in one database transaction, off the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import zlib
+from collections.abc import Callable
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy import Engine
+
+from app.scrape.client import PageFetcher
+from app.scrape.jobs import TargetScraper, TargetSpec
+from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
+from app.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+MAX_PENDING = 200_000  # scrapes held in memory while the database is unreachable
+
+
+class ScrapeService:
+    def __init__(self, engine: Engine, telemetry: Telemetry, *, max_concurrency: int = 64,
+                 max_bytes: int = 4 * 1024 * 1024, connect_timeout: float = 3.0, jitter: float = 0.05,
+                 write_interval: float = 0.5,
+                 on_engine_detected: Callable[[int, str], None] | None = None) -> None:
+        self.telemetry = telemetry
+        self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
+        self.writer = SampleWriter(engine)
+        self.scheduler = AsyncIOScheduler(timezone=dt.timezone.utc)
+        self.scrapers: dict[str, TargetScraper] = {}
+        self.jitter = jitter
+        self.write_interval = write_interval
+        self.on_engine_detected = on_engine_detected
+        self._pending: list[ScrapeRecord] = []
+        self._flush_lock = asyncio.Lock()
+        self._flush_task: asyncio.Task | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, targets: list[TargetSpec]) -> None:
+        await self.fetcher.start()
+        self.scheduler.start()
+        self.sync_targets(targets)
+        self._flush_task = asyncio.create_task(self._flush_loop(), name="scrape-writer")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.scheduler.shutdown(wait=False)
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+            try:
+                await self._flush_task
+            except asyncio.CancelledError:
+                pass
+        await self.flush()  # nothing scraped is lost on a clean shutdown
+        await self.fetcher.close()
+
+    # ------------------------------------------------------------------ targets
+    def sync_targets(self, targets: list[TargetSpec]) -> None:
+        """Make the scheduled jobs match ``targets`` (add, replace changed, remove gone)."""
+        wanted = {t.name: t for t in targets}
+        for name in list(self.scrapers):
+            if name not in wanted or wanted[name] != self.scrapers[name].spec:
+                self._remove(name)
+        for name, spec in wanted.items():
+            if name not in self.scrapers:
+                self._add(spec)
+
+    def _add(self, spec: TargetSpec) -> None:
+        scraper = TargetScraper(spec, self.fetcher, self._pending.append, self._on_result)
+        self.scrapers[spec.name] = scraper
+        offset = (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
+        first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset)
+        self.scheduler.add_job(
+            scraper.run, IntervalTrigger(seconds=spec.interval, start_date=first, jitter=self.jitter * spec.interval),
+            id=f"scrape:{spec.name}", name=f"scrape {spec.name}", max_instances=1, coalesce=True,
+            misfire_grace_time=max(1, int(spec.interval)), replace_existing=True, next_run_time=first,
+        )
+
+    def _remove(self, name: str) -> None:
+        scraper = self.scrapers.pop(name, None)
+        try:
+            self.scheduler.remove_job(f"scrape:{name}")
+        except Exception:
+            pass
+        if scraper is not None:
+            self.telemetry.forget_target(name)
+
+    def _on_result(self, spec: TargetSpec, record: ScrapeRecord) -> None:
+        self.telemetry.record_scrape(spec.name, record.up, record.error_class, record.duration, record.bytes,
+                                     record.samples_kept, record.malformed, record.ts)
+        self.telemetry.queue_depth.set(len(self._pending))
+        if record.engine and self.on_engine_detected is not None and spec.engine == "auto":
+            scraper = self.scrapers.get(spec.name)
+            if scraper is not None and getattr(scraper, "_reported_engine", None) != record.engine:
+                scraper._reported_engine = record.engine  # type: ignore[attr-defined]
+                self.on_engine_detected(spec.id, record.engine)
+
+    async def scrape_now(self, name: str) -> ScrapeRecord:
+        """Run one scrape of ``name`` immediately (API 'scrape now', tests, the diagnose command)."""
+        return await self.scrapers[name].run()
+
+    # ------------------------------------------------------------------ writing
+    async def _flush_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.write_interval)
+            try:
+                await self.flush()
+            except Exception:  # keep the writer alive; records stay queued for the next try
+                log.exception("flushing scrapes failed")
+
+    async def flush(self) -> int:
+        async with self._flush_lock:
+            if not self._pending:
+                return 0
+            batch, self._pending[:] = list(self._pending), []
+            started = time.perf_counter()
+            try:
+                written = await asyncio.to_thread(self.writer.write, batch)
+            except DatabaseUnavailable:
+                # Keep the scrapes and try again next flush; bounded so an outage of
+                # hours cannot exhaust memory (oldest dropped first, and counted).
+                self._pending[:0] = batch
+                overflow = len(self._pending) - MAX_PENDING
+                if overflow > 0:
+                    del self._pending[:overflow]
+                    self.telemetry.writes.labels("dropped").inc(overflow)
+                raise
+            self.telemetry.write_seconds.observe(time.perf_counter() - started)
+            self.telemetry.writes.labels("ok").inc(written)
+            if written < len(batch):
+                self.telemetry.writes.labels("error").inc(len(batch) - written)
+            self.telemetry.queue_depth.set(len(self._pending))
+            return written

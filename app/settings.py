@@ -1,0 +1,114 @@
+"""The one settings object, read from the environment (prefix ``LLM_LATENCY_``).
+
+This module is the only reader of ``os.environ`` in the service. Everything that
+describes *what to monitor* (targets, later receivers and SLOs) lives in the YAML
+config file (see :mod:`app.config`); everything that describes *how the service
+runs* (database, listen address, limits, security) lives here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.durations import parse_duration
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _split_list(value: object) -> object:
+    """Environment lists are comma separated: ``LLM_LATENCY_ALLOWED_TARGET_HOSTS=a,10.0.0.0/8``."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLM_LATENCY_", extra="forbid")
+
+    data_dir: Path = Field(Path("data"), description="Directory for the default SQLite database.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///<data_dir>/llm-latency.db. "
+        "PostgreSQL: postgresql+psycopg://user@host/db"
+    )
+    config_file: Path | None = Field(None, description="YAML file with targets.")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_token: SecretStr | None = Field(
+        None, description="When set, every write endpoint needs 'Authorization: Bearer <token>'."
+    )
+    allow_unauthenticated_public: bool = Field(
+        False, description="Allow listening beyond loopback without an API token."
+    )
+    allowed_target_hosts: Annotated[list[str], NoDecode, BeforeValidator(_split_list)] = Field(
+        default_factory=list,
+        description="If non-empty, target URLs must use one of these hosts: exact names, "
+        "'*.suffix' wildcards, IP addresses or CIDR networks.",
+    )
+    retention: Seconds = Field(7 * 86400.0, gt=0, description="How long samples are kept.")
+    prune_interval: Seconds = Field(3600.0, gt=0)
+    default_scrape_interval: Seconds = Field(15.0, gt=0)
+    default_scrape_timeout: Seconds = Field(10.0, gt=0)
+    connect_timeout: Seconds = Field(3.0, gt=0)
+    max_page_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger pages are refused.")
+    max_concurrent_scrapes: int = Field(64, gt=0)
+    scrape_jitter: float = Field(0.1, ge=0, le=1, description="Fraction of the interval.")
+    write_batch_interval: Seconds = Field(0.5, gt=0, description="How often scrapes are flushed.")
+    latency_window: Seconds = Field(300.0, gt=0, description="Window of the /metrics quantile gauges.")
+    summary_interval: Seconds = Field(15.0, gt=0, description="How often those gauges are recomputed.")
+    public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
+
+    @field_validator("allowed_target_hosts")
+    @classmethod
+    def _valid_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if "/" in host:
+                try:
+                    ipaddress.ip_network(host, strict=False)
+                except ValueError as exc:
+                    raise ValueError(f"not a valid network: {host!r} ({exc})") from None
+        return hosts
+
+    @model_validator(mode="after")
+    def _scrape_timeout_fits(self) -> "Settings":
+        if self.default_scrape_timeout > self.default_scrape_interval:
+            raise ValueError(
+                "default_scrape_timeout must not exceed default_scrape_interval "
+                f"({self.default_scrape_timeout}s > {self.default_scrape_interval}s)"
+            )
+        return self
+
+    @cached_property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'llm-latency.db').as_posix()}"
+
+    def check_listen_security(self, host: str) -> None:
+        """Refuse to expose write endpoints beyond loopback without a token.
+
+        A monitor that can be told to fetch URLs is a server-side request forgery
+        risk when anyone on the network can add targets; the safe default is to
+        demand a token before listening anywhere but loopback.
+        """
+        if self.api_token is not None or self.allow_unauthenticated_public:
+            return
+        if not is_loopback_host(host):
+            raise ValueError(
+                f"refusing to listen on {host!r} without LLM_LATENCY_API_TOKEN; set a token, "
+                "or LLM_LATENCY_ALLOW_UNAUTHENTICATED_PUBLIC=true to accept the risk"
+            )
+
+
+def is_loopback_host(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,24 @@
+"""Engine adapters: parsed /metrics families -> canonical signals (see base.py).
+
+To support a new engine, add a module with an adapter class (name, family_prefixes,
+families, detect, to_canonical) and register it in ``ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+from app.scrape.parser import ParsedPage
+from app.sources.base import Adapter
+from app.sources.sglang import SglangAdapter
+from app.sources.tgi import TgiAdapter
+from app.sources.vllm import VllmAdapter
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), TgiAdapter(), SglangAdapter())}
+DETECTION_PREFIXES = tuple(p for a in ADAPTERS.values() for p in a.family_prefixes)
+
+
+def detect_engine(page: ParsedPage) -> str | None:
+    """Which engine served this page, judged by the family prefixes present; None if none."""
+    for adapter in ADAPTERS.values():
+        if adapter.detect(page):
+            return adapter.name
+    return None

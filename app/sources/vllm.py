@@ -1,0 +1,96 @@
+"""vLLM adapter, 0.6 (V0) through current V1 releases.
+
+Renames handled (see the engine metrics reference, section 1.5): for each canonical
+signal the candidates are tried newest first, and the first family present wins, so a
+0.10.2–0.11 page that carries both ``inter_token_latency_seconds`` and the deprecated
+``time_per_output_token_seconds`` is not double counted.
+
+Series keep ``model_name`` and ``engine`` (the data-parallel rank; absent before 0.8,
+stored as "0"). Counters over ``finished_reason`` are summed.
+"""
+
+from __future__ import annotations
+
+from app.scrape.parser import ParsedPage
+from app.sources.base import (
+    Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar, first_family, histogram_series, scalar_series,
+)
+
+GROUP = ("model_name", "engine")
+
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue_time": ("vllm:request_queue_time_seconds",),
+    "prefill_time": ("vllm:request_prefill_time_seconds",),
+    "decode_time": ("vllm:request_decode_time_seconds",),
+    "inference_time": ("vllm:request_inference_time_seconds",),
+    "prompt_tokens": ("vllm:request_prompt_tokens",),
+    "generation_tokens": ("vllm:request_generation_tokens",),
+    "iteration_tokens": ("vllm:iteration_tokens_total",),
+}
+GAUGES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "requests_total": ("vllm:request_success_total",),
+}
+INFOS = {"cache_config": "vllm:cache_config_info", "sleep_state": "vllm:engine_sleep_state"}
+
+FAMILIES = frozenset(
+    name
+    for table in (HISTOGRAMS, GAUGES, COUNTERS)
+    for names in table.values()
+    for name in names
+) | frozenset(INFOS.values())
+
+
+class VllmAdapter:
+    name = "vllm"
+    family_prefixes = ("vllm:",)
+    families = FAMILIES
+
+    def detect(self, page: ParsedPage) -> bool:
+        return any(name.startswith("vllm:") for name in page.families)
+
+    def to_canonical(self, page: ParsedPage) -> Canonical:
+        out = Canonical(engine=self.name)
+        families = page.families
+        for signal, candidates in HISTOGRAMS.items():
+            family = first_family(page, candidates)
+            if family is None or family.type not in ("histogram", "untyped"):
+                continue
+            for (model, rank), (bounds, counts, total, count) in histogram_series(family, GROUP, out.problems).items():
+                out.histograms.append(CanonicalHistogram(signal, model, rank or "0", bounds, counts, total, count))
+        for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
+            for signal, candidates in table.items():
+                family = first_family(page, candidates)
+                if family is None:
+                    continue
+                for (model, rank), value in scalar_series(family, GROUP).items():
+                    out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
+        config = families.get(INFOS["cache_config"])
+        if config is not None:
+            for sample in config.samples:
+                labels = {k: v for k, v in sample.labels.items() if k not in GROUP}
+                out.infos.append(CanonicalInfo("cache_config", sample.labels.get("model_name", ""),
+                                               sample.labels.get("engine", "0"), labels))
+        sleep = families.get(INFOS["sleep_state"])
+        if sleep is not None:
+            states = {}
+            for sample in sleep.samples:
+                if sample.value:
+                    key = (sample.labels.get("model_name", ""), sample.labels.get("engine", "0"))
+                    states[key] = sample.labels.get("sleep_state", "")
+            for (model, rank), state in states.items():
+                out.infos.append(CanonicalInfo("sleep_state", model, rank, {"sleep_state": state}))
+        return out

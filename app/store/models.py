@@ -1,0 +1,109 @@
+"""Database schema (SQLAlchemy 2 typed mappings). Alembic migrations mirror this file.
+
+Layout, and why:
+
+* ``targets``: what is scraped. ``source`` says whether a row came from the config
+  file (re-synced at start) or from the API.
+* ``series``: one row per (target, canonical signal, model, data-parallel rank,
+  bucket layout). Histogram bucket bounds are stored here **once**, not per sample.
+  A changed layout (engine restarted with custom buckets) is a new series, so old
+  and new counts are never mixed.
+* ``histogram_samples``: one cumulative snapshot (bucket counts, sum, count) per
+  series per scrape. Cumulative snapshots, not deltas, so that any window can be
+  computed later with Prometheus' own increase()/reset rules.
+* ``scalar_samples``: gauge and counter values per series per scrape.
+* ``scrapes``: the health log — every scrape attempt, up or down, with timing, size,
+  samples kept and the error class.
+* ``target_info``: engine configuration revealed by info metrics
+  (``vllm:cache_config_info`` labels), latest value per target/model/rank.
+
+Timestamps are unix seconds as doubles: exact, cheap to compare, and identical on
+SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, dict[str, str]: JSON}
+
+
+class Target(Base):
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    url: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(16), default="auto")
+    detected_engine: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    scrape_interval: Mapped[float | None] = mapped_column(Float, nullable=True)
+    scrape_timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
+    source: Mapped[str] = mapped_column(String(8), default="api")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Series(Base):
+    __tablename__ = "series"
+    __table_args__ = (UniqueConstraint("target_id", "signal", "model", "rank", "bounds", name="uq_series_identity"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    signal: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(12))  # histogram | gauge | counter
+    model: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[str] = mapped_column(String(16))
+    bounds: Mapped[str] = mapped_column(Text, default="")  # comma-joined upper bounds, "" for scalars
+
+
+class HistogramSample(Base):
+    __tablename__ = "histogram_samples"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    counts: Mapped[str] = mapped_column(Text)  # comma-joined cumulative bucket counts (repr, exact)
+    sum: Mapped[float | None] = mapped_column(Float, nullable=True)  # NULL when the page had no _sum
+    count: Mapped[float] = mapped_column(Float)
+
+
+class ScalarSample(Base):
+    __tablename__ = "scalar_samples"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    ts: Mapped[float] = mapped_column(Float, primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+class Scrape(Base):
+    __tablename__ = "scrapes"
+    __table_args__ = (Index("ix_scrapes_target_ts", "target_id", "ts"), Index("ix_scrapes_ts", "ts"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    up: Mapped[bool] = mapped_column(Boolean)
+    duration: Mapped[float] = mapped_column(Float)
+    bytes: Mapped[int] = mapped_column(Integer)
+    samples_seen: Mapped[int] = mapped_column(Integer)
+    samples_kept: Mapped[int] = mapped_column(Integer)
+    malformed: Mapped[int] = mapped_column(Integer)
+    engine: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    error_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class TargetInfo(Base):
+    __tablename__ = "target_info"
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    rank: Mapped[str] = mapped_column(String(16), primary_key=True)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON)
+    ts: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,319 @@
+"""All SQL of the service lives here. Callers own the transaction boundary.
+
+Hot path: :class:`SampleWriter` writes a batch of scrapes with one multi-row insert
+per table (SQLAlchemy Core "executemany"/"insertmanyvalues"), in one transaction.
+Every scrape in the batch is therefore written completely or not at all. If the batch
+fails (it should not), each scrape is retried in a transaction of its own so one bad
+scrape can never drop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, Select, delete, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from app.quantiles import HistogramSnapshot
+from app.sources.base import Canonical
+from app.store.models import HistogramSample, ScalarSample, Scrape, Series, Target, TargetInfo
+
+log = logging.getLogger(__name__)
+
+
+def encode_floats(values: Iterable[float]) -> str:
+    """Comma-joined ``repr`` floats: exact round trip, portable across SQLite and PostgreSQL."""
+    return ",".join(map(repr, values))
+
+
+def decode_floats(text: str) -> tuple[float, ...]:
+    return tuple(map(float, text.split(","))) if text else ()
+
+
+# --------------------------------------------------------------------------- targets
+
+def list_targets(session: Session) -> list[Target]:
+    return list(session.scalars(select(Target).order_by(Target.name)))
+
+
+def get_target(session: Session, name: str) -> Target | None:
+    return session.scalar(select(Target).where(Target.name == name))
+
+
+def create_target(session: Session, *, source: str = "api", **fields: object) -> Target:
+    now = time.time()
+    target = Target(source=source, created_at=now, updated_at=now, **fields)
+    session.add(target)
+    session.flush()
+    return target
+
+
+def update_target(session: Session, target: Target, **fields: object) -> Target:
+    for key, value in fields.items():
+        setattr(target, key, value)
+    target.updated_at = time.time()
+    session.flush()
+    return target
+
+
+def delete_target(session: Session, target: Target) -> None:
+    # Explicit child deletes: SQLite only cascades with foreign_keys=ON, and
+    # explicit statements make the cost visible.
+    series_ids = select(Series.id).where(Series.target_id == target.id)
+    session.execute(delete(HistogramSample).where(HistogramSample.series_id.in_(series_ids)))
+    session.execute(delete(ScalarSample).where(ScalarSample.series_id.in_(series_ids)))
+    session.execute(delete(Series).where(Series.target_id == target.id))
+    session.execute(delete(Scrape).where(Scrape.target_id == target.id))
+    session.execute(delete(TargetInfo).where(TargetInfo.target_id == target.id))
+    session.delete(target)
+    session.flush()
+
+
+def sync_config_targets(session: Session, targets: Sequence[dict]) -> None:
+    """Make config-file targets match the file: create, update, and drop removed ones.
+
+    Targets created through the API are left alone; a config target of the same name
+    takes it over (the file is the source of truth for what it names).
+    """
+    wanted = {t["name"]: t for t in targets}
+    for target in list_targets(session):
+        if target.name in wanted:
+            fields = wanted.pop(target.name)
+            update_target(session, target, source="config", **{k: v for k, v in fields.items() if k != "name"})
+        elif target.source == "config":
+            delete_target(session, target)
+    for fields in wanted.values():
+        create_target(session, source="config", **fields)
+
+
+def set_detected_engine(session: Session, target_id: int, engine: str) -> None:
+    session.execute(update(Target).where(Target.id == target_id).values(detected_engine=engine))
+
+
+# --------------------------------------------------------------------------- writing
+
+@dataclass(slots=True)
+class ScrapeRecord:
+    """Everything one scrape attempt produced, ready to be written."""
+
+    target_id: int
+    ts: float
+    up: bool
+    duration: float
+    bytes: int = 0
+    samples_seen: int = 0
+    samples_kept: int = 0
+    malformed: int = 0
+    engine: str | None = None
+    error_class: str | None = None
+    error: str | None = None
+    canonical: Canonical | None = None
+
+
+class DatabaseUnavailable(Exception):
+    """The database could not be reached; nothing of the batch was written."""
+
+
+SeriesKey = tuple[int, str, str, str, str]  # target_id, signal, model, rank, bounds
+
+
+class SampleWriter:
+    """Writes scrape batches; caches series ids so a steady-state scrape does no lookups."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._series: dict[SeriesKey, int] = {}
+        self._bounds_text: dict[tuple[float, ...], str] = {}
+
+    def forget_target(self, target_id: int) -> None:
+        self._series = {k: v for k, v in self._series.items() if k[0] != target_id}
+
+    def write(self, records: Sequence[ScrapeRecord]) -> int:
+        """Write the batch; returns how many scrapes were written.
+
+        Raises :class:`DatabaseUnavailable` when the database cannot be reached, so
+        the caller keeps the batch and retries instead of losing it.
+        """
+        if not records:
+            return 0
+        try:
+            self._write_transaction(records)
+            return len(records)
+        except OperationalError as exc:
+            raise DatabaseUnavailable(str(exc)) from exc
+        except Exception:
+            log.exception("batch of %d scrapes failed; retrying one by one", len(records))
+        written = 0
+        for record in records:
+            try:
+                self._write_transaction([record])
+                written += 1
+            except Exception as exc:  # the scrape itself is still recorded, as failed
+                log.exception("scrape of target %s at %s could not be stored", record.target_id, record.ts)
+                failed = ScrapeRecord(record.target_id, record.ts, False, record.duration, record.bytes,
+                                      record.samples_seen, 0, record.malformed, record.engine,
+                                      "storage_error", f"{type(exc).__name__}: {exc}"[:500])
+                try:
+                    self._write_transaction([failed])
+                except Exception:
+                    log.exception("target %s removed while its scrape was pending", record.target_id)
+        return written
+
+    def _bounds(self, bounds: tuple[float, ...]) -> str:
+        text = self._bounds_text.get(bounds)
+        if text is None:
+            text = self._bounds_text[bounds] = encode_floats(bounds)
+        return text
+
+    def _write_transaction(self, records: Sequence[ScrapeRecord]) -> None:
+        new_series: dict[SeriesKey, int] = {}
+        with self.engine.begin() as conn:
+            scrape_rows, hist_rows, scalar_rows, infos = [], [], [], []
+            for r in records:
+                scrape_rows.append({
+                    "target_id": r.target_id, "ts": r.ts, "up": r.up, "duration": r.duration, "bytes": r.bytes,
+                    "samples_seen": r.samples_seen, "samples_kept": r.samples_kept, "malformed": r.malformed,
+                    "engine": r.engine, "error_class": r.error_class, "error": r.error,
+                })
+                c = r.canonical
+                if c is None:
+                    continue
+                for h in c.histograms:
+                    key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
+                    sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, "histogram", new_series)
+                    hist_rows.append({"series_id": sid, "ts": r.ts, "counts": encode_floats(h.counts),
+                                      "sum": None if math.isnan(h.sum) else h.sum, "count": h.count})
+                for s in c.scalars:
+                    key = (r.target_id, s.signal, s.model, s.rank, "")
+                    sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, s.kind, new_series)
+                    if not math.isnan(s.value):
+                        scalar_rows.append({"series_id": sid, "ts": r.ts, "value": s.value})
+                for info in c.infos:
+                    infos.append((r.target_id, info, r.ts))
+            conn.execute(insert(Scrape), scrape_rows)
+            if hist_rows:
+                conn.execute(insert(HistogramSample), hist_rows)
+            if scalar_rows:
+                conn.execute(insert(ScalarSample), scalar_rows)
+            for target_id, info, ts in infos:
+                _upsert_info(conn, target_id, info.name, info.model, info.rank, info.labels, ts)
+        self._series.update(new_series)
+
+    @staticmethod
+    def _resolve(conn: Connection, key: SeriesKey, kind: str, new_series: dict[SeriesKey, int]) -> int:
+        target_id, signal, model, rank, bounds = key
+        where = (Series.target_id == target_id, Series.signal == signal, Series.model == model,
+                 Series.rank == rank, Series.bounds == bounds)
+        sid = conn.scalar(select(Series.id).where(*where))
+        if sid is None:
+            sid = conn.execute(insert(Series).values(target_id=target_id, signal=signal, kind=kind, model=model,
+                                                     rank=rank, bounds=bounds).returning(Series.id)).scalar_one()
+        new_series[key] = sid
+        return sid
+
+
+def _upsert_info(conn: Connection, target_id: int, name: str, model: str, rank: str, labels: dict, ts: float) -> None:
+    where = (TargetInfo.target_id == target_id, TargetInfo.name == name, TargetInfo.model == model,
+             TargetInfo.rank == rank)
+    if conn.execute(update(TargetInfo).where(*where).values(labels=labels, ts=ts)).rowcount == 0:
+        conn.execute(insert(TargetInfo).values(target_id=target_id, name=name, model=model, rank=rank,
+                                               labels=labels, ts=ts))
+
+
+# --------------------------------------------------------------------------- reading
+
+@dataclass(slots=True)
+class SeriesRef:
+    id: int
+    target_id: int
+    signal: str
+    kind: str
+    model: str
+    rank: str
+    bounds: tuple[float, ...]
+
+
+def _series_query(target_ids: Sequence[int], signals: Sequence[str], model: str | None) -> Select:
+    query = select(Series).where(Series.target_id.in_(target_ids), Series.signal.in_(signals))
+    if model is not None:
+        query = query.where(Series.model == model)
+    return query
+
+
+def find_series(session: Session, target_ids: Sequence[int], signals: Sequence[str],
+                model: str | None = None) -> list[SeriesRef]:
+    return [SeriesRef(s.id, s.target_id, s.signal, s.kind, s.model, s.rank, decode_floats(s.bounds))
+            for s in session.scalars(_series_query(target_ids, signals, model))]
+
+
+def histogram_snapshots(session: Session, series_ids: Sequence[int], start: float,
+                        end: float) -> dict[int, list[HistogramSnapshot]]:
+    """Snapshots with ``start <= ts <= end`` per series, oldest first."""
+    out: dict[int, list[HistogramSnapshot]] = defaultdict(list)
+    if not series_ids:
+        return out
+    rows = session.execute(
+        select(HistogramSample.series_id, HistogramSample.ts, HistogramSample.counts, HistogramSample.sum,
+               HistogramSample.count)
+        .where(HistogramSample.series_id.in_(series_ids), HistogramSample.ts >= start, HistogramSample.ts <= end)
+        .order_by(HistogramSample.series_id, HistogramSample.ts)
+    )
+    for sid, ts, counts, total, count in rows:
+        out[sid].append(HistogramSnapshot(ts, decode_floats(counts), math.nan if total is None else total, count))
+    return out
+
+
+def scalar_points(session: Session, series_ids: Sequence[int], start: float,
+                  end: float) -> dict[int, list[tuple[float, float]]]:
+    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    if not series_ids:
+        return out
+    rows = session.execute(
+        select(ScalarSample.series_id, ScalarSample.ts, ScalarSample.value)
+        .where(ScalarSample.series_id.in_(series_ids), ScalarSample.ts >= start, ScalarSample.ts <= end)
+        .order_by(ScalarSample.series_id, ScalarSample.ts)
+    )
+    for sid, ts, value in rows:
+        out[sid].append((ts, value))
+    return out
+
+
+def target_infos(session: Session, target_id: int) -> list[TargetInfo]:
+    return list(session.scalars(select(TargetInfo).where(TargetInfo.target_id == target_id)))
+
+
+def latest_scrapes(session: Session) -> dict[int, Scrape]:
+    """The most recent scrape of every target."""
+    newest = select(Scrape.target_id, func.max(Scrape.ts).label("ts")).group_by(Scrape.target_id).subquery()
+    rows = session.scalars(select(Scrape).join(newest, (Scrape.target_id == newest.c.target_id)
+                                               & (Scrape.ts == newest.c.ts)))
+    return {row.target_id: row for row in rows}
+
+
+def scrape_log(session: Session, target_id: int, limit: int = 50) -> list[Scrape]:
+    return list(session.scalars(select(Scrape).where(Scrape.target_id == target_id)
+                                .order_by(Scrape.ts.desc()).limit(limit)))
+
+
+def scrape_counts(session: Session, target_id: int, since: float) -> tuple[int, int]:
+    """(scrapes, failed scrapes) since ``since``."""
+    where = (Scrape.target_id == target_id, Scrape.ts >= since)
+    total = session.scalar(select(func.count()).select_from(Scrape).where(*where)) or 0
+    failed = session.scalar(select(func.count()).select_from(Scrape).where(*where, Scrape.up.is_(False))) or 0
+    return int(total), int(failed)
+
+
+def prune(session: Session, before: float) -> dict[str, int]:
+    """Delete samples and scrape records older than ``before`` (retention)."""
+    deleted = {}
+    for model in (HistogramSample, ScalarSample, Scrape):
+        result = session.execute(delete(model).where(model.ts < before))
+        deleted[model.__tablename__] = result.rowcount or 0
+    return deleted

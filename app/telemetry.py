@@ -1,0 +1,106 @@
+"""Every self-metric of the service, on a registry the app owns (one per app instance).
+
+Exported at ``/metrics`` for the Prometheus that watches this service (and the Grafana
+dashboards built on it). Labels are bounded: ``target`` (as many as configured),
+``model`` (as many as the targets serve), and small fixed sets for ``signal``,
+``quantile``, ``result``/``error_class``.
+
+Scrape health
+    llm_latency_scrapes_total{target,result}            counter; result = ok or an error class
+    llm_latency_scrape_duration_seconds                  histogram over all targets
+    llm_latency_target_up{target}                        1 when the last scrape succeeded
+    llm_latency_target_last_scrape_timestamp_seconds{target}
+    llm_latency_target_scrape_bytes{target}              size of the last page
+    llm_latency_target_samples_kept{target}              samples kept from the last page
+    llm_latency_target_malformed_lines{target}           malformed lines on the last page
+Storage
+    llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
+    llm_latency_storage_write_seconds                    duration of one batch write
+    llm_latency_write_queue_scrapes                      scrapes waiting to be written
+Derived latency (recomputed every summary interval over ``latency_window``)
+    llm_latency_quantile_seconds{target,model,signal,quantile}
+    llm_latency_mean_seconds{target,model,signal}
+    llm_latency_observations{target,model,signal}        observations in the window
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class DerivedLatencyCollector(Collector):
+    """Exposes the latest latency summaries; computed by a job, not at scrape time,
+    so a Prometheus scraping every 5 s never triggers database work."""
+
+    def __init__(self) -> None:
+        # (target, model, signal) -> {"p50": .., "p90": .., "p95": .., "p99": .., "mean": .., "count": ..}
+        self.summaries: dict[tuple[str, str, str], dict] = {}
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        quantile = GaugeMetricFamily("llm_latency_quantile_seconds",
+                                     "Latency quantile over the service's latency window, per target/model/signal.",
+                                     labels=["target", "model", "signal", "quantile"])
+        mean = GaugeMetricFamily("llm_latency_mean_seconds", "Mean latency over the latency window.",
+                                 labels=["target", "model", "signal"])
+        count = GaugeMetricFamily("llm_latency_observations", "Observations in the latency window.",
+                                  labels=["target", "model", "signal"])
+        for (target, model, signal), summary in sorted(self.summaries.items()):
+            for key, q in (("p50", "0.5"), ("p90", "0.9"), ("p95", "0.95"), ("p99", "0.99")):
+                value = summary.get(key)
+                if value is not None:
+                    quantile.add_metric([target, model, signal, q], value)
+            if summary.get("mean") is not None:
+                mean.add_metric([target, model, signal], summary["mean"])
+            count.add_metric([target, model, signal], summary.get("count") or 0.0)
+        yield quantile
+        yield mean
+        yield count
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.scrapes = Counter("llm_latency_scrapes", "Scrape attempts by target and result.",
+                               ["target", "result"], registry=r)
+        self.scrape_duration = Histogram("llm_latency_scrape_duration_seconds", "Duration of scrapes (fetch + parse).",
+                                         buckets=SCRAPE_BUCKETS, registry=r)
+        self.target_up = Gauge("llm_latency_target_up", "1 if the last scrape of the target succeeded.",
+                               ["target"], registry=r)
+        self.last_scrape = Gauge("llm_latency_target_last_scrape_timestamp_seconds", "Time of the last scrape.",
+                                 ["target"], registry=r)
+        self.scrape_bytes = Gauge("llm_latency_target_scrape_bytes", "Size of the last page.", ["target"], registry=r)
+        self.samples_kept = Gauge("llm_latency_target_samples_kept", "Samples kept from the last page.",
+                                  ["target"], registry=r)
+        self.malformed = Gauge("llm_latency_target_malformed_lines", "Malformed lines on the last page.",
+                               ["target"], registry=r)
+        self.writes = Counter("llm_latency_storage_writes", "Scrapes written to the database.", ["result"], registry=r)
+        self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
+                                       buckets=SCRAPE_BUCKETS, registry=r)
+        self.queue_depth = Gauge("llm_latency_write_queue_scrapes", "Scrapes waiting to be written.", registry=r)
+        self.derived = DerivedLatencyCollector()
+        r.register(self.derived)
+
+    def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
+                      kept: int, malformed: int, ts: float) -> None:
+        self.scrapes.labels(target, "ok" if up and not error_class else (error_class or "down")).inc()
+        self.scrape_duration.observe(duration)
+        self.target_up.labels(target).set(1.0 if up else 0.0)
+        self.last_scrape.labels(target).set(ts)
+        self.scrape_bytes.labels(target).set(size)
+        self.samples_kept.labels(target).set(kept)
+        self.malformed.labels(target).set(malformed)
+
+    def forget_target(self, target: str) -> None:
+        for gauge in (self.target_up, self.last_scrape, self.scrape_bytes, self.samples_kept, self.malformed):
+            try:
+                gauge.remove(target)
+            except KeyError:
+                pass
+        self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}

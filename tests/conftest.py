@@ -1,0 +1,74 @@
+"""Shared fixtures. Storage and API suites run twice: on SQLite and on real PostgreSQL.
+
+PostgreSQL: ``LLM_LATENCY_TEST_POSTGRES_URL`` (default: the local server, trust auth,
+database ``test``). Each test session creates its own database and drops it at the end,
+so parallel runs and leftovers cannot interfere. Under ``CI=true`` an unreachable
+PostgreSQL fails the tests that need it instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from tests.support.components import missing_component
+
+POSTGRES_ADMIN_URL = os.environ.get("LLM_LATENCY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session; yields its URL."""
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"llm_latency_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        missing_component(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {type(exc).__name__}: {exc}")
+    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n AND pid <> pg_backend_pid()"
+            ), {"n": name})
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+def _reset_postgres(url: str) -> None:
+    """Drop every table (and Alembic's version table) so each test starts from nothing."""
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as connection:
+        connection.execute(text("DROP SCHEMA public CASCADE"))
+        connection.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database (no schema yet) on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    url = request.getfixturevalue("postgres_database")
+    _reset_postgres(url)
+    yield url
+
+
+@pytest.fixture
+def migrated_url(database_url: str) -> str:
+    from app.store.db import upgrade
+
+    upgrade(database_url)
+    return database_url
