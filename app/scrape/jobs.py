@@ -87,7 +87,7 @@ class TargetScraper:
 
     async def run(self) -> ScrapeRecord:
         spec = self.spec
-        started = time.time()
+        started = round(time.time(), 3)  # Prometheus' millisecond resolution
         t0 = time.perf_counter()
         try:
             fetched = await self.fetcher.fetch(spec.url, spec.timeout)

@@ -145,16 +145,27 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     reschedule(monitor)
 
 
+def time_range(window: str, start: float | None, end: float | None) -> tuple[float, float]:
+    """(window seconds, end) from either ``window`` (+ optional ``end``) or explicit ``start``/``end``."""
+    end = end if end is not None else time.time()
+    if start is None:
+        return duration_param(window, "window"), end
+    if not start < end:
+        raise unprocessable("query.start", f"must be before end ({start} >= {end})")
+    return end - start, end
+
+
 @router.get("/targets/{name}/latency")
 def target_latency(name: str, session: SessionDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
+                   start: Annotated[float | None, Query(description="unix seconds; overrides window")] = None,
                    end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max."""
     target = get_or_404(session, name)
-    seconds = duration_param(window, "window")
-    report = latency.latency_report(session, [target.id], seconds, end if end is not None else time.time())
+    seconds, end = time_range(window, start, end)
+    report = latency.latency_report(session, [target.id], seconds, end)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
@@ -202,12 +213,12 @@ def target_config(name: str, session: SessionDep) -> dict:
 
 
 @router.get("/latency")
-def fleet_latency(session: SessionDep, window: str = "5m", end: float | None = None) -> dict:
-    """Fleet-wide percentiles: every target's histograms summed by le (same bucket bounds)."""
-    seconds = duration_param(window, "window")
+def fleet_latency(session: SessionDep, window: str = "5m", start: float | None = None,
+                  end: float | None = None) -> dict:
+    """Fleet-wide percentiles: every target's histograms summed by le."""
+    seconds, end = time_range(window, start, end)
     targets = repository.list_targets(session)
-    report = latency.latency_report(session, [t.id for t in targets], seconds,
-                                    end if end is not None else time.time())
+    report = latency.latency_report(session, [t.id for t in targets], seconds, end)
     return {"targets": [t.name for t in targets], "window": window, **report}
 
 

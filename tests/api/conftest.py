@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.lifespan import Monitor
+from app.main import create_app
+from app.settings import Settings
+
+
+@dataclass
+class Service:
+    client: TestClient
+    monitor: Monitor
+
+    def scrape(self, name: str):
+        """Scrape ``name`` now and write the result (deterministic, no waiting for the schedule)."""
+        record = self.client.portal.call(self.monitor.scraping.scrape_now, name)
+        self.client.portal.call(self.monitor.scraping.flush)
+        return record
+
+
+def make_service(url: str, tmp_path: Path, **settings: object) -> Iterator[Service]:
+    # A one-hour interval keeps the scheduler from scraping on its own during a test.
+    base = {"database_url": url, "data_dir": tmp_path, "default_scrape_interval": "1h",
+            "default_scrape_timeout": "2s", "max_page_bytes": 200_000}
+    app = create_app(Settings(**{**base, **settings}))
+    with TestClient(app) as client:
+        yield Service(client, app.state.monitor)
+
+
+@pytest.fixture
+def service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
+    yield from make_service(migrated_url, tmp_path)

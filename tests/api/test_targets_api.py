@@ -1,0 +1,200 @@
+"""Targets API on SQLite and PostgreSQL: CRUD, validation, auth, latency from real scrapes."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from app import quantiles
+from tests.api.conftest import make_service
+from tests.support.engine_pages import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, VllmPage
+from tests.support.pages import StaticPageServer
+
+
+def test_crud_and_validation(service) -> None:
+    c = service.client
+    created = c.post("/api/v1/targets", json={"name": "a", "url": "http://127.0.0.1:9/metrics",
+                                              "scrape_interval": "30s", "labels": {"cluster": "x"}})
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert (body["name"], body["scrape_interval_seconds"], body["engine"], body["source"]) == ("a", 30.0, "auto", "api")
+
+    bad = c.post("/api/v1/targets", json={"name": "b", "url": "file:///etc/passwd"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"] == [{"loc": ["body", "url"], "msg": "URL scheme must be http or https, got 'file'",
+                                     "type": "value_error"}]
+    bad = c.post("/api/v1/targets", json={"name": "b", "url": "http://x/m", "engine": "triton"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "engine"]
+    bad = c.post("/api/v1/targets", json={"name": "b", "url": "http://x/m", "scrape_interval": "often"})
+    assert bad.status_code == 422 and "not a duration: 'often'" in bad.json()["detail"][0]["msg"]
+    assert c.post("/api/v1/targets", json={"name": "a", "url": "http://127.0.0.1:9/m"}).status_code == 409
+
+    assert c.get("/api/v1/targets/nope").status_code == 404
+    assert c.get("/api/v1/targets/nope/latency").json()["detail"] == "target 'nope' not found"
+    patched = c.patch("/api/v1/targets/a", json={"scrape_interval": "1m"})
+    assert patched.status_code == 200 and patched.json()["scrape_interval_seconds"] == 60.0
+    bad = c.patch("/api/v1/targets/a", json={"scrape_timeout": "2m"})
+    assert bad.status_code == 422 and "scrape_timeout must not exceed scrape_interval" in bad.json()["detail"][0]["msg"]
+    assert [t["name"] for t in c.get("/api/v1/targets").json()] == ["a"]
+    assert "a" in service.monitor.scraping.scrapers
+    assert c.delete("/api/v1/targets/a").status_code == 204
+    assert c.get("/api/v1/targets/a").status_code == 404
+    assert "a" not in service.monitor.scraping.scrapers
+
+
+def test_write_endpoints_need_the_token(migrated_url: str, tmp_path: Path) -> None:
+    for svc in make_service(migrated_url, tmp_path, api_token="s3cret"):
+        c = svc.client
+        body = {"name": "a", "url": "http://127.0.0.1:9/metrics"}
+        assert c.post("/api/v1/targets", json=body).status_code == 401
+        assert c.post("/api/v1/targets", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.post("/api/v1/targets", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 201
+        assert c.delete("/api/v1/targets/a").status_code == 401
+        assert c.get("/api/v1/targets").status_code == 200  # reads stay open
+
+
+def test_allowed_hosts_block_other_urls(migrated_url: str, tmp_path: Path) -> None:
+    for svc in make_service(migrated_url, tmp_path, allowed_target_hosts=["10.0.0.0/8"]):
+        r = svc.client.post("/api/v1/targets", json={"name": "a", "url": "http://169.254.169.254/latest/meta-data"})
+        assert r.status_code == 422
+        assert r.json()["detail"][0]["msg"] == "host '169.254.169.254' is not in allowed_target_hosts"
+
+
+def test_latency_from_two_real_scrapes_matches_hand_computed_quantiles(service) -> None:
+    page = VllmPage(model="llama")
+    page.observe(ttft=[0.05] * 10, itl=[0.02] * 50)
+    with StaticPageServer(page.render()) as server:
+        assert service.client.post("/api/v1/targets", json={"name": "v", "url": server.url}).status_code == 201
+        first = service.scrape("v")
+        assert (first.up, first.engine, first.error_class) == (True, "vllm", None)
+        # between the scrapes: 20 requests with TTFT 0.3 s and 10 with 3 s; 100 ITL gaps of 0.06 s
+        page.observe(ttft=[0.3] * 20 + [3.0] * 10, itl=[0.06] * 100)
+        server.page = page.render()
+        time.sleep(0.01)
+        second = service.scrape("v")
+    window = (quantiles.to_millis(second.ts) - quantiles.to_millis(first.ts)) / 1000  # Prometheus works in ms
+    r = service.client.get("/api/v1/targets/v/latency", params={"start": first.ts, "end": second.ts})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["engine"] == "vllm"
+    ttft = body["ttft"]
+    assert ttft["count"] == 30.0
+    # p50: rank 15 of 30 lies in (0.25, 0.5] which holds the 20 TTFTs of 0.3 s -> 0.25 + 0.25 * 15/20
+    assert ttft["p50"] == pytest.approx(0.25 + 0.25 * 15 / 20, rel=1e-12)
+    # p90: rank 27 lies in (2.5, 5.0] holding 10 (ranks 21..30) -> 2.5 + 2.5 * (27 - 20) / 10
+    assert ttft["p90"] == pytest.approx(2.5 + 2.5 * 7 / 10, rel=1e-12)
+    assert ttft["mean"] == pytest.approx((20 * 0.3 + 10 * 3.0) / 30, rel=1e-9)
+    itl = body["itl"]
+    assert itl["count"] == 100.0
+    assert itl["p99"] == pytest.approx(0.05 + 0.025 * 99 / 100, rel=1e-12)
+    assert body["queue_time"]["count"] == 30.0
+    assert body["rates"]["generation_tokens_per_second"] == pytest.approx(100 / window, rel=1e-9)
+    assert set(body["models"]) == {"llama"} and body["models"]["llama"]["ttft"]["p50"] == ttft["p50"]
+    # the same numbers through the quantile module directly
+    cumulative = [sum(1 for v in [0.3] * 20 + [3.0] * 10 if v <= b) for b in (*VLLM_TTFT_BUCKETS, math.inf)]
+    assert ttft["p99"] == pytest.approx(quantiles.histogram_quantile(0.99, (*VLLM_TTFT_BUCKETS, math.inf), cumulative))
+    assert len(VLLM_ITL_BUCKETS) == 19
+
+
+def test_series_endpoint_and_bad_parameters(service) -> None:
+    page = VllmPage()
+    with StaticPageServer(page.render()) as server:
+        service.client.post("/api/v1/targets", json={"name": "v", "url": server.url})
+        records = []
+        for i in range(3):
+            page.observe(ttft=[0.5] * (i + 1))
+            server.page = page.render()
+            records.append(service.scrape("v"))
+            time.sleep(0.02)
+    end = math.ceil(records[-1].ts)  # the last aligned point then follows every scrape
+    r = service.client.get("/api/v1/targets/v/series", params={"signal": "ttft", "q": "0.5", "step": "1s",
+                                                                "window": "5s", "lookback": "1m", "end": end})
+    assert r.status_code == 200, r.text
+    points = r.json()["points"]
+    assert len(points) in (5, 6)
+    assert points[-1]["value"] is not None and 0.25 < points[-1]["value"] <= 0.5
+    bad = service.client.get("/api/v1/targets/v/series", params={"signal": "nope"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "signal"]
+    bad = service.client.get("/api/v1/targets/v/series", params={"q": "1.5"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "q"]
+    bad = service.client.get("/api/v1/targets/v/latency", params={"window": "5 minutes"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "window"]
+
+
+def test_restart_between_scrapes_never_gives_negative_counts(service) -> None:
+    page = VllmPage()
+    page.observe(ttft=[1.0] * 50)
+    with StaticPageServer(page.render()) as server:
+        service.client.post("/api/v1/targets", json={"name": "v", "url": server.url})
+        first = service.scrape("v")
+        page.restart()
+        page.observe(ttft=[0.05] * 4)
+        server.page = page.render()
+        second = service.scrape("v")
+    body = service.client.get("/api/v1/targets/v/latency",
+                              params={"start": first.ts, "end": second.ts}).json()
+    # Prometheus' reset rule: after a drop the new value counts in full -> 4 observations
+    assert body["ttft"]["count"] == 4.0
+    assert body["ttft"]["p50"] == pytest.approx(0.04 + 0.02 * 2 / 4, rel=1e-12)
+
+
+def test_bad_targets_are_recorded_and_never_stop_the_others(service) -> None:
+    good = VllmPage()
+    good.observe(ttft=[0.1])
+
+    def slow() -> bytes:
+        time.sleep(3)
+        return good.render()
+
+    with StaticPageServer(good.render()) as ok, StaticPageServer(b"\x00\xff garbage \x8f" * 100) as garbage, \
+            StaticPageServer(b"x" * 300_000) as huge, StaticPageServer(good.render()) as failing, \
+            StaticPageServer(slow) as slow_server, StaticPageServer("# HELP x y\nfoo_total 3\n") as foreign:
+        failing.status = 500
+        urls = {"ok": ok.url, "garbage": garbage.url, "huge": huge.url, "failing": failing.url,
+                "slow": slow_server.url, "refused": "http://127.0.0.1:1/metrics", "foreign": foreign.url}
+        for name, url in urls.items():
+            assert service.client.post("/api/v1/targets", json={"name": name, "url": url}).status_code == 201
+        results = {name: service.scrape(name) for name in urls}
+        truncated = good.render()
+        ok.page = truncated[: len(truncated) // 2]  # cut mid-page
+        partial = service.scrape("ok")
+    classes = {name: (r.up, r.error_class) for name, r in results.items()}
+    assert classes == {
+        "ok": (True, None), "garbage": (False, "parse_error"), "huge": (False, "too_large"),
+        "failing": (False, "http_status"), "slow": (False, "timeout"), "refused": (False, "connect"),
+        "foreign": (True, "no_engine_metrics"),
+    }
+    assert "cannot be diagnosed from metrics" in results["foreign"].error
+    assert partial.up and partial.samples_kept > 0
+    health = {h["target"]: h for h in service.client.get("/api/v1/scrape-health").json()}
+    assert health["ok"]["scrapes"] == 2 and health["ok"]["failed"] == 0
+    assert health["slow"]["last"]["error_class"] == "timeout"
+    assert health["huge"]["last"]["error"] == "page is 300000 bytes, limit 200000"
+    metrics = service.client.get("/metrics").text
+    assert 'llm_latency_target_up{target="ok"} 1.0' in metrics
+    assert 'llm_latency_target_up{target="refused"} 0.0' in metrics
+    assert 'llm_latency_scrapes_total{result="timeout",target="slow"} 1.0' in metrics
+
+
+def test_health_readiness_and_derived_metrics(service) -> None:
+    c = service.client
+    assert c.get("/healthz").json() == {"status": "ok"}
+    assert c.get("/readyz").json()["status"] == "ok"
+    page = VllmPage(model="llama")
+    with StaticPageServer(page.render()) as server:
+        c.post("/api/v1/targets", json={"name": "v", "url": server.url})
+        service.scrape("v")
+        page.observe(ttft=[0.3] * 10)
+        server.page = page.render()
+        service.scrape("v")
+    service.monitor.refresh_summaries()
+    text = c.get("/metrics").text
+    line = next(l for l in text.splitlines()
+                if l.startswith('llm_latency_quantile_seconds{model="llama",quantile="0.5",signal="ttft",target="v"}'))
+    assert 0.25 < float(line.split()[-1]) <= 0.5
+    assert 'llm_latency_observations{model="llama",signal="ttft",target="v"}' in text
+    assert c.get("/docs").status_code == 200
+    assert "/api/v1/targets/{name}/latency" in c.get("/openapi.json").json()["paths"]

@@ -1,0 +1,146 @@
+"""Storage on SQLite and real PostgreSQL: migrations, batch writes, windows across resets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import inspect
+
+from app import latency, quantiles
+from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
+from app.store import db, repository
+from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
+
+TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
+TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info"}
+
+
+def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
+    db.upgrade(database_url)
+    engine = db.make_engine(database_url)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    assert db.current_revision(engine) == db.head_revision() == "0001"
+    db.downgrade(database_url, "base")
+    assert not TABLES & set(inspect(engine).get_table_names())
+    assert db.current_revision(engine) is None
+    db.upgrade(database_url)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def record(target_id: int, ts: float, counts: tuple[float, ...], total: float, tokens: float,
+           kv: float = 0.5, model: str = "m") -> ScrapeRecord:
+    canonical = Canonical(engine="vllm")
+    canonical.histograms.append(CanonicalHistogram("ttft", model, "0", TTFT_BOUNDS, counts, total, counts[-1]))
+    canonical.scalars.append(CanonicalScalar("generation_tokens_total", "counter", model, "0", tokens))
+    canonical.scalars.append(CanonicalScalar("kv_usage", "gauge", model, "0", kv))
+    canonical.infos.append(CanonicalInfo("cache_config", model, "0", {"enable_prefix_caching": "True"}))
+    return ScrapeRecord(target_id, ts, True, 0.002, 1000, 40, 30, 0, "vllm", None, None, canonical)
+
+
+@pytest.fixture
+def store(migrated_url: str):
+    engine = db.make_engine(migrated_url)
+    sessions = db.make_sessionmaker(engine)
+    with sessions.begin() as session:
+        target = repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
+                                          labels={}, scrape_interval=15.0, scrape_timeout=5.0)
+        target_id = target.id
+    yield engine, sessions, target_id
+    engine.dispose()
+
+
+def test_snapshots_round_trip_exactly_and_windows_span_a_restart(store) -> None:
+    engine, sessions, target_id = store
+    t0 = 1_700_000_000.0
+    # cumulative counts; the engine restarts between t0+30 and t0+45 (counters drop)
+    snapshots = [
+        (t0, (1, 3, 4, 5, 5), 4.0, 100.0),
+        (t0 + 15, (2, 6, 9, 10, 10), 9.5, 250.0),
+        (t0 + 30, (3, 8, 12, 14, 15), 20.0, 400.0),
+        (t0 + 45, (0, 1, 2, 2, 2), 1.5, 30.0),       # after the restart
+        (t0 + 60, (1, 3, 5, 6, 6), 6.25, 90.0),
+    ]
+    writer = SampleWriter(engine)
+    assert writer.write([record(target_id, ts, tuple(map(float, c)), s, tok) for ts, c, s, tok in snapshots]) == 5
+    with sessions() as session:
+        series = repository.find_series(session, [target_id], ["ttft"])
+        assert [(s.signal, s.kind, s.model, s.rank, s.bounds) for s in series] == [("ttft", "histogram", "m", "0", TTFT_BOUNDS)]
+        stored = repository.histogram_snapshots(session, [series[0].id], t0, t0 + 60)[series[0].id]
+        assert [(p.ts, p.counts, p.sum) for p in stored] == [(ts, tuple(map(float, c)), s) for ts, c, s, _ in snapshots]
+        report = latency.latency_report(session, [target_id], 60.0, t0 + 60)
+        infos = repository.target_infos(session, target_id)
+    # The window [t0, t0+60] starts and ends on samples, so nothing is extrapolated:
+    # per bucket, increase = last - first + (the value before each drop).
+    # bucket 0.1: 1,2,3 | 0,1 -> 1 - 1 + 3 = 3;   +Inf: 5,10,15 | 2,6 -> 6 - 5 + 15 = 16
+    per_bucket = [1 - 1 + 3, 3 - 3 + 8, 5 - 4 + 12, 6 - 5 + 14, 6 - 5 + 15]
+    assert per_bucket == [3, 8, 13, 15, 16]
+    ttft = report["ttft"]
+    assert ttft["count"] == 16.0
+    # p50: rank 8 falls in (0.1, 0.5], which holds 8 - 3 = 5 -> 0.1 + 0.4 * (8 - 3) / 5
+    assert ttft["p50"] == pytest.approx(0.1 + 0.4 * 5 / 5, rel=1e-12)
+    assert ttft["p50"] == pytest.approx(quantiles.histogram_quantile(0.5, TTFT_BOUNDS, per_bucket), rel=1e-12)
+    # p90: rank 14.4 falls in (1.0, 2.5], which holds 15 - 13 = 2 -> 1.0 + 1.5 * 1.4 / 2
+    assert ttft["p90"] == pytest.approx(1.0 + 1.5 * 1.4 / 2, rel=1e-12)
+    # p99: rank 15.84 is in the +Inf bucket -> the highest finite bound
+    assert ttft["p99"] == 2.5
+    assert ttft["mean"] == pytest.approx((6.25 - 4.0 + 20.0) / 16, rel=1e-12)
+    # tokens: 90 - 100 + 400 = 390 over 60 s
+    assert report["rates"]["generation_tokens_per_second"] == pytest.approx(390 / 60, rel=1e-12)
+    assert report["gauges"]["kv_usage"] == {"last": 0.5, "mean": 0.5, "max": 0.5}
+    assert report["models"]["m"]["ttft"]["p50"] == ttft["p50"]
+    assert [(i.name, i.labels) for i in infos] == [("cache_config", {"enable_prefix_caching": "True"})]
+
+
+def test_ranks_are_summed_and_kv_usage_averaged(store) -> None:
+    engine, sessions, target_id = store
+    t0 = 1_700_000_000.0
+    records = []
+    for rank, kv in (("0", 0.2), ("1", 0.8)):
+        for i, ts in enumerate((t0, t0 + 10)):
+            r = record(target_id, ts, (0.0, 0.0, 0.0, 0.0, 0.0) if i == 0 else (4.0, 4.0, 4.0, 4.0, 4.0), 0.0 if i == 0 else 0.2, 0.0, kv)
+            for h in r.canonical.histograms:
+                h.rank = rank
+            for s in r.canonical.scalars:
+                s.rank = rank
+            records.append(r)
+    # two ranks scraped at the same instant belong to one scrape each; write as separate batches
+    assert SampleWriter(engine).write(records[:2]) == 2
+    assert SampleWriter(engine).write(records[2:]) == 2
+    with sessions() as session:
+        report = latency.latency_report(session, [target_id], 10.0, t0 + 10)
+    assert report["ttft"]["count"] == 8.0
+    assert report["gauges"]["kv_usage"]["last"] == pytest.approx(0.5)
+
+
+def test_one_bad_scrape_does_not_drop_the_batch(store) -> None:
+    engine, sessions, target_id = store
+    t0 = 1_700_000_000.0
+    good = [record(target_id, t0 + i, (1.0,) * 5, 1.0, 1.0) for i in range(3)]
+    duplicate = record(target_id, t0 + 1, (1.0,) * 5, 1.0, 1.0)  # same series and ts: violates the primary key
+    written = SampleWriter(engine).write([good[0], good[1], duplicate, good[2]])
+    assert written == 3
+    with sessions() as session:
+        log = repository.scrape_log(session, target_id, 10)
+    assert len(log) == 4
+    failed = [s for s in log if not s.up]
+    assert len(failed) == 1 and failed[0].error_class == "storage_error" and failed[0].ts == t0 + 1
+
+
+def test_prune_removes_only_old_rows(store) -> None:
+    engine, sessions, target_id = store
+    t0 = 1_700_000_000.0
+    SampleWriter(engine).write([record(target_id, t0 + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(4)])
+    with sessions.begin() as session:
+        deleted = repository.prune(session, t0 + 150)
+    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2}
+    with sessions() as session:
+        assert len(repository.scrape_log(session, target_id)) == 2
+
+
+def test_unreachable_database_raises_so_the_batch_is_kept() -> None:
+    engine = db.make_engine("postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=2")
+    with pytest.raises(DatabaseUnavailable):
+        SampleWriter(engine).write([record(1, 1.0, (1.0,) * 5, 1.0, 1.0)])
+    engine.dispose()
