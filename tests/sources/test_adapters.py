@@ -1,0 +1,144 @@
+"""Engine adapters on recorded and constructed pages of each supported engine version."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from app import quantiles
+from app.scrape.jobs import PageProcessor
+from app.scrape.parser import parse_page
+from app.sources import ADAPTERS, detect_engine
+from app.sources.base import Canonical
+
+EXPOSITION = Path(__file__).parents[1] / "fixtures" / "exposition"
+ALL_TIME_SIGNALS = {"ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time"}
+
+
+def canonical(filename: str, engine: str = "auto") -> Canonical:
+    page, result, error = PageProcessor(engine).process((EXPOSITION / filename).read_bytes())
+    assert error is None, (error, page.errors)
+    assert result is not None
+    return result
+
+
+def hist(c: Canonical, signal: str, rank: str = "0"):
+    matches = [h for h in c.histograms if h.signal == signal and h.rank == rank]
+    assert len(matches) == 1, (signal, rank, matches)
+    return matches[0]
+
+
+def scalar(c: Canonical, signal: str, rank: str = "0") -> float:
+    matches = [s.value for s in c.scalars if s.signal == signal and s.rank == rank]
+    assert len(matches) == 1, (signal, rank, matches)
+    return matches[0]
+
+
+def test_real_vllm_032_page_maps_every_signal() -> None:
+    c = canonical("vllm-0.32-cpu-real.prom")
+    assert c.engine == "vllm"
+    assert {h.signal for h in c.histograms} == ALL_TIME_SIGNALS | {"prompt_tokens", "generation_tokens",
+                                                                   "iteration_tokens"}
+    assert {(h.model, h.rank) for h in c.histograms} == {("tiny", "0")}
+    ttft = hist(c, "ttft")
+    assert len(ttft.bounds) == 23 and ttft.bounds[0] == 0.001 and ttft.bounds[-2] == 2560.0
+    assert ttft.bounds[-1] == math.inf
+    assert (ttft.count, ttft.sum) == (47.0, 42.11752414703369)
+    assert hist(c, "itl").count == 3537.0
+    assert hist(c, "iteration_tokens").count == 701.0
+    assert len(hist(c, "itl").bounds) == 20
+    assert scalar(c, "prompt_tokens_total") == 15647.0
+    assert scalar(c, "generation_tokens_total") == 3584.0
+    assert scalar(c, "requests_total") == 47.0  # summed over finished_reason
+    assert scalar(c, "kv_usage") == 0.0 and scalar(c, "running") == 0.0
+    config = next(i for i in c.infos if i.name == "cache_config")
+    assert config.labels["enable_prefix_caching"] == "False" and config.labels["block_size"] == "128"
+    assert "engine" not in config.labels and "model_name" not in config.labels
+    assert next(i for i in c.infos if i.name == "sleep_state").labels == {"sleep_state": "awake"}
+    assert c.problems == []
+
+
+def test_vllm_v0_06_legacy_names() -> None:
+    c = canonical("vllm-0.6-v0-constructed.prom")
+    assert c.engine == "vllm"
+    itl = hist(c, "itl")  # from time_per_output_token_seconds
+    assert itl.count == 400.0 and itl.bounds[-2] == 2.5
+    assert hist(c, "ttft").bounds[-2] == 10.0
+    assert scalar(c, "kv_usage") == 0.62  # gpu_cache_usage_perc
+    assert scalar(c, "preemptions_total") == 4.0
+    assert scalar(c, "requests_total") == 20.0
+    assert {h.rank for h in c.histograms} == {"0"}  # V0 had no engine label
+    assert next(i for i in c.infos if i.name == "cache_config").labels["cpu_offload_gb"] == "0"
+
+
+def test_vllm_0102_prefers_new_names_and_keeps_data_parallel_ranks() -> None:
+    c = canonical("vllm-0.10.2-dp2-constructed.prom")
+    # both inter_token_latency_seconds and the deprecated time_per_output_token_seconds
+    # are on the page: exactly one itl series per rank, not two
+    assert sorted(h.rank for h in c.histograms if h.signal == "itl") == ["0", "1"]
+    assert hist(c, "itl", "1").count == 400.0
+    assert [scalar(c, "kv_usage", r) for r in ("0", "1")] == [0.25, 0.75]
+    assert [scalar(c, "prefix_cache_hits_total", r) for r in ("0", "1")] == [400.0, 400.0]
+    iteration = hist(c, "iteration_tokens")
+    assert iteration.counts[iteration.bounds.index(2048.0)] == 5.0 and iteration.counts[iteration.bounds.index(256.0)] == 3.0
+
+
+def test_tgi_page() -> None:
+    c = canonical("tgi-3.3-constructed.prom")
+    assert c.engine == "tgi"
+    assert {h.signal for h in c.histograms} == {"queue_time", "prefill_time", "itl", "e2e", "prompt_tokens",
+                                                "generation_tokens"}
+    assert "ttft" not in {h.signal for h in c.histograms}
+    assert any("TTFT derived as queue_time + prefill_time" in n for n in c.notes)
+    itl = hist(c, "itl")
+    assert itl.count == 400.0 and len(itl.bounds) == 36
+    assert hist(c, "prefill_time").count == 20.0
+    assert scalar(c, "running") == 12.0 and scalar(c, "waiting") == 3.0
+    assert scalar(c, "kv_usage") == pytest.approx(40960 / 163840)
+    assert scalar(c, "requests_total") == 20.0
+    assert scalar(c, "prompt_tokens_total") == 256.0 * 20
+    assert {h.model for h in c.histograms} == {""}
+
+
+def test_sglang_04_page() -> None:
+    c = canonical("sglang-v0.4-docs-production_metrics.prom")
+    assert c.engine == "sglang"
+    assert hist(c, "ttft").count == 11008.0
+    assert hist(c, "itl").count == 7.400757e06  # old time_per_output_token_seconds name
+    assert scalar(c, "running") == 162.0 and scalar(c, "kv_usage") == 0.28
+
+
+def test_doc_excerpt_with_elisions_keeps_what_is_usable() -> None:
+    page, c, error = PageProcessor().process((EXPOSITION / "vllm-v1-docs-design-metrics.prom").read_bytes())
+    assert error is None and c is not None
+    assert page.malformed == 3  # the three literal '...' lines
+    # the TTFT histogram lost its +Inf bucket to an elision: dropped and reported
+    assert "ttft" not in {h.signal for h in c.histograms}
+    assert any("no +Inf bucket" in p for p in c.problems)
+    assert scalar(c, "running") == 8.0 and scalar(c, "requests_total") == 132.0
+
+
+def test_non_engine_pages_are_recognised_as_such() -> None:
+    page, c, error = PageProcessor().process((EXPOSITION / "triton-trtllm-23.11-readme.prom").read_bytes())
+    assert (c, error) == (None, "no_engine_metrics")
+    assert detect_engine(parse_page((EXPOSITION / "triton-trtllm-23.11-readme.prom").read_bytes())) is None
+
+
+def test_forced_engine_ignores_detection() -> None:
+    page, c, error = PageProcessor("tgi").process((EXPOSITION / "vllm-0.32-cpu-real.prom").read_bytes())
+    assert (c, error) == (None, "no_engine_metrics")  # a vLLM page has no tgi_ families
+
+
+def test_quantiles_from_a_constructed_page_match_the_observations() -> None:
+    """From zero to the page = the increase; p50 of the 20 TTFTs is in (0.1, 0.25]."""
+    ttft = hist(canonical("vllm-0.10.2-dp2-constructed.prom"), "ttft")
+    # rank 10 of 20: 5 below 0.1, then 10 at 0.2 -> 0.1 + 0.15 * (10 - 5) / 10
+    assert quantiles.histogram_quantile(0.5, ttft.bounds, ttft.counts) == pytest.approx(0.175)
+
+
+def test_adapters_declare_their_families() -> None:
+    assert "vllm:time_to_first_token_seconds" in ADAPTERS["vllm"].families
+    assert "tgi_batch_inference_duration" in ADAPTERS["tgi"].families
+    assert all(name.startswith("sglang:") for name in ADAPTERS["sglang"].families)
