@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 import click
 import yaml
 from pydantic import ValidationError
 
+from app.durations import parse_duration
 from app.config import ConfigError, format_validation_error, load_config
+from app.emulator.cli import emulate
 from app.settings import Settings
 
 
@@ -30,6 +31,10 @@ def load_settings(**overrides: object) -> Settings:
 def main(log_level: str) -> None:
     """LLM Latency Monitor: TTFT/ITL percentiles and why LLM serving is slow."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level.lower() != "debug":
+        # one line per job run and per migration step is noise at info level
+        for noisy in ("apscheduler", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def run_server(settings: Settings, host: str, port: int) -> None:
@@ -143,8 +148,10 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
                                "scrape_interval": scrape_interval} for name, _, _ in DEMO_TARGETS]}
         config_path = data_dir / "demo-targets.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        interval = parse_duration(scrape_interval)
         settings = load_settings(data_dir=data_dir, config_file=config_path, port=port, host="127.0.0.1",
-                                 default_scrape_interval=scrape_interval, latency_window="2m",
+                                 default_scrape_interval=interval, default_scrape_timeout=min(10.0, 0.8 * interval),
+                                 latency_window="2m",
                                  summary_interval=scrape_interval)
         click.echo("Emulated engines:")
         for name, scenario, engine in DEMO_TARGETS:
@@ -158,16 +165,7 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
         fleet.stop()
 
 
-def _register_optional_commands() -> None:
-    """Commands that live with their feature package."""
-    try:
-        from app.emulator.cli import emulate
-    except ImportError:
-        return
-    main.add_command(emulate)
-
-
-_register_optional_commands()
+main.add_command(emulate)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,589 @@
+"""The ``/metrics`` page in the formats real engines write.
+
+vLLM (current, as in 0.32-0.34, and ``vllm-legacy`` = the 0.8.x V1 names) is produced
+with real ``prometheus_client`` Counter/Gauge/Histogram objects on a per-target
+``CollectorRegistry`` - exactly what vLLM does - so family names, ``_total``/``_created``
+samples, label order and ``le`` rendering come out as on a real server. HELP strings,
+label names and default buckets are copied from a real vLLM 0.32 page
+(``tests/fixtures/exposition/vllm-0.32-cpu-real.prom``) and the vLLM source
+(``vllm/v1/metrics/loggers.py``, ``buckets.py``).
+
+TGI is written by a small renderer imitating the Rust ``metrics-exporter-prometheus``
+crate TGI uses: counters without a ``_total`` suffix (``tgi_request_count``), no
+``model_name`` label, no HELP lines, series appearing once first touched, histograms
+whose name ends in ``duration`` using TGI's geometric buckets 0.0001 x 1.5^k (k = 1..35,
+computed by repeated multiplication as TGI's router does).
+
+Semantics follow the engines (all values are SIMULATED seconds - with ``time_scale`` 10 a
+TTFT of 1 s is seen by an HTTP client after 0.1 s):
+
+* vLLM ``inter_token_latency_seconds``: one observation per request per engine step that
+  emits a token; ``iteration_tokens_total``: per step, the full prompt length of every
+  request whose first token the step produced plus the tokens generated (vLLM V1's
+  ``IterationStats``: a chunked prefill shows up in the step that finishes it);
+* queue time = engine queue entry -> first scheduled; prefill = first scheduled -> first
+  token; decode = first -> last token; TTFT and e2e start at the frontend arrival, so they
+  include the (small) tokenization delay;
+* TGI: ``tgi_batch_inference_duration{method="prefill"}`` for steps that admit/prefill
+  requests (decodes are paused during them), ``{method="decode"}`` otherwise;
+  ``tgi_request_mean_time_per_token_duration`` = inference time / generated tokens
+  (prefill included, as in TGI).
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+
+from app.emulator.engine import EngineConfig, Request, StepPlan
+from app.emulator.physics import Deployment
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# --- vLLM default buckets (vllm/v1/metrics/buckets.py, 0.8 -> 0.34) -------------------------
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+PARAMS_N_BUCKETS = [1, 2, 5, 10, 20]
+NUM_PREEMPTIONS_BUCKETS = [1, 2, 3, 4, 5, 10, 20]
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's 1-2-5 series capped at ``max_value`` (max_model_len): 1, 2, 5, 10, 20, ..."""
+    out: list[int] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return out
+            out.append(v)
+        exponent += 1
+
+
+def _tgi_duration_buckets() -> list[float]:
+    out, value = [], 0.0001
+    for _ in range(35):
+        value *= 1.5
+        out.append(value)
+    return out
+
+
+TGI_DURATION_BUCKETS = _tgi_duration_buckets()
+
+
+def observe_n(child, value: float, n: int) -> None:
+    """``n`` observations of ``value`` on a prometheus_client Histogram child in O(buckets)
+    (same result as calling ``observe(value)`` n times, up to float rounding of the sum)."""
+    if n == 1:
+        child.observe(value)
+        return
+    child._sum.inc(value * n)
+    for i, bound in enumerate(child._upper_bounds):
+        if value <= bound:
+            child._buckets[i].inc(n)
+            break
+
+
+HELP = {
+    "vllm:estimated_flops_per_gpu": "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
+    "vllm:estimated_read_bytes_per_gpu": "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
+    "vllm:estimated_write_bytes_per_gpu": "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:num_requests_waiting_by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
+    "vllm:engine_sleep_state": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:gpu_cache_usage_perc": "GPU KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:gpu_prefix_cache_queries": "GPU prefix cache queries, in terms of number of queried tokens.",
+    "vllm:gpu_prefix_cache_hits": "GPU prefix cache hits, in terms of number of cached tokens.",
+    "vllm:external_prefix_cache_queries": "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+    "vllm:external_prefix_cache_hits": "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+    "vllm:mm_cache_queries": "Multi-modal cache queries, in terms of number of queried items.",
+    "vllm:mm_cache_hits": "Multi-modal cache hits, in terms of number of cached items.",
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:prompt_tokens_by_source": "Number of prompt tokens by source.",
+    "vllm:prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
+    "vllm:prompt_tokens_cached_by_source": "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_success": "Count of successfully processed requests.",
+    "vllm:admission_rejections": "Number of admission attempts rejected by a queue limit, by reason.",
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
+    "vllm:request_max_num_generation_tokens": "Histogram of maximum number of requested generation tokens.",
+    "vllm:request_params_n": "Histogram of the n request parameter.",
+    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
+    "vllm:request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
+    "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+    "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+    "vllm:request_num_preemptions": "Histogram of the number of times a request was preempted.",
+    "vllm:request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+    "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
+}
+
+#: finished_reason values per flavor (0.34: + error, repetition).
+FINISHED_REASONS = {"vllm": ("stop", "length", "abort", "error", "repetition"),
+                    "vllm-legacy": ("stop", "length", "abort")}
+
+ENGINES = ("vllm", "vllm-legacy", "tgi")
+
+
+def _fmt_float(v: float) -> str:
+    return repr(float(v))
+
+
+def cache_config_labels(flavor: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> dict[str, str]:
+    """``vllm:cache_config_info`` labels: every CacheConfig field, stringified. The current
+    set is the one of the real 0.32 page; the legacy one is 0.8.x's (with ``cpu_offload_gb``,
+    which later moved out of CacheConfig - so weight offload has no metric in 0.20+)."""
+    bs = config.block_size
+    kv_tokens = num_gpu_blocks * bs
+    if flavor == "vllm-legacy":
+        return {
+            "block_size": str(bs),
+            "cache_dtype": deployment.kv_cache_dtype,
+            "calculate_kv_scales": "False",
+            "cpu_offload_gb": _fmt_float(deployment.cpu_offload_gb) if deployment.cpu_offload_gb else "0",
+            "enable_prefix_caching": str(config.enable_prefix_caching),
+            "engine": "0",
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "is_attention_free": "False",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(num_gpu_blocks),
+            "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
+            "prefix_caching_hash_algo": "builtin",
+            "sliding_window": "None",
+            "swap_space": "4",
+            "swap_space_bytes": str(4 * 1024**3),
+        }
+    return {
+        "_block_size_resolved": "True",
+        "block_size": str(bs),
+        "cache_dtype": deployment.kv_cache_dtype,
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(bs),
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "enable_prefix_caching": str(config.enable_prefix_caching),
+        "engine": "0",
+        "gpu_memory_utilization": str(config.gpu_memory_utilization),
+        "hash_block_size": "None",
+        "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": _fmt_float(kv_tokens / config.max_model_len),
+        "kv_cache_memory_bytes": str(int(kv_tokens * deployment.kv_bytes_per_token)),
+        "kv_cache_size_tokens": str(kv_tokens),
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "float32",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(num_gpu_blocks),
+        "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
+        "prefix_cache_retention_interval": "0",
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
+        "sliding_window": "None",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
+    }
+
+
+class VllmExporter:
+    """vLLM's PrometheusStatLogger, fed by simulation events."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, flavor: str, model_name: str, deployment: Deployment, config: EngineConfig,
+                 num_gpu_blocks: int, *, process_metrics: bool = False, mfu_metrics: bool = True) -> None:
+        if flavor not in ("vllm", "vllm-legacy"):
+            raise ValueError(f"unknown vLLM flavor {flavor!r}")
+        self.flavor = flavor
+        legacy = flavor == "vllm-legacy"
+        self.registry = reg = CollectorRegistry()
+        if process_metrics:
+            GCCollector(registry=reg)
+            PlatformCollector(registry=reg)
+            ProcessCollector(registry=reg)
+        ln = ["model_name", "engine"]
+        lv = (model_name, "0")
+        self.model_name = model_name
+        self.mfu = mfu_metrics and not legacy
+
+        def counter(name, extra=None, labelnames=ln):
+            return Counter(name, HELP[name], labelnames + (extra or []), registry=reg)
+
+        def gauge(name, extra=None):
+            return Gauge(name, HELP[name], ln + (extra or []), registry=reg)
+
+        def hist(name, buckets):
+            return Histogram(name, HELP[name], ln, buckets=buckets, registry=reg).labels(*lv)
+
+        self._tp = deployment.tensor_parallel
+        if not legacy:
+            self.flops = counter("vllm:estimated_flops_per_gpu").labels(*lv)
+            self.read_bytes = counter("vllm:estimated_read_bytes_per_gpu").labels(*lv)
+            self.write_bytes = counter("vllm:estimated_write_bytes_per_gpu").labels(*lv)
+        self.running = gauge("vllm:num_requests_running").labels(*lv)
+        self.waiting = gauge("vllm:num_requests_waiting").labels(*lv)
+        if legacy:
+            self.kv_usage = gauge("vllm:gpu_cache_usage_perc").labels(*lv)
+            self.prefix_queries = counter("vllm:gpu_prefix_cache_queries").labels(*lv)
+            self.prefix_hits = counter("vllm:gpu_prefix_cache_hits").labels(*lv)
+        else:
+            by_reason = gauge("vllm:num_requests_waiting_by_reason", ["reason"])
+            self.waiting_capacity = by_reason.labels(*lv, "capacity")
+            by_reason.labels(*lv, "deferred").set(0)
+            sleep = gauge("vllm:engine_sleep_state", ["sleep_state"])
+            sleep.labels(*lv, "awake").set(1)
+            sleep.labels(*lv, "weights_offloaded").set(0)
+            sleep.labels(*lv, "discard_all").set(0)
+            self.kv_usage = gauge("vllm:kv_cache_usage_perc").labels(*lv)
+            self.prefix_queries = counter("vllm:prefix_cache_queries").labels(*lv)
+            self.prefix_hits = counter("vllm:prefix_cache_hits").labels(*lv)
+            counter("vllm:external_prefix_cache_queries").labels(*lv)
+            counter("vllm:external_prefix_cache_hits").labels(*lv)
+            counter("vllm:mm_cache_queries").labels(*lv)
+            counter("vllm:mm_cache_hits").labels(*lv)
+        self.preemptions = counter("vllm:num_preemptions").labels(*lv)
+        self.prompt_tokens = counter("vllm:prompt_tokens").labels(*lv)
+        if not legacy:
+            by_source = counter("vllm:prompt_tokens_by_source", ["source"])
+            self.prompt_local = by_source.labels(*lv, "local_compute")
+            self.prompt_cache_hit = by_source.labels(*lv, "local_cache_hit")
+            by_source.labels(*lv, "external_kv_transfer")
+            self.prompt_cached = counter("vllm:prompt_tokens_cached").labels(*lv)
+            cached_by_source = counter("vllm:prompt_tokens_cached_by_source", ["source"])
+            self.prompt_cached_device = cached_by_source.labels(*lv, "device")
+            for s in ("host", "p2p", "disk", "external_unspecified"):
+                cached_by_source.labels(*lv, s)
+        self.generation_tokens = counter("vllm:generation_tokens").labels(*lv)
+        success = counter("vllm:request_success", ["finished_reason"])
+        self.success = {r: success.labels(*lv, r) for r in FINISHED_REASONS[flavor]}
+        if not legacy:
+            rej = Counter("vllm:admission_rejections", HELP["vllm:admission_rejections"],
+                          ["model_name", "reason"], registry=reg)
+            rej.labels(model_name, "max_num_queued_reqs")
+            rej.labels(model_name, "max_num_queued_tokens")
+        token_buckets = build_1_2_5_buckets(config.max_model_len)
+        self.h_prompt = hist("vllm:request_prompt_tokens", token_buckets)
+        self.h_generation = hist("vllm:request_generation_tokens", token_buckets)
+        self.h_iteration = hist("vllm:iteration_tokens_total", ITERATION_TOKENS_BUCKETS)
+        self.h_max_gen = hist("vllm:request_max_num_generation_tokens", token_buckets)
+        self.h_n = hist("vllm:request_params_n", PARAMS_N_BUCKETS)
+        self.h_max_tokens = hist("vllm:request_params_max_tokens", token_buckets)
+        self.h_ttft = hist("vllm:time_to_first_token_seconds", TTFT_BUCKETS)
+        if legacy:
+            self.h_itl = hist("vllm:time_per_output_token_seconds", ITL_BUCKETS)
+            self.h_tpot = None
+        else:
+            self.h_itl = hist("vllm:inter_token_latency_seconds", ITL_BUCKETS)
+            self.h_tpot = hist("vllm:request_time_per_output_token_seconds", ITL_BUCKETS)
+        self.h_e2e = hist("vllm:e2e_request_latency_seconds", REQUEST_LATENCY_BUCKETS)
+        self.h_queue = hist("vllm:request_queue_time_seconds", REQUEST_LATENCY_BUCKETS)
+        self.h_inference = hist("vllm:request_inference_time_seconds", REQUEST_LATENCY_BUCKETS)
+        self.h_prefill = hist("vllm:request_prefill_time_seconds", REQUEST_LATENCY_BUCKETS)
+        self.h_decode = hist("vllm:request_decode_time_seconds", REQUEST_LATENCY_BUCKETS)
+        if legacy:
+            self.h_req_preempt = self.h_kv_computed = None
+        else:
+            self.h_req_preempt = hist("vllm:request_num_preemptions", NUM_PREEMPTIONS_BUCKETS)
+            self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens", token_buckets)
+        self._cache_info_labels: dict[str, str] | None = None
+        self.on_config(deployment, config, num_gpu_blocks)
+
+    # ---- configuration -----------------------------------------------------------------
+    def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
+        labels = cache_config_labels(self.flavor, deployment, config, num_gpu_blocks)
+        if not hasattr(self, "_cache_info"):
+            self._cache_info = Gauge("vllm:cache_config_info", HELP["vllm:cache_config_info"],
+                                     list(labels), registry=self.registry)
+        if self._cache_info_labels is not None:
+            self._cache_info.remove(*self._cache_info_labels.values())
+        self._cache_info.labels(**labels).set(1)
+        self._cache_info_labels = labels
+        self._tp = deployment.tensor_parallel
+
+    # ---- events ------------------------------------------------------------------------
+    def on_arrival(self, req: Request, t: float) -> None:
+        pass
+
+    def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
+        if prefix_caching:
+            self.prefix_queries.inc(req.num_tokens)
+            if hit:
+                self.prefix_hits.inc(hit)
+        if first and hit and self.flavor == "vllm":
+            self.prompt_cached_device.inc(hit)
+
+    def on_preempt(self, req: Request, t: float) -> None:
+        self.preemptions.inc()
+
+    def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
+                deployment: Deployment) -> None:
+        prompt_iter = 0
+        for req in first_tokens:
+            prompt_iter += req.prompt_len
+            self.h_ttft.observe(t - req.arrival)
+            self.prompt_tokens.inc(req.prompt_len)
+            if self.flavor == "vllm":
+                self.prompt_local.inc(req.prompt_len - req.cached_tokens)
+                if req.cached_tokens:
+                    self.prompt_cache_hit.inc(req.cached_tokens)
+                    self.prompt_cached.inc(req.cached_tokens)
+        for last, n in itl_groups.items():
+            observe_n(self.h_itl, t - last, n)
+        if generated:
+            self.generation_tokens.inc(generated)
+            self.h_iteration.observe(prompt_iter + generated)
+        if self.mfu:
+            cost = deployment.step_cost(plan.tokens, plan.kv_tokens, plan.attention_pairs)
+            tp = self._tp
+            self.flops.inc(cost.flops / tp)
+            self.read_bytes.inc(cost.bytes_read / tp)
+            self.write_bytes.inc(cost.bytes_written / tp)
+
+    def on_finish(self, req: Request, t: float) -> None:
+        reason = req.finish_reason
+        if reason in self.success:
+            self.success[reason].inc()
+        if reason in ("abort", "error") or req.first_token is None:
+            return
+        queued = req.first_scheduled - req.queued
+        prefill = req.first_token - req.first_scheduled
+        decode = t - req.first_token
+        self.h_e2e.observe(t - req.arrival)
+        self.h_queue.observe(queued)
+        self.h_prefill.observe(prefill)
+        self.h_decode.observe(decode)
+        self.h_inference.observe(t - req.first_scheduled)
+        self.h_prompt.observe(req.prompt_len)
+        self.h_generation.observe(req.num_output)
+        self.h_max_gen.observe(req.max_tokens)
+        self.h_max_tokens.observe(req.max_tokens)
+        self.h_n.observe(1)
+        if self.h_tpot is not None:
+            self.h_tpot.observe(decode / (req.num_output - 1) if req.num_output > 1 else 0.0)
+        if self.h_req_preempt is not None:
+            self.h_req_preempt.observe(req.num_preemptions)
+            self.h_kv_computed.observe(req.prompt_len - req.cached_tokens)
+
+    def set_state(self, running: int, waiting: int, kv_usage: float, kv_used_tokens: int, kv_total_tokens: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        if self.flavor == "vllm":
+            self.waiting_capacity.set(waiting)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# ---- TGI ------------------------------------------------------------------------------------
+class _Hist:
+    __slots__ = ("buckets", "counts", "sum", "count")
+
+    def __init__(self, buckets: list[float]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float, n: int = 1) -> None:
+        self.sum += v * n
+        self.count += n
+        b = self.buckets
+        lo, hi = 0, len(b)
+        while lo < hi:  # first bucket with v <= bound
+            mid = (lo + hi) // 2
+            if v <= b[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo < len(b):
+            self.counts[lo] += n
+
+
+def _num(v: float) -> str:
+    """Rust ``{}`` formatting of an f64: integers without a fraction, else shortest repr."""
+    if v == math.inf:
+        return "+Inf"
+    if float(v).is_integer() and abs(v) < 1e16:
+        return str(int(v))
+    return repr(float(v))
+
+
+class TgiExporter:
+    """TGI's router metrics (text-generation-inference v3 backend)."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
+                 **_: object) -> None:
+        self.model_name = model_name
+        self.max_input_tokens = config.max_model_len - 1
+        self.max_total_tokens = config.max_model_len
+        self.counters: dict[tuple, float] = {}
+        self.gauges: dict[tuple, float] = {}
+        self.hists: dict[tuple, _Hist] = {}
+        self._input_buckets = [(self.max_input_tokens / 100.0) * (x + 1) for x in range(100)]
+        self._total_buckets = [(self.max_total_tokens / 100.0) * (x + 1) for x in range(100)]
+        self._batch_buckets = [float(x + 1) for x in range(1024)]
+        self._steps_since_concat = 0
+        self.on_config(deployment, config, num_gpu_blocks)
+
+    def _buckets_for(self, name: str) -> list[float]:
+        if name.endswith("duration"):
+            return TGI_DURATION_BUCKETS
+        if name == "tgi_request_input_length":
+            return self._input_buckets
+        if name in ("tgi_request_generated_tokens", "tgi_request_max_new_tokens"):
+            return self._total_buckets
+        if name == "tgi_batch_next_size":
+            return self._batch_buckets
+        raise KeyError(name)
+
+    def _inc(self, name: str, v: float = 1.0, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        self.counters[key] = self.counters.get(key, 0.0) + v
+
+    def _set(self, name: str, v: float, **labels: str) -> None:
+        self.gauges[(name, tuple(sorted(labels.items())))] = v
+
+    def _obs(self, name: str, v: float, n: int = 1, **labels: str) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        h = self.hists.get(key)
+        if h is None:
+            h = self.hists[key] = _Hist(self._buckets_for(name))
+        h.observe(v, n)
+
+    def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
+        self._overhead = deployment.step_overhead_s
+        self._set("tgi_batch_max_total_tokens", num_gpu_blocks * config.block_size)
+        self._chunking = config.enable_chunked_prefill
+
+    def on_arrival(self, req: Request, t: float) -> None:
+        self._inc("tgi_request_count")
+        self._obs("tgi_request_validation_duration", req.queued - req.arrival)
+
+    def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
+        if first:
+            self._obs("tgi_request_queue_duration", t - req.queued)
+
+    def on_preempt(self, req: Request, t: float) -> None:
+        pass
+
+    def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
+                deployment: Deployment) -> None:
+        method = "prefill" if plan.is_prefill else "decode"
+        d = plan.seconds
+        ov = min(self._overhead, d / 2)
+        self._inc("tgi_batch_inference_count", method=method)
+        self._inc("tgi_batch_inference_success", method=method)
+        self._obs("tgi_batch_inference_duration", d, method=method)
+        self._obs("tgi_batch_forward_duration", d - ov, method=method)
+        self._obs("tgi_batch_decode_duration", ov * 0.4, method=method)
+        self._obs("tgi_batch_filter_duration", ov * 0.2, method=method)
+        if plan.admitted:
+            self._obs("tgi_batch_next_size", len(plan.admitted))
+            if plan.running_before > 0:
+                if self._chunking:
+                    reason = "chunking"
+                elif self._steps_since_concat >= 20:
+                    reason = "wait_exceeded"
+                else:
+                    reason = "backpressure"
+                self._inc("tgi_batch_concat", reason=reason)
+                self._obs("tgi_batch_concat_duration", ov * 0.1, method=method)
+            self._steps_since_concat = 0
+        else:
+            self._steps_since_concat += 1
+
+    def on_finish(self, req: Request, t: float) -> None:
+        if req.finish_reason in ("abort", "error") or req.first_token is None:
+            return
+        self._inc("tgi_request_success")
+        inference = t - req.first_scheduled
+        self._obs("tgi_request_duration", t - req.arrival)
+        self._obs("tgi_request_inference_duration", inference)
+        self._obs("tgi_request_mean_time_per_token_duration", inference / max(1, req.num_output))
+        self._obs("tgi_request_input_length", req.prompt_len)
+        self._obs("tgi_request_generated_tokens", req.num_output)
+        self._obs("tgi_request_max_new_tokens", req.max_tokens)
+
+    def set_state(self, running: int, waiting: int, kv_usage: float, kv_used_tokens: int, kv_total_tokens: int) -> None:
+        self._set("tgi_queue_size", waiting)
+        self._set("tgi_batch_current_size", running)
+        self._set("tgi_batch_current_max_tokens", kv_used_tokens)
+        self._set("tgi_batch_max_total_tokens", kv_total_tokens)
+
+    @staticmethod
+    def _labelstr(labels: tuple, extra: tuple = ()) -> str:
+        items = list(labels) + list(extra)
+        if not items:
+            return ""
+        return "{" + ",".join(f'{k}="{v}"' for k, v in items) + "}"
+
+    def render(self) -> bytes:
+        out: list[str] = []
+
+        def families(store: dict) -> dict[str, list]:
+            fam: dict[str, list] = {}
+            for (name, labels), v in store.items():
+                fam.setdefault(name, []).append((labels, v))
+            return {k: sorted(fam[k], key=lambda x: x[0]) for k in sorted(fam)}
+
+        for name, series in families(self.counters).items():
+            out.append(f"# TYPE {name} counter")
+            out.extend(f"{name}{self._labelstr(lb)} {_num(v)}" for lb, v in series)
+            out.append("")
+        for name, series in families(self.gauges).items():
+            out.append(f"# TYPE {name} gauge")
+            out.extend(f"{name}{self._labelstr(lb)} {_num(v)}" for lb, v in series)
+            out.append("")
+        for name, series in families(self.hists).items():
+            out.append(f"# TYPE {name} histogram")
+            for lb, h in series:
+                cum = 0
+                for bound, c in zip(h.buckets, h.counts):
+                    cum += c
+                    out.append(f"{name}_bucket{self._labelstr(lb, (('le', _num(bound)),))} {cum}")
+                out.append(f"{name}_bucket{self._labelstr(lb, (('le', '+Inf'),))} {h.count}")
+                out.append(f"{name}_sum{self._labelstr(lb)} {_num(h.sum)}")
+                out.append(f"{name}_count{self._labelstr(lb)} {h.count}")
+            out.append("")
+        return ("\n".join(out) + "\n").encode()
+
+
+def make_exporter(engine: str, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
+                  *, process_metrics: bool = False, mfu_metrics: bool = True):
+    if engine == "tgi":
+        return TgiExporter(model_name, deployment, config, num_gpu_blocks)
+    if engine in ("vllm", "vllm-legacy"):
+        return VllmExporter(engine, model_name, deployment, config, num_gpu_blocks,
+                            process_metrics=process_metrics, mfu_metrics=mfu_metrics)
+    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
