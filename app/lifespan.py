@@ -108,8 +108,12 @@ class Monitor:
         self.telemetry.derived.summaries = summaries
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.prepare_database)
-        await asyncio.to_thread(self.load_config_targets)
+        try:
+            await asyncio.to_thread(self.prepare_database)
+            await asyncio.to_thread(self.load_config_targets)
+        except BaseException:
+            self.engine.dispose()  # refuse to start without leaking connections
+            raise
         await self.scraping.start(await asyncio.to_thread(self.target_specs))
         scheduler = self.scraping.scheduler
         scheduler.add_job(self._in_thread(self.prune), "interval", seconds=self.settings.prune_interval,

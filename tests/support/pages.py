@@ -69,6 +69,8 @@ class StaticPageServer:
         self.paths = paths
         self.requests = 0
         self.request_paths: list[str] = []
+        self.request_headers: list[dict[str, str]] = []
+        self.gzip = False  # compress when the client accepts gzip, as real exporters do
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -87,6 +89,7 @@ class StaticPageServer:
                 with server._lock:
                     server.requests += 1
                     server.request_paths.append(path)
+                    server.request_headers.append(dict(self.headers.items()))
                     if server.paths is not None and path not in server.paths:
                         status, body = 404, b"not found\n"
                     else:
@@ -94,8 +97,15 @@ class StaticPageServer:
                         content = page() if callable(page) else page
                         body = content.encode("utf-8") if isinstance(content, str) else bytes(content)
                         status = server.status
+                encoding = None
+                if server.gzip and "gzip" in self.headers.get("Accept-Encoding", ""):
+                    import gzip
+
+                    body, encoding = gzip.compress(body), "gzip"
                 self.send_response(status)
                 self.send_header("Content-Type", server.content_type)
+                if encoding:
+                    self.send_header("Content-Encoding", encoding)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
