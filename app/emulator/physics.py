@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.emulator.hardware import (
+from app.hardware import (
     GiB,
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_BYTES,

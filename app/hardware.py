@@ -1,4 +1,4 @@
-"""Hardware and model presets: the numbers the roofline in :mod:`app.emulator.physics` uses.
+"""Hardware and model catalogue shared by the diagnosis (decode roofline floor) and the emulator.
 
 Everything here is a plain, inspectable number with its source, so a test (or a curious
 user) can recompute what the emulator does by hand. Units: bytes, bytes/s, FLOP/s; GPU
