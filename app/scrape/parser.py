@@ -20,26 +20,29 @@ bodies, HTML error pages). This module is built around three observations:
    text that must reappear verbatim, a line of a skipped block that must start with the
    block's name, or a sample line that must start with its cached identity plus a space
    (the rest being the value). The next parse verifies the new page against the plan
-   with a handful of C-level bulk operations (``split``, ``map(str.startswith, ...)``,
-   tuple comparison) instead of a Python loop, then creates the samples. Any difference
-   in shape (a new series, a moved line, a timestamp, an odd value) fails verification
-   and the page takes the line-by-line path above, which records a fresh plan. The plan
-   therefore can never hand out stale labels or values: everything except the value
-   text is compared, and the value text is always converted anew.
+   with a handful of C-level bulk operations (``split``, ``itemgetter``, tuple
+   comparison, ``map(str.removeprefix, ...)``) instead of a Python loop, then converts
+   the values and creates the samples. Any difference in shape (a new series, a moved
+   line, a timestamp, an odd value) fails verification and the page takes the
+   line-by-line path above, which records a fresh plan. The plan therefore can never
+   hand out stale labels or values: everything except the value text is compared, and
+   the value text is always converted anew.
 
 Measured on the real 52 kB vLLM 0.32 page (``tests/fixtures/exposition/
 vllm-0.32-cpu-real.prom``, 630 lines, 445 samples), keeping ``vllm:`` families
-(374 samples), CPython 3.11, per parse (``python3 bench/parse_bench.py``)::
+(374 samples), CPython 3.11, per parse, best of 3 rounds on a shared 2-CPU machine
+(``python3 bench/parse_bench.py``)::
 
-    prometheus_client.parser                     6.6 ms
-    PageParser, cold (new parser each time)      1.5 ms   (4x faster)
-    PageParser, warm (plan path)                 0.15 ms  (44x faster)
-    PageParser, warm, all values changed         0.15 ms
-    PageParser, warm, line-cache path only       0.26 ms  (page shape differs each time)
+    prometheus_client.parser.text_string_to_metric_families   6.5 ms
+    PageParser, cold (a new parser for every parse)            2.1 ms   (3x faster)
+    PageParser, warm (same page again: plan path)              0.155 ms (42x faster)
+    PageParser, warm, every value different each time          0.15 ms  (43x faster)
+    PageParser, warm, line cache only (plan disabled)          0.37 ms  (17x faster)
 
-The 0.1 ms aim is not reached: creating the 374 ``Sample`` objects alone costs 41 us,
-splitting the page into line strings 36 us and ``float()`` 24 us. On a synthetic
-8-model vLLM page (3000 kept samples) the numbers are 44 ms / 7.9 ms / 1.1 ms.
+The 0.1 ms aim is not reached. Of the 0.15 ms, creating the 374 ``Sample`` objects
+costs 41 us, splitting the page into line strings 35 us and ``float()`` 22 us; the plan
+checks, value extraction and the 72 ``MetricFamily`` objects take the rest. On a
+synthetic 8-model vLLM page (3056 samples, 2985 kept): 42 ms / 14 ms / 1.05 ms.
 
 Semantics (matching ``prometheus_client.parser.text_string_to_metric_families`` on
 every page it accepts, except where noted):
@@ -341,18 +344,17 @@ class _Block:
 
 
 _PLAIN, _TYPE, _HELP, _BAD = range(4)
+_NOTHING: dict[str, str] = {}  # "allowed" when there is no current block
 
 
 class _State:
     """Mutable state of one line-by-line parse (the general path)."""
 
-    __slots__ = ("families", "seen", "kept", "malformed", "errors", "block", "fam",
+    __slots__ = ("families", "malformed", "errors", "block", "fam",
                  "plannable", "skip_runs", "sample_lines", "kept_samples", "kept_runs")
 
     def __init__(self, build_plan: bool) -> None:
         self.families: dict[str, MetricFamily] = {}
-        self.seen = 0
-        self.kept = 0
         self.malformed = 0
         self.errors: list[str] = []
         self.block: _Block | None = None
@@ -420,8 +422,23 @@ class PageParser:
     # ----------------------------------------------------------------- general path
 
     def _parse_text(self, text: str, build_plan: bool) -> tuple[ParsedPage, _Plan | None]:
-        """Line by line, skipping unwanted blocks; records a plan if asked to."""
+        """Line by line, skipping unwanted blocks; records a plan if asked to.
+
+        The text alternates between comment lines (handled one by one) and runs of
+        sample lines (up to the next line starting with "#", found with one
+        ``str.find``). A run in a dropped block is only counted; a run in a kept block
+        goes through the loop below, the hot path of a scrape whose page shape changed
+        (or that carries timestamps/exemplars): rpartition, one cache lookup, float().
+        Its locals mirror ``st.block``/``st.fam`` and are reloaded whenever a comment or
+        a TYPE-less sample may have changed them.
+        """
         st = _State(build_plan)
+        series_get = self._series.get
+        slow_line = self._slow_line
+        sample_lines = st.sample_lines
+        kept_samples = st.kept_samples
+        kept_runs = st.kept_runs
+        seen = kept = 0
         n = len(text)
         pos = 0
         lineno = 0
@@ -435,7 +452,6 @@ class PageParser:
                 lineno += 1
                 pos = eol + 1
                 continue
-            # A run of non-comment lines: normally the samples of the current block.
             end = find("\n#", pos)
             if end < 0:
                 end = n
@@ -446,77 +462,59 @@ class PageParser:
                 base = block.base
                 count = run.count("\n") + 1
                 if run.startswith(base) and run.count("\n" + base) == count - 1:
-                    st.seen += count
+                    seen += count
                     st.skip_runs.append((lineno, count, base))
                     lineno += count
                     continue
-            lineno = self._run(st, run.split("\n"), lineno)
-        page = ParsedPage(st.families, st.seen, st.kept, st.malformed, st.errors)
-        plan = _Plan.build(text, st) if st.plannable else None
-        return page, plan
-
-    def _run(self, st: _State, lines: list[str], lineno: int) -> int:
-        """Parse the sample lines of one run; returns the index of the line after it.
-
-        The loop body is the hot path of a scrape whose page shape changed (or that
-        carries timestamps/exemplars): rpartition, one cache lookup, float(). Locals
-        mirror ``st.block``/``st.fam`` and are reloaded after anything that may change them.
-        """
-        series_get = self._series.get
-        slow = self._slow_line
-        block = st.block
-        fam = st.fam
-        allowed = block.allowed if block is not None else {}
-        plan = st.plannable
-        sample_lines = st.sample_lines
-        kept_samples = st.kept_samples
-        kept_runs = st.kept_runs
-        seen = kept = 0
-        for line in lines:
-            key, sep, text = line.rpartition(" ")
-            entry = series_get(key) if sep else None
-            if entry is not None and "_" not in text:
-                try:
-                    value = float(text)
-                except ValueError:
-                    entry = None
-                plain = True
-            else:
-                entry = None
-            if entry is None:
-                found = slow(st, line, lineno)
-                if found is None:  # blank, comment or malformed
-                    lineno += 1
-                    block = st.block
-                    fam = st.fam
-                    allowed = block.allowed if block is not None else {}
-                    plan = st.plannable
-                    continue
-                key, entry, value, plain = found
-            name = entry[0]
-            if name not in allowed:
-                block = self._untyped_block(name)
-                st.enter(block)
-                fam = st.fam
-                allowed = block.allowed
-            seen += 1
-            if fam is not None:
-                sample = Sample(allowed[name], entry[1], value)
-                fam.samples.append(sample)
-                kept += 1
-                if plan:
-                    if not kept_runs or kept_runs[-1][0] is not fam:
-                        kept_runs.append((fam, len(kept_samples)))
-                    kept_samples.append(sample)
-            if plan:
-                if plain:
-                    sample_lines.append((lineno, key, fam is not None))
+            allowed = block.allowed if block is not None else _NOTHING
+            fam = st.fam
+            plan = st.plannable
+            for line in run.split("\n"):
+                key, _, value_text = line.rpartition(" ")
+                entry = series_get(key)
+                if entry is not None and "_" not in value_text:
+                    try:
+                        value = float(value_text)
+                    except ValueError:
+                        entry = None
+                    plain = True
                 else:
-                    plan = st.plannable = False
-            lineno += 1
-        st.seen += seen
-        st.kept += kept
-        return lineno
+                    entry = None
+                if entry is None:
+                    found = slow_line(st, line, lineno)
+                    if found is None:  # blank, comment or malformed line
+                        lineno += 1
+                        allowed = st.block.allowed if st.block is not None else _NOTHING
+                        fam = st.fam
+                        plan = st.plannable
+                        continue
+                    key, entry, value, plain = found
+                name = entry[0]
+                reported = allowed.get(name)
+                if reported is None:  # not this block's: starts an untyped family
+                    block = self._untyped_block(name)
+                    st.enter(block)
+                    allowed = block.allowed
+                    fam = st.fam
+                    reported = name
+                seen += 1
+                if fam is not None:
+                    sample = Sample(reported, entry[1], value)
+                    fam.samples.append(sample)
+                    kept += 1
+                    if plan:
+                        if not kept_runs or kept_runs[-1][0] is not fam:
+                            kept_runs.append((fam, len(kept_samples)))
+                        kept_samples.append(sample)
+                if plan:
+                    if plain:
+                        sample_lines.append((lineno, key, fam is not None))
+                    else:
+                        plan = st.plannable = False
+                lineno += 1
+        page = ParsedPage(st.families, seen, kept, st.malformed, st.errors)
+        plan = _Plan.build(text, page, st) if st.plannable else None
+        return page, plan
 
     def _comment(self, st: _State, line: str, lineno: int) -> None:
         entry = self._comments.get(line)
@@ -652,7 +650,7 @@ class _Plan:
                  "families", "seen", "kept", "malformed", "errors")
 
     @classmethod
-    def build(cls, text: str, st: _State) -> _Plan | None:
+    def build(cls, text: str, page: ParsedPage, st: _State) -> _Plan | None:
         # Each family must be one contiguous run of the kept samples (one slice each).
         starts = {id(fam): first for fam, first in st.kept_runs}
         if len(starts) != len(st.kept_runs):
@@ -685,7 +683,7 @@ class _Plan:
             first = starts.get(id(fam), 0)
             families.append((fam.name, fam.type, slice(first, first + len(fam.samples))))
         plan.families = tuple(families)
-        plan.seen, plan.kept = st.seen, st.kept
+        plan.seen, plan.kept = page.samples_seen, page.samples_kept
         plan.malformed, plan.errors = st.malformed, tuple(st.errors)
         return plan
 
@@ -697,9 +695,9 @@ class _Plan:
         if self.skip_bases and not all(map(str.startswith, self.skip(lines), self.skip_bases)):
             return None
         found = self.sample(lines)
-        # removeprefix returns the line unchanged when the prefix is missing, which makes
-        # the total length of the values exactly prefix_chars too long per miss: one
-        # length comparison verifies every identity.
+        # removeprefix leaves a line unchanged when its identity prefix is missing, so
+        # every miss makes the values longer by that prefix's length: one comparison of
+        # total lengths verifies all identities at C speed.
         values = list(map(str.removeprefix, found, self.prefixes))
         joined = "".join(values)
         if len(joined) + self.prefix_chars != sum(map(len, found)) or "_" in joined:
