@@ -9,6 +9,11 @@ Example::
         labels: {cluster: prod}
         scrape_interval: 15s
         scrape_timeout: 5s
+        hardware: {gpu: A100-80G, model: llama-3.1-8b, weight_dtype: bf16}   # optional
+    diagnosis:                  # optional; defaults shown
+      interval: 30s
+      window: 2m
+      thresholds: {queue_share: 0.5}   # see app/diagnosis/thresholds.py
 
 A bad file is refused at start with every problem listed as ``field.path: reason``,
 so nobody has to guess which of forty targets has the typo.
@@ -26,6 +31,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.thresholds import Thresholds
 from app.durations import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -87,6 +94,7 @@ class TargetConfig(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     scrape_interval: Seconds | None = Field(None, gt=0)
     scrape_timeout: Seconds | None = Field(None, gt=0)
+    hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
 
     @field_validator("labels")
     @classmethod
@@ -105,10 +113,21 @@ class TargetConfig(BaseModel):
         return self
 
 
+class DiagnosisConfig(BaseModel):
+    """How often regimes are evaluated, over which window, with which thresholds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interval: Seconds = Field(30.0, gt=0, description="Evaluation interval.")
+    window: Seconds = Field(120.0, gt=0, description="Window each evaluation looks at.")
+    thresholds: Thresholds = Field(default_factory=Thresholds)
+
+
 class FileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     targets: list[TargetConfig] = Field(default_factory=list)
+    diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "FileConfig":

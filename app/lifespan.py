@@ -18,7 +18,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.config import ConfigError, load_config
+from app.config import ConfigError, DiagnosisConfig, load_config
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.profile import HardwareProfile
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
@@ -44,6 +46,7 @@ class Monitor:
             on_engine_detected=self._engine_detected,
         )
         self.started_at = time.time()
+        self.diagnosis_config = DiagnosisConfig()
 
     # ------------------------------------------------------------------ startup
     def prepare_database(self) -> None:
@@ -65,8 +68,9 @@ class Monitor:
         if self.settings.config_file is None:
             return
         config = load_config(self.settings.config_file, self.settings.allowed_target_hosts)
+        self.diagnosis_config = config.diagnosis
         with self.sessions.begin() as session:
-            repository.sync_config_targets(session, [t.model_dump() for t in config.targets])
+            repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
 
     def target_specs(self) -> list[TargetSpec]:
         s = self.settings
@@ -107,6 +111,24 @@ class Monitor:
                             summaries[(target.name, model, signal)] = summary
         self.telemetry.derived.summaries = summaries
 
+    def evaluate_diagnoses(self, now: float | None = None) -> list:
+        """One diagnosis round over every target: evaluate, advance lifecycles, persist."""
+        now = time.time() if now is None else now
+        config = self.diagnosis_config
+        results = []
+        with self.sessions.begin() as session:
+            for target in repository.list_targets(session):
+                hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
+                engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+                for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
+                                                                  config.window, config.thresholds, hardware):
+                    transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
+                                                                   config.thresholds, now)
+                    repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
+                                              diagnosis.to_dict())
+                    results.append((diagnosis, transitions))
+        return results
+
     async def start(self) -> None:
         try:
             await asyncio.to_thread(self.prepare_database)
@@ -120,6 +142,8 @@ class Monitor:
                           id="prune", max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.refresh_summaries), "interval",
                           seconds=self.settings.summary_interval, id="summaries", max_instances=1, coalesce=True)
+        scheduler.add_job(self._in_thread(self.evaluate_diagnoses), "interval",
+                          seconds=self.diagnosis_config.interval, id="diagnosis", max_instances=1, coalesce=True)
 
     @staticmethod
     def _in_thread(func):  # type: ignore[no-untyped-def]

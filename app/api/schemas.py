@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.config import NAME_PATTERN, EngineName, TargetConfig
+from app.diagnosis.profile import HardwareProfile
 from app.durations import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -26,6 +27,7 @@ class TargetPatch(BaseModel):
     labels: dict[str, str] | None = None
     scrape_interval: Seconds | None = Field(None, gt=0)
     scrape_timeout: Seconds | None = Field(None, gt=0)
+    hardware: HardwareProfile | None = None
 
 
 class ScrapeOut(BaseModel):
@@ -50,6 +52,7 @@ class TargetOut(BaseModel):
     scrape_interval_seconds: float
     scrape_timeout_seconds: float
     source: str
+    hardware: dict | None = None
     created_at: float
     updated_at: float
     last_scrape: ScrapeOut | None = None

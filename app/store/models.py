@@ -14,6 +14,10 @@ Layout, and why:
 * ``scalar_samples``: gauge and counter values per series per scrape.
 * ``scrapes``: the health log — every scrape attempt, up or down, with timing, size,
   samples kept and the error class.
+* ``findings``: one row per occurrence of a diagnosed regime on a target/model, from
+  first firing (pending) through active to resolved; the diagnosis history.
+* ``diagnoses``: the latest verdict per target/model (healthy, insufficient_data, or
+  the primary regime), so the API answers without re-evaluating.
 * ``target_info``: engine configuration revealed by info metrics
   (``vllm:cache_config_info`` labels), latest value per target/model/rank.
 
@@ -45,6 +49,7 @@ class Target(Base):
     scrape_interval: Mapped[float | None] = mapped_column(Float, nullable=True)
     scrape_timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
     source: Mapped[str] = mapped_column(String(8), default="api")
+    hardware: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # HardwareProfile fields
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
@@ -107,3 +112,35 @@ class TargetInfo(Base):
     rank: Mapped[str] = mapped_column(String(16), primary_key=True)
     labels: Mapped[dict[str, str]] = mapped_column(JSON)
     ts: Mapped[float] = mapped_column(Float)
+
+
+class FindingRow(Base):
+    __tablename__ = "findings"
+    __table_args__ = (Index("ix_findings_open", "target_id", "model", "state"), Index("ix_findings_last_seen", "last_seen"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(256))
+    regime: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(12))  # pending | active | resolved | dropped
+    severity: Mapped[str] = mapped_column(String(12))
+    confidence: Mapped[float] = mapped_column(Float)
+    is_primary: Mapped[bool] = mapped_column(Boolean, default=False)
+    summary: Mapped[str] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)  # evidence, remedies, runbook, caused_by
+    first_seen: Mapped[float] = mapped_column(Float)
+    last_seen: Mapped[float] = mapped_column(Float)
+    activated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    resolved_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    consecutive: Mapped[int] = mapped_column(Integer, default=1)  # evaluations in a row that fired
+    clear_count: Mapped[int] = mapped_column(Integer, default=0)  # evaluations in a row that were clear
+
+
+class DiagnosisRow(Base):
+    __tablename__ = "diagnoses"
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    verdict: Mapped[str] = mapped_column(String(32))
+    evaluated_at: Mapped[float] = mapped_column(Float)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -23,7 +23,9 @@ from sqlalchemy.orm import Session
 
 from app.quantiles import HistogramSnapshot
 from app.sources.base import Canonical
-from app.store.models import HistogramSample, ScalarSample, Scrape, Series, Target, TargetInfo
+from app.store.models import (
+    DiagnosisRow, FindingRow, HistogramSample, ScalarSample, Scrape, Series, Target, TargetInfo,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,8 @@ def delete_target(session: Session, target: Target) -> None:
     session.execute(delete(Series).where(Series.target_id == target.id))
     session.execute(delete(Scrape).where(Scrape.target_id == target.id))
     session.execute(delete(TargetInfo).where(TargetInfo.target_id == target.id))
+    session.execute(delete(FindingRow).where(FindingRow.target_id == target.id))
+    session.execute(delete(DiagnosisRow).where(DiagnosisRow.target_id == target.id))
     session.delete(target)
     session.flush()
 
@@ -316,4 +320,86 @@ def prune(session: Session, before: float) -> dict[str, int]:
     for model in (HistogramSample, ScalarSample, Scrape):
         result = session.execute(delete(model).where(model.ts < before))
         deleted[model.__tablename__] = result.rowcount or 0
+    # findings that never became active are noise once they are old; real history stays
+    result = session.execute(delete(FindingRow).where(FindingRow.state == "dropped", FindingRow.last_seen < before))
+    deleted["findings"] = result.rowcount or 0
     return deleted
+
+
+def scrape_times(session: Session, target_id: int, start: float, end: float) -> list[float]:
+    """Timestamps of the successful scrapes of a target within ``[start, end]``."""
+    return list(session.scalars(select(Scrape.ts).where(Scrape.target_id == target_id, Scrape.ts >= start,
+                                                         Scrape.ts <= end, Scrape.up.is_(True))
+                                .order_by(Scrape.ts)))
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+def open_findings(session: Session, target_id: int, model: str) -> list[FindingRow]:
+    return list(session.scalars(select(FindingRow).where(
+        FindingRow.target_id == target_id, FindingRow.model == model, FindingRow.state.in_(("pending", "active")))))
+
+
+def _finding_fields(payload: dict) -> dict:
+    return {"severity": payload["severity"], "confidence": payload["confidence"], "is_primary": payload["primary"],
+            "summary": payload["summary"],
+            "details": {k: payload[k] for k in ("evidence", "remedies", "runbook", "caused_by")}}
+
+
+def create_finding(session: Session, target_id: int, model: str, regime: str, now: float, payload: dict) -> FindingRow:
+    row = FindingRow(target_id=target_id, model=model, regime=regime, state="pending", first_seen=now,
+                     last_seen=now, consecutive=1, clear_count=0, **_finding_fields(payload))
+    session.add(row)
+    session.flush()
+    return row
+
+
+def touch_finding(session: Session, row: FindingRow, now: float, payload: dict) -> None:
+    """The regime fired again: refresh its evidence, extend the streak."""
+    for key, value in _finding_fields(payload).items():
+        setattr(row, key, value)
+    row.last_seen = now
+    row.consecutive += 1
+    row.clear_count = 0
+
+
+def clear_finding(session: Session, row: FindingRow, now: float) -> None:
+    row.clear_count += 1
+    row.consecutive = 0
+
+
+def set_finding_state(session: Session, row: FindingRow, state: str, now: float) -> None:
+    row.state = state
+    if state == "active":
+        row.activated_at = now
+    elif state == "resolved":
+        row.resolved_at = now
+    session.flush()
+
+
+def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, now: float, details: dict) -> None:
+    row = session.get(DiagnosisRow, (target_id, model))
+    if row is None:
+        session.add(DiagnosisRow(target_id=target_id, model=model, verdict=verdict, evaluated_at=now, details=details))
+    else:
+        row.verdict, row.evaluated_at, row.details = verdict, now, details
+    session.flush()
+
+
+def latest_diagnoses(session: Session, target_id: int | None = None) -> list[tuple[str, DiagnosisRow]]:
+    query = select(Target.name, DiagnosisRow).join(Target, Target.id == DiagnosisRow.target_id)
+    if target_id is not None:
+        query = query.where(DiagnosisRow.target_id == target_id)
+    return [(name, row) for name, row in session.execute(query.order_by(Target.name, DiagnosisRow.model))]
+
+
+def finding_history(session: Session, target_id: int | None = None, since: float | None = None,
+                    states: tuple[str, ...] = ("pending", "active", "resolved"), limit: int = 500
+                    ) -> list[tuple[str, FindingRow]]:
+    query = select(Target.name, FindingRow).join(Target, Target.id == FindingRow.target_id).where(
+        FindingRow.state.in_(states))
+    if target_id is not None:
+        query = query.where(FindingRow.target_id == target_id)
+    if since is not None:
+        query = query.where(FindingRow.last_seen >= since)
+    return [(name, row) for name, row in session.execute(query.order_by(FindingRow.first_seen.desc()).limit(limit))]

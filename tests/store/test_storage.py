@@ -13,14 +13,14 @@ from app.store import db, repository
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
-TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info"}
+TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses"}
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0001"
+    assert db.current_revision(engine) == db.head_revision() == "0002"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
@@ -134,7 +134,7 @@ def test_prune_removes_only_old_rows(store) -> None:
     SampleWriter(engine).write([record(target_id, t0 + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(4)])
     with sessions.begin() as session:
         deleted = repository.prune(session, t0 + 150)
-    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2}
+    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2, "findings": 0}
     with sessions() as session:
         assert len(repository.scrape_log(session, target_id)) == 2
 

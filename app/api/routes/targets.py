@@ -55,7 +55,7 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None) -> 
         name=target.name, url=target.url, engine=target.engine, detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, created_at=target.created_at, updated_at=target.updated_at,
+        source=target.source, hardware=target.hardware, created_at=target.created_at, updated_at=target.updated_at,
         last_scrape=scrape_out(last),
     )
 
@@ -90,7 +90,7 @@ def create_target(body: TargetIn, session: SessionDep, monitor: MonitorDep) -> T
     check_url(monitor, body.url)
     if repository.get_target(session, body.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"target {body.name!r} already exists")
-    target = repository.create_target(session, **body.model_dump())
+    target = repository.create_target(session, **body.model_dump(mode="json"))
     session.commit()
     reschedule(monitor)
     return target_out(monitor, target)
@@ -108,7 +108,7 @@ def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: Moni
         raise unprocessable("body.name", f"must equal the name in the path ({name!r}); targets cannot be renamed")
     check_url(monitor, body.url)
     target = get_or_404(session, name)
-    repository.update_target(session, target, **body.model_dump(exclude={"name"}))
+    repository.update_target(session, target, **body.model_dump(mode="json", exclude={"name"}))
     session.commit()
     reschedule(monitor)
     return target_out(monitor, target)
@@ -117,13 +117,14 @@ def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: Moni
 @router.patch("/targets/{name}", response_model=TargetOut, dependencies=[WriteAuth])
 def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: MonitorDep) -> TargetOut:
     target = get_or_404(session, name)
-    changes = body.model_dump(exclude_unset=True)
+    changes = body.model_dump(mode="json", exclude_unset=True)
     if "url" in changes:
         if changes["url"] is None:
             raise unprocessable("body.url", "cannot be null")
         check_url(monitor, changes["url"])
     merged = {"name": target.name, "url": target.url, "engine": target.engine, "labels": target.labels,
-              "scrape_interval": target.scrape_interval, "scrape_timeout": target.scrape_timeout, **changes}
+              "scrape_interval": target.scrape_interval, "scrape_timeout": target.scrape_timeout,
+              "hardware": target.hardware, **changes}
     try:
         TargetConfig.model_validate(merged)  # the combination must still be valid
     except ValidationError as exc:

@@ -1,0 +1,119 @@
+"""Evaluating the rules, ranking findings, and the finding lifecycle.
+
+Ranking: when several rules fire, a finding whose regime is listed in another firing
+rule's ``causes`` is a symptom — it keeps its evidence but is marked ``caused_by`` and
+is never primary (KV pressure causes queueing: name the cause). Among the rest, the
+primary is the first in ``RULES`` order (causes before symptoms), ties broken by
+severity and confidence.
+
+Lifecycle (per target x model x regime): a firing finding is ``pending`` until it has
+held for ``activate_after`` consecutive evaluations, then ``active``; an active finding
+``resolved`` after ``resolve_after`` consecutive clear evaluations. A pending finding
+that clears is dropped. Every transition is persisted, so the history survives restarts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy.orm import Session
+
+from app.diagnosis import signals as signals_module
+from app.diagnosis.findings import Diagnosis, Finding
+from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.rules import RULES
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+from app.store import repository
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+RULE_ORDER = {rule.regime: i for i, rule in enumerate(RULES)}
+
+
+def data_problems(s: Signals, t: Thresholds) -> list[str]:
+    problems = []
+    if s.scrapes < t.min_scrapes:
+        problems.append(f"{s.scrapes} successful scrape(s) in the window, need {t.min_scrapes}")
+    requests = s.ttft.count if s.ttft else 0.0
+    steps = s.itl.count if s.itl else 0.0
+    if requests < t.min_requests and steps < t.min_decode_steps:
+        problems.append(f"{requests:.0f} requests and {steps:.0f} decode steps in the window, need "
+                        f"{t.min_requests:.0f} requests or {t.min_decode_steps:.0f} steps")
+    return problems
+
+
+def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
+    """Run every rule on one target/model's signals and rank what fired."""
+    diagnosis = Diagnosis(s.target, s.model, s.engine, s.window_start, s.window_end, "healthy",
+                          signals=s.to_dict())
+    if s.ttft_derived:
+        diagnosis.notes.append("TTFT derived as queue + prefill batch time (the engine exports no TTFT histogram)")
+    problems = data_problems(s, t)
+    if problems:
+        diagnosis.verdict = "insufficient_data"
+        diagnosis.notes.extend(problems)
+        return diagnosis
+    findings = [f for f in (rule.evaluate(s, t) for rule in RULES) if f is not None]
+    rank(findings)
+    diagnosis.findings = findings
+    if findings:
+        diagnosis.verdict = findings[0].regime
+    return diagnosis
+
+
+def rank(findings: list[Finding]) -> None:
+    """Order in place: primary first, then other causes, then symptoms."""
+    if not findings:
+        return
+    firing = {f.regime for f in findings}
+    causes = {rule.regime: set(rule.causes) for rule in RULES}
+    for finding in findings:
+        for other in firing - {finding.regime}:
+            if finding.regime in causes.get(other, ()):
+                finding.caused_by = other
+                break
+    findings.sort(key=lambda f: (f.caused_by is not None, RULE_ORDER.get(f.regime, 99),
+                                 SEVERITY_ORDER.get(f.severity, 9), -f.confidence))
+    findings[0].primary = findings[0].caused_by is None
+
+
+def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
+                    thresholds: Thresholds, hardware: HardwareProfile | None = None) -> list[Diagnosis]:
+    """Diagnoses for every model of one target over ``[end - window, end]``."""
+    all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware)
+    if not all_signals:
+        s = Signals(target, "", engine, end - window, end,
+                    scrapes=len(repository.scrape_times(session, target_id, end - window, end)))
+        return [diagnose(s, thresholds)]
+    return [diagnose(s, thresholds) for s in all_signals]
+
+
+def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thresholds: Thresholds,
+                    now: float | None = None) -> list[dict]:
+    """Advance the persisted state of every regime for this target/model; returns transitions."""
+    now = time.time() if now is None else now
+    firing = {f.regime: f for f in diagnosis.findings}
+    transitions = []
+    states = {row.regime: row for row in repository.open_findings(session, target_id, diagnosis.model)}
+    for regime, finding in firing.items():
+        row = states.get(regime)
+        payload = finding.to_dict()
+        if row is None:
+            row = repository.create_finding(session, target_id, diagnosis.model, regime, now, payload)
+            states[regime] = row
+        else:
+            repository.touch_finding(session, row, now, payload)
+        if row.state == "pending" and row.consecutive >= thresholds.activate_after:
+            repository.set_finding_state(session, row, "active", now)
+            transitions.append({"regime": regime, "state": "active", "ts": now})
+    for regime, row in states.items():
+        if regime in firing:
+            continue
+        if row.state == "pending":
+            repository.set_finding_state(session, row, "dropped", now)
+        else:
+            repository.clear_finding(session, row, now)
+            if row.clear_count >= thresholds.resolve_after:
+                repository.set_finding_state(session, row, "resolved", now)
+                transitions.append({"regime": regime, "state": "resolved", "ts": now})
+    return transitions

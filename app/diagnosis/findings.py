@@ -1,0 +1,90 @@
+"""The typed result of a diagnosis: findings with their evidence and remedies."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+REGIMES = ("queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
+           "weights_offloaded")
+VERDICTS = (*REGIMES, "healthy", "insufficient_data")
+SEVERITIES = ("critical", "warning", "info")
+RUNBOOK_DIR = "docs/runbooks"
+
+
+@dataclass(slots=True)
+class Evidence:
+    """One number a rule looked at, the threshold it was compared with, and the outcome."""
+
+    name: str
+    value: float | str | None
+    op: str  # ">=", "<=", ">", "==", "info"
+    threshold: float | str | None
+    unit: str = ""
+    met: bool = True
+    note: str = ""
+
+    def text(self) -> str:
+        value = _fmt(self.value, self.unit)
+        if self.op == "info":
+            return f"{self.name} = {value}" + (f" ({self.note})" if self.note else "")
+        return f"{self.name} = {value} ({self.op} {_fmt(self.threshold, self.unit)})" + (
+            f"; {self.note}" if self.note else "")
+
+
+def _fmt(value: float | str | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, str):
+        return value
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit == "ratio":
+        return f"{value:.2f}"
+    if unit == "%":
+        return f"{value * 100:.1f} %"
+    return f"{value:.3g}" + (f" {unit}" if unit else "")
+
+
+@dataclass(slots=True)
+class Finding:
+    regime: str
+    severity: str
+    confidence: float  # 0..1
+    summary: str
+    evidence: list[Evidence] = field(default_factory=list)
+    remedies: list[str] = field(default_factory=list)
+    primary: bool = False
+    caused_by: str | None = None  # the primary regime this one is a symptom of
+
+    @property
+    def runbook(self) -> str:
+        return f"{RUNBOOK_DIR}/{self.regime}.md"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["runbook"] = self.runbook
+        return data
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """Everything one evaluation concluded for one target and model."""
+
+    target: str
+    model: str
+    engine: str
+    window_start: float
+    window_end: float
+    verdict: str  # a regime id (the primary finding), "healthy" or "insufficient_data"
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    signals: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target, "model": self.model, "engine": self.engine,
+            "window": {"start": self.window_start, "end": self.window_end,
+                       "seconds": self.window_end - self.window_start},
+            "verdict": self.verdict, "findings": [f.to_dict() for f in self.findings],
+            "notes": self.notes, "signals": self.signals,
+        }

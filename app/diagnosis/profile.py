@@ -1,0 +1,69 @@
+"""Optional hardware profile of a target: what the decode roofline floor is.
+
+Every decode step reads all the weights (one shard per GPU under tensor parallelism)
+from HBM, so a single sequence can never produce tokens faster than
+``weight_bytes / (bandwidth x TP)`` (domain brief §1-2). Observed ITL divided by this
+floor is the evidence that separates ``bandwidth_bound`` (ratio near 1: the hardware
+is the limit) from ``weights_offloaded`` (ratio far above 1: something slower than HBM,
+such as PCIe, is in the path).
+
+Example (targets YAML)::
+
+    hardware: {gpu: A100-80G, model: llama-3.1-8b, weight_dtype: bf16, tensor_parallel: 1}
+    hardware: {hbm_bandwidth: 8.64e11, params: 7.06e10, weight_dtype: int4}
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.hardware import GPUS, MODELS, WEIGHT_DTYPE_BYTES
+
+
+class HardwareProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str | None = Field(None, description=f"one of {', '.join(sorted(GPUS))}")
+    hbm_bandwidth: float | None = Field(None, gt=0, description="bytes/s per GPU; overrides the GPU preset")
+    peak_flops: float | None = Field(None, gt=0, description="dense FLOP/s per GPU; overrides the GPU preset")
+    model: str | None = Field(None, description=f"one of {', '.join(sorted(MODELS))}")
+    params: float | None = Field(None, gt=0, description="parameter count; overrides the model preset")
+    weight_dtype: str = Field("bf16", description=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
+    tensor_parallel: int = Field(1, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "HardwareProfile":
+        if self.gpu is not None and self.gpu not in GPUS:
+            raise ValueError(f"unknown gpu {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
+        if self.model is not None and self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; known: {', '.join(sorted(MODELS))}")
+        if self.weight_dtype not in WEIGHT_DTYPE_BYTES:
+            raise ValueError(f"unknown weight_dtype {self.weight_dtype!r}; known: {', '.join(WEIGHT_DTYPE_BYTES)}")
+        if self.gpu is None and self.hbm_bandwidth is None:
+            raise ValueError("give gpu or hbm_bandwidth")
+        if self.model is None and self.params is None:
+            raise ValueError("give model or params")
+        return self
+
+    @property
+    def bandwidth(self) -> float:
+        return self.hbm_bandwidth or GPUS[self.gpu].hbm_bandwidth  # type: ignore[index]
+
+    @property
+    def parameter_count(self) -> float:
+        return self.params or MODELS[self.model].params  # type: ignore[index]
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.parameter_count * WEIGHT_DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def decode_floor_seconds(self) -> float:
+        """Lower bound of one decode step: every GPU reads its weight shard once."""
+        return self.weight_bytes / (self.bandwidth * self.tensor_parallel)
+
+    def describe(self) -> str:
+        gpu = self.gpu or f"{self.bandwidth / 1e9:.0f} GB/s"
+        model = self.model or f"{self.parameter_count / 1e9:.1f}B params"
+        tp = f" x TP{self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        return f"{model} {self.weight_dtype} on {gpu}{tp}"

@@ -1,0 +1,73 @@
+"""bandwidth_bound — decode is slow because every step must read all the weights.
+
+Symptom: ITL high even for a single request / small batch, steady (no stalls), and
+near the hardware floor ``weight_bytes / HBM bandwidth`` (domain brief §2, §4). Why it
+matters: no scheduler knob helps; only moving fewer bytes per token does (quantized
+weights, quantized KV cache, speculative decoding) or more bandwidth (another GPU, TP).
+
+With a hardware profile the rule requires ITL/floor <= ``floor_ratio_max``; without
+one it can only see "slow, steady, small batch" and says so with lower confidence.
+"""
+
+from __future__ import annotations
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
+    conditions = [
+        check("ITL at small batch" if s.itl_low_batch is not None else "ITL p50", itl_small, ">=",
+              t.slow_itl_seconds, "s"),
+        check("mean running requests", s.running_mean, "<=", t.low_batch_running),
+        check("ITL p99/p50", s.itl_ratio, "<=", t.steady_itl_ratio, "ratio", "steady decode, no stalls"),
+    ]
+    if s.decode_floor_seconds is not None:
+        conditions.append(check("ITL / decode floor", s.itl_over_floor, "<=", t.floor_ratio_max, "ratio",
+                                f"floor {s.decode_floor_seconds * 1000:.1f} ms = weight bytes / HBM bandwidth "
+                                f"({s.hardware})"))
+    if not all(c.met for c in conditions):
+        return None
+    evidence = conditions + [
+        info("ITL p50 / p99", f"{s.itl.p50 * 1000:.1f} / {s.itl.p99 * 1000:.1f} ms" if s.itl and s.itl.p99 else None),
+        info("generation throughput", s.generation_tokens_per_second, "tokens/s"),
+    ]
+    if s.decode_floor_seconds is None:
+        evidence.append(info("hardware profile", "not configured",
+                             note="add `hardware:` to the target to compare ITL with the bandwidth floor"))
+    vllm = [
+        "Quantize the weights: an AWQ/GPTQ INT4 checkpoint (~4x fewer bytes per step than BF16) or FP8 "
+        "(--quantization fp8 on Hopper/Ada).",
+        "Quantize the KV cache: --kv-cache-dtype fp8 (recent GPUs) — halves KV bytes read per step.",
+        "Speculative decoding (--speculative-config with a draft model, EAGLE or n-gram): several tokens per "
+        "weight read; good at low concurrency, costs throughput at high concurrency.",
+        "More bandwidth: --tensor-parallel-size 2+ over NVLink (each GPU reads a shard), or an HBM GPU instead of GDDR.",
+    ]
+    tgi = [
+        "Quantize the weights: --quantize awq / gptq / marlin (INT4) or fp8.",
+        "Quantize the KV cache: --kv-cache-dtype fp8_e4m3 / fp8_e5m2.",
+        "Speculative decoding: --speculate N (Medusa/n-gram).",
+        "More bandwidth: --num-shard 2+ over NVLink, or an HBM GPU.",
+    ]
+    sglang = [
+        "Quantize the weights (--quantization awq / gptq / fp8) and the KV cache (--kv-cache-dtype fp8_e5m2).",
+        "Speculative decoding: --speculative-algorithm EAGLE.",
+        "More bandwidth: --tp-size 2+ over NVLink, or an HBM GPU.",
+    ]
+    floor_note = (f", {s.itl_over_floor:.1f}x the {s.decode_floor_seconds * 1000:.0f} ms bandwidth floor"
+                  if s.itl_over_floor is not None else "")
+    conf = confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps)
+    if s.decode_floor_seconds is None:
+        conf = round(conf * 0.7, 3)  # without the floor, "slow and steady" could also be a slow model server
+    return Finding(
+        "bandwidth_bound", "warning" if s.decode_floor_seconds is not None else "info", conf,
+        f"Decode takes {itl_small * 1000:.0f} ms per token at a small batch ({s.running_mean:.1f} running)"
+        f"{floor_note}: memory bandwidth is the limit.",
+        evidence, remedies(s.engine, vllm, tgi, sglang),
+    )
+
+
+RULE = Rule("bandwidth_bound", evaluate)

@@ -1,0 +1,62 @@
+"""kv_cache_pressure — the KV cache is full; sequences are preempted and recomputed.
+
+Symptom: KV-cache usage near 100 %, preemptions counted, latency swings, requests
+waiting while the running set stays flat (domain brief §2, §4). Why it matters: it is
+a *cause* — it produces queueing (new requests cannot be admitted) and ITL spikes
+(preempted sequences are recomputed) — so tuning the queue would treat the symptom.
+TGI exports no preemption counter; there the evidence is usage at the budget
+(``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``) with requests waiting.
+"""
+
+from __future__ import annotations
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    conditions = [check("KV-cache usage (max)", s.kv_usage_max, ">=", t.kv_usage, "%")]
+    if s.engine == "tgi" or s.preemptions_per_second is None:
+        conditions.append(check("mean waiting requests", s.waiting_mean, ">=", 1.0,
+                                note="no preemption metric on this engine"))
+    else:
+        conditions.append(check("preemptions", s.preemptions_per_second, ">", t.preemptions_per_second, "/s"))
+    if not all(c.met for c in conditions):
+        return None
+    evidence = conditions + [
+        info("KV-cache usage (mean)", s.kv_usage_mean, "%"),
+        info("waiting requests (mean)", s.waiting_mean),
+        info("running requests (mean)", s.running_mean),
+        info("ITL p99/p50", s.itl_ratio, "ratio"),
+        info("cache dtype", s.config.get("cache_dtype"), note="from vllm:cache_config_info")
+        if "cache_dtype" in s.config else info("num_gpu_blocks", s.config.get("num_gpu_blocks")),
+    ]
+    vllm = [
+        "Admit fewer sequences at once: lower --max-num-seqs so the running set fits the cache without preemption.",
+        "Quantize the KV cache: --kv-cache-dtype fp8 doubles the tokens that fit.",
+        "Give the cache more memory: raise --gpu-memory-utilization (e.g. 0.90 -> 0.95) or use more GPUs "
+        "(--tensor-parallel-size) so each holds less of the weights.",
+        "Lower --max-model-len if requests never need the full context.",
+    ]
+    tgi = [
+        "Lower --max-batch-total-tokens headroom pressure by limiting --max-total-tokens per request.",
+        "Quantize the KV cache (--kv-cache-dtype fp8_e4m3) or the weights (--quantize) to free memory.",
+        "Raise --cuda-memory-fraction or shard over more GPUs (--num-shard).",
+    ]
+    sglang = [
+        "Lower --max-running-requests; raise --mem-fraction-static if weights leave room.",
+        "Quantize the KV cache: --kv-cache-dtype fp8_e5m2.",
+    ]
+    preempt = f", {s.preemptions_per_second:.2f} preemptions/s" if s.preemptions_per_second else ""
+    severity = "critical" if (s.preemptions_per_second or 0) >= 1.0 else "warning"
+    return Finding(
+        "kv_cache_pressure", severity,
+        confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
+        f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory.",
+        evidence, remedies(s.engine, vllm, tgi, sglang),
+    )
+
+
+RULE = Rule("kv_cache_pressure", evaluate, causes=("queueing", "prefill_interference"))

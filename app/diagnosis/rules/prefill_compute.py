@@ -1,0 +1,65 @@
+"""prefill_compute — long prompts make the first token slow even without a queue.
+
+Symptom: TTFT high even for a single request; prompts are long; little queue wait
+(domain brief §2). Why it matters: prefill work grows with prompt length, so the fix
+is fewer/shorter input tokens or reusing their KV (prefix caching), not scheduling.
+"""
+
+from __future__ import annotations
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    ttft_mean = s.ttft.mean if s.ttft else None
+    queue_mean = s.queue_time.mean if s.queue_time else 0.0
+    prefill_mean = s.prefill_time.mean if s.prefill_time and not s.ttft_derived else (
+        (ttft_mean - queue_mean) if ttft_mean is not None else None)
+    prompt_mean = s.prompt_tokens.mean if s.prompt_tokens else None
+    conditions = [
+        check("mean prefill time", prefill_mean, ">=", t.prefill_seconds, "s"),
+        check("prefill share of TTFT", s.prefill_share, ">=", t.prefill_share, "ratio"),
+        check("mean prompt length", prompt_mean, ">=", t.long_prompt_tokens, "tokens"),
+    ]
+    if not all(c.met for c in conditions):
+        return None
+    caching = s.config.get("enable_prefix_caching")
+    hit_rate = s.prefix_cache_hit_rate
+    evidence = conditions + [
+        info("TTFT per 1k prompt tokens", s.ttft_per_1k_prompt_tokens, "s"),
+        info("TTFT p99", s.ttft.p99 if s.ttft else None, "s"),
+        info("mean queue time", queue_mean, "s"),
+        info("prefix-cache hit rate", hit_rate, "%"),
+        info("enable_prefix_caching", caching, note="from vllm:cache_config_info" if caching else ""),
+    ]
+    vllm = [
+        "Shorten the inputs: fewer RAG chunks, truncated chat history, shorter system prompts.",
+        ("Enable prefix caching (--enable-prefix-caching) if requests share a prefix (system prompt, documents)"
+         if caching == "False" else
+         f"Prefix caching is on (hit rate {hit_rate:.0%}); put the shared part of prompts first so it is reused"
+         if hit_rate is not None else "Use prefix caching for shared prompt prefixes (--enable-prefix-caching)."),
+        "More compute per request for long contexts: --tensor-parallel-size 2+ on NVLink-connected GPUs, or a faster GPU.",
+        "FP8 weights/activations (--quantization fp8 on Hopper/Ada) cut prefill FLOP time.",
+    ]
+    tgi = [
+        "Shorten the inputs (fewer RAG chunks, truncated history).",
+        "Prefix caching is on by default in TGI v3 (PREFIX_CACHING=1); keep shared prefixes at the start of prompts.",
+        "More compute: --num-shard 2+ on NVLink GPUs, or --quantize fp8.",
+    ]
+    sglang = [
+        "Shorten the inputs; keep the radix cache on (do not pass --disable-radix-cache) and shared prefixes first.",
+        "More compute: --tp-size 2+ on NVLink GPUs, or --quantization fp8.",
+    ]
+    severity = "critical" if (prefill_mean or 0) >= 4 * t.prefill_seconds else "warning"
+    return Finding(
+        "prefill_compute", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
+        f"Prefill of {prompt_mean:.0f}-token prompts takes {prefill_mean:.2f} s on average "
+        f"({s.prefill_share:.0%} of TTFT) with little queueing.",
+        evidence, remedies(s.engine, vllm, tgi, sglang),
+    )
+
+
+RULE = Rule("prefill_compute", evaluate)

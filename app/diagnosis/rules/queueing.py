@@ -1,0 +1,62 @@
+"""queueing — requests wait for the scheduler; TTFT is mostly queue time.
+
+Symptom: TTFT fine alone, grows with concurrency; queue time is a large share of TTFT;
+requests are waiting (domain brief §2, §4). Why it matters: the fix is capacity or
+scheduler limits, not the model or the prompt — shortening prompts will not help.
+Queue share is computed from means (``increase(_sum)/increase(_count)``), which stay
+exact although vLLM's queue histogram has no bucket below 300 ms.
+"""
+
+from __future__ import annotations
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    queue_mean = s.queue_time.mean if s.queue_time else None
+    conditions = [
+        check("queue share of TTFT", s.queue_share, ">=", t.queue_share, "ratio"),
+        check("mean queue time", queue_mean, ">=", t.queue_seconds, "s"),
+        check("mean waiting requests", s.waiting_mean, ">=", t.queue_waiting),
+    ]
+    if not all(c.met for c in conditions):
+        return None
+    evidence = conditions + [
+        info("TTFT mean", s.ttft.mean if s.ttft else None, "s", "derived: queue + prefill" if s.ttft_derived else ""),
+        info("TTFT p99", s.ttft.p99 if s.ttft else None, "s"),
+        info("running requests (mean / max)", f"{s.running_mean or 0:.1f} / {s.running_max or 0:.0f}"),
+        info("waiting requests (max)", s.waiting_max),
+        info("KV-cache usage (max)", s.kv_usage_max, "%"),
+    ]
+    kv_low = s.kv_usage_max is not None and s.kv_usage_max < 0.8
+    running = f"{s.running_max:.0f}" if s.running_max is not None else "the limit"
+    vllm = [
+        f"The batch is full at {running} running requests"
+        + (" while the KV cache has room: raise --max-num-seqs" if kv_low else ": add capacity"),
+        "Add replicas behind the load balancer (the queue drains only with more service rate).",
+        "Raise --max-num-batched-tokens if prefills are queued behind a small token budget.",
+        "Make sure a continuous-batching engine (not a plain framework loop) serves this traffic.",
+    ]
+    tgi = [
+        "Raise --max-concurrent-requests / --max-batch-total-tokens if memory allows"
+        if kv_low else "Add capacity: the batch token budget is used up",
+        "Add replicas (TGI has no request-level parallelism beyond its batch).",
+        "Lower --max-waiting-tokens so waiting requests are merged into the running batch sooner.",
+    ]
+    sglang = [
+        "Raise --max-running-requests" + (" (the KV pool has room)" if kv_low else ""),
+        "Add replicas or data-parallel workers (--dp-size).",
+    ]
+    severity = "critical" if (queue_mean or 0) >= 5 * t.queue_seconds else "warning"
+    return Finding(
+        "queueing", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
+        f"Requests wait {queue_mean:.2f} s in the queue on average, {s.queue_share:.0%} of TTFT; "
+        f"{s.waiting_mean:.1f} requests waiting.",
+        evidence, remedies(s.engine, vllm, tgi, sglang),
+    )
+
+
+RULE = Rule("queueing", evaluate)

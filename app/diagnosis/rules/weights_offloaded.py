@@ -1,0 +1,66 @@
+"""weights_offloaded — part of the model is read from CPU memory every step.
+
+Symptom: everything slow; decode far above the GPU's bandwidth floor even at a small
+batch (domain brief §2). Why it matters: PCIe is ~50-100x slower than HBM, so the
+only fix is making the model fit on the GPU(s). vLLM exports weight offload only as
+the ``cpu_offload_gb`` label of ``cache_config_info`` (older releases) or as
+``engine_sleep_state{sleep_state="weights_offloaded"}`` (sleep mode), so with neither,
+the evidence is ITL / floor from the target's hardware profile.
+"""
+
+from __future__ import annotations
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+
+def _offload_gb(s: Signals) -> float:
+    try:
+        return float(s.config.get("cpu_offload_gb", "0") or 0)
+    except ValueError:
+        return 0.0
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    offload_gb = _offload_gb(s)
+    sleeping = s.config.get("sleep_state") == "weights_offloaded"
+    itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
+    conditions = []
+    if s.decode_floor_seconds is not None:
+        conditions.append(check("ITL / decode floor", s.itl_over_floor, ">=", t.offload_floor_ratio, "ratio",
+                                f"floor {s.decode_floor_seconds * 1000:.1f} ms ({s.hardware})"))
+    config_says = offload_gb > 0 or sleeping
+    if not conditions and not config_says:
+        return None  # neither a floor to compare with nor a config that says so: stay quiet
+    if conditions and not all(c.met for c in conditions):
+        return None
+    conditions.append(check("slow decode (ITL at small batch or p50)", itl_small, ">=", t.slow_itl_seconds, "s"))
+    if not conditions[-1].met:
+        return None
+    evidence = conditions + [
+        info("cpu_offload_gb", offload_gb if offload_gb else None, "GB", "from vllm:cache_config_info"),
+        info("engine sleep state", s.config.get("sleep_state")),
+        info("running requests (mean)", s.running_mean),
+    ]
+    vllm = [
+        "Make the model fit in GPU memory: drop --cpu-offload-gb and quantize instead (AWQ/GPTQ INT4 or "
+        "--quantization fp8).",
+        "Shard across GPUs: --tensor-parallel-size 2+ so each GPU holds its part of the weights.",
+        "Use a GPU with more memory.",
+    ]
+    if sleeping:
+        vllm.insert(0, "The engine is in sleep mode with weights offloaded: wake it up (POST /wake_up).")
+    tgi = ["Make the model fit: --quantize (awq/gptq/fp8) or --num-shard 2+; avoid CPU offload."]
+    sglang = ["Make the model fit: --quantization, --tp-size 2+; avoid --cpu-offload-gb."]
+    ratio = f" = {s.itl_over_floor:.1f}x the {s.decode_floor_seconds * 1000:.0f} ms HBM floor" \
+        if s.itl_over_floor is not None else ""
+    return Finding(
+        "weights_offloaded", "critical", confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps),
+        f"Decode takes {itl_small * 1000:.0f} ms per token{ratio}: part of the weights is read over PCIe.",
+        evidence, remedies(s.engine, vllm, tgi, sglang),
+    )
+
+
+RULE = Rule("weights_offloaded", evaluate, causes=("bandwidth_bound", "queueing", "prefill_compute"))

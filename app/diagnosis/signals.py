@@ -1,0 +1,232 @@
+"""The numbers the regime rules look at, computed per target and model over a window.
+
+Everything comes from stored snapshots through the same Prometheus-identical math as
+the latency API (:mod:`app.latency`). Means are ``increase(_sum)/increase(_count)``,
+which stay exact even where vLLM's buckets are coarse (request-phase histograms have
+no bucket below 300 ms), so shares of TTFT are computed from means, not quantiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from sqlalchemy.orm import Session
+
+from app import latency, quantiles
+from app.diagnosis.profile import HardwareProfile
+from app.quantiles import LatencySummary, WindowHistogram
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
+from app.store import repository
+
+DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
+                        "generation_tokens", "iteration_tokens")
+
+
+@dataclass(slots=True)
+class Signals:
+    target: str
+    model: str
+    engine: str
+    window_start: float
+    window_end: float
+    scrapes: int = 0
+    ttft: LatencySummary | None = None
+    ttft_derived: bool = False
+    itl: LatencySummary | None = None
+    queue_time: LatencySummary | None = None
+    prefill_time: LatencySummary | None = None
+    e2e: LatencySummary | None = None
+    prompt_tokens: LatencySummary | None = None
+    generation_tokens: LatencySummary | None = None
+    queue_share: float | None = None          # mean queue / mean TTFT
+    prefill_share: float | None = None        # mean prefill / mean TTFT
+    ttft_per_1k_prompt_tokens: float | None = None
+    itl_ratio: float | None = None            # p99 / p50
+    itl_low_batch: float | None = None        # mean ITL over scrape intervals with a small running batch
+    itl_low_batch_running: float | None = None
+    itl_by_batch: list[dict] = field(default_factory=list)
+    max_step_tokens: float | None = None      # upper bound of the largest iteration_tokens bucket used
+    large_step_fraction: float | None = None  # engine steps above 512 tokens
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    preemptions_per_second: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    requests_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    hardware: str | None = None
+    decode_floor_seconds: float | None = None
+    itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
+
+    @property
+    def window_seconds(self) -> float:
+        return self.window_end - self.window_start
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v not in (None, [], {})}
+
+
+def _mean(h: LatencySummary | None) -> float | None:
+    return None if h is None else h.mean
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _largest_used_bucket(h: WindowHistogram | None) -> tuple[float | None, float | None]:
+    """(upper bound of the highest bucket with observations, fraction of steps > 512 tokens)."""
+    if h is None or h.count <= 0:
+        return None, None
+    largest = None
+    previous = 0.0
+    above_512 = None
+    for bound, cumulative in zip(h.bounds, h.increases):
+        if cumulative - previous > 1e-9:
+            largest = bound
+        if bound == 512.0:
+            above_512 = 1.0 - cumulative / h.count if h.count else None
+        previous = max(previous, cumulative)
+    if largest == math.inf:
+        largest = h.bounds[-2] if len(h.bounds) > 1 else None
+    return largest, above_512
+
+
+def compute(session: Session, target_id: int, target: str, engine: str, start: float, end: float,
+            hardware: HardwareProfile | None = None) -> list[Signals]:
+    """Signals for every model the target served in the window."""
+    loaded = latency.load_histograms(session, [target_id], DIAGNOSIS_HISTOGRAMS, start, end)
+    scalar_series = repository.find_series(session, [target_id], (*GAUGE_SIGNALS, *COUNTER_SIGNALS))
+    points = repository.scalar_points(session, [s.id for s in scalar_series], start, end)
+    infos = repository.target_infos(session, target_id)
+    scrape_times = repository.scrape_times(session, target_id, start, end)
+    models = sorted({s.model for s in loaded.series} | {s.model for s in scalar_series})
+    out = []
+    for model in models:
+        s = Signals(target, model, engine, start, end, scrapes=len(scrape_times))
+        summaries = {sig: quantiles.summarize(loaded.merged(start, end, sig, model)) for sig in DIAGNOSIS_HISTOGRAMS}
+        present = {sig for sig in DIAGNOSIS_HISTOGRAMS if any(x.signal == sig and x.model == model for x in loaded.series)}
+        get = lambda sig: summaries[sig] if sig in present else None  # noqa: E731
+        s.ttft, s.itl, s.queue_time, s.prefill_time = get("ttft"), get("itl"), get("queue_time"), get("prefill_time")
+        s.e2e, s.prompt_tokens, s.generation_tokens = get("e2e"), get("prompt_tokens"), get("generation_tokens")
+        queue_mean, prefill_mean = _mean(s.queue_time), _mean(s.prefill_time)
+        if s.ttft is None and queue_mean is not None and prefill_mean is not None:
+            # TGI: TTFT ≈ queue + prefill (see app/sources/tgi.py)
+            s.ttft_derived = True
+            s.ttft = LatencySummary(None, None, None, None, queue_mean + prefill_mean, s.queue_time.count)
+        ttft_mean = _mean(s.ttft)
+        s.queue_share = _ratio(queue_mean, ttft_mean)
+        if prefill_mean is not None and not s.ttft_derived:
+            s.prefill_share = _ratio(prefill_mean, ttft_mean)
+        elif ttft_mean and queue_mean is not None:
+            s.prefill_share = max(0.0, 1.0 - queue_mean / ttft_mean)
+        prompt_mean = _mean(s.prompt_tokens)
+        if ttft_mean is not None and prompt_mean:
+            s.ttft_per_1k_prompt_tokens = ttft_mean / (prompt_mean / 1000.0)
+        if s.itl is not None and s.itl.p50:
+            s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
+        s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(
+            loaded.merged(start, end, "iteration_tokens", model))
+        _gauges_and_rates(s, scalar_series, points, model, start, end)
+        _itl_by_batch(s, loaded, scalar_series, points, model, start, end)
+        s.config = _config(infos, model)
+        if hardware is not None:
+            s.hardware = hardware.describe()
+            s.decode_floor_seconds = hardware.decode_floor_seconds
+            itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
+            s.itl_over_floor = _ratio(itl_small, s.decode_floor_seconds)
+        out.append(s)
+    return out
+
+
+def _gauges_and_rates(s: Signals, series, points, model: str, start: float, end: float) -> None:
+    per_signal: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
+    for ref in series:
+        if ref.model == model:
+            per_signal[ref.signal].append(points.get(ref.id, []))
+    def gauge(signal: str, average_ranks: bool) -> tuple[float | None, float | None]:
+        per_rank = [p for p in per_signal.get(signal, []) if p]
+        if not per_rank:
+            return None, None
+        means = [sum(v for _, v in p) / len(p) for p in per_rank]
+        maxes = [max(v for _, v in p) for p in per_rank]
+        if average_ranks:
+            return sum(means) / len(means), sum(maxes) / len(maxes)
+        return sum(means), sum(maxes)
+    s.running_mean, s.running_max = gauge("running", False)
+    s.waiting_mean, s.waiting_max = gauge("waiting", False)
+    s.kv_usage_mean, s.kv_usage_max = gauge("kv_usage", True)
+    def rate(signal: str) -> float | None:
+        rates = [quantiles.rate(p, start, end) for p in per_signal.get(signal, [])]
+        rates = [r for r in rates if r is not None]
+        return sum(rates) if rates else None
+    s.preemptions_per_second = rate("preemptions_total")
+    s.requests_per_second = rate("requests_total")
+    s.generation_tokens_per_second = rate("generation_tokens_total")
+    queries, hits = rate("prefix_cache_queries_total"), rate("prefix_cache_hits_total")
+    if queries:
+        s.prefix_cache_hit_rate = (hits or 0.0) / queries
+
+
+def _itl_by_batch(s: Signals, loaded, series, points, model: str, start: float, end: float,
+                  small: float = 2.0) -> None:
+    """ITL per scrape interval next to the running batch size in that interval.
+
+    This is the "single request vs. under load" split from server metrics: intervals in
+    which at most ``small`` requests were running show what decode costs with
+    (almost) no batching, which is what the bandwidth floor predicts.
+    """
+    running: dict[str, dict[float, float]] = {}
+    for ref in series:
+        if ref.model == model and ref.signal == "running":
+            running[ref.rank] = dict(points.get(ref.id, []))
+    groups = {"1-2": [0.0, 0.0, 0.0, 0], "3-8": [0.0, 0.0, 0.0, 0], "9-32": [0.0, 0.0, 0.0, 0],
+              "33+": [0.0, 0.0, 0.0, 0]}
+    for ref in loaded.series:
+        if ref.model != model or ref.signal != "itl":
+            continue
+        snaps = loaded.snapshots.get(ref.id, [])
+        gauge = running.get(ref.rank, {})
+        for a, b in zip(snaps, snaps[1:]):
+            d_count, d_sum = b.count - a.count, b.sum - a.sum
+            if d_count <= 0 or d_sum < 0 or math.isnan(d_sum) or a.ts < start or b.ts > end:
+                continue
+            batch_values = [gauge[t] for t in (a.ts, b.ts) if t in gauge]
+            if not batch_values:
+                continue
+            batch = sum(batch_values) / len(batch_values)
+            key = "1-2" if batch <= small else "3-8" if batch <= 8 else "9-32" if batch <= 32 else "33+"
+            g = groups[key]
+            g[0] += d_sum
+            g[1] += d_count
+            g[2] += batch
+            g[3] += 1
+    for key, (total, count, batch_total, intervals) in groups.items():
+        if count > 0:
+            s.itl_by_batch.append({"running": key, "itl_mean": total / count, "steps": count,
+                                   "intervals": intervals, "running_mean": batch_total / intervals})
+    low = groups["1-2"]
+    if low[1] >= 20:
+        s.itl_low_batch = low[0] / low[1]
+        s.itl_low_batch_running = low[2] / low[3]
+
+
+def _config(infos, model: str) -> dict[str, str]:
+    config: dict[str, str] = {}
+    for info in infos:
+        if info.model not in (model, ""):
+            continue
+        if info.name == "cache_config":
+            for key in ("enable_prefix_caching", "cpu_offload_gb", "block_size", "num_gpu_blocks", "cache_dtype",
+                        "kv_offloading_size"):
+                if key in info.labels:
+                    config[key] = info.labels[key]
+        elif info.name == "sleep_state":
+            config["sleep_state"] = info.labels.get("sleep_state", "")
+    return config

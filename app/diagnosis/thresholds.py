@@ -1,0 +1,54 @@
+"""Thresholds of the regime rules: documented data, with defaults, overridable in the
+targets YAML under ``diagnosis:``.
+
+Each default is chosen so that the emulator's ``healthy`` and ``healthy_bursty``
+scenarios stay quiet with margin while each regime scenario clears its threshold with
+margin (``bench/diagnosis_matrix.py`` shows both), and so that it reads as a sentence an
+on-call engineer would agree with. Precision over recall: a wrong diagnosis sends
+someone tuning the wrong knob.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Thresholds(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # insufficient_data
+    min_requests: float = Field(5, description="TTFT observations needed in the window.")
+    min_decode_steps: float = Field(50, description="ITL observations needed in the window.")
+    min_scrapes: int = Field(2, description="Scrapes needed in the window (a window needs two ends).")
+
+    # queueing: time waiting for the scheduler dominates a noticeable TTFT
+    queue_share: float = Field(0.5, description="Mean queue time / mean TTFT at or above this.")
+    queue_seconds: float = Field(0.5, description="...and mean queue time at or above this (seconds).")
+    queue_waiting: float = Field(1.0, description="...and mean waiting requests at or above this.")
+
+    # prefill_compute: the prompt's own prefill dominates a slow TTFT, without queueing
+    prefill_seconds: float = Field(0.5, description="Mean prefill time (TTFT minus queue) at or above this.")
+    prefill_share: float = Field(0.6, description="Prefill share of TTFT at or above this.")
+    long_prompt_tokens: float = Field(2000, description="Mean prompt length at or above this (tokens).")
+
+    # prefill_interference: decodes stalled behind other requests' prefills
+    itl_ratio: float = Field(4.0, description="ITL p99/p50 at or above this.")
+    itl_p99_seconds: float = Field(0.1, description="...and ITL p99 at or above this (seconds).")
+    interference_prompt_tokens: float = Field(1000, description="...and mean prompt length at or above this.")
+
+    # bandwidth_bound: decode slow even for small batches, near the HBM floor
+    slow_itl_seconds: float = Field(0.035, description="ITL p50 at or above this counts as slow decode.")
+    low_batch_running: float = Field(8.0, description="Mean running requests at or below this = small batch.")
+    floor_ratio_max: float = Field(2.0, description="ITL/floor at or below this = at the hardware limit.")
+    steady_itl_ratio: float = Field(2.5, description="ITL p99/p50 at or below this = steady decode (no stalls).")
+
+    # kv_cache_pressure: the KV cache is full and sequences are evicted
+    kv_usage: float = Field(0.9, description="Max KV-cache usage at or above this.")
+    preemptions_per_second: float = Field(0.01, description="Preemption rate above this (vLLM, SGLang).")
+
+    # weights_offloaded: decode far above the HBM floor
+    offload_floor_ratio: float = Field(4.0, description="ITL at small batch / floor at or above this.")
+
+    # lifecycle
+    activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
+    resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")
