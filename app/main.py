@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api.routes import health, targets
+from app.api.routes import diagnoses, health, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -21,4 +21,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.monitor = Monitor(settings)
     app.include_router(health.router)
     app.include_router(targets.router)
+    app.include_router(diagnoses.router)
+    app.include_router(diagnoses.runbooks)
     return app

@@ -42,8 +42,10 @@ class Signals:
     generation_tokens: LatencySummary | None = None
     queue_share: float | None = None          # mean queue / mean TTFT
     prefill_share: float | None = None        # mean prefill / mean TTFT
+    prefill_per_request: float | None = None  # seconds of prefill a request waits for its first token
     ttft_per_1k_prompt_tokens: float | None = None
     itl_ratio: float | None = None            # p99 / p50
+    decode_stall_share: float | None = None   # share of decode time spent stalled (see _stall_share)
     itl_low_batch: float | None = None        # mean ITL over scrape intervals with a small running batch
     itl_low_batch_running: float | None = None
     itl_by_batch: list[dict] = field(default_factory=list)
@@ -98,6 +100,34 @@ def _largest_used_bucket(h: WindowHistogram | None) -> tuple[float | None, float
     return largest, above_512
 
 
+STALL_SECONDS = 0.2  # a gap this long between two tokens is a visible stutter
+
+
+def _stall_share(engine: str, itl: WindowHistogram | None, prefill: WindowHistogram | None) -> float | None:
+    """Share of the time decoding requests spent waiting in stalls.
+
+    vLLM/SGLang record a stalled step in the ITL histogram itself: the share is the
+    time in ITL buckets at or above ``STALL_SECONDS`` (bucket midpoints; the lower bound
+    for +Inf) over all ITL time. TGI pauses the decode batch for every prefill batch and
+    times the two separately, so there it is prefill batch time over prefill + decode
+    batch time (meaningful only while something is decoding).
+    """
+    if itl is None or itl.count <= 0 or not itl.sum or math.isnan(itl.sum):
+        return None
+    if engine == "tgi":
+        if prefill is None or math.isnan(prefill.sum):
+            return None
+        return prefill.sum / (prefill.sum + itl.sum)
+    stalled = 0.0
+    previous_bound, previous_count = 0.0, 0.0
+    for bound, cumulative in zip(itl.bounds, itl.increases):
+        in_bucket = max(0.0, cumulative - previous_count)
+        if previous_bound >= STALL_SECONDS and in_bucket > 0:
+            stalled += in_bucket * (previous_bound if bound == math.inf else (previous_bound + bound) / 2)
+        previous_bound, previous_count = bound, max(previous_count, cumulative)
+    return min(1.0, stalled / itl.sum)
+
+
 def compute(session: Session, target_id: int, target: str, engine: str, start: float, end: float,
             hardware: HardwareProfile | None = None) -> list[Signals]:
     """Signals for every model the target served in the window."""
@@ -117,20 +147,25 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
         s.e2e, s.prompt_tokens, s.generation_tokens = get("e2e"), get("prompt_tokens"), get("generation_tokens")
         queue_mean, prefill_mean = _mean(s.queue_time), _mean(s.prefill_time)
         if s.ttft is None and queue_mean is not None and prefill_mean is not None:
-            # TGI: TTFT ≈ queue + prefill (see app/sources/tgi.py)
+            # TGI: TTFT ≈ queue + prefill. Its prefill histogram is per prefill *batch*
+            # (a chunk of a long prompt is one batch), so the prefill a request sees is
+            # the total prefill batch time per admitted request, not the batch mean.
             s.ttft_derived = True
+            if s.queue_time.count:
+                prefill_mean = s.prefill_time.mean * s.prefill_time.count / s.queue_time.count
             s.ttft = LatencySummary(None, None, None, None, queue_mean + prefill_mean, s.queue_time.count)
         ttft_mean = _mean(s.ttft)
         s.queue_share = _ratio(queue_mean, ttft_mean)
-        if prefill_mean is not None and not s.ttft_derived:
+        if prefill_mean is not None:
             s.prefill_share = _ratio(prefill_mean, ttft_mean)
-        elif ttft_mean and queue_mean is not None:
-            s.prefill_share = max(0.0, 1.0 - queue_mean / ttft_mean)
+        s.prefill_per_request = prefill_mean
         prompt_mean = _mean(s.prompt_tokens)
         if ttft_mean is not None and prompt_mean:
             s.ttft_per_1k_prompt_tokens = ttft_mean / (prompt_mean / 1000.0)
         if s.itl is not None and s.itl.p50:
             s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
+        s.decode_stall_share = _stall_share(engine, loaded.merged(start, end, "itl", model),
+                                            loaded.merged(start, end, "prefill_time", model))
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(
             loaded.merged(start, end, "iteration_tokens", model))
         _gauges_and_rates(s, scalar_series, points, model, start, end)

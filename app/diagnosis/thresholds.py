@@ -32,9 +32,13 @@ class Thresholds(BaseModel):
     long_prompt_tokens: float = Field(2000, description="Mean prompt length at or above this (tokens).")
 
     # prefill_interference: decodes stalled behind other requests' prefills
-    itl_ratio: float = Field(4.0, description="ITL p99/p50 at or above this.")
-    itl_p99_seconds: float = Field(0.1, description="...and ITL p99 at or above this (seconds).")
-    interference_prompt_tokens: float = Field(1000, description="...and mean prompt length at or above this.")
+    stall_share: float = Field(0.2, description="Share of decode time spent in stalls (steps >= 0.2 s, or TGI "
+                                                 "prefill pauses) at or above this ...")
+    itl_ratio: float = Field(4.0, description="... or ITL p99/p50 at or above this ...")
+    itl_p99_seconds: float = Field(0.1, description="... together with ITL p99 at or above this (seconds).")
+    interference_prompt_tokens: float = Field(1000, description="And: mean prompt length at or above this.")
+    interference_running: float = Field(2.0, description="And: mean running requests at or above this "
+                                                         "(decodes to interrupt).")
 
     # bandwidth_bound: decode slow even for small batches, near the HBM floor
     slow_itl_seconds: float = Field(0.035, description="ITL p50 at or above this counts as slow decode.")

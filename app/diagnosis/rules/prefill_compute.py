@@ -14,10 +14,8 @@ from app.diagnosis.thresholds import Thresholds
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    ttft_mean = s.ttft.mean if s.ttft else None
     queue_mean = s.queue_time.mean if s.queue_time else 0.0
-    prefill_mean = s.prefill_time.mean if s.prefill_time and not s.ttft_derived else (
-        (ttft_mean - queue_mean) if ttft_mean is not None else None)
+    prefill_mean = s.prefill_per_request
     prompt_mean = s.prompt_tokens.mean if s.prompt_tokens else None
     conditions = [
         check("mean prefill time", prefill_mean, ">=", t.prefill_seconds, "s"),

@@ -1,0 +1,97 @@
+"""Diagnoses: the current verdict per target/model, the finding history, runbooks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+from fastapi.responses import PlainTextResponse
+
+from app.api.deps import MonitorDep, SessionDep
+from app.api.routes.targets import duration_param, get_or_404
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.findings import REGIMES
+from app.diagnosis.profile import HardwareProfile
+from app.store import repository
+from app.store.models import FindingRow
+
+router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
+runbooks = APIRouter(tags=["diagnosis"])
+RUNBOOK_DIR = Path(__file__).resolve().parents[3] / "docs" / "runbooks"
+
+
+def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
+    return {
+        "id": row.id, "target": target, "model": row.model, "regime": row.regime, "state": row.state,
+        "severity": row.severity, "confidence": row.confidence, "primary": row.is_primary, "summary": row.summary,
+        "evidence": row.details.get("evidence", []), "remedies": row.details.get("remedies", []),
+        "caused_by": row.details.get("caused_by"), "runbook_url": f"{base_url}/runbooks/{row.regime}",
+        "first_seen": row.first_seen, "last_seen": row.last_seen, "activated_at": row.activated_at,
+        "resolved_at": row.resolved_at,
+    }
+
+
+def current(session, monitor, target_id: int | None = None) -> list[dict]:
+    base = monitor.settings.public_url.rstrip("/")
+    open_rows = {(name, row.model, row.regime): row
+                 for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
+    out = []
+    for name, row in repository.latest_diagnoses(session, target_id):
+        details = row.details
+        findings = []
+        for finding in details.get("findings", []):
+            state = open_rows.get((name, row.model, finding["regime"]))
+            findings.append({**finding, "state": state.state if state else "pending",
+                             "active_since": state.activated_at if state else None,
+                             "runbook_url": f"{base}/runbooks/{finding['regime']}"})
+        out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
+                    "active": [f["regime"] for f in findings if f["state"] == "active"],
+                    "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
+                    "notes": details.get("notes", []), "signals": details.get("signals", {})})
+    return out
+
+
+@router.get("/diagnoses")
+def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> list[dict]:
+    """The latest evaluation of every target and model. A finding's ``state`` is
+    ``pending`` until it has held for ``activate_after`` evaluations, then ``active``."""
+    return current(session, monitor)
+
+
+@router.get("/diagnoses/history")
+def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | None = None,
+                      since: Annotated[str, Query(description="e.g. 1h, 7d")] = "1d",
+                      limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[dict]:
+    """Findings that were pending, active or resolved in the period, newest first."""
+    target_id = get_or_404(session, target).id if target else None
+    start = time.time() - duration_param(since, "since", maximum=366 * 86400)
+    base = monitor.settings.public_url.rstrip("/")
+    return [finding_out(name, row, base) for name, row in
+            repository.finding_history(session, target_id, since=start, limit=limit)]
+
+
+@router.get("/targets/{name}/diagnosis")
+def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
+                     window: Annotated[str | None, Query(description="evaluate now over this window "
+                                                                      "(no lifecycle); default: latest scheduled")] = None,
+                     end: float | None = None) -> list[dict]:
+    target = get_or_404(session, name)
+    if window is None:
+        return current(session, monitor, target.id)
+    seconds = duration_param(window, "window")
+    hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
+    engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+    diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine,
+                                                 end if end is not None else time.time(), seconds,
+                                                 monitor.diagnosis_config.thresholds, hardware)
+    return [d.to_dict() for d in diagnoses]
+
+
+@runbooks.get("/runbooks/{regime}", response_class=PlainTextResponse)
+def runbook(regime: str) -> str:
+    """The runbook of a regime (Markdown): symptom, evidence, remedies, how to verify the fix."""
+    if regime not in REGIMES:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no runbook for {regime!r}; regimes: {', '.join(REGIMES)}")
+    return (RUNBOOK_DIR / f"{regime}.md").read_text(encoding="utf-8")

@@ -1,0 +1,69 @@
+"""Diagnose an emulator scenario through parse -> adapter -> store -> signals -> rules,
+driven by the emulator's offline clock (no HTTP, no sleeping) so tests run in seconds.
+
+Scrape timestamps are the simulated times, so the windows are exact; everything after
+the page bytes is the production code path. (``bench/diagnosis_matrix.py`` runs the same
+scenarios over real HTTP scrapes.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.findings import Diagnosis
+from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.thresholds import Thresholds
+from app.emulator import scenarios
+from app.emulator.simulation import Simulation
+from app.scrape.jobs import PageProcessor
+from app.store import db, repository
+from app.store.repository import SampleWriter, ScrapeRecord
+
+T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch
+
+
+def profile_of(scenario: str) -> HardwareProfile:
+    """The hardware profile an operator of this scenario's deployment would configure."""
+    dep = scenarios.resolve(scenario).phases[-1][1].deployment
+    return HardwareProfile(gpu=dep.gpu.name, model=dep.model.name, weight_dtype=dep.weight_dtype)
+
+
+class OfflineTarget:
+    def __init__(self, tmp_path: Path, scenario: str, engine: str = "vllm", seed: int = 0,
+                 hardware: HardwareProfile | None = None, name: str = "t") -> None:
+        self.url = f"sqlite:///{tmp_path / f'{name}-{seed}.db'}"
+        db.upgrade(self.url)
+        self.engine = db.make_engine(self.url)
+        self.sessions = db.make_sessionmaker(self.engine)
+        with self.sessions.begin() as session:
+            target = repository.create_target(session, name=name, url="http://127.0.0.1/metrics", engine="auto",
+                                              labels={}, hardware=hardware.model_dump() if hardware else None)
+            self.target_id = target.id
+        self.name = name
+        self.hardware = hardware
+        self.sim = Simulation(scenario, engine=engine, seed=seed)
+        self.processor = PageProcessor("auto")
+        self.writer = SampleWriter(self.engine)
+
+    def run(self, seconds: float, scrape_every: float = 5.0) -> None:
+        """Advance the simulation, scraping every ``scrape_every`` simulated seconds."""
+        end = self.sim.clock + seconds
+        while self.sim.clock + 1e-9 < end:
+            self.sim.run_for(min(scrape_every, end - self.sim.clock))
+            page, canonical, error = self.processor.process(self.sim.render_metrics())
+            assert error is None, (error, page.errors)
+            self.writer.write([ScrapeRecord(self.target_id, round(T0 + self.sim.clock, 3), True, 0.001, 0,
+                                            page.samples_seen, page.samples_kept, page.malformed,
+                                            self.processor.engine, None, None, canonical)])
+
+    def diagnose(self, window: float = 120.0, thresholds: Thresholds | None = None) -> Diagnosis:
+        with self.sessions() as session:
+            results = diagnosis_engine.evaluate_target(
+                session, self.target_id, self.name, self.processor.engine or "vllm", round(T0 + self.sim.clock, 3),
+                window, thresholds or Thresholds(), self.hardware)
+        assert len(results) == 1, [d.model for d in results]
+        return results[0]
+
+    def close(self) -> None:
+        self.engine.dispose()

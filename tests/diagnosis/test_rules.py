@@ -1,0 +1,176 @@
+"""Each rule: a firing case and a quiet case, with the evidence numbers asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.diagnosis import engine
+from app.diagnosis.rules import RULES, bandwidth_bound, kv_cache_pressure, prefill_compute, prefill_interference, \
+    queueing, weights_offloaded
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+from app.quantiles import LatencySummary
+
+T = Thresholds()
+
+
+def summary(p50: float, p99: float, mean: float, count: float) -> LatencySummary:
+    return LatencySummary(p50, None, None, p99, mean, count)
+
+
+def healthy_signals(engine_name: str = "vllm", **changes) -> Signals:
+    s = Signals("t", "m", engine_name, 0.0, 120.0, scrapes=24,
+                ttft=summary(0.04, 0.2, 0.05, 300), itl=summary(0.012, 0.03, 0.013, 40000),
+                queue_time=summary(0.15, 0.3, 0.008, 300), prefill_time=summary(0.15, 0.3, 0.04, 300),
+                prompt_tokens=summary(300, 2000, 450, 300), queue_share=0.16, prefill_share=0.8,
+                prefill_per_request=0.04, itl_ratio=2.5, decode_stall_share=0.0, running_mean=8.0, running_max=14,
+                waiting_mean=0.0, waiting_max=0, kv_usage_mean=0.02, kv_usage_max=0.03,
+                preemptions_per_second=0.0, decode_floor_seconds=0.0079, itl_over_floor=1.6,
+                hardware="llama-3.1-8b bf16 on A100-80G")
+    for key, value in changes.items():
+        setattr(s, key, value)
+    return s
+
+
+def evidence(finding, name: str):
+    return next(e for e in finding.evidence if e.name == name)
+
+
+def test_healthy_signals_fire_nothing() -> None:
+    for rule in RULES:
+        assert rule.evaluate(healthy_signals(), T) is None, rule.regime
+        assert rule.evaluate(healthy_signals("tgi", preemptions_per_second=None), T) is None, rule.regime
+    d = engine.diagnose(healthy_signals(), T)
+    assert (d.verdict, d.findings) == ("healthy", [])
+
+
+def test_queueing_fires_with_its_numbers_and_remedies() -> None:
+    s = healthy_signals(queue_time=summary(15, 20, 3.6, 120), ttft=summary(15, 20, 4.0, 120), queue_share=0.9,
+                        waiting_mean=36.0, waiting_max=40, running_mean=8.0, running_max=8)
+    f = queueing.evaluate(s, T)
+    assert f is not None and f.regime == "queueing"
+    assert evidence(f, "queue share of TTFT").value == 0.9 and evidence(f, "queue share of TTFT").threshold == 0.5
+    assert evidence(f, "mean queue time").value == 3.6 and evidence(f, "mean waiting requests").value == 36.0
+    assert f.summary.startswith("Requests wait 3.60 s in the queue on average, 90% of TTFT")
+    assert any("--max-num-seqs" in r for r in f.remedies)  # KV has room: raise the limit
+    assert f.severity == "critical" and 0.5 <= f.confidence <= 0.99
+    tgi = queueing.evaluate(healthy_signals("tgi", queue_time=s.queue_time, ttft=s.ttft, queue_share=0.9,
+                                            waiting_mean=36.0, running_max=8), T)
+    assert any("--max-concurrent-requests" in r for r in tgi.remedies)
+
+
+def test_queueing_quiet_when_the_queue_is_short_in_absolute_terms() -> None:
+    # 90 % of a 100 ms TTFT is queue, but 90 ms of waiting is not a problem worth paging for
+    s = healthy_signals(queue_time=summary(0.1, 0.2, 0.09, 300), ttft=summary(0.1, 0.2, 0.1, 300), queue_share=0.9,
+                        waiting_mean=3.0)
+    assert queueing.evaluate(s, T) is None
+
+
+def test_prefill_compute_fires_on_long_prompts_and_is_quiet_on_short_ones() -> None:
+    s = healthy_signals(ttft=summary(1.5, 2.4, 1.38, 30), prefill_per_request=1.37, prefill_share=0.99,
+                        queue_share=0.0, prompt_tokens=summary(12000, 25000, 12888, 30), ttft_per_1k_prompt_tokens=0.107,
+                        config={"enable_prefix_caching": "False"}, running_mean=0.7)
+    f = prefill_compute.evaluate(s, T)
+    assert f is not None
+    assert evidence(f, "mean prompt length").value == 12888 and evidence(f, "mean prefill time").value == 1.37
+    assert any("--enable-prefix-caching" in r for r in f.remedies)
+    assert f.severity == "warning"
+    tgi = prefill_compute.evaluate(healthy_signals("tgi", **{k: getattr(s, k) for k in (
+        "ttft", "prefill_per_request", "prefill_share", "queue_share", "prompt_tokens")}), T)
+    assert any("PREFIX_CACHING" in r for r in tgi.remedies)
+    short = healthy_signals(prefill_per_request=1.37, prefill_share=0.99, prompt_tokens=summary(300, 900, 400, 30))
+    assert prefill_compute.evaluate(short, T) is None
+
+
+def test_prefill_interference_fires_on_stalls_during_long_prompts() -> None:
+    s = healthy_signals(decode_stall_share=0.49, itl=summary(0.018, 0.43, 0.04, 30000), itl_ratio=24.0,
+                        prompt_tokens=summary(600, 9000, 1647, 200), running_mean=24.0,
+                        prefill_time=summary(0.3, 2.0, 0.31, 200))
+    f = prefill_interference.evaluate(s, T)
+    assert f is not None
+    assert evidence(f, "stalled share of decode time").value == 0.49
+    assert any("--enable-chunked-prefill" in r for r in f.remedies)
+    assert any("--max-num-batched-tokens 512" in r for r in f.remedies)
+    assert f.severity == "critical"
+    tgi = prefill_interference.evaluate(healthy_signals("tgi", decode_stall_share=0.48, running_mean=24.0,
+                                                        prompt_tokens=s.prompt_tokens), T)
+    assert any("--max-batch-prefill-tokens" in r for r in tgi.remedies)
+    # the same stalls with short prompts, or with nobody decoding, are something else
+    assert prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=24.0), T) is None
+    assert prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=0.7,
+                                                         prompt_tokens=s.prompt_tokens), T) is None
+
+
+def test_bandwidth_bound_needs_slow_steady_decode_near_the_floor() -> None:
+    s = healthy_signals(itl=summary(0.062, 0.075, 0.06, 5000), itl_ratio=1.2, running_mean=3.9,
+                        decode_floor_seconds=0.0409, itl_over_floor=1.53, hardware="llama-3.1-70b int4 on L40S")
+    f = bandwidth_bound.evaluate(s, T)
+    assert f is not None and f.severity == "warning"
+    assert evidence(f, "ITL / decode floor").value == 1.53 and evidence(f, "ITL / decode floor").threshold == 2.0
+    assert any("--kv-cache-dtype fp8" in r for r in f.remedies) and any("speculative" in r.lower() for r in f.remedies)
+    # without a hardware profile it can only say "slow and steady": info, lower confidence
+    unprofiled = bandwidth_bound.evaluate(healthy_signals(itl=s.itl, itl_ratio=1.2, running_mean=3.9,
+                                                          decode_floor_seconds=None, itl_over_floor=None), T)
+    assert unprofiled.severity == "info" and unprofiled.confidence < f.confidence
+    # far above the floor is not bandwidth (it is offload), and fast decode is fine
+    assert bandwidth_bound.evaluate(healthy_signals(itl=s.itl, itl_ratio=1.2, running_mean=3.9,
+                                                    itl_over_floor=11.0), T) is None
+    assert bandwidth_bound.evaluate(healthy_signals(running_mean=3.9), T) is None
+
+
+def test_kv_cache_pressure_on_vllm_and_tgi() -> None:
+    s = healthy_signals(kv_usage_max=1.0, kv_usage_mean=0.97, preemptions_per_second=1.7, waiting_mean=5.4)
+    f = kv_cache_pressure.evaluate(s, T)
+    assert f is not None and f.severity == "critical"
+    assert evidence(f, "preemptions").value == 1.7 and evidence(f, "KV-cache usage (max)").value == 1.0
+    assert any("--kv-cache-dtype fp8" in r for r in f.remedies) and any("--max-num-seqs" in r for r in f.remedies)
+    tgi = kv_cache_pressure.evaluate(healthy_signals("tgi", kv_usage_max=1.0, waiting_mean=5.4,
+                                                     preemptions_per_second=None), T)
+    assert tgi is not None and evidence(tgi, "mean waiting requests").value == 5.4
+    assert any("--max-total-tokens" in r for r in tgi.remedies)
+    # full but nothing evicted (a well-sized cache in steady state): quiet
+    assert kv_cache_pressure.evaluate(healthy_signals(kv_usage_max=0.95), T) is None
+
+
+def test_weights_offloaded_from_the_floor_or_from_the_engine_config() -> None:
+    s = healthy_signals(itl=summary(0.175, 0.23, 0.18, 4000), itl_ratio=1.3, running_mean=3.7,
+                        decode_floor_seconds=0.0159, itl_over_floor=11.0)
+    f = weights_offloaded.evaluate(s, T)
+    assert f is not None and evidence(f, "ITL / decode floor").value == 11.0
+    assert any("--cpu-offload-gb" in r for r in f.remedies)
+    legacy = weights_offloaded.evaluate(healthy_signals(itl=s.itl, decode_floor_seconds=None, itl_over_floor=None,
+                                                        config={"cpu_offload_gb": "4"}), T)
+    assert legacy is not None and evidence(legacy, "cpu_offload_gb").value == 4.0
+    tgi = weights_offloaded.evaluate(healthy_signals("tgi", itl=s.itl, itl_over_floor=11.0), T)
+    assert any("--quantize" in r for r in tgi.remedies)
+    # no profile, no config: it cannot know, so it stays quiet
+    assert weights_offloaded.evaluate(healthy_signals(itl=s.itl, decode_floor_seconds=None, itl_over_floor=None), T) is None
+
+
+def test_cause_is_primary_and_symptoms_are_marked() -> None:
+    s = healthy_signals(kv_usage_max=1.0, preemptions_per_second=1.7, waiting_mean=5.4, queue_share=0.95,
+                        queue_time=summary(12, 20, 12.4, 100), ttft=summary(13, 20, 13.1, 100))
+    d = engine.diagnose(s, T)
+    assert [f.regime for f in d.findings] == ["kv_cache_pressure", "queueing"]
+    assert d.verdict == "kv_cache_pressure" and d.findings[0].primary and not d.findings[1].primary
+    assert d.findings[1].caused_by == "kv_cache_pressure"
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"scrapes": 1}, "1 successful scrape(s) in the window, need 2"),
+    ({"ttft": summary(0.04, 0.2, 0.05, 3), "itl": summary(0.01, 0.02, 0.01, 20)}, "3 requests and 20 decode steps"),
+])
+def test_insufficient_data(changes: dict, reason: str) -> None:
+    d = engine.diagnose(healthy_signals(**changes), T)
+    assert d.verdict == "insufficient_data" and d.findings == []
+    assert any(reason in note for note in d.notes)
+
+
+def test_every_rule_has_a_runbook() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    for rule in RULES:
+        text = (root / "docs" / "runbooks" / f"{rule.regime}.md").read_text()
+        for section in ("**Symptom.**", "**Evidence in the finding.**", "**Remedies.**", "**Verify the fix.**"):
+            assert section in text, (rule.regime, section)
