@@ -113,6 +113,53 @@ def db_current() -> None:
     engine.dispose()
 
 
+@main.command()
+@click.argument("url")
+@click.option("--window", default="60s", show_default=True, help="How long to watch the engine.")
+@click.option("--interval", default="5s", show_default=True, help="Scrape interval inside the window.")
+@click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang"]), default="auto", show_default=True)
+@click.option("--gpu", help="GPU preset for the decode floor, e.g. A100-80G, H100-SXM, L40S.")
+@click.option("--hbm-bandwidth", type=float, help="HBM bandwidth in bytes/s (instead of --gpu).")
+@click.option("--model", "model_preset", help="Model preset, e.g. llama-3.1-8b.")
+@click.option("--params", type=float, help="Parameter count (instead of --model), e.g. 8e9.")
+@click.option("--weight-dtype", default="bf16", show_default=True)
+@click.option("--tp", "tensor_parallel", default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None, hbm_bandwidth: float | None,
+             model_preset: str | None, params: float | None, weight_dtype: str, tensor_parallel: int,
+             as_json: bool) -> None:
+    """Watch a live engine's /metrics for a window and say why it is slow.
+
+    Exit status: 0 healthy, 1 a regime was found, 2 bad arguments, 3 the URL could
+    not be scraped or serves no engine metrics, 4 not enough traffic to judge.
+    """
+    import json
+
+    from app.config import validate_target_url
+    from app.diagnosis import oneshot
+    from app.diagnosis.profile import HardwareProfile
+
+    try:
+        validate_target_url(url, [])
+        window_s, interval_s = parse_duration(window), parse_duration(interval)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if window_s < interval_s or interval_s <= 0:
+        raise click.BadParameter(f"--window ({window}) must be at least one --interval ({interval})")
+    hardware = None
+    if gpu or hbm_bandwidth or model_preset or params:
+        try:
+            hardware = HardwareProfile(gpu=gpu, hbm_bandwidth=hbm_bandwidth, model=model_preset, params=params,
+                                       weight_dtype=weight_dtype, tensor_parallel=tensor_parallel)
+        except ValidationError as exc:
+            raise click.BadParameter(format_validation_error(exc), param_hint="hardware options") from None
+    if not as_json:
+        click.echo(f"watching {url} for {window_s:g} s ...", err=True)
+    result = oneshot.run(url, window_s, interval_s, engine, timeout=min(10.0, interval_s), hardware=hardware)
+    click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json else oneshot.format_text(result))
+    sys.exit(result.exit_code)
+
+
 DEMO_TARGETS = (
     # name, scenario, engine
     ("vllm-healthy", "healthy", "vllm"),

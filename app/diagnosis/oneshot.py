@@ -1,0 +1,132 @@
+"""``llm-latency diagnose URL``: a one-shot check of a live engine, nothing deployed.
+
+Scrapes the engine at the start and the end of the window (and every ``interval`` in
+between, so gauges such as waiting requests are sampled), keeps the samples in a
+throw-away SQLite database, and runs the same signals and rules as the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app import latency
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.findings import Diagnosis
+from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.thresholds import Thresholds
+from app.scrape.client import PageFetcher
+from app.scrape.jobs import TargetScraper, TargetSpec
+from app.store import db, repository
+from app.store.repository import SampleWriter, ScrapeRecord
+
+EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
+
+
+@dataclass
+class OneShotResult:
+    url: str
+    engine: str | None
+    scrapes: list[ScrapeRecord]
+    latency: dict
+    diagnoses: list[Diagnosis]
+
+    @property
+    def exit_code(self) -> int:
+        if not any(s.up and s.canonical is not None for s in self.scrapes):
+            return EXIT_UNREACHABLE
+        if any(d.findings for d in self.diagnoses):
+            return EXIT_FINDING
+        if all(d.verdict == "insufficient_data" for d in self.diagnoses):
+            return EXIT_INSUFFICIENT
+        return EXIT_HEALTHY
+
+    def to_dict(self) -> dict:
+        last = self.scrapes[-1] if self.scrapes else None
+        return {"url": self.url, "engine": self.engine, "exit_code": self.exit_code,
+                "scrapes": len(self.scrapes), "failed_scrapes": sum(1 for s in self.scrapes if not s.up),
+                "last_error": (last.error_class, last.error) if last and last.error_class else None,
+                "latency": self.latency, "diagnoses": [d.to_dict() for d in self.diagnoses]}
+
+
+async def _scrape_window(url: str, engine: str, window: float, interval: float, timeout: float) -> list[ScrapeRecord]:
+    records: list[ScrapeRecord] = []
+    async with PageFetcher(max_concurrency=1) as fetcher:
+        scraper = TargetScraper(TargetSpec(1, "target", url, engine, interval, timeout), fetcher, records.append)
+        started = time.monotonic()
+        await scraper.run()
+        if not records[-1].up:
+            return records  # unreachable: do not wait out the window
+        while True:
+            remaining = window - (time.monotonic() - started)
+            if remaining <= 0:
+                break
+            await asyncio.sleep(min(interval, remaining))
+            await scraper.run()
+    return records
+
+
+def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "auto", timeout: float = 10.0,
+        hardware: HardwareProfile | None = None, thresholds: Thresholds | None = None) -> OneShotResult:
+    thresholds = thresholds or Thresholds()
+    records = asyncio.run(_scrape_window(url, engine, window, interval, timeout))
+    detected = next((r.engine for r in reversed(records) if r.engine), None)
+    with tempfile.TemporaryDirectory(prefix="llm-latency-diagnose-") as tmp:
+        db_url = f"sqlite:///{Path(tmp) / 'oneshot.db'}"
+        db.upgrade(db_url)
+        sql = db.make_engine(db_url)
+        try:
+            sessions = db.make_sessionmaker(sql)
+            with sessions.begin() as session:
+                target = repository.create_target(session, name="target", url=url, engine=engine, labels={})
+            for record in records:
+                record.target_id = target.id
+            SampleWriter(sql).write(records)
+            end = records[-1].ts
+            start = records[0].ts
+            with sessions() as session:
+                report = latency.latency_report(session, [target.id], max(end - start, 1e-3), end) \
+                    if len(records) > 1 else {}
+                diagnoses = diagnosis_engine.evaluate_target(
+                    session, target.id, url, detected or "vllm", end, max(end - start, 1e-3), thresholds, hardware)
+        finally:
+            sql.dispose()
+    return OneShotResult(url, detected, records, report, diagnoses)
+
+
+def format_text(result: OneShotResult) -> str:
+    lines = [f"{result.url}  engine: {result.engine or 'unknown'}  scrapes: {len(result.scrapes)}"]
+    failed = [s for s in result.scrapes if s.error_class]
+    if failed:
+        lines.append(f"  scrape problem: {failed[-1].error_class}: {failed[-1].error}")
+    r = result.latency
+
+    def ms(block: str, key: str) -> str:
+        value = (r.get(block) or {}).get(key)
+        return "      n/a" if value is None else f"{value * 1000:9.1f}"
+
+    if r:
+        lines.append(f"  window {r['window_seconds']:.0f} s        {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'count':>8}")
+        for block, label in (("ttft", "TTFT"), ("queue_time", "  queue"), ("prefill_time", "  prefill"),
+                             ("itl", "ITL"), ("e2e", "end-to-end")):
+            if block in r:
+                derived = " (derived)" if r[block].get("derived") else ""
+                lines.append(f"  {label:<18}{ms(block, 'p50')} {ms(block, 'p99')} {ms(block, 'mean')} "
+                             f"{r[block].get('count') or 0:8.0f}{derived}")
+    for d in result.diagnoses:
+        model = f" [{d.model}]" if d.model else ""
+        lines.append(f"\nDiagnosis{model}: {d.verdict}")
+        for note in d.notes:
+            lines.append(f"  note: {note}")
+        for f in d.findings:
+            role = "PRIMARY" if f.primary else (f"caused by {f.caused_by}" if f.caused_by else "also")
+            lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence:.2f}): {f.summary}")
+            for e in f.evidence:
+                lines.append(f"      - {e.text()}")
+            for remedy in f.remedies:
+                lines.append(f"      > {remedy}")
+            lines.append(f"      runbook: {f.runbook}")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""``llm-latency diagnose URL``: one-shot checks of live (emulated) engines over HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app.emulator.server import EmulatorFleet, TargetSpec
+
+pytestmark = pytest.mark.slow
+
+
+def diagnose(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", "diagnose", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    specs = [TargetSpec("busy", "queueing", time_scale=5, warmup_s=60, seed=5),
+             TargetSpec("fine", "healthy", time_scale=5, warmup_s=60, seed=5),
+             TargetSpec("idle", "healthy", time_scale=1, synthetic=False, seed=5)]
+    with EmulatorFleet(specs) as running:
+        yield running
+
+
+def test_queueing_engine_exits_1_with_the_split_and_the_remedy(fleet) -> None:
+    result = diagnose(fleet.urls["busy"] + "/metrics", "--window", "6s", "--interval", "1s")
+    assert result.returncode == 1, result.stderr
+    assert "Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: queueing" in result.stdout
+    assert "[PRIMARY] queueing" in result.stdout and "raise --max-num-seqs" in result.stdout
+    queue_row = next(line for line in result.stdout.splitlines() if line.strip().startswith("queue"))
+    assert float(queue_row.split()[3]) > 5000  # mean queue time in ms
+
+
+def test_healthy_engine_exits_0_and_json_has_the_numbers(fleet) -> None:
+    result = diagnose(fleet.urls["fine"] + "/metrics", "--window", "6s", "--interval", "1s", "--json",
+                      "--gpu", "A100-80G", "--model", "llama-3.1-8b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    body = json.loads(result.stdout)
+    assert body["engine"] == "vllm" and body["scrapes"] == 7 and body["exit_code"] == 0
+    assert body["diagnoses"][0]["verdict"] == "healthy"
+    assert 0.005 < body["latency"]["itl"]["mean"] < 0.05
+    assert body["diagnoses"][0]["signals"]["decode_floor_seconds"] == pytest.approx(8.03e9 * 2 / 2.039e12)
+
+
+def test_idle_engine_is_insufficient_data_and_dead_url_is_unreachable(fleet) -> None:
+    idle = diagnose(fleet.urls["idle"] + "/metrics", "--window", "2s", "--interval", "1s")
+    assert idle.returncode == 4, idle.stdout
+    assert "insufficient_data" in idle.stdout
+    dead = diagnose("http://127.0.0.1:1/metrics", "--window", "2s", "--interval", "1s")
+    assert dead.returncode == 3 and "scrape problem: connect" in dead.stdout
+    bad = diagnose("ftp://x/metrics")
+    assert bad.returncode == 2 and "URL scheme must be http or https" in bad.stderr
+    bad = diagnose(fleet.urls["idle"] + "/metrics", "--gpu", "TPU")
+    assert bad.returncode == 2 and "unknown gpu 'TPU'" in bad.stderr
