@@ -12,8 +12,9 @@ Example::
         hardware: {gpu: A100-80G, model: llama-3.1-8b, weight_dtype: bf16}   # optional
     diagnosis:                  # optional; defaults shown
       interval: 30s
-      window: 2m
+      window: 1m
       thresholds: {queue_share: 0.5}   # see app/diagnosis/thresholds.py
+    alerts: {...}               # optional; see app/alerts/config.py
 
 A bad file is refused at start with every problem listed as ``field.path: reason``,
 so nobody has to guess which of forty targets has the typo.
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.thresholds import Thresholds
 from app.durations import parse_duration
@@ -119,7 +121,8 @@ class DiagnosisConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     interval: Seconds = Field(30.0, gt=0, description="Evaluation interval.")
-    window: Seconds = Field(120.0, gt=0, description="Window each evaluation looks at.")
+    window: Seconds = Field(60.0, gt=0, description="Window each evaluation looks at. Keep it at most ~2.5 "
+                            "intervals: a regime is detected once it fills most of the window.")
     thresholds: Thresholds = Field(default_factory=Thresholds)
 
 
@@ -128,6 +131,7 @@ class FileConfig(BaseModel):
 
     targets: list[TargetConfig] = Field(default_factory=list)
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "FileConfig":

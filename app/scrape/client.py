@@ -72,33 +72,47 @@ class PageFetcher:
             self._session = None
 
     async def fetch(self, url: str, timeout: float, headers: dict[str, str] | None = None) -> Fetched:
-        """Fetch one page or raise :class:`ScrapeError` with a classified error."""
+        """Fetch one page or raise :class:`ScrapeError` with a classified error.
+
+        The overall deadline is ``asyncio.timeout`` (Python's own, which turns its
+        cancellation into ``TimeoutError`` reliably); aiohttp only gets the connect
+        timeout. Under heavy load aiohttp's own total timeout was seen to leak a bare
+        ``CancelledError`` out of the connect phase, which would have looked like the
+        scrape job itself being cancelled.
+        """
         assert self._session is not None, "PageFetcher.start() first"
-        client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=min(self.connect_timeout, timeout))
+        connect = min(self.connect_timeout, timeout)
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=None)
         async with self._semaphore:
             try:
-                async with self._session.get(url, timeout=client_timeout, allow_redirects=False,
-                                             headers=headers) as response:
-                    if response.status != 200:
-                        raise ScrapeError("http_status", f"HTTP {response.status} {response.reason or ''}".strip())
-                    declared = response.content_length
-                    if declared is not None and declared > self.max_bytes and not response.headers.get("Content-Encoding"):
-                        raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")
-                    body = bytearray()
-                    async for chunk in response.content.iter_chunked(65536):
-                        body += chunk
-                        if len(body) > self.max_bytes:
-                            raise ScrapeError("too_large", f"page exceeds the {self.max_bytes}-byte limit")
-                    return Fetched(bytes(body), response.headers.get("Content-Type", ""))
+                async with asyncio.timeout(timeout):
+                    return await self._get(url, client_timeout, headers)
             except ScrapeError:
                 raise
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise ScrapeError("timeout", f"no complete response within {timeout:g}s") from None
             except aiohttp.ClientConnectorError as exc:
                 raise ScrapeError("connect", f"cannot connect: {exc.os_error or exc}") from None
+            except aiohttp.ServerTimeoutError:
+                raise ScrapeError("timeout", f"no connection within {connect:g}s") from None
             except aiohttp.ClientPayloadError as exc:
                 raise ScrapeError("payload", f"broken response body: {exc}") from None
             except aiohttp.ClientResponseError as exc:
                 raise ScrapeError("http_protocol", f"bad HTTP response: {exc.message}") from None
             except aiohttp.ClientError as exc:
                 raise ScrapeError("http_protocol", f"{type(exc).__name__}: {exc}") from None
+
+    async def _get(self, url: str, client_timeout: aiohttp.ClientTimeout, headers: dict[str, str] | None) -> Fetched:
+        assert self._session is not None
+        async with self._session.get(url, timeout=client_timeout, allow_redirects=False, headers=headers) as response:
+            if response.status != 200:
+                raise ScrapeError("http_status", f"HTTP {response.status} {response.reason or ''}".strip())
+            declared = response.content_length
+            if declared is not None and declared > self.max_bytes and not response.headers.get("Content-Encoding"):
+                raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(65536):
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise ScrapeError("too_large", f"page exceeds the {self.max_bytes}-byte limit")
+            return Fetched(bytes(body), response.headers.get("Content-Type", ""))

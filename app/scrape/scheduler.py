@@ -49,6 +49,7 @@ class ScrapeService:
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task | None = None
         self._stopping = False
+        self._inflight = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, targets: list[TargetSpec]) -> None:
@@ -57,8 +58,13 @@ class ScrapeService:
         self.sync_targets(targets)
         self._flush_task = asyncio.create_task(self._flush_loop(), name="scrape-writer")
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop scheduling, let in-flight scrapes finish (up to ``grace`` s), write everything."""
         self._stopping = True
+        self.scheduler.pause()
+        deadline = time.monotonic() + grace
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         self.scheduler.shutdown(wait=False)
         if self._flush_task is not None:
             self._flush_task.cancel()
@@ -86,10 +92,18 @@ class ScrapeService:
         offset = (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
         first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset)
         self.scheduler.add_job(
-            scraper.run, IntervalTrigger(seconds=spec.interval, start_date=first, jitter=self.jitter * spec.interval),
+            self._run_job, IntervalTrigger(seconds=spec.interval, start_date=first, jitter=self.jitter * spec.interval),
             id=f"scrape:{spec.name}", name=f"scrape {spec.name}", max_instances=1, coalesce=True,
             misfire_grace_time=max(1, int(spec.interval)), replace_existing=True, next_run_time=first,
+            args=(scraper,),
         )
+
+    async def _run_job(self, scraper: TargetScraper) -> None:
+        self._inflight += 1
+        try:
+            await scraper.run()
+        finally:
+            self._inflight -= 1
 
     def _remove(self, name: str) -> None:
         scraper = self.scrapers.pop(name, None)

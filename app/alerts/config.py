@@ -1,0 +1,122 @@
+"""Alerting configuration (the ``alerts:`` section of the targets YAML).
+
+Example::
+
+    alerts:
+      external_url: https://llm-latency.example.com     # links in notifications
+      dashboard_url: https://grafana.example.com/d/llm-latency-target
+      slos:
+        - {name: ttft_p99, signal: ttft, quantile: 0.99, threshold: 2s, window: 5m, for: 2m}
+        - {name: itl_p99, signal: itl, quantile: 0.99, threshold: 150ms, window: 5m, for: 2m}
+      target_down_for: 1m
+      group_by: [alertname, target]
+      group_interval: 30s
+      repeat_interval: 4h
+      receivers:
+        - name: oncall
+          url: https://hooks.example.com/llm
+          secret_env: ONCALL_WEBHOOK_SECRET      # HMAC-SHA256 key, read from the environment
+          match: {severity: critical}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from app.durations import parse_duration
+
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+Severity = Literal["critical", "warning", "info"]
+PRODUCT_PREFIX = "LLMLatency"
+SLO_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time")
+_SIGNAL_WORD = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E", "queue_time": "QueueTime",
+                "prefill_time": "PrefillTime", "decode_time": "DecodeTime"}
+
+
+def camel(words: str) -> str:
+    """``kv_cache_pressure`` -> ``KVCachePressure`` (known acronyms stay upper case)."""
+    acronyms = {"kv": "KV", "ttft": "TTFT", "itl": "ITL", "slo": "SLO", "tpot": "TPOT", "e2e": "E2E"}
+    return "".join(acronyms.get(w, w.capitalize()) for w in re.split(r"[_\-\s]+", words) if w)
+
+
+def regime_alertname(regime: str) -> str:
+    return PRODUCT_PREFIX + camel(regime)
+
+
+def slo_alertname(signal: str) -> str:
+    return f"{PRODUCT_PREFIX}{_SIGNAL_WORD[signal]}High"
+
+
+TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
+
+
+class SloConfig(BaseModel):
+    """A latency objective: quantile ``quantile`` of ``signal`` over ``window`` must stay
+    at or below ``threshold``; breached for ``for`` -> the alert fires."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    signal: Literal["ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time"]
+    quantile: float = Field(0.99, gt=0, lt=1)
+    threshold: Seconds = Field(gt=0)
+    window: Seconds = Field(300.0, gt=0)
+    for_: Seconds = Field(120.0, ge=0, alias="for")
+    severity: Severity = "warning"
+    targets: list[str] | None = Field(None, description="Target names; omitted = every target.")
+
+    @property
+    def alertname(self) -> str:
+        return slo_alertname(self.signal)
+
+
+def default_slos() -> list[SloConfig]:
+    return [
+        SloConfig(name="ttft_p99", signal="ttft", quantile=0.99, threshold=2.0, window=300, **{"for": 120}),
+        SloConfig(name="itl_p99", signal="itl", quantile=0.99, threshold=0.15, window=300, **{"for": 120}),
+    ]
+
+
+class ReceiverConfig(BaseModel):
+    """Where notifications go. ``kind: webhook`` posts Alertmanager's webhook format
+    (version 4); ``kind: alertmanager`` posts the alerts to an Alertmanager's
+    ``/api/v2/alerts`` instead, letting it route and deduplicate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    url: str
+    kind: Literal["webhook", "alertmanager"] = "webhook"
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: Seconds = Field(10.0, gt=0, le=120)
+    secret_env: str | None = Field(None, description="Environment variable holding the HMAC-SHA256 key.")
+    match: dict[str, str] = Field(default_factory=dict, description="Label equality matchers; empty = all.")
+    send_resolved: bool = True
+
+    @field_validator("headers")
+    @classmethod
+    def _no_reserved_headers(cls, headers: dict[str, str]) -> dict[str, str]:
+        reserved = {"content-type", "content-length", "host", "x-llm-latency-signature", "x-llm-latency-timestamp",
+                    "idempotency-key"}
+        for key in headers:
+            if key.lower() in reserved:
+                raise ValueError(f"header {key!r} is set by the service")
+        return headers
+
+
+class AlertsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    external_url: str = Field("", description="This service's external URL, for links.")
+    dashboard_url: str = Field("", description="Grafana drill-down dashboard URL; ?var-target=... is appended.")
+    slos: list[SloConfig] = Field(default_factory=default_slos)
+    target_down_for: Seconds = Field(60.0, ge=0)
+    diagnosis_for: Seconds = Field(0.0, ge=0, description="Extra hold time after a finding becomes active.")
+    group_by: list[str] = Field(default_factory=lambda: ["alertname", "target"])
+    group_interval: Seconds = Field(30.0, gt=0)
+    repeat_interval: Seconds = Field(4 * 3600.0, gt=0)
+    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    max_delivery_age: Seconds = Field(24 * 3600.0, gt=0, description="Stop retrying a notification after this.")
