@@ -96,7 +96,7 @@ def main() -> int:
     proc = mp.get_context("spawn").Process(target=serve_fleet, args=(specs, child), daemon=True)
     proc.start()
     urls = parent.recv()
-    fleet_started = time.time()
+    fleet_started = time.time()  # the steady phase is timed from here
     print(f"{len(specs)} emulated targets up (time scale {ts:g}x)", file=sys.stderr)
 
     from fastapi.testclient import TestClient
@@ -127,9 +127,16 @@ def main() -> int:
                 time.sleep(max(0.0, next_eval - time.time()))
                 now = time.time()
                 for diagnosis, transitions in monitor.evaluate_diagnoses(now=now):
-                    sim_t = WARMUP + (now - fleet_started) * ts
-                    timeline[diagnosis.target].append((sim_t, diagnosis.verdict, transitions))
+                    timeline[diagnosis.target].append((now, diagnosis.verdict, transitions))
                 next_eval += interval_real
+            # each emulated clock, read from its ground truth: simulated time = offset + real time * scale
+            import httpx
+
+            offsets = {}
+            with httpx.Client(timeout=10) as client:
+                for name in urls:
+                    real = time.time()
+                    offsets[name] = client.get(urls[name] + "/emulator/state").json()["sim_time_s"] - real * ts
             with monitor.sessions() as session:
                 from sqlalchemy import func, select
 
@@ -140,6 +147,8 @@ def main() -> int:
         proc.join(30)
         print(f"scrapes: {ok} ok, {failed} failed", file=sys.stderr)
 
+    timeline = {name: [(offsets[name] + t * ts, v, tr) for t, v, tr in events]
+                for name, events in timeline.items()}
     matrix: dict[str, Counter] = defaultdict(Counter)
     detection: dict[str, list] = defaultdict(list)
     for name, (kind, label) in expected.items():
