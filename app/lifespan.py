@@ -18,6 +18,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
+from app.alerts import engine as alerts_engine
+from app.alerts.config import AlertsConfig, ReceiverConfig
+from app.alerts.delivery import DeliveryWorker
 from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.profile import HardwareProfile
@@ -47,6 +50,10 @@ class Monitor:
         )
         self.started_at = time.time()
         self.diagnosis_config = DiagnosisConfig()
+        self.alerts_config = AlertsConfig()
+        self.delivery = DeliveryWorker(self.sessions, self.receivers, settings.secret,
+                                       on_attempt=self._delivery_attempted)
+        self._delivery_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------------ startup
     def prepare_database(self) -> None:
@@ -69,8 +76,12 @@ class Monitor:
             return
         config = load_config(self.settings.config_file, self.settings.allowed_target_hosts)
         self.diagnosis_config = config.diagnosis
+        self.alerts_config = config.alerts
+        self.delivery.max_age = config.alerts.max_delivery_age
         with self.sessions.begin() as session:
             repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
+            repository.sync_config_receivers(session, [r.model_dump(mode="json") for r in config.alerts.receivers],
+                                             time.time())
 
     def target_specs(self) -> list[TargetSpec]:
         s = self.settings
@@ -129,6 +140,32 @@ class Monitor:
                     results.append((diagnosis, transitions))
         return results
 
+    def receivers(self) -> dict[str, ReceiverConfig]:
+        with self.sessions() as session:
+            return {row.name: ReceiverConfig.model_validate(row.config) for row in repository.list_receivers(session)}
+
+    def evaluate_alerts(self, now: float | None = None) -> dict[str, int]:
+        """One alerting round: conditions -> alert states -> outbox rows, in one transaction."""
+        now = time.time() if now is None else now
+        receivers = list(self.receivers().values())
+        generator = (self.settings.public_url.rstrip("/") or f"http://{self.settings.host}:{self.settings.port}")
+        with self.sessions.begin() as session:
+            result = alerts_engine.evaluate(session, self.alerts_config, receivers, now,
+                                            generator_url=f"{generator}/api/v1/alerts")
+        self.telemetry.alert_notifications.inc(result["notifications"])
+        return result
+
+    def _delivery_attempted(self, receiver: str, ok: bool, latency: float) -> None:
+        self.telemetry.deliveries.labels(receiver, "ok" if ok else "error").inc()
+
+    async def _delivery_loop(self) -> None:
+        while True:
+            try:
+                await self.delivery.run_once()
+            except Exception:
+                log.exception("delivering notifications failed")
+            await asyncio.sleep(self.settings.delivery_interval)
+
     async def start(self) -> None:
         try:
             await asyncio.to_thread(self.prepare_database)
@@ -144,6 +181,10 @@ class Monitor:
                           seconds=self.settings.summary_interval, id="summaries", max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.evaluate_diagnoses), "interval",
                           seconds=self.diagnosis_config.interval, id="diagnosis", max_instances=1, coalesce=True)
+        scheduler.add_job(self._in_thread(self.evaluate_alerts), "interval", seconds=self.settings.alert_interval,
+                          id="alerts", max_instances=1, coalesce=True)
+        await self.delivery.start()
+        self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
 
     @staticmethod
     def _in_thread(func):  # type: ignore[no-untyped-def]
@@ -156,6 +197,13 @@ class Monitor:
         return run
 
     async def stop(self) -> None:
+        if self._delivery_task is not None:
+            self._delivery_task.cancel()
+            try:
+                await self._delivery_task
+            except asyncio.CancelledError:
+                pass
+        await self.delivery.close()
         await self.scraping.stop()
         self.engine.dispose()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api.routes import diagnoses, health, targets
+from app.api.routes import alerts, diagnoses, health, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -23,4 +23,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(targets.router)
     app.include_router(diagnoses.router)
     app.include_router(diagnoses.runbooks)
+    app.include_router(alerts.router)
     return app

@@ -9,6 +9,7 @@ runs* (database, listen address, limits, security) lives here.
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated
@@ -62,6 +63,8 @@ class Settings(BaseSettings):
     latency_window: Seconds = Field(300.0, gt=0, description="Window of the /metrics quantile gauges.")
     summary_interval: Seconds = Field(15.0, gt=0, description="How often those gauges are recomputed.")
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
+    alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
+    delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")
 
     @field_validator("allowed_target_hosts")
     @classmethod
@@ -88,6 +91,11 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'llm-latency.db').as_posix()}"
+
+    @staticmethod
+    def secret(env_name: str) -> str | None:
+        """A secret named in the config (e.g. a receiver's ``secret_env``), read from the environment."""
+        return os.environ.get(env_name) or None
 
     def check_listen_security(self, host: str) -> None:
         """Refuse to expose write endpoints beyond loopback without a token.

@@ -17,6 +17,9 @@ Storage
     llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
+Alerts
+    llm_latency_alert_notifications_total                notifications written to the outbox
+    llm_latency_deliveries_total{receiver,result}        delivery attempts (ok | error)
 Derived latency (recomputed every summary interval over ``latency_window``)
     llm_latency_quantile_seconds{target,model,signal,quantile}
     llm_latency_mean_seconds{target,model,signal}
@@ -84,6 +87,10 @@ class Telemetry:
         self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
                                        buckets=SCRAPE_BUCKETS, registry=r)
         self.queue_depth = Gauge("llm_latency_write_queue_scrapes", "Scrapes waiting to be written.", registry=r)
+        self.alert_notifications = Counter("llm_latency_alert_notifications", "Notifications written to the outbox.",
+                                           registry=r)
+        self.deliveries = Counter("llm_latency_deliveries", "Notification delivery attempts.", ["receiver", "result"],
+                                  registry=r)
         self.derived = DerivedLatencyCollector()
         r.register(self.derived)
 

@@ -18,6 +18,11 @@ Layout, and why:
   first firing (pending) through active to resolved; the diagnosis history.
 * ``diagnoses``: the latest verdict per target/model (healthy, insufficient_data, or
   the primary regime), so the API answers without re-evaluating.
+* ``alerts``: one row per alert instance (fingerprint of its labels) with its lifecycle
+  (pending -> firing -> resolved); ``silences``: label matchers that mute alerts.
+* ``receivers``: webhook / Alertmanager destinations (config file or API).
+* ``notifications``: the outbox. A row is written in the same transaction as the alert
+  state change it reports; ``delivery_attempts`` records every try.
 * ``target_info``: engine configuration revealed by info metrics
   (``vllm:cache_config_info`` labels), latest value per target/model/rank.
 
@@ -34,7 +39,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, dict[str, str]: JSON}
+    type_annotation_map = {dict[str, Any]: JSON, dict[str, str]: JSON, list[dict[str, Any]]: JSON}
 
 
 class Target(Base):
@@ -144,3 +149,75 @@ class DiagnosisRow(Base):
     verdict: Mapped[str] = mapped_column(String(32))
     evaluated_at: Mapped[float] = mapped_column(Float)
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AlertRow(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_state", "state"), Index("ix_alerts_group", "group_key"))
+
+    fingerprint: Mapped[str] = mapped_column(String(16), primary_key=True)
+    alertname: Mapped[str] = mapped_column(String(128))
+    labels: Mapped[dict[str, str]] = mapped_column(JSON)
+    annotations: Mapped[dict[str, str]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(10))  # pending | firing | resolved
+    group_key: Mapped[str] = mapped_column(Text)
+    active_since: Mapped[float] = mapped_column(Float)  # condition first seen true (this episode)
+    starts_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # became firing
+    ends_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # resolved
+    last_evaluated: Mapped[float] = mapped_column(Float)
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    notified_state: Mapped[str | None] = mapped_column(String(10), nullable=True)  # last state sent out
+
+
+class SilenceRow(Base):
+    __tablename__ = "silences"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    matchers: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    starts_at: Mapped[float] = mapped_column(Float)
+    ends_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(128))
+    comment: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ReceiverRow(Base):
+    __tablename__ = "receivers"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)  # ReceiverConfig fields
+    source: Mapped[str] = mapped_column(String(8))  # config | api
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class NotificationRow(Base):
+    __tablename__ = "notifications"
+    __table_args__ = (Index("ix_notifications_due", "state", "next_attempt_at"),
+                      Index("ix_notifications_group", "receiver", "group_key", "seq"))
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # also the Idempotency-Key
+    receiver: Mapped[str] = mapped_column(String(64))
+    group_key: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(Integer)  # order within (receiver, group_key)
+    status: Mapped[str] = mapped_column(String(10))  # firing | resolved (the payload's status)
+    body: Mapped[str] = mapped_column(Text)  # the exact JSON sent (and signed)
+    state: Mapped[str] = mapped_column(String(10))  # pending | delivered | expired
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    next_attempt_at: Mapped[float] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class DeliveryAttemptRow(Base):
+    __tablename__ = "delivery_attempts"
+    __table_args__ = (Index("ix_attempts_notification", "notification_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[str] = mapped_column(ForeignKey("notifications.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    ts: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    latency: Mapped[float] = mapped_column(Float)
+    response: Mapped[str | None] = mapped_column(Text, nullable=True)  # truncated
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 from app.quantiles import HistogramSnapshot
 from app.sources.base import Canonical
 from app.store.models import (
-    DiagnosisRow, FindingRow, HistogramSample, ScalarSample, Scrape, Series, Target, TargetInfo,
+    AlertRow, DeliveryAttemptRow, DiagnosisRow, FindingRow, HistogramSample, NotificationRow, ReceiverRow, ScalarSample,
+    Scrape, Series, SilenceRow, Target, TargetInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -403,3 +404,159 @@ def finding_history(session: Session, target_id: int | None = None, since: float
     if since is not None:
         query = query.where(FindingRow.last_seen >= since)
     return [(name, row) for name, row in session.execute(query.order_by(FindingRow.first_seen.desc()).limit(limit))]
+
+
+# --------------------------------------------------------------------------- alerts
+
+def target_labels(session: Session, name: str) -> dict[str, str]:
+    target = get_target(session, name)
+    return dict(target.labels) if target is not None else {}
+
+
+def open_alerts(session: Session) -> list[AlertRow]:
+    return list(session.scalars(select(AlertRow).where(AlertRow.state.in_(("pending", "firing")))))
+
+
+def get_alert(session: Session, fp: str) -> AlertRow | None:
+    return session.get(AlertRow, fp)
+
+
+def start_alert(session: Session, row: AlertRow | None, fp: str, labels: dict, annotations: dict, gk: str,
+                now: float, value: float | None) -> AlertRow:
+    """A condition became true: a new pending alert (or a resolved one starts a new episode)."""
+    if row is None:
+        row = AlertRow(fingerprint=fp)
+        session.add(row)
+    row.alertname, row.labels, row.annotations, row.group_key = labels["alertname"], labels, annotations, gk
+    row.state, row.active_since, row.starts_at, row.ends_at = "pending", now, None, None
+    row.last_evaluated, row.value = now, value
+    row.notified_state = None if row.notified_state != "firing" else "resolved"
+    return row
+
+
+def delete_alert(session: Session, row: AlertRow) -> None:
+    session.delete(row)
+
+
+def notifiable_alerts(session: Session) -> list[AlertRow]:
+    """Firing alerts, and resolved ones whose firing was notified but not their resolution."""
+    return list(session.scalars(select(AlertRow).where(
+        (AlertRow.state == "firing") | ((AlertRow.state == "resolved") & (AlertRow.notified_state == "firing")))
+        .order_by(AlertRow.fingerprint)))
+
+
+def list_alerts(session: Session, states: tuple[str, ...] = ("pending", "firing", "resolved"),
+                since: float | None = None) -> list[AlertRow]:
+    query = select(AlertRow).where(AlertRow.state.in_(states))
+    if since is not None:
+        query = query.where(AlertRow.last_evaluated >= since)
+    return list(session.scalars(query.order_by(AlertRow.active_since.desc())))
+
+
+def active_silences(session: Session, now: float) -> list[SilenceRow]:
+    return list(session.scalars(select(SilenceRow).where(SilenceRow.starts_at <= now, SilenceRow.ends_at > now)))
+
+
+def list_silences(session: Session) -> list[SilenceRow]:
+    return list(session.scalars(select(SilenceRow).order_by(SilenceRow.created_at.desc())))
+
+
+def create_silence(session: Session, silence_id: str, matchers: list[dict], starts_at: float, ends_at: float,
+                   created_by: str, comment: str, now: float) -> SilenceRow:
+    row = SilenceRow(id=silence_id, matchers=matchers, starts_at=starts_at, ends_at=ends_at, created_by=created_by,
+                     comment=comment, created_at=now)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_silence(session: Session, silence_id: str) -> SilenceRow | None:
+    return session.get(SilenceRow, silence_id)
+
+
+def last_notification_time(session: Session, receiver: str, gk: str) -> float | None:
+    return session.scalar(select(func.max(NotificationRow.created_at)).where(
+        NotificationRow.receiver == receiver, NotificationRow.group_key == gk))
+
+
+def enqueue_notification(session: Session, notification_id: str, receiver: str, gk: str, status: str, body: str,
+                         now: float) -> NotificationRow:
+    seq = (session.scalar(select(func.max(NotificationRow.seq)).where(
+        NotificationRow.receiver == receiver, NotificationRow.group_key == gk)) or 0) + 1
+    row = NotificationRow(id=notification_id, receiver=receiver, group_key=gk, seq=seq, status=status, body=body,
+                          state="pending", attempts=0, created_at=now, next_attempt_at=now)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def pending_notification_heads(session: Session, lock: bool = False) -> list[NotificationRow]:
+    """The oldest pending notification of every (receiver, group): delivery order within a
+    group is kept by only ever attempting its head. ``lock`` takes row locks on PostgreSQL
+    (``FOR UPDATE SKIP LOCKED``) so two delivery workers never claim the same row."""
+    query = (select(NotificationRow).where(NotificationRow.state == "pending")
+             .order_by(NotificationRow.receiver, NotificationRow.group_key, NotificationRow.seq))
+    if lock and session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    rows = session.scalars(query)
+    heads: dict[tuple[str, str], NotificationRow] = {}
+    for row in rows:
+        heads.setdefault((row.receiver, row.group_key), row)
+    return list(heads.values())
+
+
+def record_attempt(session: Session, row: NotificationRow, ts: float, status_code: int | None, latency: float,
+                   response: str | None, error: str | None) -> None:
+    row.attempts += 1
+    session.add(DeliveryAttemptRow(notification_id=row.id, attempt=row.attempts, ts=ts, status_code=status_code,
+                                   latency=latency, response=response, error=error))
+
+
+def list_notifications(session: Session, receiver: str | None = None, limit: int = 100) -> list[NotificationRow]:
+    query = select(NotificationRow)
+    if receiver is not None:
+        query = query.where(NotificationRow.receiver == receiver)
+    return list(session.scalars(query.order_by(NotificationRow.created_at.desc(), NotificationRow.seq.desc())
+                                .limit(limit)))
+
+
+def attempts_of(session: Session, notification_ids: Sequence[str]) -> dict[str, list[DeliveryAttemptRow]]:
+    out: dict[str, list[DeliveryAttemptRow]] = defaultdict(list)
+    if notification_ids:
+        for row in session.scalars(select(DeliveryAttemptRow).where(
+                DeliveryAttemptRow.notification_id.in_(notification_ids)).order_by(DeliveryAttemptRow.attempt)):
+            out[row.notification_id].append(row)
+    return out
+
+
+def list_receivers(session: Session) -> list[ReceiverRow]:
+    return list(session.scalars(select(ReceiverRow).order_by(ReceiverRow.name)))
+
+
+def get_receiver(session: Session, name: str) -> ReceiverRow | None:
+    return session.get(ReceiverRow, name)
+
+
+def save_receiver(session: Session, name: str, config: dict, source: str, now: float) -> ReceiverRow:
+    row = session.get(ReceiverRow, name)
+    if row is None:
+        row = ReceiverRow(name=name, config=config, source=source, created_at=now)
+        session.add(row)
+    else:
+        row.config, row.source = config, source
+    session.flush()
+    return row
+
+
+def delete_receiver(session: Session, row: ReceiverRow) -> None:
+    session.delete(row)
+    session.flush()
+
+
+def sync_config_receivers(session: Session, receivers: Sequence[dict], now: float) -> None:
+    wanted = {r["name"]: r for r in receivers}
+    for row in list_receivers(session):
+        if row.name not in wanted and row.source == "config":
+            session.delete(row)
+    for name, config in wanted.items():
+        save_receiver(session, name, config, "config", now)

@@ -1,0 +1,156 @@
+"""The outbox worker: delivers notification rows, retrying until they arrive or expire.
+
+* Only the oldest pending notification of each (receiver, group) is attempted, so a
+  group's notifications arrive in the order they were created even across retries.
+* A failed attempt is retried with exponential backoff (1 s, 2 s, 4 s, ... capped at
+  ``max_backoff``) times a random jitter in [0.5, 1.5), until ``max_delivery_age`` after
+  the notification was created; then it is marked ``expired`` and the group moves on.
+* Every attempt is recorded: HTTP status, latency, the first 1 kB of the response or
+  the error.
+* Each request carries ``Idempotency-Key: <notification id>`` (the same on every
+  retry) so receivers can drop duplicates, and, when the receiver has a secret,
+  ``X-LLM-Latency-Timestamp`` and ``X-LLM-Latency-Signature: sha256=<hex>`` where the hex
+  is HMAC-SHA256(secret, timestamp + "." + raw body). See the README for verification.
+* Rows live in the database, so pending deliveries survive a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.alerts.config import ReceiverConfig
+from app.store import repository
+from app.store.models import NotificationRow
+
+log = logging.getLogger(__name__)
+SIGNATURE_HEADER = "X-LLM-Latency-Signature"
+TIMESTAMP_HEADER = "X-LLM-Latency-Timestamp"
+USER_AGENT = "llm-latency-monitor/0.1"
+CLAIM_SECONDS = 120.0  # longer than any receiver timeout (at most 120 s)
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    """``sha256=`` + hex HMAC-SHA256 over ``timestamp.body`` (the Stripe/Slack scheme: the
+    timestamp is signed too, so a captured request cannot be replayed later)."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def verify(secret: str, timestamp: str, body: bytes, signature: str, now: float | None = None,
+           tolerance: float = 300.0) -> bool:
+    """The receiver side of :func:`sign` (documented in the README; used by the tests)."""
+    now = time.time() if now is None else now
+    try:
+        fresh = abs(now - float(timestamp)) <= tolerance
+    except ValueError:
+        return False
+    return fresh and hmac.compare_digest(sign(secret, timestamp, body), signature)
+
+
+class DeliveryWorker:
+    def __init__(self, sessions: sessionmaker[Session], receivers: Callable[[], dict[str, ReceiverConfig]],
+                 secret: Callable[[str], str | None], max_age: float = 86400.0, max_backoff: float = 300.0,
+                 base_backoff: float = 1.0, on_attempt: Callable[[str, bool, float], None] | None = None) -> None:
+        self.sessions = sessions
+        self.receivers = receivers
+        self.secret = secret
+        self.max_age = max_age
+        self.max_backoff = max_backoff
+        self.base_backoff = base_backoff
+        self.on_attempt = on_attempt
+        self._client: httpx.AsyncClient | None = None
+        self._random = random.Random()
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(follow_redirects=False, headers={"User-Agent": USER_AGENT})
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _due(self, now: float) -> list[tuple[str, str, str, int]]:
+        """(id, receiver, body, attempts) of group heads due now; expires the too-old ones.
+
+        Each returned row is *claimed*: its next attempt is pushed ``CLAIM_SECONDS`` ahead
+        in the same transaction, so an overlapping run (or a second process) does not send
+        it again while this attempt is in flight; the attempt's outcome then sets the real
+        next time.
+        """
+        due = []
+        with self.sessions.begin() as session:
+            for row in repository.pending_notification_heads(session, lock=True):
+                if now - row.created_at > self.max_age:
+                    row.state, row.last_error = "expired", f"not delivered within {self.max_age:g}s: {row.last_error}"
+                    continue
+                if row.next_attempt_at <= now:
+                    due.append((row.id, row.receiver, row.body, row.attempts))
+                    row.next_attempt_at = max(now, time.time()) + CLAIM_SECONDS
+        return due
+
+    async def run_once(self, now: float | None = None) -> int:
+        """Attempt every due group head once; returns how many were delivered."""
+        async with self._lock:  # runs never overlap in one process
+            now = time.time() if now is None else now
+            due = await asyncio.to_thread(self._due, now)
+            if not due:
+                return 0
+            receivers = await asyncio.to_thread(self.receivers)
+            results = await asyncio.gather(*(self._attempt(item, receivers.get(item[1])) for item in due))
+            return sum(1 for ok in results if ok)
+
+    async def _attempt(self, item: tuple[str, str, str, int], receiver: ReceiverConfig | None) -> bool:
+        notification_id, receiver_name, body, attempts = item
+        started = time.time()
+        t0 = time.perf_counter()
+        status_code, response_text, error = None, None, None
+        if receiver is None:
+            error = f"receiver {receiver_name!r} no longer exists"
+        else:
+            raw = body.encode()
+            timestamp = str(int(started))
+            headers = {**receiver.headers, "Content-Type": "application/json", "Idempotency-Key": notification_id,
+                       TIMESTAMP_HEADER: timestamp}
+            secret = self.secret(receiver.secret_env) if receiver.secret_env else None
+            if secret:
+                headers[SIGNATURE_HEADER] = sign(secret, timestamp, raw)
+            url = receiver.url.rstrip("/") + "/api/v2/alerts" if receiver.kind == "alertmanager" else receiver.url
+            try:
+                assert self._client is not None
+                response = await self._client.post(url, content=raw, headers=headers, timeout=receiver.timeout)
+                status_code, response_text = response.status_code, response.text[:1024]
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"[:1024]
+        latency = time.perf_counter() - t0
+        ok = status_code is not None and 200 <= status_code < 300
+        if not ok and error is None:
+            error = f"HTTP {status_code}"
+        await asyncio.to_thread(self._record, notification_id, started, status_code, latency, response_text, error,
+                                ok, attempts)
+        if self.on_attempt is not None:
+            self.on_attempt(receiver_name, ok, latency)
+        return ok
+
+    def _record(self, notification_id: str, ts: float, status_code: int | None, latency: float,
+                response: str | None, error: str | None, ok: bool, attempts: int) -> None:
+        with self.sessions.begin() as session:
+            row = session.get(NotificationRow, notification_id)
+            if row is None:
+                return
+            repository.record_attempt(session, row, ts, status_code, latency, response, error)
+            if ok:
+                row.state, row.delivered_at, row.last_error = "delivered", ts, None
+            else:
+                backoff = min(self.max_backoff, self.base_backoff * 2 ** attempts)
+                row.next_attempt_at = ts + backoff * (0.5 + self._random.random())
+                row.last_error = error

@@ -1,0 +1,207 @@
+"""Alert sources, the alert lifecycle, and notification planning.
+
+Every evaluation:
+1. collects the conditions that are true now — active diagnosis findings (one alert per
+   target x model x regime), SLO breaches per target, targets whose scrapes fail;
+2. advances each alert (keyed by the fingerprint of its labels): pending while its
+   condition holds for less than ``for``, then firing; resolved when it clears;
+3. plans notifications per group (``group_by`` labels) and receiver: a group is notified
+   when an alert in it starts firing or resolves (at most every ``group_interval``), and
+   again every ``repeat_interval`` while something still fires. Silenced alerts are left
+   out. The notification rows are written in the same transaction as the state changes,
+   so a crash can never lose one without also losing the change it reports.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+from sqlalchemy.orm import Session
+
+from app import latency, quantiles
+from app.alerts import silences as silence_rules
+from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname
+from app.alerts.schemas import AlertInstance, fingerprint, group_key, webhook_payload
+from app.diagnosis.findings import Evidence
+from app.store import repository
+from app.store.models import AlertRow
+
+QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
+
+
+@dataclass(slots=True)
+class Condition:
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    for_: float
+    value: float | None = None
+    fp: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fp = fingerprint(self.labels)
+
+
+def _links(config: AlertsConfig, target: str, regime: str | None = None) -> dict[str, str]:
+    base = config.external_url.rstrip("/")
+    links = {}
+    if regime:
+        links["runbook_url"] = f"{base}/runbooks/{regime}" if base else f"docs/runbooks/{regime}.md"
+    if config.dashboard_url:
+        sep = "&" if "?" in config.dashboard_url else "?"
+        links["dashboard_url"] = f"{config.dashboard_url}{sep}var-target={quote(target)}"
+    return links
+
+
+def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
+    out = []
+    for target, row in repository.finding_history(session, states=("active",)):
+        labels_extra = repository.target_labels(session, target)
+        details = row.details
+        evidence = "; ".join(Evidence(**e).text() for e in details.get("evidence", []) if e.get("op") != "info")
+        caused = f" (a symptom of {details['caused_by']})" if details.get("caused_by") else ""
+        labels = {**labels_extra, "alertname": regime_alertname(row.regime), "target": target, "model": row.model,
+                  "regime": row.regime, "severity": row.severity}
+        annotations = {
+            "summary": f"{target}: {row.regime.replace('_', ' ')}{caused} - {row.summary}",
+            "description": f"{row.summary} Evidence: {evidence}. Active since "
+                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(row.activated_at or row.first_seen))}.",
+            "remedies": "\n".join(f"- {r}" for r in details.get("remedies", [])),
+            "confidence": f"{row.confidence:.2f}",
+            **_links(config, target, row.regime),
+        }
+        out.append(Condition(labels, annotations, config.diagnosis_for))
+    return out
+
+
+def slo_conditions(session: Session, config: AlertsConfig, now: float) -> list[Condition]:
+    out = []
+    targets = repository.list_targets(session)
+    for slo in config.slos:
+        for target in targets:
+            if slo.targets is not None and target.name not in slo.targets:
+                continue
+            start = now - slo.window
+            loaded = latency.load_histograms(session, [target.id], (slo.signal, "queue_time", "prefill_time"),
+                                             start, now)
+            summaries = latency.summarize_signals(loaded, start, now)
+            summary = summaries.get(slo.signal)
+            if summary is None:
+                continue
+            key = QUANTILE_KEYS.get(slo.quantile)
+            if key is not None:
+                value = summary.get(key)
+            else:
+                merged = loaded.merged(start, now, slo.signal)
+                value = None if merged is None else quantiles.histogram_quantile(slo.quantile, merged.bounds,
+                                                                                 merged.increases)
+            if value is None or value != value or value <= slo.threshold:
+                continue
+            derived = " (derived: queue + prefill)" if summary.get("derived") else ""
+            label = f"p{slo.quantile * 100:g} {slo.signal.upper().replace('_', ' ')}"
+            labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
+                      "severity": slo.severity}
+            annotations = {
+                "summary": f"{target.name}: {label} is {value:.3f}s, above the {slo.threshold:g}s objective",
+                "description": f"{label}{derived} over the last {slo.window:g}s is {value:.3f}s "
+                               f"(objective: at most {slo.threshold:g}s, {summary.get('count') or 0:.0f} observations).",
+                **_links(config, target.name),
+            }
+            out.append(Condition(labels, annotations, slo.for_, value))
+    return out
+
+
+def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
+    out = []
+    latest = repository.latest_scrapes(session)
+    for target in repository.list_targets(session):
+        scrape = latest.get(target.id)
+        if scrape is None or scrape.up:
+            continue
+        labels = {**dict(target.labels), "alertname": TARGET_DOWN, "target": target.name, "severity": "critical"}
+        annotations = {"summary": f"{target.name}: scrapes fail ({scrape.error_class})",
+                       "description": f"The last scrape of {target.url} failed: {scrape.error_class}: "
+                                      f"{scrape.error}. No latency data is collected while it is down.",
+                       **_links(config, target.name)}
+        out.append(Condition(labels, annotations, config.target_down_for))
+    return out
+
+
+def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
+             generator_url: str = "") -> dict[str, int]:
+    """One alerting round inside the caller's transaction. Returns counts for telemetry."""
+    conditions = {c.fp: c for c in (diagnosis_conditions(session, config) + slo_conditions(session, config, now)
+                                    + target_down_conditions(session, config))}
+    rows = {row.fingerprint: row for row in repository.open_alerts(session)}
+    changed_groups: set[str] = set()
+    for fp, cond in conditions.items():
+        gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
+        row = rows.get(fp) or repository.get_alert(session, fp)
+        if row is None or row.state == "resolved":
+            row = repository.start_alert(session, row, fp, cond.labels, cond.annotations, gk, now, cond.value)
+        else:
+            row.annotations, row.value, row.last_evaluated = cond.annotations, cond.value, now
+        if row.state == "pending" and now - row.active_since >= cond.for_:
+            row.state, row.starts_at = "firing", now
+            changed_groups.add(gk)
+    for fp, row in rows.items():
+        if fp in conditions:
+            continue
+        if row.state == "firing":
+            row.state, row.ends_at, row.last_evaluated = "resolved", now, now
+            changed_groups.add(row.group_key)
+        else:
+            repository.delete_alert(session, row)  # pending that cleared: never was an alert
+    session.flush()
+    created = plan_notifications(session, config, receivers, now, changed_groups, generator_url)
+    return {"conditions": len(conditions), "notifications": created}
+
+
+def plan_notifications(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
+                       changed_groups: set[str], generator_url: str) -> int:
+    active_silences = repository.active_silences(session, now)
+    by_group: dict[str, list[AlertRow]] = {}
+    for row in repository.notifiable_alerts(session):
+        by_group.setdefault(row.group_key, []).append(row)
+    created = 0
+    for gk, rows in by_group.items():
+        visible = [r for r in rows if not silence_rules.silenced_by(active_silences, r.labels, now)]
+        firing = [r for r in visible if r.state == "firing"]
+        resolved = [r for r in visible if r.state == "resolved" and r.notified_state == "firing"]
+        if not firing and not resolved:
+            continue
+        group_labels = {k: rows[0].labels.get(k, "") for k in config.group_by}
+        for receiver in receivers:
+            mine_firing = [r for r in firing if _routed(receiver, r.labels)]
+            mine_resolved = [r for r in resolved if _routed(receiver, r.labels)] if receiver.send_resolved else []
+            if not mine_firing and not mine_resolved:
+                continue
+            last = repository.last_notification_time(session, receiver.name, gk)
+            news = any(r.notified_state != "firing" for r in mine_firing) or bool(mine_resolved)
+            due = (last is None or (news and now - last >= config.group_interval)
+                   or (mine_firing and now - last >= config.repeat_interval))
+            if not due:
+                continue
+            instances = [AlertInstance(r.labels, r.annotations, "firing", r.starts_at or r.active_since, None,
+                                       generator_url) for r in mine_firing]
+            instances += [AlertInstance(r.labels, r.annotations, "resolved", r.starts_at or r.active_since,
+                                        r.ends_at, generator_url) for r in mine_resolved]
+            payload = webhook_payload(receiver.name, group_labels, instances, config.external_url)
+            body = json.dumps([a.to_alertmanager() for a in instances] if receiver.kind == "alertmanager"
+                              else payload, separators=(",", ":"))
+            repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, payload["status"], body,
+                                            now)
+            created += 1
+        # what was just sent is what the next round compares against
+        for r in firing:
+            r.notified_state = "firing"
+        for r in resolved:
+            r.notified_state = "resolved"
+    return created
+
+
+def _routed(receiver: ReceiverConfig, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in receiver.match.items())

@@ -1,0 +1,694 @@
+"""``llm-latency rules export``: the built-in SLOs and regime rules as Prometheus rules.
+
+Teams that already run Prometheus and Alertmanager can alert on the same conditions the
+service diagnoses, computed by their own Prometheus from the engines' own metric names
+(vLLM current names, TGI). One source of truth: every threshold is read from the config
+objects (``diagnosis.thresholds``, ``diagnosis.window``/``interval``, ``alerts.slos``,
+``alerts.target_down_for``), never written here; CI checks the committed file is fresh
+(``--check``).
+
+What each part mirrors
+======================
+
+Recording rules (``llm_latency:<engine>_<what>:<aggregation>_<window>``), per
+``job, instance[, model_name]`` with data-parallel ranks (vLLM's ``engine`` label) summed
+away, as :mod:`app.diagnosis.signals` does:
+
+* quantiles: ``histogram_quantile(q, sum by (le, ...) (rate(x_bucket[w])))`` -- the
+  service's quantile math is Prometheus' (``app/quantiles.py``), so these agree exactly;
+* means ``rate(x_sum)/rate(x_count)``; queue and prefill *shares* are ratios of means;
+* gauges: ``sum`` of per-rank ``avg_over_time`` (running, waiting), ``avg`` of per-rank
+  ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong);
+* TGI has no TTFT histogram: TTFT quantile = queue quantile + prefill-batch quantile (what
+  the latency API and TGI's own dashboard show), TTFT mean = mean queue time + prefill
+  batch time per admitted request (``rate(prefill_sum)/rate(queue_count)``), ITL = decode
+  batch duration, KV usage = ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``.
+
+Alerting rules: one per SLO and engine; one per regime and engine with the thresholds of
+``app/diagnosis/rules/*.py`` (plus a ``critical`` twin where the built-in rule escalates
+severity); ``bandwidth_bound``/``weights_offloaded`` with the decode floor of a target's
+``hardware`` profile as a literal, matched on ``instance``; and ``LLMLatencyTargetDown``.
+
+Known differences from the built-in evaluation (also in the generated file's header):
+
+* ``for:`` approximates the finding lifecycle: ``(activate_after - 1) x interval +
+  alerts.diagnosis_for``; Prometheus evaluates every ``evaluation_interval``, not every
+  ``diagnosis.interval``. Resolution is immediate (no ``resolve_after``).
+* "ITL at small batch" (mean ITL over scrape intervals with <= 2 running requests) has
+  no PromQL equivalent; the rules use ITL p50, the built-in rules' own fallback.
+* TGI KV usage max is a subquery over ``evaluation_interval`` steps, not over scrapes.
+* Stall share (vLLM) weights each ITL bucket at or above the stall bound by its midpoint
+  (the +Inf bucket by its lower bound), like ``signals._stall_share``; it needs the
+  bucket layout as literals (:data:`VLLM_ITL_BUCKETS`), and negative per-bucket
+  increases are clamped at 0 instead of the running-max repair.
+* vLLM series use current names only (``inter_token_latency_seconds``,
+  ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang is not exported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import sys
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import yaml
+
+from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname
+from app.config import ConfigError, FileConfig, TargetConfig, load_config
+from app.diagnosis.findings import RUNBOOK_DIR
+from app.diagnosis.rules import RULES
+from app.diagnosis.signals import STALL_SECONDS
+from app.diagnosis.thresholds import Thresholds
+
+PREFIX = "llm_latency"
+STANDARD_WINDOW = 300.0  # dashboards' window: every signal is also recorded over 5m
+STANDARD_QUANTILES = (0.5, 0.9, 0.99)
+
+#: vLLM's ``inter_token_latency_seconds`` buckets (vllm/v1/metrics/buckets.py, 0.8 -> 0.34;
+#: the real 0.32 page in tests/fixtures/exposition has exactly these). The stall share
+#: needs them as literals; a test checks them against that page.
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0)
+
+# Severity escalations and the fixed comparison written into the built-in rule code (not
+# in Thresholds). tests/alerts/test_rules_export.py checks each one against the rule's
+# evaluate(); move them into Thresholds to make them configurable.
+QUEUEING_CRITICAL_FACTOR = 5.0         # queueing.py: critical when mean queue >= 5 x queue_seconds
+PREFILL_CRITICAL_FACTOR = 4.0          # prefill_compute.py: critical when prefill >= 4 x prefill_seconds
+INTERFERENCE_CRITICAL_STALL = 0.4      # prefill_interference.py: critical when stall share >= 0.4 ...
+INTERFERENCE_CRITICAL_ITL_P99 = 0.5    # ... or ITL p99 >= 0.5 s
+KV_CRITICAL_PREEMPTIONS = 1.0          # kv_cache_pressure.py: critical at >= 1 preemption/s
+KV_WAITING_WITHOUT_PREEMPTIONS = 1.0   # kv_cache_pressure.py: waiting >= 1.0 when no preemption metric
+
+HEADER = """\
+# GENERATED by `llm-latency rules export` (app/alerts/rules_export.py) -- DO NOT EDIT BY HAND.
+# Change the targets YAML (diagnosis.thresholds, diagnosis.window/interval, alerts.slos,
+# target hardware profiles) and regenerate; CI checks freshness with
+#   llm-latency rules export [--config <targets.yaml>] --out <this file> --check
+#
+# Prometheus recording + alerting rules equivalent to the service's built-in SLO and regime
+# thresholds, over the engines' own metrics (vLLM current names, TGI).
+# Regime window {window} (diagnosis.window); regime alerts hold for {hold}
+# ((activate_after - 1) x diagnosis.interval + alerts.diagnosis_for).
+# Differences from the built-in evaluation: see the docstring of app/alerts/rules_export.py.
+#
+# Suggested Alertmanager inhibit_rules (a cause silences its symptoms; critical silences
+# the warning twin of the same alert):
+{inhibit}
+"""
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def prom_duration(seconds: float) -> str:
+    """Prometheus duration for a number of seconds: whole milliseconds, largest exact unit."""
+    ms = round(seconds * 1000)
+    if ms < 0 or abs(ms - seconds * 1000) > 1e-6:
+        raise ValueError(f"duration {seconds!r}s is not a whole number of milliseconds")
+    if ms == 0:
+        return "0s"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def num(x: float) -> str:
+    """A PromQL number literal (shortest readable form)."""
+    if math.isinf(x):
+        return "+Inf" if x > 0 else "-Inf"
+    return f"{float(x):.15g}"
+
+
+def quantile_name(q: float) -> str:
+    """0.99 -> ``p99``, 0.5 -> ``p50``, 0.999 -> ``p99_9``."""
+    text = format((Decimal(str(q)) * 100).normalize(), "f")
+    return "p" + text.replace(".", "_")
+
+
+def human_seconds(s: float) -> str:
+    return f"{s * 1000:g}ms" if s < 1 else f"{s:g}s"
+
+
+def human_share(x: float) -> str:
+    return f"{x * 100:g}%"
+
+
+def le_matcher(bound: float) -> str:
+    """Matches a bucket bound however it is rendered: ``le="1.0"`` (prometheus_client,
+    Prometheus 2.x) or ``le="1"`` (Prometheus 3 normalises float labels)."""
+    if math.isinf(bound):
+        return 'le="+Inf"'
+    if float(bound).is_integer():
+        whole = int(bound)
+        return f'le=~"{whole}|{whole}\\\\.0"'
+    return f'le="{bound!r}"'
+
+
+def instance_of(url: str) -> str:
+    """The ``instance`` label Prometheus gives a target scraped at ``url`` (host:port)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    if parts.port is None:  # Prometheus 2.x adds the scheme's default port, 3.x does not
+        return f"{netloc}|{netloc}:{443 if parts.scheme == 'https' else 80}"
+    return netloc
+
+
+def instance_regex(targets: list[TargetConfig]) -> str:
+    alternatives: list[str] = []
+    for target in targets:
+        for alternative in instance_of(target.url).split("|"):
+            escaped = re.sub(r"([.\[\]])", r"\\\\\1", alternative)
+            if escaped not in alternatives:
+                alternatives.append(escaped)
+    return "|".join(alternatives)
+
+
+def instance_selector(targets: list[TargetConfig], negate: bool = False) -> str:
+    """``{instance="h:p"}`` / ``{instance=~"a|b"}`` (``!~`` with ``negate``), empty for no targets."""
+    if not targets:
+        return ""
+    if len(targets) == 1 and "|" not in instance_of(targets[0].url) and not negate:
+        return f'{{instance="{instance_of(targets[0].url)}"}}'
+    return f'{{instance{"!~" if negate else "=~"}"{instance_regex(targets)}"}}'
+
+
+# ----------------------------------------------------------------------------- engines
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the exported PromQL needs to know about one engine's exposition."""
+
+    name: str  # "vllm" | "tgi"
+    title: str  # for humans
+    by: tuple[str, ...]  # aggregation labels (DP ranks summed away)
+    histograms: dict[str, tuple[str, str]]  # signal -> (metric family, label selector)
+    stems: dict[str, str]  # signal -> recorded-name stem
+    running: str
+    waiting: str
+    preemptions: str | None  # counter, or None when the engine exports none
+
+    @property
+    def labels(self) -> str:
+        return ", ".join(self.by)
+
+    def who(self) -> str:
+        model = " {{ $labels.model_name }}" if "model_name" in self.by else ""
+        return f"{self.title}{model} on {{{{ $labels.instance }}}}"
+
+    def supports(self, signal: str) -> bool:
+        return signal in self.histograms or (signal == "ttft" and self.name == "tgi")
+
+
+VLLM = Engine(
+    "vllm", "vLLM", ("job", "instance", "model_name"),
+    histograms={
+        "ttft": ("vllm:time_to_first_token_seconds", ""),
+        "itl": ("vllm:inter_token_latency_seconds", ""),
+        "tpot": ("vllm:request_time_per_output_token_seconds", ""),
+        "e2e": ("vllm:e2e_request_latency_seconds", ""),
+        "queue_time": ("vllm:request_queue_time_seconds", ""),
+        "prefill_time": ("vllm:request_prefill_time_seconds", ""),
+        "decode_time": ("vllm:request_decode_time_seconds", ""),
+        "prompt_tokens": ("vllm:request_prompt_tokens", ""),
+    },
+    stems={"ttft": "ttft_seconds", "itl": "itl_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds",
+           "queue_time": "queue_time_seconds", "prefill_time": "prefill_time_seconds",
+           "decode_time": "decode_time_seconds", "prompt_tokens": "prompt_tokens"},
+    running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
+    preemptions="vllm:num_preemptions_total",
+)
+
+TGI = Engine(
+    "tgi", "TGI", ("job", "instance"),
+    histograms={
+        "itl": ("tgi_batch_inference_duration", '{method="decode"}'),
+        "tpot": ("tgi_request_mean_time_per_token_duration", ""),
+        "e2e": ("tgi_request_duration", ""),
+        "queue_time": ("tgi_request_queue_duration", ""),
+        "prefill_time": ("tgi_batch_inference_duration", '{method="prefill"}'),
+        "prompt_tokens": ("tgi_request_input_length", ""),
+    },
+    stems={"ttft": "ttft_seconds", "itl": "itl_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds",
+           "queue_time": "queue_time_seconds", "prefill_time": "prefill_batch_seconds",
+           "prompt_tokens": "prompt_tokens"},
+    running="tgi_batch_current_size", waiting="tgi_queue_size", preemptions=None,
+)
+
+ENGINES = (VLLM, TGI)
+SLO_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E latency", "queue_time": "queue time",
+             "prefill_time": "prefill time", "decode_time": "decode time"}
+
+
+# ----------------------------------------------------------------------------- builder
+
+
+@dataclass
+class _Group:
+    engine: Engine
+    rules: list[dict] = field(default_factory=list)
+    recorded: set[str] = field(default_factory=set)
+
+    def record(self, name: str, expr: str) -> str:
+        if name not in self.recorded:
+            self.recorded.add(name)
+            self.rules.append({"record": name, "expr": expr})
+        return name
+
+    # -- recorded signals ------------------------------------------------------------
+    def rec(self, what: str, agg: str, w: str) -> str:
+        return f"{PREFIX}:{self.engine.name}_{what}:{agg}_{w}"
+
+    def sum_rate(self, metric: str, selector: str, w: str, fn: str = "rate") -> str:
+        return f"sum by ({self.engine.labels}) ({fn}({metric}{selector}[{w}]))"
+
+    def quantile(self, signal: str, q: float, w: str) -> str:
+        e = self.engine
+        name = self.rec(e.stems[signal], quantile_name(q), w)
+        if e.name == "tgi" and signal == "ttft":
+            queue, prefill = self.quantile("queue_time", q, w), self.quantile("prefill_time", q, w)
+            return self.record(name, f"{queue}\n+ {prefill}")
+        metric, selector = e.histograms[signal]
+        return self.record(name, f"histogram_quantile({num(q)}, sum by (le, {e.labels}) "
+                                 f"(rate({metric}_bucket{selector}[{w}])))")
+
+    def mean(self, signal: str, w: str) -> str:
+        e = self.engine
+        if e.name == "tgi" and signal == "ttft":
+            return self.record(self.rec("ttft_seconds", "mean", w),
+                               f"{self.mean('queue_time', w)}\n+ {self.prefill_per_request(w)}")
+        metric, selector = e.histograms[signal]
+        return self.record(self.rec(e.stems[signal], "mean", w),
+                           f"{self.sum_rate(metric + '_sum', selector, w)}\n/\n"
+                           f"{self.sum_rate(metric + '_count', selector, w)}")
+
+    def prefill_per_request(self, w: str) -> str:
+        """Prefill time a request waits for its first token (TGI: batch time per admitted request)."""
+        if self.engine.name != "tgi":
+            return self.mean("prefill_time", w)
+        prefill, selector = TGI.histograms["prefill_time"]
+        queue, _ = TGI.histograms["queue_time"]
+        return self.record(self.rec("prefill_seconds_per_request", "mean", w),
+                           f"{self.sum_rate(prefill + '_sum', selector, w)}\n/\n"
+                           f"{self.sum_rate(queue + '_count', '', w)}")
+
+    def share(self, what: str, numerator: str, w: str) -> str:
+        return self.record(self.rec(f"{what}_share", "ratio", w), f"{numerator}\n/\n({self.mean('ttft', w)} > 0)")
+
+    def itl_ratio(self, w: str) -> str:
+        return self.record(self.rec("itl_p99_over_p50", "ratio", w),
+                           f"{self.quantile('itl', 0.99, w)}\n/\n({self.quantile('itl', 0.5, w)} > 0)")
+
+    def stall_share(self, w: str) -> str:
+        e = self.engine
+        name = self.rec("decode_stall_share", "ratio", w)
+        if e.name == "tgi":
+            prefill, p_sel = TGI.histograms["prefill_time"]
+            decode, d_sel = TGI.histograms["itl"]
+            p = self.sum_rate(prefill + "_sum", p_sel, w)
+            return self.record(name, f"{p}\n/\n({p}\n + ({self.sum_rate(decode + '_sum', d_sel, w)} > 0))")
+        metric, _ = e.histograms["itl"]
+        terms = []
+        bounds = (*VLLM_ITL_BUCKETS, math.inf)
+        for lower, upper in zip(bounds, bounds[1:]):
+            if lower < STALL_SECONDS:
+                continue
+            weight = lower if math.isinf(upper) else (lower + upper) / 2
+            hi = self.sum_rate(f"{metric}_bucket", "{" + le_matcher(upper) + "}", w)
+            lo = self.sum_rate(f"{metric}_bucket", "{" + le_matcher(lower) + "}", w)
+            terms.append(f"clamp_min({hi} - {lo}, 0) * {num(weight)}")
+        total = self.sum_rate(f"{metric}_sum", "", w)
+        return self.record(name, "clamp_max(\n  (\n    " + "\n    + ".join(terms) + f"\n  )\n  /\n  ({total} > 0),\n  1\n)")
+
+    def gauge_avg(self, what: str, metric: str, w: str) -> str:
+        return self.record(self.rec(what, "avg", w), self.sum_rate(metric, "", w, "avg_over_time"))
+
+    def kv_max(self, w: str) -> str:
+        e = self.engine
+        name = self.rec("kv_cache_usage", "max", w)
+        if e.name == "vllm":
+            return self.record(name, f"avg by ({e.labels}) (max_over_time(vllm:kv_cache_usage_perc[{w}]))")
+        usage = (f"clamp_max(\n  sum by ({e.labels}) (tgi_batch_current_max_tokens)\n  /\n"
+                 f"  (sum by ({e.labels}) (tgi_batch_max_total_tokens) > 0),\n  1\n)")
+        return self.record(name, f"max_over_time(\n{usage}\n[{w}:])")
+
+    def preemption_rate(self, w: str) -> str | None:
+        if self.engine.preemptions is None:
+            return None
+        return self.record(self.rec("preemptions", "rate", w), self.sum_rate(self.engine.preemptions, "", w))
+
+    def requests(self, w: str) -> str:
+        metric, selector = self.engine.histograms["queue_time" if self.engine.name == "tgi" else "ttft"]
+        return self.record(self.rec("requests", "increase", w), self.sum_rate(metric + "_count", selector, w, "increase"))
+
+    def decode_steps(self, w: str) -> str:
+        metric, selector = self.engine.histograms["itl"]
+        return self.record(self.rec("decode_steps", "increase", w),
+                           self.sum_rate(metric + "_count", selector, w, "increase"))
+
+    def all_signals(self, w: str) -> dict[str, str | None]:
+        """Every number a regime rule reads, recorded over ``w``."""
+        out: dict[str, str | None] = {}
+        for signal in ("ttft", "itl"):
+            for q in STANDARD_QUANTILES:
+                out[f"{signal}_{quantile_name(q)}"] = self.quantile(signal, q, w)
+        out["ttft_mean"] = self.mean("ttft", w)
+        out["itl_mean"] = self.mean("itl", w)
+        out["queue_mean"] = self.mean("queue_time", w)
+        out["prefill_mean"] = self.prefill_per_request(w)
+        out["queue_share"] = self.share("queue", out["queue_mean"], w)
+        out["prefill_share"] = self.share("prefill", out["prefill_mean"], w)
+        out["prompt_mean"] = self.mean("prompt_tokens", w)
+        out["itl_ratio"] = self.itl_ratio(w)
+        out["stall_share"] = self.stall_share(w)
+        out["running"] = self.gauge_avg("num_requests_running", self.engine.running, w)
+        out["waiting"] = self.gauge_avg("num_requests_waiting", self.engine.waiting, w)
+        out["kv_max"] = self.kv_max(w)
+        out["preemptions"] = self.preemption_rate(w)
+        out["requests"] = self.requests(w)
+        out["steps"] = self.decode_steps(w)
+        return out
+
+
+# ----------------------------------------------------------------------------- alerts
+
+
+def _and(*parts: str, on: str) -> str:
+    return f"\nand on({on}) ".join(f"({p})" if i else p for i, p in enumerate(parts))
+
+
+@dataclass(frozen=True)
+class _Links:
+    external_url: str
+    dashboard_url: str
+
+    def runbook(self, regime: str) -> str:
+        if self.external_url:
+            return f"{self.external_url}/runbooks/{regime}"
+        return f"{RUNBOOK_DIR}/{regime}.md"
+
+    def diagnoses(self) -> str:
+        """SLO breaches and blind targets have no regime yet: link the live verdicts."""
+        return f"{self.external_url}/api/v1/diagnoses" if self.external_url else f"{RUNBOOK_DIR}/"
+
+    def annotations(self, summary: str, description: str, runbook: str) -> dict[str, str]:
+        out = {"summary": summary, "description": description, "runbook_url": runbook}
+        if self.dashboard_url:
+            sep = "&" if "?" in self.dashboard_url else "?"
+            out["dashboard_url"] = f"{self.dashboard_url}{sep}var-instance={{{{ $labels.instance }}}}"
+        return out
+
+
+def _alert(name: str, expr: str, hold: float, labels: dict[str, str], annotations: dict[str, str]) -> dict:
+    return {"alert": name, "expr": expr, "for": prom_duration(hold), "labels": labels, "annotations": annotations}
+
+
+def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, hold: float, links: _Links,
+                   hardware: list[TargetConfig]) -> list[dict]:
+    e = g.engine
+    on = e.labels
+    gate = f"({s['requests']} >= {num(t.min_requests)}) or ({s['steps']} >= {num(t.min_decode_steps)})"
+    alerts: list[dict] = []
+
+    def add(regime: str, severity: str, expr: str, summary: str, description: str,
+            extra: dict[str, str] | None = None) -> None:
+        labels = {"severity": severity, "regime": regime, "engine": e.name, **(extra or {})}
+        alerts.append(_alert(regime_alertname(regime), expr, hold, labels,
+                             links.annotations(summary, description, links.runbook(regime))))
+
+    # queueing
+    def queueing(min_queue: float) -> str:
+        return _and(f"{s['queue_mean']} >= {num(min_queue)}", f"{s['queue_share']} >= {num(t.queue_share)}",
+                    f"{s['waiting']} >= {num(t.queue_waiting)}", gate, on=on)
+
+    queue_text = (f"{e.who()}: requests wait {{{{ $value | humanizeDuration }}}} for the scheduler on average over "
+                  f"the last {w} (mean queue time >= {{min}}), at least {human_share(t.queue_share)} of mean TTFT, "
+                  f"with at least {t.queue_waiting:g} request(s) waiting on average.")
+    add("queueing", "warning", queueing(t.queue_seconds), f"Requests queue for the scheduler on {e.title}",
+        queue_text.replace("{min}", human_seconds(t.queue_seconds)))
+    critical_queue = QUEUEING_CRITICAL_FACTOR * t.queue_seconds
+    add("queueing", "critical", queueing(critical_queue), f"Requests queue for the scheduler on {e.title}",
+        queue_text.replace("{min}", human_seconds(critical_queue)))
+
+    # prefill_compute
+    def prefill(min_prefill: float) -> str:
+        return _and(f"{s['prefill_mean']} >= {num(min_prefill)}", f"{s['prefill_share']} >= {num(t.prefill_share)}",
+                    f"{s['prompt_mean']} >= {num(t.long_prompt_tokens)}", gate, on=on)
+
+    prefill_text = (f"{e.who()}: prefill takes {{{{ $value | humanizeDuration }}}} per request on average over the "
+                    f"last {w} (>= {{min}}), at least {human_share(t.prefill_share)} of mean TTFT, with prompts of "
+                    f"at least {t.long_prompt_tokens:g} tokens on average.")
+    add("prefill_compute", "warning", prefill(t.prefill_seconds), f"Long prompts make the first token slow on {e.title}",
+        prefill_text.replace("{min}", human_seconds(t.prefill_seconds)))
+    critical_prefill = PREFILL_CRITICAL_FACTOR * t.prefill_seconds
+    add("prefill_compute", "critical", prefill(critical_prefill), f"Long prompts make the first token slow on {e.title}",
+        prefill_text.replace("{min}", human_seconds(critical_prefill)))
+
+    # prefill_interference: (stall share, or p99/p50 with a p99 floor) + long prompts + running decodes
+    stalled = (f"({s['stall_share']} >= {num(t.stall_share)})\n"
+               f"or (({s['itl_ratio']} >= {num(t.itl_ratio)}) and on({on}) ({s['itl_p99']} >= {num(t.itl_p99_seconds)}))")
+    interference = [s["itl_p99"], stalled, f"{s['prompt_mean']} >= {num(t.interference_prompt_tokens)}",
+                    f"{s['running']} >= {num(t.interference_running)}", gate]
+    stall_what = "prefill batches pausing decodes" if e.name == "tgi" else f"steps >= {human_seconds(STALL_SECONDS)}"
+    interference_text = (f"{e.who()}: ITL p99 is {{{{ $value | humanizeDuration }}}} over the last {w}: at least "
+                         f"{human_share(t.stall_share)} of decode time stalled ({stall_what}), or ITL p99/p50 >= "
+                         f"{t.itl_ratio:g} with p99 >= {human_seconds(t.itl_p99_seconds)}; prompts average at least "
+                         f"{t.interference_prompt_tokens:g} tokens among at least {t.interference_running:g} running "
+                         f"requests{{extra}}.")
+    add("prefill_interference", "warning", _and(*interference, on=on),
+        f"Prefills stall running decodes on {e.title}", interference_text.replace("{extra}", ""))
+    escalated = (f"({s['stall_share']} >= {num(INTERFERENCE_CRITICAL_STALL)})\n"
+                 f"or ({s['itl_p99']} >= {num(INTERFERENCE_CRITICAL_ITL_P99)})")
+    add("prefill_interference", "critical", _and(*interference, escalated, on=on),
+        f"Prefills stall running decodes on {e.title}",
+        interference_text.replace("{extra}", f"; stall share >= {human_share(INTERFERENCE_CRITICAL_STALL)} or ITL p99 >= "
+                                       f"{human_seconds(INTERFERENCE_CRITICAL_ITL_P99)}"))
+
+    # kv_cache_pressure
+    kv_summary = f"KV cache full, sequences evicted on {e.title}"
+    kv_text = (f"{e.who()}: KV-cache usage reached {{{{ $value | humanizePercentage }}}} over the last {w} "
+               f"(>= {human_share(t.kv_usage)}){{extra}}.")
+    if s["preemptions"] is not None:
+        evicting = (f"({s['preemptions']} > {num(t.preemptions_per_second)})\n"
+                    f"or (({s['waiting']} >= {num(KV_WAITING_WITHOUT_PREEMPTIONS)}) unless on({on}) {s['preemptions']})")
+        base = [f"{s['kv_max']} >= {num(t.kv_usage)}", evicting, gate]
+        add("kv_cache_pressure", "warning", _and(*base, on=on), kv_summary,
+            kv_text.replace("{extra}", f" with more than {t.preemptions_per_second:g} preemptions/s (or, without a "
+                                 f"preemption counter, requests waiting)"))
+        add("kv_cache_pressure", "critical",
+            _and(*base, f"{s['preemptions']} >= {num(KV_CRITICAL_PREEMPTIONS)}", on=on), kv_summary,
+            kv_text.replace("{extra}", f" with at least {KV_CRITICAL_PREEMPTIONS:g} preemption(s)/s"))
+    else:
+        add("kv_cache_pressure", "warning",
+            _and(f"{s['kv_max']} >= {num(t.kv_usage)}", f"{s['waiting']} >= {num(KV_WAITING_WITHOUT_PREEMPTIONS)}",
+                 gate, on=on), kv_summary,
+            kv_text.replace("{extra}", f" with at least {KV_WAITING_WITHOUT_PREEMPTIONS:g} request(s) waiting "
+                                 f"(TGI exports no preemption counter)"))
+
+    # bandwidth_bound / weights_offloaded against each profiled target's decode floor
+    p50 = s["itl_p50"]
+    for target in hardware:
+        profile = target.hardware
+        assert profile is not None
+        floor = profile.decode_floor_seconds
+        sel = instance_selector([target])
+        floor_text = f"the {human_seconds(float(f'{floor:.3g}'))} decode floor ({profile.describe()})"
+        add("bandwidth_bound", "warning",
+            _and(f"{p50}{sel} >= {num(t.slow_itl_seconds)}", f"{s['running']} <= {num(t.low_batch_running)}",
+                 f"{s['itl_ratio']} <= {num(t.steady_itl_ratio)}", f"{p50} / {num(floor)} <= {num(t.floor_ratio_max)}",
+                 gate, on=on),
+            f"Decode is memory-bandwidth bound on {target.name}",
+            f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {w} (>= "
+            f"{human_seconds(t.slow_itl_seconds)}), at most {t.floor_ratio_max:g}x {floor_text}, steady (p99/p50 <= "
+            f"{t.steady_itl_ratio:g}) at a small batch (<= {t.low_batch_running:g} running).",
+            {"target": target.name})
+        add("weights_offloaded", "critical",
+            _and(f"{p50}{sel} >= {num(t.slow_itl_seconds)}", f"{p50} / {num(floor)} >= {num(t.offload_floor_ratio)}",
+                 gate, on=on),
+            f"Decode far above the bandwidth floor on {target.name}: weights offloaded?",
+            f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {w}, at least "
+            f"{t.offload_floor_ratio:g}x {floor_text}: part of the weights is read over PCIe.",
+            {"target": target.name})
+
+    # without a profile: what the built-in rules can still say
+    others = instance_selector(hardware, negate=True)
+    add("bandwidth_bound", "info",
+        _and(f"{p50}{others} >= {num(t.slow_itl_seconds)}", f"{s['running']} <= {num(t.low_batch_running)}",
+             f"{s['itl_ratio']} <= {num(t.steady_itl_ratio)}", gate, on=on),
+        f"Decode slow and steady at a small batch on {e.title}",
+        f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {w} (>= "
+        f"{human_seconds(t.slow_itl_seconds)}), steady (p99/p50 <= {t.steady_itl_ratio:g}) with at most "
+        f"{t.low_batch_running:g} running: probably memory-bandwidth bound. Add a `hardware:` profile to the "
+        f"target to compare with the decode floor.")
+    if e.name == "vllm":
+        offload_config = (
+            'count by (job, instance) (vllm:cache_config_info{cpu_offload_gb=~"[0-9.]+", '
+            'cpu_offload_gb!~"0*\\\\.?0*"})\n'
+            'or count by (job, instance) (vllm:engine_sleep_state{sleep_state="weights_offloaded"} > 0)')
+        expr = (f"({p50}{others} >= {num(t.slow_itl_seconds)})\nand on(job, instance) ({offload_config})\n"
+                f"and on({on}) ({gate})")
+        add("weights_offloaded", "critical", expr, f"Weights offloaded to CPU memory on {e.title}",
+            f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {w} (>= "
+            f"{human_seconds(t.slow_itl_seconds)}) and the engine reports offloaded weights (cpu_offload_gb > 0 "
+            f"in vllm:cache_config_info, or sleep state weights_offloaded).")
+    return alerts
+
+
+def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict]:
+    e = g.engine
+    alerts = []
+    for index, slo in enumerate(config.alerts.slos):
+        if not e.supports(slo.signal):
+            continue
+        selector = instance_selector(_slo_targets(config, slo, index))
+        w = prom_duration(slo.window)
+        series = g.quantile(slo.signal, slo.quantile, w)
+        what = f"{SLO_WORDS[slo.signal]} {quantile_name(slo.quantile)}"
+        derived = " (queue + prefill-batch quantiles: TGI exports no TTFT)" if e.name == "tgi" and slo.signal == "ttft" else ""
+        alerts.append(_alert(
+            slo.alertname, f"{series}{selector} > {num(slo.threshold)}", slo.for_,
+            {"severity": slo.severity, "slo": slo.name, "engine": e.name},
+            links.annotations(
+                f"{what} above {human_seconds(slo.threshold)} on {e.title} (SLO {slo.name})",
+                f"{e.who()}: {what}{derived} over the last {w} is {{{{ $value | humanizeDuration }}}}, above the "
+                f"{human_seconds(slo.threshold)} objective for at least {prom_duration(slo.for_)}.",
+                links.diagnoses())))
+    return alerts
+
+
+def _slo_targets(config: FileConfig, slo: SloConfig, index: int) -> list[TargetConfig]:
+    if slo.targets is None:
+        return []
+    by_name = {t.name: t for t in config.targets}
+    unknown = [name for name in slo.targets if name not in by_name]
+    if unknown:
+        raise ValueError(f"alerts.slos[{index}].targets: unknown target(s) {', '.join(map(repr, unknown))}")
+    return [by_name[name] for name in slo.targets]
+
+
+def _target_down(config: FileConfig, links: _Links) -> dict:
+    selector = instance_selector(config.targets)
+    hold = prom_duration(config.alerts.target_down_for)
+    return _alert(
+        TARGET_DOWN, f"up{selector} == 0", config.alerts.target_down_for, {"severity": "warning"},
+        links.annotations(
+            "Prometheus cannot scrape {{ $labels.instance }}",
+            f"Job {{{{ $labels.job }}}} has failed to scrape {{{{ $labels.instance }}}} for at least {hold}: latency "
+            f"and regime alerts for it see no data.",
+            links.diagnoses()))
+
+
+def inhibit_rules() -> list[dict]:
+    """Alertmanager inhibit_rules from the regime rules' ``causes`` (+ critical over warning)."""
+    out = []
+    for rule in RULES:
+        if rule.causes:
+            out.append({"source_matchers": [f'alertname="{regime_alertname(rule.regime)}"'],
+                        "target_matchers": ['alertname=~"' + "|".join(regime_alertname(c) for c in rule.causes) + '"'],
+                        "equal": ["instance"]})
+    out.append({"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
+                "equal": ["alertname", "instance"]})
+    return out
+
+
+def build_rules(config: FileConfig) -> dict:
+    """The Prometheus rule-file document (``{"groups": [...]}``) for ``config``."""
+    t = config.diagnosis.thresholds
+    regime_window = prom_duration(config.diagnosis.window)
+    hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
+    links = _Links(config.alerts.external_url.rstrip("/"), config.alerts.dashboard_url)
+    windows = sorted({STANDARD_WINDOW, config.diagnosis.window})
+    groups = []
+    for engine in ENGINES:
+        g = _Group(engine)
+        signals = {}
+        for seconds in windows:
+            w = prom_duration(seconds)
+            signals[w] = g.all_signals(w)
+        hardware = [target for target in config.targets
+                    if target.hardware is not None and target.engine in ("auto", engine.name)]
+        alerts = _slo_alerts(g, config, links)
+        alerts += _regime_alerts(g, signals[regime_window], t, regime_window, hold, links, hardware)
+        groups.append({"name": f"llm-latency-{engine.name}", "rules": g.rules + alerts})
+    groups.append({"name": "llm-latency-targets", "rules": [_target_down(config, links)]})
+    return {"groups": groups}
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render_rules(config: FileConfig) -> str:
+    """The rule file as YAML text with the generated-file header."""
+    t = config.diagnosis.thresholds
+    hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
+    inhibit = yaml.dump({"inhibit_rules": inhibit_rules()}, Dumper=_Dumper, sort_keys=False, width=1000)
+    header = HEADER.format(window=prom_duration(config.diagnosis.window), hold=prom_duration(hold),
+                           inhibit="\n".join(f"#   {line}" for line in inhibit.rstrip("\n").splitlines()))
+    body = yaml.dump(build_rules(config), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return header + body
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@click.group()
+def rules() -> None:
+    """Prometheus rules equivalent to the built-in SLOs and regime thresholds."""
+
+
+@rules.command("export")
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Targets YAML (thresholds, SLOs, hardware profiles); defaults when omitted.")
+@click.option("--out", "out_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the rule file here (default: stdout).")
+@click.option("--check", is_flag=True, help="Do not write: exit 1 if --out differs from what would be generated.")
+def export(config_file: Path | None, out_file: Path | None, check: bool) -> None:
+    """Write Prometheus recording + alerting rules (vLLM and TGI metric names)."""
+    try:
+        config = load_config(config_file) if config_file is not None else FileConfig()
+        text = render_rules(config)
+    except (ConfigError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if check:
+        if out_file is None:
+            raise click.UsageError("--check needs --out FILE (the committed rule file)")
+        try:
+            current = out_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            click.echo(f"{out_file}: cannot read: {exc.strerror}", err=True)
+            sys.exit(1)
+        if current != text:
+            diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), f"{out_file} (committed)",
+                                             f"{out_file} (generated)", lineterm="", n=1))
+            click.echo(f"{out_file} is stale: regenerate it with `llm-latency rules export"
+                       f"{f' --config {config_file}' if config_file else ''} --out {out_file}`", err=True)
+            click.echo("\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""), err=True)
+            sys.exit(1)
+        click.echo(f"{out_file}: up to date")
+        return
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {out_file}", err=True)

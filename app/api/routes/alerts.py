@@ -1,0 +1,190 @@
+"""Alerts, silences, receivers and the delivery log."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, status
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.alerts.config import ReceiverConfig
+from app.alerts.schemas import AlertInstance, group_key, rfc3339, webhook_payload
+from app.alerts.silences import MatcherError, parse_matcher, silenced_by
+from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.routes.targets import duration_param, unprocessable
+from app.config import validate_target_url
+from app.store import repository
+
+router = APIRouter(prefix="/api/v1", tags=["alerts"])
+
+
+def alert_out(row, silences, now: float) -> dict:
+    return {"fingerprint": row.fingerprint, "alertname": row.alertname, "state": row.state, "labels": row.labels,
+            "annotations": row.annotations, "value": row.value, "activeSince": rfc3339(row.active_since),
+            "startsAt": rfc3339(row.starts_at) if row.starts_at else None,
+            "endsAt": rfc3339(row.ends_at) if row.ends_at else None, "groupKey": row.group_key,
+            "silencedBy": silenced_by(silences, row.labels, now), "notified": row.notified_state}
+
+
+@router.get("/alerts")
+def list_alerts(session: SessionDep, state: Annotated[str | None, Query(description="pending|firing|resolved")] = None,
+                since: Annotated[str, Query(description="resolved alerts seen within this period")] = "1d") -> list:
+    """Active alerts (pending and firing) and the recently resolved ones."""
+    now = time.time()
+    states = ("pending", "firing", "resolved") if state is None else (state,)
+    if state is not None and state not in ("pending", "firing", "resolved"):
+        raise unprocessable("query.state", f"must be pending, firing or resolved, got {state!r}")
+    cutoff = now - duration_param(since, "since", maximum=366 * 86400)
+    silences = repository.active_silences(session, now)
+    rows = [r for r in repository.list_alerts(session, states) if r.state != "resolved" or r.last_evaluated >= cutoff]
+    return [alert_out(r, silences, now) for r in rows]
+
+
+class SilenceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    matchers: list[str | dict[str, Any]] = Field(min_length=1, description='e.g. ["target=\\"vllm-a\\"", '
+                                                                            '"alertname=~\\"LLMLatency.*\\""]')
+    startsAt: float | None = Field(None, description="unix seconds; default now")
+    endsAt: float | None = Field(None, description="unix seconds; or give duration")
+    duration: str | None = Field(None, description="e.g. 2h")
+    createdBy: str = Field(min_length=1, max_length=128)
+    comment: str = Field(min_length=1, max_length=2000)
+
+
+def silence_out(row, now: float) -> dict:
+    state = "expired" if row.ends_at <= now else ("active" if row.starts_at <= now else "pending")
+    return {"id": row.id, "matchers": row.matchers, "startsAt": rfc3339(row.starts_at), "endsAt": rfc3339(row.ends_at),
+            "createdBy": row.created_by, "comment": row.comment, "status": {"state": state}}
+
+
+@router.post("/silences", status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
+def create_silence(body: SilenceIn, session: SessionDep) -> dict:
+    now = time.time()
+    matchers = []
+    for index, item in enumerate(body.matchers):
+        try:
+            matchers.append(parse_matcher(item))
+        except MatcherError as exc:
+            raise unprocessable(f"body.matchers.{index}", str(exc)) from None
+    starts = body.startsAt if body.startsAt is not None else now
+    if body.endsAt is not None and body.duration is not None:
+        raise unprocessable("body.duration", "give endsAt or duration, not both")
+    if body.endsAt is not None:
+        ends = body.endsAt
+    elif body.duration is not None:
+        ends = starts + duration_param(body.duration, "duration", maximum=366 * 86400)
+    else:
+        raise unprocessable("body.endsAt", "give endsAt or duration")
+    if ends <= starts:
+        raise unprocessable("body.endsAt", "must be after startsAt")
+    row = repository.create_silence(session, str(uuid.uuid4()), matchers, starts, ends, body.createdBy, body.comment,
+                                    now)
+    session.commit()
+    return silence_out(row, now)
+
+
+@router.get("/silences")
+def list_silences(session: SessionDep) -> list:
+    now = time.time()
+    return [silence_out(r, now) for r in repository.list_silences(session)]
+
+
+@router.get("/silences/{silence_id}")
+def get_silence(silence_id: str, session: SessionDep) -> dict:
+    row = repository.get_silence(session, silence_id)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"silence {silence_id!r} not found")
+    return silence_out(row, time.time())
+
+
+@router.delete("/silences/{silence_id}", dependencies=[WriteAuth])
+def expire_silence(silence_id: str, session: SessionDep) -> dict:
+    """Expire a silence now (it stays listed, as in Alertmanager)."""
+    row = repository.get_silence(session, silence_id)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"silence {silence_id!r} not found")
+    now = time.time()
+    row.ends_at = min(row.ends_at, now)
+    session.commit()
+    return silence_out(row, now)
+
+
+def receiver_out(row) -> dict:
+    config = dict(row.config)
+    config["has_secret"] = bool(config.get("secret_env"))
+    return {**config, "source": row.source}
+
+
+@router.get("/receivers")
+def list_receivers(session: SessionDep) -> list:
+    return [receiver_out(r) for r in repository.list_receivers(session)]
+
+
+@router.post("/receivers", status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
+def create_receiver(body: dict[str, Any], session: SessionDep, monitor: MonitorDep) -> dict:
+    try:
+        receiver = ReceiverConfig.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise unprocessable("body." + ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
+                            ) from None
+    try:
+        validate_target_url(receiver.url, monitor.settings.allowed_target_hosts)
+    except ValueError as exc:
+        raise unprocessable("body.url", str(exc)) from None
+    if repository.get_receiver(session, receiver.name) is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"receiver {receiver.name!r} already exists")
+    row = repository.save_receiver(session, receiver.name, receiver.model_dump(mode="json"), "api", time.time())
+    session.commit()
+    return receiver_out(row)
+
+
+@router.delete("/receivers/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
+def delete_receiver(name: str, session: SessionDep) -> None:
+    row = repository.get_receiver(session, name)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"receiver {name!r} not found")
+    if row.source == "config":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"receiver {name!r} comes from the config file; remove it there")
+    repository.delete_receiver(session, row)
+    session.commit()
+
+
+@router.post("/receivers/{name}/test", status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
+def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
+    """Queue a test notification (a firing ``LLMLatencyTestNotification``) through the outbox."""
+    row = repository.get_receiver(session, name)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"receiver {name!r} not found")
+    receiver = ReceiverConfig.model_validate(row.config)
+    now = time.time()
+    labels = {"alertname": "LLMLatencyTestNotification", "severity": "info"}
+    instance = AlertInstance(labels, {"summary": "Test notification from LLM Latency Monitor",
+                                      "description": "If you can read this, the receiver works."}, "firing", now, None,
+                             monitor.settings.public_url)
+    payload = webhook_payload(name, {"alertname": labels["alertname"]}, [instance],
+                              monitor.alerts_config.external_url)
+    body = json.dumps([instance.to_alertmanager()] if receiver.kind == "alertmanager" else payload,
+                      separators=(",", ":"))
+    notification = repository.enqueue_notification(session, str(uuid.uuid4()), name,
+                                                   group_key({"alertname": labels["alertname"]}), "firing", body, now)
+    session.commit()
+    return {"notification": notification.id, "state": notification.state}
+
+
+@router.get("/notifications")
+def list_notifications(session: SessionDep, receiver: str | None = None,
+                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list:
+    """The delivery log: every notification with all its attempts."""
+    rows = repository.list_notifications(session, receiver, limit)
+    attempts = repository.attempts_of(session, [r.id for r in rows])
+    return [{"id": r.id, "receiver": r.receiver, "groupKey": r.group_key, "seq": r.seq, "status": r.status,
+             "state": r.state, "attempts": r.attempts, "createdAt": r.created_at, "deliveredAt": r.delivered_at,
+             "nextAttemptAt": r.next_attempt_at if r.state == "pending" else None, "lastError": r.last_error,
+             "attemptLog": [{"attempt": a.attempt, "ts": a.ts, "statusCode": a.status_code, "latency": a.latency,
+                             "response": a.response, "error": a.error} for a in attempts.get(r.id, [])]}
+            for r in rows]
