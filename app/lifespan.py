@@ -138,6 +138,15 @@ class Monitor:
                     repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
                                               diagnosis.to_dict())
                     results.append((diagnosis, transitions))
+            states = {(name, row.model, row.regime): row.state
+                      for name, row in repository.finding_history(session, states=("pending", "active"))}
+        exported = []
+        for diagnosis, _ in results:
+            data = diagnosis.to_dict()
+            for finding in data["findings"]:
+                finding["state"] = states.get((diagnosis.target, diagnosis.model, finding["regime"]), "pending")
+            exported.append(data)
+        self.telemetry.diagnosis.diagnoses = exported
         return results
 
     def receivers(self) -> dict[str, ReceiverConfig]:
@@ -152,6 +161,9 @@ class Monitor:
         with self.sessions.begin() as session:
             result = alerts_engine.evaluate(session, self.alerts_config, receivers, now,
                                             generator_url=f"{generator}/api/v1/alerts")
+            self.telemetry.diagnosis.alerts = [
+                (row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
+                for row in repository.open_alerts(session)]
         self.telemetry.alert_notifications.inc(result["notifications"])
         return result
 

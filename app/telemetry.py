@@ -24,6 +24,15 @@ Derived latency (recomputed every summary interval over ``latency_window``)
     llm_latency_quantile_seconds{target,model,signal,quantile}
     llm_latency_mean_seconds{target,model,signal}
     llm_latency_observations{target,model,signal}        observations in the window
+Diagnosis (after every diagnosis round)
+    llm_latency_diagnosis_verdict{target,model,verdict}  1 for the current verdict (regime id, healthy,
+                                                         insufficient_data); a state timeline in Grafana
+    llm_latency_finding_confidence{target,model,regime,severity,state,primary}   per pending/active finding
+    llm_latency_finding_evidence{target,model,regime,evidence}    the numbers behind a finding
+    llm_latency_finding_threshold{target,model,regime,evidence}   ... and what they were compared with
+    llm_latency_finding_remedy_info{target,model,regime,rank,remedy}   1, the remedies in order
+Alerts (after every alerting round)
+    llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
 """
 
 from __future__ import annotations
@@ -66,6 +75,45 @@ class DerivedLatencyCollector(Collector):
         yield count
 
 
+class DiagnosisCollector(Collector):
+    """Exports the latest diagnoses and alerts; both lists are replaced by their jobs."""
+
+    def __init__(self) -> None:
+        self.diagnoses: list[dict] = []   # Diagnosis.to_dict() with finding states
+        self.alerts: list[tuple[str, str, str, str]] = []  # (alertname, target, severity, state)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        verdict = GaugeMetricFamily("llm_latency_diagnosis_verdict", "1 for the current diagnosis verdict.",
+                                    labels=["target", "model", "verdict"])
+        confidence = GaugeMetricFamily("llm_latency_finding_confidence", "Confidence of a pending or active finding.",
+                                       labels=["target", "model", "regime", "severity", "state", "primary"])
+        evidence = GaugeMetricFamily("llm_latency_finding_evidence", "A number a finding is based on.",
+                                     labels=["target", "model", "regime", "evidence"])
+        threshold = GaugeMetricFamily("llm_latency_finding_threshold", "The threshold that number was compared with.",
+                                      labels=["target", "model", "regime", "evidence"])
+        remedy = GaugeMetricFamily("llm_latency_finding_remedy_info", "Remedies of a finding, in order.",
+                                   labels=["target", "model", "regime", "rank", "remedy"])
+        for d in self.diagnoses:
+            target, model = d["target"], d["model"]
+            verdict.add_metric([target, model, d["verdict"]], 1.0)
+            for f in d["findings"]:
+                regime = f["regime"]
+                confidence.add_metric([target, model, regime, f["severity"], f.get("state", "pending"),
+                                       "true" if f["primary"] else "false"], f["confidence"])
+                for e in f["evidence"]:
+                    if isinstance(e["value"], (int, float)) and not isinstance(e["value"], bool):
+                        evidence.add_metric([target, model, regime, e["name"]], float(e["value"]))
+                        if isinstance(e["threshold"], (int, float)) and e["op"] != "info":
+                            threshold.add_metric([target, model, regime, e["name"]], float(e["threshold"]))
+                for rank, text in enumerate(f["remedies"], 1):
+                    remedy.add_metric([target, model, regime, str(rank), text], 1.0)
+        alerts = GaugeMetricFamily("llm_latency_alert_state", "1 per pending or firing alert.",
+                                   labels=["alertname", "target", "severity", "state"])
+        for alertname, target, severity, state in self.alerts:
+            alerts.add_metric([alertname, target, severity, state], 1.0)
+        yield from (verdict, confidence, evidence, threshold, remedy, alerts)
+
+
 class Telemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -93,6 +141,8 @@ class Telemetry:
                                   registry=r)
         self.derived = DerivedLatencyCollector()
         r.register(self.derived)
+        self.diagnosis = DiagnosisCollector()
+        r.register(self.diagnosis)
 
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None:
@@ -111,3 +161,4 @@ class Telemetry:
             except KeyError:
                 pass
         self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}
+        self.diagnosis.diagnoses = [d for d in self.diagnosis.diagnoses if d["target"] != target]

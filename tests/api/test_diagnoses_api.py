@@ -46,6 +46,15 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     calm = next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "calm")
     assert calm["verdict"] == "healthy" and calm["signals"]["decode_floor_seconds"] > 0.007
 
+    metrics = c.get("/metrics").text
+    assert 'llm_latency_diagnosis_verdict{model="meta-llama/Llama-3.1-8B-Instruct",target="busy",verdict="queueing"} 1.0' \
+        in metrics
+    assert 'regime="queueing",severity="critical",state="active",target="busy"}' in metrics
+    assert 'llm_latency_finding_threshold{evidence="queue share of TTFT",model="meta-llama/Llama-3.1-8B-Instruct",' \
+           'regime="queueing",target="busy"} 0.5' in metrics
+    assert 'llm_latency_finding_remedy_info{model="meta-llama/Llama-3.1-8B-Instruct",rank="1",regime="queueing",' \
+        'remedy="The batch is full at 8 running requests while the KV cache has room: raise --max-num-seqs"' in metrics
+
     history = c.get("/api/v1/diagnoses/history", params={"target": "busy"}).json()
     assert [(h["regime"], h["state"]) for h in history] == [("queueing", "active")]
     assert history[0]["activated_at"] == last.ts + 1
