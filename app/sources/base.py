@@ -179,3 +179,23 @@ def first_family(page: ParsedPage, candidates: tuple[str, ...]) -> MetricFamily 
         if family is not None:
             return family
     return None
+
+
+def map_families(page: ParsedPage, out: Canonical, group: tuple[str, ...], histograms: dict[str, tuple[str, ...]],
+                 gauges: dict[str, tuple[str, ...]], counters: dict[str, tuple[str, ...]]) -> None:
+    """The table-driven part of an adapter: for each canonical signal take the first
+    candidate family present (newest name first) and add one series per ``group`` key;
+    an empty second group label (the data-parallel rank) is stored as "0"."""
+    for signal, candidates in histograms.items():
+        family = first_family(page, candidates)
+        if family is None or family.type not in ("histogram", "untyped"):
+            continue
+        for (model, rank), (bounds, counts, total, count) in histogram_series(family, group, out.problems).items():
+            out.histograms.append(CanonicalHistogram(signal, model, rank or "0", bounds, counts, total, count))
+    for kind, table in (("gauge", gauges), ("counter", counters)):
+        for signal, candidates in table.items():
+            family = first_family(page, candidates)
+            if family is None:
+                continue
+            for (model, rank), value in scalar_series(family, group).items():
+                out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))

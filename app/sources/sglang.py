@@ -9,7 +9,7 @@ so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
 from __future__ import annotations
 
 from app.scrape.parser import ParsedPage
-from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar, first_family, histogram_series, scalar_series
+from app.sources.base import Canonical, map_families
 
 GROUP = ("model_name", "dp_rank")
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
@@ -45,17 +45,5 @@ class SglangAdapter:
 
     def to_canonical(self, page: ParsedPage) -> Canonical:
         out = Canonical(engine=self.name)
-        for signal, candidates in HISTOGRAMS.items():
-            family = first_family(page, candidates)
-            if family is None:
-                continue
-            for (model, rank), (bounds, counts, total, count) in histogram_series(family, GROUP, out.problems).items():
-                out.histograms.append(CanonicalHistogram(signal, model, rank or "0", bounds, counts, total, count))
-        for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
-            for signal, candidates in table.items():
-                family = first_family(page, candidates)
-                if family is None:
-                    continue
-                for (model, rank), value in scalar_series(family, GROUP).items():
-                    out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
+        map_families(page, out, GROUP, HISTOGRAMS, GAUGES, COUNTERS)
         return out

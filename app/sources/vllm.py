@@ -12,9 +12,7 @@ stored as "0"). Counters over ``finished_reason`` are summed.
 from __future__ import annotations
 
 from app.scrape.parser import ParsedPage
-from app.sources.base import (
-    Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar, first_family, histogram_series, scalar_series,
-)
+from app.sources.base import Canonical, CanonicalInfo, map_families
 
 GROUP = ("model_name", "engine")
 
@@ -64,20 +62,8 @@ class VllmAdapter:
 
     def to_canonical(self, page: ParsedPage) -> Canonical:
         out = Canonical(engine=self.name)
+        map_families(page, out, GROUP, HISTOGRAMS, GAUGES, COUNTERS)
         families = page.families
-        for signal, candidates in HISTOGRAMS.items():
-            family = first_family(page, candidates)
-            if family is None or family.type not in ("histogram", "untyped"):
-                continue
-            for (model, rank), (bounds, counts, total, count) in histogram_series(family, GROUP, out.problems).items():
-                out.histograms.append(CanonicalHistogram(signal, model, rank or "0", bounds, counts, total, count))
-        for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
-            for signal, candidates in table.items():
-                family = first_family(page, candidates)
-                if family is None:
-                    continue
-                for (model, rank), value in scalar_series(family, GROUP).items():
-                    out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
         config = families.get(INFOS["cache_config"])
         if config is not None:
             for sample in config.samples:
