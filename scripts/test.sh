@@ -6,9 +6,12 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# Debian packages: Prometheus/promtool are the PromQL oracle and rule checker.
+# Debian packages: Prometheus/promtool are the PromQL oracle and rule checker,
+# Alertmanager the real receiver of exported alerts, Chromium the status page's browser.
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v pg_isready >/dev/null 2>&1 || missing+=(postgresql-client)
 if [ ${#missing[@]} -gt 0 ]; then
     as_root apt-get update -qq
