@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.emulator.engine import EngineConfig
-from app.emulator.hardware import GPUS, MODELS, GiB
+from app.hardware import GPUS, MODELS, GiB
 from app.emulator.physics import Deployment
 from app.emulator.readout import Page
 from app.emulator.scenarios import get
