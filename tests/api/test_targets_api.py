@@ -198,3 +198,31 @@ def test_health_readiness_and_derived_metrics(service) -> None:
     assert 'llm_latency_observations{model="llama",signal="ttft",target="v"}' in text
     assert c.get("/docs").status_code == 200
     assert "/api/v1/targets/{name}/latency" in c.get("/openapi.json").json()["paths"]
+
+
+def test_fleet_view_sums_targets_and_a_gzip_bomb_is_refused(service) -> None:
+    a, b = VllmPage(model="m1"), VllmPage(model="m2")
+    with StaticPageServer(a.render()) as sa, StaticPageServer(b.render()) as sb, \
+            StaticPageServer(b"# x\n" + b"0" * 5_000_000) as bomb:
+        bomb.gzip = True  # 5 MB of zeros compress to a few kB on the wire
+        for name, server in (("a", sa), ("b", sb), ("bomb", bomb)):
+            assert service.client.post("/api/v1/targets", json={"name": name, "url": server.url}).status_code == 201
+        firsts = [service.scrape("a"), service.scrape("b")]
+        a.observe(ttft=[0.3] * 10)
+        b.observe(ttft=[3.0] * 30)
+        sa.page, sb.page = a.render(), b.render()
+        lasts = [service.scrape("a"), service.scrape("b")]
+        refused = service.scrape("bomb")
+    assert (refused.up, refused.error_class) == (False, "too_large")
+    assert refused.error == "page exceeds the 200000-byte limit"
+    window = {"start": min(r.ts for r in firsts) - 0.001, "end": max(r.ts for r in lasts) + 0.001}
+    fleet = service.client.get("/api/v1/latency", params=window).json()
+    per_target = [service.client.get(f"/api/v1/targets/{n}/latency", params=window).json() for n in ("a", "b")]
+    assert fleet["targets"] == ["a", "b", "bomb"]
+    # sum by (le) across targets: the fleet count is the sum of the targets' (each
+    # extrapolated to the window edges exactly as Prometheus' increase() would be)
+    assert fleet["ttft"]["count"] == pytest.approx(sum(r["ttft"]["count"] for r in per_target), rel=1e-12)
+    assert 40.0 <= fleet["ttft"]["count"] < 40.0 * 1.2
+    # 30 of ~40 observations are 3 s (bucket (2.5, 5.0]); 10 are 0.3 s: p50 lies in the 3 s bucket
+    assert 2.5 < fleet["ttft"]["p50"] <= 5.0 and per_target[0]["ttft"]["p50"] <= 0.5
+    assert set(fleet["models"]) == {"m1", "m2"}
