@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from app.durations import parse_duration
 from app.config import ConfigError, format_validation_error, load_config
+from app.alerts.rules_export import rules
 from app.emulator.cli import emulate
 from app.settings import Settings
 
@@ -213,6 +214,7 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
 
 
 main.add_command(emulate)
+main.add_command(rules)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

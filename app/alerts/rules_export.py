@@ -24,12 +24,29 @@ away, as :mod:`app.diagnosis.signals` does:
   batch time per admitted request (``rate(prefill_sum)/rate(queue_count)``), ITL = decode
   batch duration, KV usage = ``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``.
 
-Alerting rules: one per SLO and engine; one per regime and engine with the thresholds of
-``app/diagnosis/rules/*.py`` (plus a ``critical`` twin where the built-in rule escalates
-severity); ``bandwidth_bound``/``weights_offloaded`` with the decode floor of a target's
-``hardware`` profile as a literal, matched on ``instance``; and ``LLMLatencyTargetDown``.
+Alerting rules (names from :mod:`app.alerts.config`; labels ``severity``, ``engine`` and
+``regime`` or ``slo``; annotations ``summary``, ``description`` with ``{{ $value }}`` and
+the window, ``runbook_url``, and ``dashboard_url`` when configured):
 
-Known differences from the built-in evaluation (also in the generated file's header):
+* one per SLO and engine (``histogram_quantile > threshold`` for ``for``), limited to the
+  SLO's ``targets`` by ``instance``; TGI has no decode-time histogram (skipped);
+* one per regime and engine with the thresholds of ``app/diagnosis/rules/*.py``, gated
+  like ``engine.data_problems`` (``min_requests`` or ``min_decode_steps`` in the window),
+  plus a ``critical`` twin where the built-in rule escalates severity (same alertname;
+  the header suggests inhibit_rules);
+* ``bandwidth_bound`` (warning) and ``weights_offloaded`` (critical) for every target
+  with a ``hardware`` profile: its decode floor as a literal, matched on ``instance``
+  (host:port of the target URL); for all other instances what the built-in rules say
+  without a floor: ``bandwidth_bound`` at ``info``, and (vLLM) ``weights_offloaded``
+  when the engine reports ``cpu_offload_gb > 0`` or the ``weights_offloaded`` sleep state;
+* ``LLMLatencyTargetDown`` on ``up == 0`` for ``alerts.target_down_for`` (limited to the
+  configured targets' instances when there are any).
+
+Regime alerts link their runbook (``<external_url>/runbooks/<regime>``, else
+``docs/runbooks/<regime>.md``); SLO and target-down alerts have no regime yet and link
+the live verdicts (``<external_url>/api/v1/diagnoses``, else ``docs/runbooks/``).
+
+Known differences from the built-in evaluation (the generated file's header points here):
 
 * ``for:`` approximates the finding lifecycle: ``(activate_after - 1) x interval +
   alerts.diagnosis_for``; Prometheus evaluates every ``evaluation_interval``, not every
@@ -43,6 +60,8 @@ Known differences from the built-in evaluation (also in the generated file's hea
   increases are clamped at 0 instead of the running-max repair.
 * vLLM series use current names only (``inter_token_latency_seconds``,
   ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang is not exported.
+* The built-in ranking (a cause marks its symptoms ``caused_by``) has no rule-file
+  equivalent; the suggested Alertmanager inhibit_rules approximate it.
 """
 
 from __future__ import annotations
@@ -326,7 +345,8 @@ class _Group:
             lo = self.sum_rate(f"{metric}_bucket", "{" + le_matcher(lower) + "}", w)
             terms.append(f"clamp_min({hi} - {lo}, 0) * {num(weight)}")
         total = self.sum_rate(f"{metric}_sum", "", w)
-        return self.record(name, "clamp_max(\n  (\n    " + "\n    + ".join(terms) + f"\n  )\n  /\n  ({total} > 0),\n  1\n)")
+        body = "\n    + ".join(terms)
+        return self.record(name, f"clamp_max(\n  (\n    {body}\n  )\n  /\n  ({total} > 0),\n  1\n)")
 
     def gauge_avg(self, what: str, metric: str, w: str) -> str:
         return self.record(self.rec(what, "avg", w), self.sum_rate(metric, "", w, "avg_over_time"))
@@ -336,9 +356,9 @@ class _Group:
         name = self.rec("kv_cache_usage", "max", w)
         if e.name == "vllm":
             return self.record(name, f"avg by ({e.labels}) (max_over_time(vllm:kv_cache_usage_perc[{w}]))")
-        usage = (f"clamp_max(\n  sum by ({e.labels}) (tgi_batch_current_max_tokens)\n  /\n"
-                 f"  (sum by ({e.labels}) (tgi_batch_max_total_tokens) > 0),\n  1\n)")
-        return self.record(name, f"max_over_time(\n{usage}\n[{w}:])")
+        usage = (f"clamp_max(\n    sum by ({e.labels}) (tgi_batch_current_max_tokens)\n    /\n"
+                 f"    (sum by ({e.labels}) (tgi_batch_max_total_tokens) > 0),\n    1\n  )")
+        return self.record(name, f"max_over_time(\n  {usage}[{w}:]\n)")
 
     def preemption_rate(self, w: str) -> str | None:
         if self.engine.preemptions is None:
@@ -347,7 +367,8 @@ class _Group:
 
     def requests(self, w: str) -> str:
         metric, selector = self.engine.histograms["queue_time" if self.engine.name == "tgi" else "ttft"]
-        return self.record(self.rec("requests", "increase", w), self.sum_rate(metric + "_count", selector, w, "increase"))
+        return self.record(self.rec("requests", "increase", w),
+                           self.sum_rate(metric + "_count", selector, w, "increase"))
 
     def decode_steps(self, w: str) -> str:
         metric, selector = self.engine.histograms["itl"]
@@ -446,15 +467,17 @@ def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, h
     prefill_text = (f"{e.who()}: prefill takes {{{{ $value | humanizeDuration }}}} per request on average over the "
                     f"last {w} (>= {{min}}), at least {human_share(t.prefill_share)} of mean TTFT, with prompts of "
                     f"at least {t.long_prompt_tokens:g} tokens on average.")
-    add("prefill_compute", "warning", prefill(t.prefill_seconds), f"Long prompts make the first token slow on {e.title}",
+    prefill_summary = f"Long prompts make the first token slow on {e.title}"
+    add("prefill_compute", "warning", prefill(t.prefill_seconds), prefill_summary,
         prefill_text.replace("{min}", human_seconds(t.prefill_seconds)))
     critical_prefill = PREFILL_CRITICAL_FACTOR * t.prefill_seconds
-    add("prefill_compute", "critical", prefill(critical_prefill), f"Long prompts make the first token slow on {e.title}",
+    add("prefill_compute", "critical", prefill(critical_prefill), prefill_summary,
         prefill_text.replace("{min}", human_seconds(critical_prefill)))
 
     # prefill_interference: (stall share, or p99/p50 with a p99 floor) + long prompts + running decodes
     stalled = (f"({s['stall_share']} >= {num(t.stall_share)})\n"
-               f"or (({s['itl_ratio']} >= {num(t.itl_ratio)}) and on({on}) ({s['itl_p99']} >= {num(t.itl_p99_seconds)}))")
+               f"or (({s['itl_ratio']} >= {num(t.itl_ratio)}) "
+               f"and on({on}) ({s['itl_p99']} >= {num(t.itl_p99_seconds)}))")
     interference = [s["itl_p99"], stalled, f"{s['prompt_mean']} >= {num(t.interference_prompt_tokens)}",
                     f"{s['running']} >= {num(t.interference_running)}", gate]
     stall_what = "prefill batches pausing decodes" if e.name == "tgi" else f"steps >= {human_seconds(STALL_SECONDS)}"
@@ -469,8 +492,8 @@ def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, h
                  f"or ({s['itl_p99']} >= {num(INTERFERENCE_CRITICAL_ITL_P99)})")
     add("prefill_interference", "critical", _and(*interference, escalated, on=on),
         f"Prefills stall running decodes on {e.title}",
-        interference_text.replace("{extra}", f"; stall share >= {human_share(INTERFERENCE_CRITICAL_STALL)} or ITL p99 >= "
-                                       f"{human_seconds(INTERFERENCE_CRITICAL_ITL_P99)}"))
+        interference_text.replace("{extra}", f"; stall share >= {human_share(INTERFERENCE_CRITICAL_STALL)} or "
+                                             f"ITL p99 >= {human_seconds(INTERFERENCE_CRITICAL_ITL_P99)}"))
 
     # kv_cache_pressure
     kv_summary = f"KV cache full, sequences evicted on {e.title}"
@@ -478,7 +501,8 @@ def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, h
                f"(>= {human_share(t.kv_usage)}){{extra}}.")
     if s["preemptions"] is not None:
         evicting = (f"({s['preemptions']} > {num(t.preemptions_per_second)})\n"
-                    f"or (({s['waiting']} >= {num(KV_WAITING_WITHOUT_PREEMPTIONS)}) unless on({on}) {s['preemptions']})")
+                    f"or (({s['waiting']} >= {num(KV_WAITING_WITHOUT_PREEMPTIONS)}) "
+                    f"unless on({on}) {s['preemptions']})")
         base = [f"{s['kv_max']} >= {num(t.kv_usage)}", evicting, gate]
         add("kv_cache_pressure", "warning", _and(*base, on=on), kv_summary,
             kv_text.replace("{extra}", f" with more than {t.preemptions_per_second:g} preemptions/s (or, without a "
@@ -552,14 +576,17 @@ def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict]:
         w = prom_duration(slo.window)
         series = g.quantile(slo.signal, slo.quantile, w)
         what = f"{SLO_WORDS[slo.signal]} {quantile_name(slo.quantile)}"
-        derived = " (queue + prefill-batch quantiles: TGI exports no TTFT)" if e.name == "tgi" and slo.signal == "ttft" else ""
+        derived = ""
+        if e.name == "tgi" and slo.signal == "ttft":
+            derived = " (queue + prefill-batch quantiles: TGI exports no TTFT)"
         alerts.append(_alert(
             slo.alertname, f"{series}{selector} > {num(slo.threshold)}", slo.for_,
             {"severity": slo.severity, "slo": slo.name, "engine": e.name},
             links.annotations(
                 f"{what} above {human_seconds(slo.threshold)} on {e.title} (SLO {slo.name})",
                 f"{e.who()}: {what}{derived} over the last {w} is {{{{ $value | humanizeDuration }}}}, above the "
-                f"{human_seconds(slo.threshold)} objective for at least {prom_duration(slo.for_)}.",
+                f"{human_seconds(slo.threshold)} objective"
+                + (f" for at least {prom_duration(slo.for_)}." if slo.for_ else "."),
                 links.diagnoses())))
     return alerts
 
