@@ -9,122 +9,26 @@ whole chain runs in seconds. A missing binary skips locally and fails under ``CI
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
 from app.alerts.rules_export import render_rules
 from app.config import FileConfig
 from app.emulator.server import EmulatorFleet, TargetSpec
-from tests.support.components import require_binary
-from tests.support.prometheus import free_port, running_prometheus
+from tests.support.alertmanager import running_alertmanager
+from tests.support.prometheus import running_prometheus
+from tests.support.receiver import WebhookReceiver
 
-ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "alertmanager-webhook-sample.json"
 EXTERNAL_URL = "http://llm-latency.e2e.test"
 PROMETHEUS_EXTERNAL_URL = "http://prometheus.e2e.test:9090"
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
-
-
-class WebhookReceiver:
-    """Records the JSON bodies POSTed to it (Alertmanager's webhook_configs target)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server API)
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.bodies.append(json.loads(body))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
-
-    def snapshot(self) -> list[dict]:
-        with self._lock:
-            return list(self.bodies)
-
-    def __enter__(self) -> "WebhookReceiver":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
-
-
-@contextlib.contextmanager
-def running_alertmanager(tmp_path: Path, webhook_url: str) -> Iterator[str]:
-    """Start Alertmanager (no clustering) routing everything to ``webhook_url``; yield its URL.
-    Stopped by PID on exit."""
-    exe = require_binary(ALERTMANAGER, "Alertmanager routing the exported alerts to a webhook")
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config = tmp_path / "alertmanager.yml"
-    config.write_text(
-        "route:\n  receiver: webhook\n  group_by: [alertname]\n  group_wait: 1s\n  group_interval: 1s\n"
-        "  repeat_interval: 1h\n"
-        "receivers:\n  - name: webhook\n    webhook_configs:\n"
-        f"      - url: {webhook_url}\n        send_resolved: true\n")
-    log_path = tmp_path / "alertmanager.log"
-    for attempt in range(3):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [exe, f"--config.file={config}", f"--storage.path={tmp_path / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", f"--web.external-url={url}"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-        try:
-            deadline = time.monotonic() + 30
-            ready = False
-            while time.monotonic() < deadline and proc.poll() is None:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
-                        ready = True
-                        break
-                time.sleep(0.05)
-            if not ready:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                if "address already in use" in tail and attempt < 2:
-                    continue
-                raise RuntimeError(f"alertmanager did not become ready (exit {proc.poll()}):\n{tail}")
-            yield url
-            return
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
 
 
 def _queueing_alerts(bodies: list[dict]) -> dict[str, tuple[dict, dict]]:
@@ -146,7 +50,6 @@ def _seconds(humanized: str) -> float:
 
 
 def test_queueing_engine_alert_reaches_the_webhook_through_prometheus_and_alertmanager(tmp_path: Path) -> None:
-    require_binary(ALERTMANAGER, "Alertmanager routing the exported alerts to a webhook")
     sample = json.loads(FIXTURE.read_text())
     started = time.monotonic()
     with EmulatorFleet([TargetSpec("q", "queueing", time_scale=5, warmup_s=120)]) as fleet, \
@@ -174,13 +77,13 @@ def test_queueing_engine_alert_reaches_the_webhook_through_prometheus_and_alertm
                                 extra_args=[f"--web.external-url={PROMETHEUS_EXTERNAL_URL}"]) as prom:
             deadline = time.monotonic() + 45
             while time.monotonic() < deadline:
-                found = _queueing_alerts(webhook.snapshot())
+                found = _queueing_alerts([r.json for r in webhook.received])
                 if {"warning", "critical"} <= set(found):
                     break
                 time.sleep(0.2)
             else:
                 raise AssertionError(f"no LLMLatencyQueueing warning+critical at the webhook after 45s; got "
-                                     f"{[a['labels'] for b in webhook.snapshot() for a in b['alerts']]}")
+                                     f"{[a['labels'] for b in [r.json for r in webhook.received] for a in b['alerts']]}")
             queue_mean = float(prom.query(f'llm_latency:vllm_queue_time_seconds:mean_10s{{instance="{engine}"}}')
                                ["result"][0]["value"][1])
             queue_share = float(prom.query(f'llm_latency:vllm_queue_share:ratio_10s{{instance="{engine}"}}')
