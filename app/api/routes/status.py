@@ -1,0 +1,433 @@
+"""The built-in status page: ``GET /`` (every target) and ``GET /targets/{name}`` (one target).
+
+Server-rendered HTML (Jinja2, autoescape on, no JavaScript): someone trying the product
+on a laptop without Grafana sees up/down, TTFT/ITL p50/p99 over the service's
+``latency_window``, a sparkline of each over the last hour and the active diagnosis
+with its evidence, remedies and runbook.
+
+Every number comes from the same functions as the JSON API
+(:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
+:func:`app.api.routes.diagnoses.current`), so the page and ``/api/v1/targets/{name}/latency``
+agree for the same window and ``end``. The index runs a fixed number of queries whatever
+the number of targets (one session; all histogram snapshots of the last hour in one query).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, Response
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
+
+from app import latency, quantiles
+from app.api.deps import MonitorDep, SessionDep
+from app.api.routes.diagnoses import current as current_diagnoses
+from app.api.routes.targets import duration_param
+from app.diagnosis.findings import REGIMES, Evidence
+from app.durations import format_duration
+from app.latency import LoadedHistograms
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
+from app.store import repository
+from app.store.models import Scrape, Target
+
+router = APIRouter(include_in_schema=False)
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+CSS_PATH = WEB_DIR / "static" / "status.css"
+
+CHART_SPAN = 3600.0     # the sparklines cover the last hour ...
+CHART_MIN_SPAN = 60.0   # ... or, on a fresh install, the time since the first sample (at least 1 min)
+CHART_STEPS = 30        # 31 points per line: 2 min apart over the hour
+NICE_SPANS = (60, 120, 300, 600, 900, 1200, 1800, 2700, 3600)
+REFRESH_SECONDS = 30
+CHART_SIGNALS = ("ttft", "itl")
+TTFT_PARTS = ("queue_time", "prefill_time")  # TGI has no TTFT histogram: queue + prefill
+TOKEN_SIGNALS = {"prompt_tokens", "generation_tokens", "iteration_tokens"}
+SIGNAL_TITLES = {
+    "ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token (per request)",
+    "e2e": "End-to-end request latency", "queue_time": "Queue time", "prefill_time": "Prefill time",
+    "decode_time": "Decode time", "inference_time": "Inference time", "prompt_tokens": "Prompt length",
+    "generation_tokens": "Output length", "iteration_tokens": "Tokens per engine step",
+}
+SHORT_TITLES = {"ttft": "TTFT", "itl": "ITL", "queue_time": "Queue time", "prefill_time": "Prefill time"}
+SECURITY_HEADERS = {
+    # No script at all; styles only from this origin; nothing may frame the page.
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; base-uri 'none'; "
+                               "form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+# --------------------------------------------------------------------------- formatting
+
+def fmt_seconds(value: float | None) -> str:
+    """Latency text, the same spelling as diagnosis evidence: ``17.7 ms``, ``15.00 s``."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if abs(value) < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def fmt_number(value: float | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    if value != 0 and abs(value) >= 10 ** digits:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def fmt_percent(value: float | None) -> str:
+    return "–" if value is None or not math.isfinite(value) else f"{value * 100:.1f} %"
+
+
+def fmt_value(value: float | None, signal: str) -> str:
+    return fmt_number(value) if signal in TOKEN_SIGNALS else fmt_seconds(value)
+
+
+def fmt_ts(ts: float | None) -> str:
+    return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def iso_ts(ts: float | None) -> str:
+    return "" if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def fmt_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.1f} d ago"
+
+
+def fmt_span(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds < 7200 else f"{seconds / 3600:g} h"
+
+
+def evidence_text(item: dict) -> str:
+    """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
+    known = {k: item.get(k) for k in ("name", "value", "op", "threshold", "unit", "note")}
+    known["unit"] = known["unit"] or ""
+    known["note"] = known["note"] or ""
+    return Evidence(met=bool(item.get("met", True)), **known).text()
+
+
+FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
+
+
+def with_flags(text: str) -> Markup:
+    """Escape ``text``, then set command-line flags (``--max-num-seqs``) in ``<code>`` so they never wrap."""
+    return Markup(FLAG.sub(r'<code class="flag">\1</code>', str(escape(text))))
+
+
+def data_value(value: float | None) -> str:
+    """Exact machine-readable value for ``data-value`` attributes (repr round-trips)."""
+    return "" if value is None else repr(float(value))
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(WEB_DIR / "templates"), autoescape=True, undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
+                       age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value, value=fmt_value, span=fmt_span)
+    env.globals.update(regimes=REGIMES, signal_titles=SIGNAL_TITLES)
+    return env
+
+
+templates = _environment()
+
+
+# --------------------------------------------------------------------------- charts
+
+@dataclass(slots=True)
+class Line:
+    label: str            # "p50"
+    css: str              # class of the polyline
+    values: list[float | None]
+    segments: list[str] = field(default_factory=list)   # "x,y x,y ..." per run of defined points
+    dots: list[tuple[float, float]] = field(default_factory=list)  # isolated points
+    last: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass(slots=True)
+class Chart:
+    """An inline-SVG sparkline; geometry is computed here, the template only draws it."""
+
+    id: str
+    signal: str
+    title: str
+    span: float
+    lines: list[Line]
+    width: int = 300      # viewBox units; the SVG stretches to its box (non-scaling strokes),
+    height: int = 60      # axis labels are HTML next to it so their text never shrinks
+    pad: int = 4
+    y_min: float | None = None
+    y_max: float | None = None
+    derived: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return self.y_min is None
+
+    @property
+    def description(self) -> str:
+        """The text alternative: every line's min, max and latest value."""
+        what = f"{self.title} over the last {fmt_span(self.span)}"
+        if self.empty:
+            return f"{what}: no data yet."
+        parts = [f"{ln.label} min {fmt_seconds(ln.low)}, max {fmt_seconds(ln.high)}, latest {fmt_seconds(ln.last)}"
+                 for ln in self.lines if ln.low is not None]
+        return f"{what}: " + "; ".join(parts) + "."
+
+
+def chart_times(end: float, first_sample: float | None) -> tuple[float, list[float]]:
+    """(span, point times): the last hour, or a shorter nice span on a fresh install."""
+    span = CHART_SPAN
+    if first_sample is not None and end - first_sample < CHART_SPAN:
+        needed = max(CHART_MIN_SPAN, end - first_sample)
+        span = float(next(s for s in NICE_SPANS if s >= needed))
+    step = span / CHART_STEPS
+    return span, [end - span + k * step for k in range(CHART_STEPS + 1)]
+
+
+def quantile_points(loaded: LoadedHistograms, signal: str, qs: tuple[float, ...], times: list[float],
+                    lookback: float) -> dict[float, list[float | None]]:
+    """``histogram_quantile(q, sum by (le) (increase(signal[lookback])))`` at each time,
+    the math of :func:`app.latency.quantile_series`. TTFT without its own histogram (TGI)
+    is queue + prefill per quantile, like ``latency_report``."""
+    has = {s.signal for s in loaded.series}
+    parts = (signal,) if signal in has or signal != "ttft" else TTFT_PARTS
+    out: dict[float, list[float | None]] = {q: [] for q in qs}
+    for t in times:
+        merged = [loaded.merged(t - lookback, t, part) for part in parts]
+        for q in qs:
+            total: float | None = 0.0
+            for m in merged:
+                value = math.nan if m is None else quantiles.histogram_quantile(q, m.bounds, m.increases)
+                if not math.isfinite(value):
+                    total = None
+                    break
+                total += value  # type: ignore[operator]
+            out[q].append(total)
+    return out
+
+
+def build_chart(chart_id: str, signal: str, loaded: LoadedHistograms, end: float, lookback: float,
+                first_sample: float | None, width: int = 300, height: int = 60) -> Chart:
+    span, times = chart_times(end, first_sample)
+    points = quantile_points(loaded, signal, (0.5, 0.99), times, lookback)
+    lines = [Line("p50", "p50", points[0.5]), Line("p99", "p99", points[0.99])]
+    has = {s.signal for s in loaded.series}
+    chart = Chart(chart_id, signal, SHORT_TITLES.get(signal, SIGNAL_TITLES.get(signal, signal)), span, lines,
+                  width=width, height=height,
+                  derived=signal == "ttft" and "ttft" not in has and all(p in has for p in TTFT_PARTS))
+    defined = [v for ln in lines for v in ln.values if v is not None]
+    if not defined:
+        return chart
+    lo, hi = min(defined), max(defined)
+    chart.y_min, chart.y_max = lo, hi
+    if hi - lo < 1e-12:  # a flat line sits in the middle
+        lo, hi = lo - max(abs(lo) * 0.1, 1e-6), hi + max(abs(hi) * 0.1, 1e-6)
+    x_scale = width / CHART_STEPS
+    y_scale = (height - 2 * chart.pad) / (hi - lo)
+    for ln in lines:
+        vals = [v for v in ln.values if v is not None]
+        if vals:
+            ln.low, ln.high = min(vals), max(vals)
+        ln.last = ln.values[-1]
+        run: list[tuple[float, float]] = []
+        for k, v in enumerate(ln.values + [None]):
+            if v is not None:
+                run.append((round(k * x_scale, 1), round(height - chart.pad - (v - lo) * y_scale, 1)))
+                continue
+            if len(run) == 1:
+                ln.dots.append(run[0])
+            elif run:
+                ln.segments.append(" ".join(f"{x},{y}" for x, y in run))
+            run = []
+    return chart
+
+
+def first_sample_ts(loaded: LoadedHistograms, signals: tuple[str, ...]) -> float | None:
+    firsts = [loaded.snapshots[s.id][0].ts for s in loaded.series
+              if s.signal in signals and loaded.snapshots.get(s.id)]
+    return min(firsts) if firsts else None
+
+
+# --------------------------------------------------------------------------- view models
+
+@dataclass(slots=True)
+class Health:
+    state: str           # "up" | "down" | "unknown"
+    label: str           # text of the badge
+    error_class: str | None = None
+    error: str | None = None
+    ts: float | None = None
+    age: float | None = None
+    stale: bool = False
+    duration: float | None = None
+
+
+def scrape_health(scrape: Scrape | None, interval: float, now: float) -> Health:
+    if scrape is None:
+        return Health("unknown", "no scrape yet")
+    age = now - scrape.ts
+    stale = age > 3 * interval + 30
+    if scrape.up:
+        label = "up" if scrape.error_class is None else f"up ({scrape.error_class})"
+        return Health("up", label, scrape.error_class, scrape.error, scrape.ts, age, stale, scrape.duration)
+    return Health("down", f"down: {scrape.error_class or 'error'}", scrape.error_class, scrape.error, scrape.ts, age,
+                  stale, scrape.duration)
+
+
+def diagnosis_view(diagnosis: dict) -> dict:
+    findings = diagnosis["findings"]
+    primary = next((f for f in findings if f.get("primary")), findings[0] if findings else None)
+    others = [f for f in findings if f is not primary]
+    verdict = diagnosis["verdict"]
+    kind = "healthy" if verdict == "healthy" else "unknown" if verdict == "insufficient_data" else \
+        (primary or {}).get("severity", "warning")
+    return {**diagnosis, "primary": primary, "others": others, "kind": kind}
+
+
+def diagnoses_by_target(session, monitor) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for diagnosis in current_diagnoses(session, monitor):
+        out.setdefault(diagnosis["target"], []).append(diagnosis_view(diagnosis))
+    return out
+
+
+def page_params(monitor, window: str | None, end: float | None) -> tuple[float, float, str, bool]:
+    """(window seconds, end, window text, live?) of a page request."""
+    if window is None:
+        seconds = monitor.settings.latency_window
+        text = format_duration(seconds)
+    else:
+        seconds, text = duration_param(window, "window", maximum=86400), window
+    live = end is None
+    if end is not None and not math.isfinite(end):
+        end = None
+    return seconds, (time.time() if end is None else end), text, live
+
+
+def html(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    return HTMLResponse(templates.get_template(template).render(**context), status_code=status_code,
+                        headers=SECURITY_HEADERS)
+
+
+def common(request: Request, monitor, window_text: str, window: float, end: float, live: bool) -> dict:
+    return {"request_path": request.url.path, "window_text": window_text, "window_seconds": window, "end": end,
+            "refresh": REFRESH_SECONDS if live else None, "now": end, "version": request.app.version,
+            "latency_window": format_duration(monitor.settings.latency_window)}
+
+
+# --------------------------------------------------------------------------- routes
+
+@router.get("/ui/status.css")
+def stylesheet() -> Response:
+    return Response(CSS_PATH.read_bytes(), media_type="text/css; charset=utf-8",
+                    headers={"Cache-Control": "public, max-age=300", "X-Content-Type-Options": "nosniff"})
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(request: Request, session: SessionDep, monitor: MonitorDep,
+          window: Annotated[str | None, Query(description="percentile window; default latency_window")] = None,
+          end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
+    """Every target: health, TTFT/ITL p50/p99 now and over the last hour, the active diagnosis."""
+    seconds, end, window_text, live = page_params(monitor, window, end)
+    targets = repository.list_targets(session)
+    latest = repository.latest_scrapes(session)
+    ids = [t.id for t in targets]
+    series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
+    with_ttft = {s.target_id for s in series if s.signal == "ttft"}
+    wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
+    snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - CHART_SPAN - seconds, end)
+    by_target: dict[int, list] = {}
+    for s in wanted:
+        by_target.setdefault(s.target_id, []).append(s)
+    diagnoses = diagnoses_by_target(session, monitor)
+
+    cards = []
+    for target in targets:
+        loaded = LoadedHistograms(by_target.get(target.id, []), snapshots)
+        summary = latency.summarize_signals(loaded, end - seconds, end)
+        first = first_sample_ts(loaded, (*CHART_SIGNALS, *TTFT_PARTS))
+        interval = target.scrape_interval or monitor.settings.default_scrape_interval
+        cards.append({
+            "target": target, "engine": target.detected_engine or target.engine,
+            "health": scrape_health(latest.get(target.id), interval, end),
+            "ttft": summary.get("ttft"), "itl": summary.get("itl"),
+            "charts": [build_chart(f"c{target.id}-{signal}", signal, loaded, end, seconds, first)
+                       for signal in CHART_SIGNALS],
+            "diagnoses": diagnoses.get(target.name, []),
+        })
+    counts = {
+        "targets": len(cards),
+        "up": sum(c["health"].state == "up" for c in cards),
+        "down": sum(c["health"].state == "down" for c in cards),
+        "unknown": sum(c["health"].state == "unknown" for c in cards),
+        "diagnosed": sum(any(d["verdict"] in REGIMES for d in c["diagnoses"]) for c in cards),
+    }
+    return html("index.html", cards=cards, counts=counts, **common(request, monitor, window_text, seconds, end, live))
+
+
+@router.get("/targets/{name}", response_class=HTMLResponse)
+def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep,
+                window: Annotated[str | None, Query(description="percentile window; default latency_window")] = None,
+                end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
+    """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes."""
+    seconds, end, window_text, live = page_params(monitor, window, end)
+    context = common(request, monitor, window_text, seconds, end, live)
+    target: Target | None = repository.get_target(session, name)
+    if target is None:
+        return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
+                    **context)
+    report = latency.latency_report(session, [target.id], seconds, end)
+    chart_signals = ("ttft", "itl", "queue_time", "e2e")
+    series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
+    loaded = LoadedHistograms(series, repository.histogram_snapshots(
+        session, [s.id for s in series], end - CHART_SPAN - seconds, end))
+    first = first_sample_ts(loaded, (*chart_signals, *TTFT_PARTS))
+    has = {s.signal for s in series}
+    charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
+              for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
+    interval = target.scrape_interval or monitor.settings.default_scrape_interval
+    latest = repository.scrape_log(session, target.id, 20)
+    total, failed = repository.scrape_counts(session, target.id, end - 3600)
+    models = report.get("models", {})
+    ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
+    split = None
+    whole = (queue or {}).get("mean") is not None and (prefill or {}).get("mean") is not None and \
+        queue["mean"] + prefill["mean"]
+    if whole and whole > 0:  # mean TTFT = mean queue + mean prefill (+ tokenization)
+        split = {"queue": queue, "prefill": prefill, "ttft": ttft,
+                 "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
+    history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
+    return html(
+        "target.html", target=target, engine=target.detected_engine or target.engine,
+        health=scrape_health(latest[0] if latest else None, interval, end), interval=interval,
+        scrapes=latest, scrape_total=total, scrape_failed=failed, report=report,
+        signals=[s for s in HISTOGRAM_SIGNALS if s in report],
+        model_tables=[(m, [s for s in HISTOGRAM_SIGNALS if s in body], body) for m, body in models.items()]
+        if len(models) > 1 else [],
+        gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
+        rates=sorted(report["rates"].items()), charts=charts, split=split,
+        diagnoses=[diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)],
+        history=history, infos=repository.target_infos(session, target.id),
+        counter_signals=COUNTER_SIGNALS, **context)

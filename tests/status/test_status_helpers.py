@@ -1,0 +1,63 @@
+"""The status page's pure helpers: number spelling, escaping, chart spans and geometry."""
+
+from __future__ import annotations
+
+from app.api.routes.status import (
+    CHART_STEPS, build_chart, chart_times, evidence_text, fmt_age, fmt_number, fmt_seconds, with_flags,
+)
+from app.latency import LoadedHistograms
+from app.quantiles import HistogramSnapshot
+from app.store.repository import SeriesRef
+
+
+def test_number_spelling_matches_the_diagnosis_evidence() -> None:
+    assert [fmt_seconds(v) for v in (None, 0.0123, 0.5, 1.0, 15.0, float("nan"))] == \
+        ["–", "12.3 ms", "500.0 ms", "1.00 s", "15.00 s", "–"]
+    assert [fmt_number(v) for v in (None, 4.606, 1656.25, 75008.9)] == ["–", "4.61", "1,656", "75,009"]
+    assert [fmt_age(v) for v in (None, 3.2, 600, 7200)] == ["never", "3 s ago", "10 min ago", "2.0 h ago"]
+    item = {"name": "queue share of TTFT", "value": 0.999, "op": ">=", "threshold": 0.5, "unit": "ratio",
+            "met": True, "note": ""}
+    assert evidence_text(item) == "queue share of TTFT = 1.00 (>= 0.50)"
+    assert evidence_text({"name": "running requests (mean / max)", "value": "8.0 / 8", "op": "info",
+                          "threshold": None, "unit": "", "met": True, "note": ""}) == \
+        "running requests (mean / max) = 8.0 / 8"
+
+
+def test_flags_are_code_and_everything_else_is_escaped() -> None:
+    assert str(with_flags("<b>raise</b> --max-num-seqs, not -x or a--b")) == \
+        '&lt;b&gt;raise&lt;/b&gt; <code class="flag">--max-num-seqs</code>, not -x or a--b'
+
+
+def test_chart_span_is_the_hour_or_a_nice_shorter_span_on_a_fresh_install() -> None:
+    end = 10_000.0
+    assert chart_times(end, None)[0] == 3600.0
+    assert chart_times(end, end - 5000)[0] == 3600.0
+    assert chart_times(end, end - 4)[0] == 60.0
+    assert chart_times(end, end - 400)[0] == 600.0
+    span, times = chart_times(end, end - 1790)
+    assert span == 1800.0 and len(times) == CHART_STEPS + 1 and times[0] == end - 1800 and times[-1] == end
+
+
+def _loaded(points: list[tuple[float, list[float]]]) -> LoadedHistograms:
+    bounds = (0.1, 1.0, float("inf"))
+    series = SeriesRef(1, 1, "ttft", "histogram", "m", "0", bounds)
+    snaps = [HistogramSnapshot(ts, tuple(counts), 0.0, counts[-1]) for ts, counts in points]
+    return LoadedHistograms([series], {1: snaps})
+
+
+def test_chart_geometry_gaps_dots_and_text_alternative() -> None:
+    end = 3600.0
+    # steady traffic for the last 10 minutes: every observation in the (0.1, 1] bucket
+    points = [(end - 600 + 30 * k, [0.0, 10.0 * k, 10.0 * k]) for k in range(21)]
+    chart = build_chart("c", "ttft", _loaded(points), end, 300.0, points[0][0])
+    assert chart.span == 600.0 and not chart.empty
+    p50, p99 = chart.lines
+    assert p50.last == 0.55 and p99.last == 0.991  # linear interpolation inside the (0.1, 1] bucket
+    assert p50.values[0] is None and len(p50.segments) == 1 and p50.dots == []
+    assert chart.y_min == 0.55 and chart.y_max == 0.991
+    last_x, last_y = p99.segments[0].split()[-1].split(",")
+    assert float(last_x) == chart.width and float(last_y) == chart.pad  # p99 is the top of the range
+    assert chart.description == ("TTFT over the last 10 min: p50 min 550.0 ms, max 550.0 ms, latest 550.0 ms; "
+                                 "p99 min 991.0 ms, max 991.0 ms, latest 991.0 ms.")
+    empty = build_chart("e", "itl", _loaded(points), end, 300.0, None)
+    assert empty.empty and empty.description == "ITL over the last 60 min: no data yet."
