@@ -1,0 +1,193 @@
+"""deploy/kubernetes/: every manifest validates offline against the Kubernetes OpenAPI
+schemas (kubernetes-validate, strict: unknown fields are errors), the Prometheus Operator
+resources against the subset of their CRD schemas written below, and the pieces fit
+together (selectors, ports, config path, secrets, one replica)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from app.config import load_config
+from app.settings import Settings
+from tests.support.components import in_ci
+
+try:
+    from kubernetes_validate import utils as kubernetes_validate
+except ImportError:  # the test extra is not installed: skip locally, fail under CI
+    if in_ci():
+        raise
+    pytest.skip("kubernetes-validate is not installed (pip install -e '.[test]')", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes"
+#: the oldest Kubernetes minor still commonly run, and the newest the validator ships
+VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+KUSTOMIZE_KIND = "Kustomization"
+
+
+def manifests() -> dict[str, list[dict]]:
+    return {path.name: list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+            for path in sorted(K8S.glob("*.yaml"))}
+
+
+MANIFESTS = manifests()
+BY_KIND = {doc["kind"]: doc for docs in MANIFESTS.values() for doc in docs}
+BUILTIN = [(name, doc) for name, docs in MANIFESTS.items() for doc in docs
+           if doc["kind"] not in CRD_KINDS | {KUSTOMIZE_KIND}]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("name,doc", BUILTIN, ids=[n for n, _ in BUILTIN])
+def test_builtin_kinds_validate_against_the_kubernetes_schema(name: str, doc: dict, version: str) -> None:
+    assert kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_validator_is_strict_about_unknown_and_mistyped_fields() -> None:
+    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="livenesProbe"):
+        kubernetes_validate.validate(deployment, VERSIONS[-1], strict=True)
+
+
+def test_every_kind_is_there() -> None:
+    assert set(BY_KIND) == {"Namespace", "ConfigMap", "Secret", "Job", "Deployment", "Service", "ServiceMonitor",
+                            "PrometheusRule", KUSTOMIZE_KIND}
+
+
+# The parts of the Prometheus Operator CRDs (monitoring.coreos.com/v1) these manifests use;
+# field names and types as in the Operator's CRD schemas. Unknown fields are errors.
+_LABELS = {"type": "object", "additionalProperties": {"type": "string"}}
+_METADATA = {"type": "object", "required": ["name"], "additionalProperties": False,
+             "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": _LABELS,
+                            "annotations": _LABELS}}
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                          r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+CRD_SCHEMAS = {
+    "ServiceMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "ServiceMonitor"},
+            "metadata": _METADATA,
+            "spec": {"type": "object", "required": ["selector", "endpoints"], "additionalProperties": False,
+                     "properties": {
+                         "selector": {"type": "object", "additionalProperties": False,
+                                      "properties": {"matchLabels": _LABELS}},
+                         "namespaceSelector": {"type": "object"},
+                         "endpoints": {"type": "array", "minItems": 1, "items": {
+                             "type": "object", "additionalProperties": False,
+                             "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                                            "scheme": {"enum": ["http", "https"]}, "interval": _DURATION,
+                                            "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"}}}}}},
+        }},
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PrometheusRule"},
+            "metadata": _METADATA,
+            "spec": {"type": "object", "additionalProperties": False, "properties": {"groups": {
+                "type": "array", "items": {
+                    "type": "object", "required": ["name"], "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1}, "interval": _DURATION,
+                        "query_offset": _DURATION, "limit": {"type": "integer"},
+                        "partial_response_strategy": {"type": "string"},
+                        "rules": {"type": "array", "items": {
+                            "type": "object", "required": ["expr"], "additionalProperties": False,
+                            "oneOf": [{"required": ["record"]}, {"required": ["alert"]}],
+                            "properties": {"record": {"type": "string"}, "alert": {"type": "string"},
+                                           "expr": {"type": ["string", "integer"]}, "for": _DURATION,
+                                           "keep_firing_for": _DURATION, "labels": _LABELS,
+                                           "annotations": _LABELS}}}}}}}},
+        }},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CRD_KINDS))
+def test_operator_resources_match_their_crd_schema(kind: str) -> None:
+    validator = jsonschema.Draft202012Validator(CRD_SCHEMAS[kind])
+    assert [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(BY_KIND[kind])] == []
+    broken = yaml.safe_load(yaml.safe_dump(BY_KIND[kind]))
+    broken["spec"]["endpoint" if kind == "ServiceMonitor" else "group"] = []
+    assert list(validator.iter_errors(broken))
+
+
+def test_kustomization_lists_every_manifest_except_the_secret_template() -> None:
+    kustomization = BY_KIND[KUSTOMIZE_KIND]
+    assert kustomization["namespace"] == BY_KIND["Namespace"]["metadata"]["name"]
+    assert set(kustomization["resources"]) == set(MANIFESTS) - {"kustomization.yaml", "secret.yaml"}
+    assert all((K8S / r).is_file() for r in kustomization["resources"])
+    images = {i["name"] for i in kustomization["images"]}
+    containers = [c for kind in ("Deployment", "Job") for c in BY_KIND[kind]["spec"]["template"]["spec"]["containers"]]
+    assert {c["image"].split(":")[0] for c in containers} == images
+
+
+def test_one_replica_replaced_with_recreate() -> None:
+    """Scrape jobs, the diagnosis lifecycle and the outbox worker run inside the API
+    process and must run once: never two pods, not even during a rollout."""
+    spec = BY_KIND["Deployment"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+
+
+def test_deployment_service_and_servicemonitor_select_each_other() -> None:
+    deployment, service, monitor = BY_KIND["Deployment"], BY_KIND["Service"], BY_KIND["ServiceMonitor"]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service_port = service["spec"]["ports"][0]
+    assert service_port["targetPort"] in ports and monitor["spec"]["endpoints"][0]["port"] == service_port["name"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["LLM_LATENCY_PORT"]) == ports["http"] and env["LLM_LATENCY_HOST"] == "0.0.0.0"
+    probes = {k: container[k]["httpGet"]["path"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert probes == {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+
+
+def test_pods_run_as_the_image_user_with_a_read_only_root_and_no_service_links() -> None:
+    """``enableServiceLinks: false``: Kubernetes would otherwise set ``<SERVICE>_PORT=tcp://...``
+    for every Service, and one named ``llm-latency`` sets ``LLM_LATENCY_PORT`` -- a setting."""
+    uid = re.search(r"^USER (\d+):", (ROOT / "deploy" / "Dockerfile").read_text(), re.M).group(1)
+    for kind in ("Deployment", "Job"):
+        pod = BY_KIND[kind]["spec"]["template"]["spec"]
+        assert pod["enableServiceLinks"] is False and pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == int(uid)
+        for container in pod["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_the_configmap_is_a_valid_targets_file_mounted_where_the_monitor_reads_it(tmp_path: Path) -> None:
+    deployment = BY_KIND["Deployment"]["spec"]["template"]["spec"]
+    container = deployment["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    volume = next(v for v in deployment["volumes"] if v.get("configMap"))
+    assert volume["configMap"]["name"] == BY_KIND["ConfigMap"]["metadata"]["name"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    key = Path(env["LLM_LATENCY_CONFIG_FILE"]).relative_to(mount["mountPath"]).as_posix()
+    path = tmp_path / "targets.yaml"
+    path.write_text(BY_KIND["ConfigMap"]["data"][key], encoding="utf-8")
+    config = load_config(path, env["LLM_LATENCY_ALLOWED_TARGET_HOSTS"].split(","))
+    assert {t.engine for t in config.targets} == {"vllm", "tgi"}
+    secret_keys = set(BY_KIND["Secret"]["stringData"])
+    assert {r.secret_env for r in config.alerts.receivers if r.secret_env} <= secret_keys
+    assert {"LLM_LATENCY_DATABASE_URL", "LLM_LATENCY_API_TOKEN"} <= secret_keys
+
+
+def test_every_llm_latency_variable_is_a_real_setting_and_job_and_monitor_share_image_and_secret() -> None:
+    fields = {f"LLM_LATENCY_{name.upper()}" for name in Settings.model_fields}
+    names = set(BY_KIND["Secret"]["stringData"])
+    for kind in ("Deployment", "Job"):
+        container = BY_KIND[kind]["spec"]["template"]["spec"]["containers"][0]
+        names |= {e["name"] for e in container.get("env", [])}
+        assert container["envFrom"] == [{"secretRef": {"name": BY_KIND["Secret"]["metadata"]["name"]}}]
+    assert {n for n in names if n.startswith("LLM_LATENCY_")} <= fields
+    job = BY_KIND["Job"]["spec"]["template"]["spec"]["containers"][0]
+    monitor = BY_KIND["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert job["args"] == ["db", "upgrade"] and monitor["args"] == ["serve"] and job["image"] == monitor["image"]

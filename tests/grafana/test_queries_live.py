@@ -1,0 +1,102 @@
+"""Every dashboard query returns data from a real Prometheus that scrapes emulated vLLM
+and TGI engines and the monitor -- for every engine the query is written for."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.grafana.queries import Query, all_queries, load_dashboards, metric_names, substitute, variable_queries
+from tests.grafana.stack import ENGINE_KIND, ENGINES, Stack, running_stack
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+QUERIES = all_queries()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("stack")) as running:
+        yield running
+
+
+def engines_of(query: Query) -> list[str]:
+    """The targets a query must return data for: one per engine family whose metrics it
+    reads; queries over the monitor's own series are checked over all targets."""
+    names = metric_names(substitute(query.expr))
+    kinds = {"vllm" for n in names if n.startswith("vllm:")} | {"tgi" for n in names if n.startswith("tgi_")}
+    if not kinds:
+        return [".*"]
+    return [name for name, kind in ENGINE_KIND.items() if kind in kinds]
+
+
+def run(stack: Stack, query: Query, target: str) -> list:
+    expr = substitute(query.expr, target=target)
+    if query.instant:
+        return stack.prometheus.query(expr)["result"]
+    end = time.time()
+    return stack.prometheus.query_range(expr, end - 30, end, 1.0)["result"]
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[q.id for q in QUERIES])
+def test_query_returns_data_for_every_engine_it_reads(stack: Stack, query: Query) -> None:
+    for target in engines_of(query):
+        result = run(stack, query, target)
+        assert result, f"no data for target={target!r}: {substitute(query.expr, target=target)}"
+        values = [float(v) for series in result
+                  for v in ([series["value"][1]] if "value" in series else [p[1] for p in series["values"]])]
+        assert any(math.isfinite(v) for v in values), f"only NaN/Inf for target={target!r}: {result}"
+
+
+def test_the_regime_change_annotation_names_the_new_regime(stack: Stack) -> None:
+    annotation = next(q for q in QUERIES if q.where == "Regime changes")
+    result = stack.prometheus.query(substitute(annotation.expr))["result"]
+    changed = {series["metric"]["target"]: series["metric"]["verdict"] for series in result}
+    assert changed["vllm-queueing"] == "queueing"
+
+
+def test_the_regime_timeline_maps_each_target_to_its_verdict(stack: Stack) -> None:
+    from tests.grafana.queries import load_generator
+
+    generator = load_generator()
+    timeline = next(q for q in QUERIES if q.where == "Diagnosed regime")
+    result = stack.prometheus.query(substitute(timeline.expr))["result"]
+    verdicts = {s["metric"]["target"]: generator.VERDICTS[int(float(s["value"][1]))] for s in result}
+    current = {d["target"]: d["verdict"] for d in stack.monitor.telemetry.diagnosis.diagnoses}
+    assert verdicts == current and set(verdicts) == set(ENGINES)
+
+
+def test_template_variables_list_the_targets_and_models(stack: Stack) -> None:
+    for dashboard, name, query in variable_queries():
+        label = query.split(",")[-1].strip(" )")
+        selector = query.removeprefix("label_values(").rsplit(",", 1)[0]
+        values = stack.prometheus.api("label/" + label + "/values", **{"match[]": substitute(selector)})
+        assert values, (dashboard, name)
+        if name == "target":
+            assert set(values) == set(ENGINES)
+        if name == "model":
+            assert "meta-llama/Llama-3.1-8B-Instruct" in values
+
+
+MERGED_TABLES = [(name, panel) for name, dashboard in load_dashboards().items() for panel in dashboard["panels"]
+                 if any(t["id"] == "merge" for t in panel.get("transformations", []))]
+
+
+@pytest.mark.parametrize("name,panel", MERGED_TABLES, ids=[f"{n.removesuffix('.json')}:{p['title']}"
+                                                          for n, p in MERGED_TABLES])
+def test_merged_tables_join_their_frames_on_shared_labels(stack: Stack, name: str, panel: dict) -> None:
+    """Grafana's merge transformation joins table frames on the fields they share; the
+    frames must share the identifying labels (and not ``__name__``, which differs), and
+    every row of the later frames must find its partner row in the first."""
+    frames = [[s["metric"] for s in stack.prometheus.query(substitute(t["expr"]))["result"]]
+              for t in panel["targets"]]
+    keys = [set().union(*(row.keys() for row in frame)) for frame in frames]
+    assert all(frames) and not set().union(*keys) & {"__name__", "job", "instance"}
+    shared = set.intersection(*keys)
+    assert "target" in shared
+    first = {tuple(row.get(k, "") for k in sorted(shared)) for row in frames[0]}
+    for frame in frames[1:]:
+        assert {tuple(row.get(k, "") for k in sorted(shared)) for row in frame} <= first
