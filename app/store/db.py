@@ -45,6 +45,11 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 def alembic_config(url: str) -> Config:
+    if not (ALEMBIC_DIR / "env.py").is_file():
+        # The migrations live next to the package in the source tree (alembic/), which a
+        # plain wheel install does not carry; say so instead of failing obscurely.
+        raise RuntimeError(f"database migrations not found in {ALEMBIC_DIR}: install LLM Latency Monitor from its "
+                           "source tree (`pip install -e .`, as the Dockerfile does)")
     config = Config()
     config.set_main_option("script_location", str(ALEMBIC_DIR))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
