@@ -14,6 +14,7 @@ from app.durations import parse_duration
 from app.config import ConfigError, format_validation_error, load_config
 from app.alerts.rules_export import rules
 from app.emulator.cli import emulate
+from app.probe.cli import probe
 from app.settings import Settings
 
 
@@ -215,6 +216,7 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
 
 main.add_command(emulate)
 main.add_command(rules)
+main.add_command(probe)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -34,6 +34,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
+from app.probe.canary import CanaryConfig
 from app.diagnosis.thresholds import Thresholds
 from app.durations import parse_duration
 
@@ -97,6 +98,7 @@ class TargetConfig(BaseModel):
     scrape_interval: Seconds | None = Field(None, gt=0)
     scrape_timeout: Seconds | None = Field(None, gt=0)
     hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
+    canary: CanaryConfig | None = Field(None, description="A periodic single-request probe (off by default)")
 
     @field_validator("labels")
     @classmethod

@@ -24,6 +24,8 @@ from app.alerts.delivery import DeliveryWorker
 from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.profile import HardwareProfile
+from app.probe import repository as probe_repository
+from app.probe.canary import CanaryConfig, latest_single_request_baseline, run_canary
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
@@ -32,6 +34,7 @@ from app.store import db, repository
 from app.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
 
 
 class Monitor:
@@ -96,6 +99,25 @@ class Monitor:
     async def reload_targets(self) -> None:
         specs = await asyncio.to_thread(self.target_specs)
         self.scraping.sync_targets(specs)
+        self.sync_canaries(await asyncio.to_thread(self.canary_configs))
+
+    def canary_configs(self) -> dict[str, tuple[TargetSpec, CanaryConfig]]:
+        with self.sessions() as session:
+            return {t.name: (TargetSpec(t.id, t.name, t.url), CanaryConfig.model_validate(t.canary))
+                    for t in repository.list_targets(session) if t.canary and t.canary.get("enabled")}
+
+    def sync_canaries(self, wanted: dict[str, tuple[TargetSpec, CanaryConfig]]) -> None:
+        """One periodic single-request probe job per target that enables it (off by default)."""
+        scheduler = self.scraping.scheduler
+        for job in scheduler.get_jobs():
+            if job.id.startswith("canary:") and job.id.removeprefix("canary:") not in wanted:
+                job.remove()
+        for name, (spec, config) in wanted.items():
+            def run(spec: TargetSpec = spec, config: CanaryConfig = config) -> None:
+                run_canary(self.sessions, spec, config, on_result=self.telemetry.probes.observe)
+            run.__name__ = f"canary_{name}"
+            scheduler.add_job(self._in_thread(run), "interval", seconds=config.interval, id=f"canary:{name}",
+                              max_instances=1, coalesce=True, replace_existing=True)
 
     def _engine_detected(self, target_id: int, engine: str) -> None:
         def store() -> None:
@@ -105,8 +127,11 @@ class Monitor:
 
     # ------------------------------------------------------------------ periodic jobs
     def prune(self) -> dict[str, int]:
+        before = time.time() - self.settings.retention
         with self.sessions.begin() as session:
-            return repository.prune(session, time.time() - self.settings.retention)
+            deleted = repository.prune(session, before)
+            deleted["probe_runs"] = probe_repository.prune(session, before)
+            return deleted
 
     def refresh_summaries(self) -> None:
         """Recompute the per-target quantile gauges exported on /metrics."""
@@ -131,8 +156,10 @@ class Monitor:
             for target in repository.list_targets(session):
                 hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
                 engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+                baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE)
                 for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
-                                                                  config.window, config.thresholds, hardware):
+                                                                  config.window, config.thresholds, hardware,
+                                                                  probe_baseline=baseline):
                     transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
                                                                    config.thresholds, now)
                     repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
@@ -195,6 +222,7 @@ class Monitor:
                           seconds=self.diagnosis_config.interval, id="diagnosis", max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.evaluate_alerts), "interval", seconds=self.settings.alert_interval,
                           id="alerts", max_instances=1, coalesce=True)
+        self.sync_canaries(await asyncio.to_thread(self.canary_configs))
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
 

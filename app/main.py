@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api.routes import alerts, diagnoses, health, status, targets
+from app.api.routes import alerts, diagnoses, health, probes, status, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -25,4 +25,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(diagnoses.runbooks)
     app.include_router(alerts.router)
     app.include_router(status.router)  # the HTML status page: GET /, /targets/{name}
+    app.include_router(probes.router)
     return app

@@ -31,6 +31,7 @@ Diagnosis (after every diagnosis round)
     llm_latency_finding_evidence{target,model,regime,evidence}    the numbers behind a finding
     llm_latency_finding_threshold{target,model,regime,evidence}   ... and what they were compared with
     llm_latency_finding_remedy_info{target,model,regime,rank,remedy}   1, the remedies in order
+Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
 """
@@ -42,6 +43,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from app.probe.telemetry import ProbeCollector
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -143,6 +146,8 @@ class Telemetry:
         r.register(self.derived)
         self.diagnosis = DiagnosisCollector()
         r.register(self.diagnosis)
+        self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
+        r.register(self.probes)
 
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None:
@@ -162,3 +167,4 @@ class Telemetry:
                 pass
         self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}
         self.diagnosis.diagnoses = [d for d in self.diagnosis.diagnoses if d["target"] != target]
+        self.probes.forget_target(target)

@@ -8,6 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.diagnosis.profile import HardwareProfile
+from app.probe.canary import CanaryConfig
 from app.durations import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -28,6 +29,7 @@ class TargetPatch(BaseModel):
     scrape_interval: Seconds | None = Field(None, gt=0)
     scrape_timeout: Seconds | None = Field(None, gt=0)
     hardware: HardwareProfile | None = None
+    canary: CanaryConfig | None = None
 
 
 class ScrapeOut(BaseModel):
@@ -53,6 +55,7 @@ class TargetOut(BaseModel):
     scrape_timeout_seconds: float
     source: str
     hardware: dict | None = None
+    canary: dict | None = None
     created_at: float
     updated_at: float
     last_scrape: ScrapeOut | None = None

@@ -48,6 +48,12 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
                           signals=s.to_dict())
     if s.ttft_derived:
         diagnosis.notes.append("TTFT derived as queue + prefill batch time (the engine exports no TTFT histogram)")
+    if s.probe_baseline:
+        b = s.probe_baseline
+        diagnosis.notes.append(
+            f"single-request baseline from client-side probe run {b['run_id']} ({b['kind']}, "
+            f"{b['age_seconds']:.0f} s old): TTFT p50 {b['ttft']['p50']:.3f} s, ITL p50 "
+            f"{(b['itl'] or {}).get('p50') or 0:.4f} s with {b['prompt_tokens']} prompt tokens")
     problems = data_problems(s, t)
     if problems:
         diagnosis.verdict = "insufficient_data"
@@ -78,9 +84,16 @@ def rank(findings: list[Finding]) -> None:
 
 
 def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
-                    thresholds: Thresholds, hardware: HardwareProfile | None = None) -> list[Diagnosis]:
-    """Diagnoses for every model of one target over ``[end - window, end]``."""
+                    thresholds: Thresholds, hardware: HardwareProfile | None = None,
+                    probe_baseline: dict | None = None) -> list[Diagnosis]:
+    """Diagnoses for every model of one target over ``[end - window, end]``.
+
+    ``probe_baseline`` is the latest client-side single-request measurement (a canary or
+    probe, :func:`app.probe.canary.latest_single_request_baseline`): it is shown as
+    evidence next to the load-dependent server numbers, and the diagnosis says so."""
     all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware)
+    for s in all_signals:
+        s.probe_baseline = probe_baseline
     if not all_signals:
         s = Signals(target, "", engine, end - window, end,
                     scrapes=len(repository.scrape_times(session, target_id, end - window, end)))

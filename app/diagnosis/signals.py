@@ -65,6 +65,7 @@ class Signals:
     hardware: str | None = None
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
+    probe_baseline: dict | None = None        # latest client-side single-request probe (canary), if any
 
     @property
     def window_seconds(self) -> float:

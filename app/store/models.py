@@ -55,6 +55,7 @@ class Target(Base):
     scrape_timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
     source: Mapped[str] = mapped_column(String(8), default="api")
     hardware: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # HardwareProfile fields
+    canary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # CanaryConfig fields
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
@@ -221,3 +222,56 @@ class DeliveryAttemptRow(Base):
     latency: Mapped[float] = mapped_column(Float)
     response: Mapped[str | None] = mapped_column(Text, nullable=True)  # truncated
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ProbeRunRow(Base):
+    """One active probe run (app/probe): ad hoc (API/CLI), a scheduled canary, or a sweep.
+
+    ``target`` is the monitored target's name, or the URL probed when it is not a target;
+    ``target_id`` survives only while the target exists. ``summary`` is
+    ``ProbeResult.summary()`` (per-level stats, errors, protocol used)."""
+
+    __tablename__ = "probe_runs"
+    __table_args__ = (Index("ix_probe_runs_target", "target", "kind", "started_at"),
+                      Index("ix_probe_runs_target_id", "target_id", "kind", "started_at"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"), nullable=True)
+    target: Mapped[str] = mapped_column(String(256))
+    url: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(8))  # adhoc | canary | sweep
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(10))  # running | done | error | cancelled
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ProbeRequestRow(Base):
+    """One request of a probe run, as the client saw it (seconds); ITL summarised per request."""
+
+    __tablename__ = "probe_requests"
+    __table_args__ = (Index("ix_probe_requests_run", "run_id", "level", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("probe_runs.id", ondelete="CASCADE"))
+    level: Mapped[int] = mapped_column(Integer)  # index of the level in the run
+    concurrency: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)  # planned
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    ttft: Mapped[float | None] = mapped_column(Float, nullable=True)
+    e2e: Mapped[float | None] = mapped_column(Float, nullable=True)
+    itl_mean: Mapped[float | None] = mapped_column(Float, nullable=True)
+    itl_p50: Mapped[float | None] = mapped_column(Float, nullable=True)
+    itl_p99: Mapped[float | None] = mapped_column(Float, nullable=True)
+    itl_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens_seen: Mapped[int | None] = mapped_column(Integer, nullable=True)  # usage.prompt_tokens
+    completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -55,7 +55,7 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None) -> 
         name=target.name, url=target.url, engine=target.engine, detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, hardware=target.hardware, created_at=target.created_at, updated_at=target.updated_at,
+        source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at, updated_at=target.updated_at,
         last_scrape=scrape_out(last),
     )
 
@@ -124,7 +124,7 @@ def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: Mon
         check_url(monitor, changes["url"])
     merged = {"name": target.name, "url": target.url, "engine": target.engine, "labels": target.labels,
               "scrape_interval": target.scrape_interval, "scrape_timeout": target.scrape_timeout,
-              "hardware": target.hardware, **changes}
+              "hardware": target.hardware, "canary": target.canary, **changes}
     try:
         TargetConfig.model_validate(merged)  # the combination must still be valid
     except ValidationError as exc:

@@ -12,7 +12,7 @@ one it can only see "slow, steady, small batch" and says so with lower confidenc
 from __future__ import annotations
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
 
@@ -35,6 +35,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("ITL p50 / p99", f"{s.itl.p50 * 1000:.1f} / {s.itl.p99 * 1000:.1f} ms" if s.itl and s.itl.p99 else None),
         info("generation throughput", s.generation_tokens_per_second, "tokens/s"),
     ]
+    evidence += probe_evidence(s, "itl", "ITL")
     if s.decode_floor_seconds is None:
         evidence.append(info("hardware profile", "not configured",
                              note="add `hardware:` to the target to compare ITL with the bandwidth floor"))

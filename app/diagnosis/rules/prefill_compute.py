@@ -8,7 +8,7 @@ is fewer/shorter input tokens or reusing their KV (prefix caching), not scheduli
 from __future__ import annotations
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
 
@@ -33,6 +33,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("prefix-cache hit rate", hit_rate, "%"),
         info("enable_prefix_caching", caching, note="from vllm:cache_config_info" if caching else ""),
     ]
+    evidence += probe_evidence(s, "ttft", "TTFT")
     vllm = [
         "Shorten the inputs: fewer RAG chunks, truncated chat history, shorter system prompts.",
         ("Enable prefix caching (--enable-prefix-caching) if requests share a prefix (system prompt, documents)"

@@ -10,7 +10,7 @@ exact although vLLM's queue histogram has no bucket below 300 ms.
 from __future__ import annotations
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
 
@@ -31,6 +31,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("waiting requests (max)", s.waiting_max),
         info("KV-cache usage (max)", s.kv_usage_max, "%"),
     ]
+    evidence += probe_evidence(s, "ttft", "TTFT")
     kv_low = s.kv_usage_max is not None and s.kv_usage_max < 0.8
     running = f"{s.running_max:.0f}" if s.running_max is not None else "the limit"
     vllm = [

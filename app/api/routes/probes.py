@@ -1,0 +1,126 @@
+"""Probes: client-side TTFT/ITL measurements started through the API, run in the background.
+
+``POST /api/v1/probes`` validates and bounds the probe (see :mod:`app.probe.schemas`),
+stores a ``running`` row and answers 202 with its id; ``GET /api/v1/probes/{id}`` shows the
+state and, once done, the summary (``?requests=true`` adds every request);
+``GET /api/v1/probes`` lists runs (newest first), optionally of one target or kind.
+
+The router brings its own lifespan (FastAPI nests it inside the app's): it owns the
+:class:`~app.probe.jobs.ProbeJobs` of the app and cancels running probes at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
+
+from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.routes.targets import unprocessable
+from app.config import validate_target_url
+from app.probe import repository as probe_repository
+from app.probe.jobs import ProbeJobs
+from app.probe.runner import LevelPlan, ProbeSpec
+from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
+from app.store.models import ProbeRequestRow, ProbeRunRow
+
+
+@asynccontextmanager
+async def probes_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    monitor = app.state.monitor
+    # a ProbeCollector on the service's telemetry (``Telemetry.probes``), when one is wired in
+    collector = getattr(monitor.telemetry, "probes", None)
+    jobs = ProbeJobs(monitor.sessions, on_finished=getattr(collector, "observe", None))
+    app.state.probe_jobs = jobs
+    try:
+        yield
+    finally:
+        await jobs.shutdown()
+
+
+router = APIRouter(prefix="/api/v1", tags=["probes"], lifespan=probes_lifespan)
+
+
+def get_jobs(request: Request) -> ProbeJobs:
+    jobs = getattr(request.app.state, "probe_jobs", None)
+    if jobs is None:  # the app was built without this router's lifespan
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "probes are not available in this process")
+    return jobs
+
+
+def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None) -> dict:
+    out = {"id": row.id, "target": row.target, "target_id": row.target_id, "url": row.url, "kind": row.kind,
+           "state": row.state, "params": row.params, "started_at": row.started_at, "finished_at": row.finished_at,
+           "summary": row.summary, "error": row.error}
+    if requests is not None:
+        out["requests"] = [{
+            "level": r.level, "concurrency": r.concurrency, "prompt_tokens": r.prompt_tokens,
+            "max_tokens": r.max_tokens, "seq": r.seq, "started_at": r.started_at, "ttft": r.ttft, "e2e": r.e2e,
+            "itl_mean": r.itl_mean, "itl_p50": r.itl_p50, "itl_p99": r.itl_p99, "itl_max": r.itl_max,
+            "tokens": r.tokens, "prompt_tokens_seen": r.prompt_tokens_seen, "completion_tokens": r.completion_tokens,
+            "finish_reason": r.finish_reason, "status_code": r.status_code, "error": r.error, "detail": r.detail,
+        } for r in requests]
+    return out
+
+
+def _create_row(monitor, body: ProbeIn) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    """In a worker thread: resolve the target, store the ``running`` row; (run id, base URL)."""
+    with monitor.sessions.begin() as session:
+        target_id, name, url = None, body.url, body.url
+        if body.target is not None:
+            target = probe_repository.target_by_name(session, body.target)
+            if target is None:
+                raise unprocessable("body.target", f"unknown target {body.target!r}")
+            target_id, name, url = target.id, target.name, body.url or target.url
+        kind = "sweep" if len(body.concurrency) > 1 else "adhoc"
+        row = probe_repository.create_run(session, target=name, url=url, kind=kind, params=body.params(),
+                                          target_id=target_id)
+        return row.id, url
+
+
+@router.post("/probes", status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
+async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> dict:
+    """Start a probe in the background; 202 with its id. Bounded by :mod:`app.probe.schemas`."""
+    jobs = get_jobs(request)
+    if body.target is None and body.url is None:
+        raise unprocessable("body.target", "give a target name or a url")
+    if body.url is not None:
+        try:
+            validate_target_url(body.url, monitor.settings.allowed_target_hosts)
+        except ValueError as exc:
+            raise unprocessable("body.url", str(exc)) from None
+    per_level = body.level_requests()
+    if sum(per_level) > MAX_REQUESTS_TOTAL:
+        raise unprocessable("body.requests", f"at most {MAX_REQUESTS_TOTAL} requests per probe, "
+                                             f"this one would send {sum(per_level)}")
+    if jobs.running >= MAX_RUNNING_PROBES:
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"{jobs.running} probes are running (at most {MAX_RUNNING_PROBES}); retry later")
+    run_id, url = await asyncio.to_thread(_create_row, monitor, body)
+    spec = ProbeSpec(url=url, model=body.model, prompt_tokens=body.prompt_tokens, max_tokens=body.max_tokens,
+                     concurrency=max(body.concurrency), chat=body.chat, endpoint=body.endpoint,
+                     api_key=body.api_key.get_secret_value() if body.api_key else None, timeout=body.timeout,
+                     stall_timeout=body.stall_timeout, connect_timeout=min(10.0, body.timeout),
+                     time_limit=body.time_limit, ignore_eos=body.ignore_eos)
+    plans = [LevelPlan(c, body.prompt_tokens, body.max_tokens, n) for c, n in zip(body.concurrency, per_level)]
+    jobs.start(run_id, spec, plans)
+    return {"id": run_id, "state": "running", "href": f"/api/v1/probes/{run_id}"}
+
+
+@router.get("/probes/{run_id}")
+def get_probe(run_id: int, session: SessionDep,
+              requests: Annotated[bool, Query(description="include every request")] = False) -> dict:
+    row = probe_repository.get_run(session, run_id)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"probe {run_id} not found")
+    return run_out(row, probe_repository.requests_of(session, run_id) if requests else None)
+
+
+@router.get("/probes")
+def list_probes(session: SessionDep, target: str | None = None,
+                kind: Annotated[str | None, Query(pattern="^(adhoc|canary|sweep)$")] = None,
+                limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict]:
+    return [run_out(row) for row in probe_repository.list_runs(session, target, kind, limit)]

@@ -1,0 +1,166 @@
+"""Scheduled canaries: a small periodic single-request probe per target, stored.
+
+A canary is the cheapest continuous answer to "is it slow even alone?": one request with a
+fixed prompt and output length every few minutes. Its stored results are the
+*single-request baseline* the diagnosis compares the load-dependent histograms with
+(:func:`latest_single_request_baseline`).
+
+Off by default (:class:`CanaryConfig` ``enabled=False``): a canary sends real requests to a
+production engine. The scheduler calls :func:`run_canary` (synchronous, for a worker
+thread) or :func:`run_canary_async` every ``interval`` for targets that enable it.
+
+The API key, when the endpoint needs one, is read from the environment variable named by
+``api_key_env`` at run time, so keys never sit in the config file or the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Protocol
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.durations import parse_duration
+from app.probe import repository as probe_repository
+from app.probe.runner import ProbeResult, ProbeSpec, run_probe
+from app.store.models import ProbeRunRow
+
+log = logging.getLogger(__name__)
+
+_Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class CanaryConfig(BaseModel):
+    """Per-target canary settings (``targets[].canary`` in the config file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    interval: _Seconds = Field(300.0, ge=10, description="Time between canary probes (e.g. 5m).")
+    prompt_tokens: int = Field(512, ge=1, le=131072)
+    max_tokens: int = Field(64, ge=1, le=8192)
+    requests: int = Field(1, ge=1, le=16, description="Requests per canary, one at a time.")
+    model: str | None = Field(None, max_length=256, description="Default: the first model of /v1/models.")
+    chat: bool = False
+    endpoint: str | None = Field(None, pattern=r"^/[A-Za-z0-9_./-]*$",
+                                 description="Path of the completions endpoint; default /v1/completions "
+                                 "(or /v1/chat/completions with chat).")
+    url: str | None = Field(None, description="Base URL of the OpenAI-compatible API when it is not at the "
+                            "scheme/host/port of the metrics URL.")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                    description="Environment variable holding the API key (Bearer).")
+    timeout: _Seconds = Field(60.0, gt=0, le=600, description="Per request.")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http(s) URL")
+        return url
+
+
+class _TargetLike(Protocol):
+    name: str
+    url: str
+
+
+def _api_key(config: CanaryConfig) -> str | None:
+    if config.api_key_env is None:
+        return None
+    key = os.environ.get(config.api_key_env)
+    if not key:
+        raise ValueError(f"environment variable {config.api_key_env} (api_key_env) is not set")
+    return key
+
+
+def canary_spec(target: _TargetLike, config: CanaryConfig) -> ProbeSpec:
+    """The probe a canary runs: ``requests`` single requests, one at a time, bounded in time."""
+    return ProbeSpec(url=config.url or target.url, model=config.model, prompt_tokens=config.prompt_tokens,
+                     max_tokens=config.max_tokens, concurrency=1, requests=config.requests, chat=config.chat,
+                     endpoint=config.endpoint, api_key=_api_key(config), timeout=config.timeout,
+                     stall_timeout=min(30.0, config.timeout), connect_timeout=min(10.0, config.timeout),
+                     time_limit=config.timeout * (config.requests + 1))
+
+
+def canary_params(config: CanaryConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json", exclude={"enabled"})
+
+
+def _start(sessions: sessionmaker[Session], target: _TargetLike, config: CanaryConfig) -> int:
+    with sessions.begin() as session:
+        target_id = getattr(target, "id", None)
+        if not isinstance(target_id, int):
+            row = probe_repository.target_by_name(session, target.name)
+            target_id = row.id if row is not None else None
+        return probe_repository.create_run(session, target=target.name, url=config.url or target.url, kind="canary",
+                                           params=canary_params(config), target_id=target_id).id
+
+
+def _finish(sessions: sessionmaker[Session], run_id: int, result: ProbeResult | None,
+            error: str | None) -> ProbeRunRow | None:
+    with sessions.begin() as session:
+        return probe_repository.finish_run(session, run_id, "done" if result is not None else "error",
+                                           result=result, error=error)
+
+
+async def run_canary_async(sessions: sessionmaker[Session], target: _TargetLike, config: CanaryConfig, *,
+                           on_result: Callable[[ProbeRunRow], None] | None = None) -> ProbeRunRow | None:
+    """Run one canary for ``target`` (a ``Target`` row, a scrape ``TargetSpec``, anything with
+    ``name`` and ``url``; ``id`` when it has one) and store it. Failed requests are results,
+    not exceptions: the run is ``done`` with its errors in the summary; only a canary that
+    could not run at all (e.g. a missing API key) is stored as ``error``."""
+    run_id = await asyncio.to_thread(_start, sessions, target, config)
+    result: ProbeResult | None = None
+    error: str | None = None
+    try:
+        result = await run_probe(canary_spec(target, config))
+    except ValueError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - stored on the run, the scheduler keeps going
+        log.exception("canary for %s failed", target.name)
+        error = f"{type(exc).__name__}: {exc}"
+    except asyncio.CancelledError:
+        await asyncio.to_thread(_mark, sessions, run_id, "cancelled", "the service stopped during the canary")
+        raise
+    row = await asyncio.to_thread(_finish, sessions, run_id, result, error)
+    if row is not None and on_result is not None:
+        on_result(row)
+    return row
+
+
+def _mark(sessions: sessionmaker[Session], run_id: int, state: str, error: str) -> None:
+    with sessions.begin() as session:
+        probe_repository.finish_run(session, run_id, state, error=error)
+
+
+def run_canary(sessions: sessionmaker[Session], target: _TargetLike, config: CanaryConfig, *,
+               on_result: Callable[[ProbeRunRow], None] | None = None) -> ProbeRunRow | None:
+    """Synchronous :func:`run_canary_async` for a worker thread (no event loop running in it)."""
+    return asyncio.run(run_canary_async(sessions, target, config, on_result=on_result))
+
+
+def latest_single_request_baseline(session: Session, target: int | str, since: float) -> dict | None:
+    """The newest single-request measurement of ``target`` (id, or name) since ``since``:
+    the concurrency-1 level of the latest finished canary, ad hoc probe or sweep with at least
+    one successful request. None when there is none.
+
+    Keys: ``run_id``, ``kind``, ``measured_at``, ``prompt_tokens``, ``max_tokens``,
+    ``requests``, ``succeeded``, ``errors``, ``ttft``/``itl``/``e2e``/``tpot`` (each
+    ``count, p50, p90, p99, mean, min, max`` in client seconds), ``age_seconds``."""
+    for run in probe_repository.finished_runs(session, target, since):
+        for level in (run.summary or {}).get("levels", []):
+            if level.get("concurrency") == 1 and level.get("succeeded", 0) > 0:
+                return {
+                    "run_id": run.id, "target": run.target, "kind": run.kind, "measured_at": run.finished_at,
+                    "age_seconds": max(0.0, time.time() - (run.finished_at or run.started_at)),
+                    "prompt_tokens": level["prompt_tokens"], "max_tokens": level["max_tokens"],
+                    "requests": level["requests"], "succeeded": level["succeeded"], "errors": level["errors"],
+                    "ttft": level["ttft"], "itl": level["itl"], "e2e": level["e2e"], "tpot": level.get("tpot"),
+                    "prompt_tokens_seen": level.get("prompt_tokens_seen"),
+                }
+    return None

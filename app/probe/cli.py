@@ -1,0 +1,133 @@
+"""``llm-latency probe``: measure TTFT and ITL from the client side, now.
+
+    llm-latency probe http://10.0.0.5:8000 --model M --prompt-tokens 512 --max-tokens 128 \\
+        --concurrency 1,8,32 [--requests N] [--timeout 60s] [--chat] [--api-key-env VAR] [--json]
+
+One level per concurrency (in the order given), input and output length fixed; a progress
+bar on stderr while it runs, then a table (or ``--json``) on stdout. Exits 1 when any request
+failed, 2 on bad arguments (click names the option).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from urllib.parse import urlsplit
+
+import click
+
+from app.durations import parse_duration
+from app.probe.runner import LevelPlan, ProbeSpec, RequestResult, run_probe
+from app.probe.sweep import analyze, format_table
+
+MAX_CLI_CONCURRENCY = 1024
+
+
+class _Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, (int, float)):
+            return float(value)
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if seconds <= 0:
+            self.fail(f"must be positive, got {value!r}", param, ctx)
+        return seconds
+
+
+def _levels(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        levels = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected integers separated by commas (e.g. 1,8,32), got {value!r}") from None
+    if not levels:
+        raise click.BadParameter("give at least one concurrency level")
+    bad = [c for c in levels if not 1 <= c <= MAX_CLI_CONCURRENCY]
+    if bad:
+        raise click.BadParameter(f"levels must be between 1 and {MAX_CLI_CONCURRENCY}, got {bad[0]}")
+    if len(set(levels)) != len(levels):
+        raise click.BadParameter("levels must be distinct")
+    return levels
+
+
+def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(f"must be an http(s) URL with a host, e.g. http://127.0.0.1:8000, got {value!r}")
+    return value
+
+
+@click.command("probe")
+@click.argument("url", callback=_url)
+@click.option("--model", help="Model name; default: the first of GET /v1/models.")
+@click.option("--prompt-tokens", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
+              help="Input length, held fixed.")
+@click.option("--max-tokens", type=click.IntRange(1, 100_000), default=128, show_default=True,
+              help="Output length, held fixed (with ignore_eos).")
+@click.option("--concurrency", default="1", show_default=True, callback=_levels,
+              help="Comma-separated levels, e.g. 1,8,32: a single request and the target load, separately.")
+@click.option("--requests", type=click.IntRange(1, 100_000), default=None,
+              help="Requests per level [default: 2 x the level's concurrency].")
+@click.option("--timeout", type=_Duration(), default="120s", show_default=True, help="Per request.")
+@click.option("--stall-timeout", type=_Duration(), default="30s", show_default=True,
+              help="After the first token: no data for this long = stalled.")
+@click.option("--time-limit", type=_Duration(), default=None, help="Stop the whole probe after this long.")
+@click.option("--chat", is_flag=True, help="Use /v1/chat/completions (text prompt, calibrated).")
+@click.option("--endpoint", help="Path of the completions endpoint, if not the OpenAI default.")
+@click.option("--prompt-mode", type=click.Choice(["auto", "token_ids", "text"]), default="auto", show_default=True)
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Ask the engine to ignore end-of-sequence so every answer has --max-tokens tokens.")
+@click.option("--api-key-env", metavar="VAR", help="Environment variable holding the API key (Bearer).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def probe(url: str, model: str | None, prompt_tokens: int, max_tokens: int, concurrency: list[int],
+          requests: int | None, timeout: float, stall_timeout: float, time_limit: float | None, chat: bool,
+          endpoint: str | None, prompt_mode: str, ignore_eos: bool, api_key_env: str | None, as_json: bool) -> None:
+    """Stream requests to URL (an OpenAI-compatible server) and measure TTFT and ITL."""
+    api_key = None
+    if api_key_env is not None:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            raise click.BadParameter(f"environment variable {api_key_env} is not set", param_hint="'--api-key-env'")
+    if endpoint is not None and not endpoint.startswith("/"):
+        raise click.BadParameter("must be a path starting with '/'", param_hint="'--endpoint'")
+    if chat and prompt_mode == "token_ids":
+        raise click.BadParameter("token ids need /v1/completions, not --chat", param_hint="'--prompt-mode'")
+    spec = ProbeSpec(url=url, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                     concurrency=max(concurrency), requests=requests, chat=chat, endpoint=endpoint, api_key=api_key,
+                     timeout=timeout, stall_timeout=stall_timeout, connect_timeout=min(10.0, timeout),
+                     time_limit=time_limit, prompt_mode=prompt_mode, ignore_eos=ignore_eos)  # type: ignore[arg-type]
+    plans = [LevelPlan(c, prompt_tokens, max_tokens, requests or 2 * c) for c in concurrency]
+    total = sum(p.requests for p in plans)
+    with click.progressbar(length=total, label="probing", file=sys.stderr, show_pos=True) as bar:
+        def tick(plan: LevelPlan, result: RequestResult) -> None:
+            bar.update(1)
+        result = asyncio.run(run_probe(spec, plans, on_request=tick))
+    if as_json:
+        click.echo(json.dumps({**result.summary(), "analysis": analyze(result)}, indent=2))
+    else:
+        model_text = result.model or "(server default)"
+        click.echo(f"{result.url}{result.endpoint}  model {model_text}  prompt {result.protocol['prompt_mode']}"
+                   f"{'' if result.protocol['ignore_eos'] else ', no ignore_eos'}")
+        click.echo(format_table(result.levels))
+        split = analyze(result).get("load_split")
+        if split:
+            click.echo(f"single -> {split['loaded_concurrency']}: TTFT x{_x(split['ttft_ratio'])}, "
+                       f"ITL x{_x(split['itl_ratio'])}")
+    if result.stopped_by == "time_limit":
+        click.echo("stopped by --time-limit", err=True)
+    if result.failed:
+        errors = ", ".join(f"{k}={v}" for k, v in sorted(result.errors.items()))
+        click.echo(f"{result.failed} of {result.requests} requests failed: {errors}", err=True)
+        sys.exit(1)
+    if result.requests == 0:
+        click.echo("no request was sent", err=True)
+        sys.exit(1)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
