@@ -34,6 +34,7 @@ from app.diagnosis.findings import REGIMES, Evidence
 from app.durations import format_duration
 from app.latency import LoadedHistograms
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
+from app.probe import repository as probe_repository
 from app.store import repository
 from app.store.models import Scrape, Target
 
@@ -326,6 +327,17 @@ def page_params(monitor, window: str | None, end: float | None) -> tuple[float, 
     return seconds, (time.time() if end is None else end), text, live
 
 
+def latest_probe_levels(session) -> dict[int, dict]:
+    """Per target, the newest client-side probe or canary result (one query for all targets)."""
+    out: dict[int, dict] = {}
+    for run in probe_repository.latest_runs(session):  # ordered by id: newer runs overwrite older
+        levels = (run.summary or {}).get("levels", [])
+        if levels:
+            out[run.target_id] = {"kind": run.kind, "finished_at": run.finished_at, "run_id": run.id,
+                                  "levels": levels}
+    return out
+
+
 def html(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(templates.get_template(template).render(**context), status_code=status_code,
                         headers=SECURITY_HEADERS)
@@ -362,6 +374,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     for s in wanted:
         by_target.setdefault(s.target_id, []).append(s)
     diagnoses = diagnoses_by_target(session, monitor)
+    probes = latest_probe_levels(session)
 
     cards = []
     for target in targets:
@@ -376,6 +389,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
             "charts": [build_chart(f"c{target.id}-{signal}", signal, loaded, end, seconds, first)
                        for signal in CHART_SIGNALS],
             "diagnoses": diagnoses.get(target.name, []),
+            "probe": probes.get(target.id),
         })
     counts = {
         "targets": len(cards),
