@@ -20,7 +20,7 @@ Sources: NVIDIA A100 datasheet (SXM4 80GB: 2,039 GB/s, BF16 312 TFLOPS), H100 da
 (SXM5: 3.35 TB/s, BF16 989 TFLOPS, FP8 1,979 TFLOPS), L40S datasheet (864 GB/s, BF16
 362.05 TFLOPS, FP8 733 TFLOPS), Ada GeForce whitepaper for the RTX 4090 (1,008 GB/s;
 FP16/BF16 tensor with FP32 accumulate 165.2 TFLOPS dense), L4 datasheet (300 GB/s, BF16
-121 TFLOPS dense). The brief's rounded A100 bandwidth (2.0e12) was replaced by the
+121 TFLOPS dense). The commonly quoted rounded A100 bandwidth (2.0e12) is replaced by the
 datasheet's 2.039e12.
 
 Host link: PCIe Gen4 x16 is 31.5 GB/s per direction on paper; pinned-memory copies reach

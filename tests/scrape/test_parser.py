@@ -71,7 +71,7 @@ def oracle_rejects(line: str) -> bool:
 # ----------------------------------------------------------------------------- fixtures
 
 # Known pages: file -> (1-based numbers of the lines prometheus_client rejects,
-# samples_seen, number of families). Other files in the directory (more are being added)
+# samples_seen, number of families). Other files in the directory
 # get the same oracle checks, with the expected numbers taken from the oracle.
 KNOWN_FIXTURES = {
     "sglang-v0.4-docs-production_metrics.prom": ([], 91, 12),
