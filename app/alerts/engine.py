@@ -14,7 +14,6 @@ Every evaluation:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from sqlalchemy.orm import Session
 from app import latency, quantiles
 from app.alerts import silences as silence_rules
 from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname
-from app.alerts.schemas import AlertInstance, fingerprint, group_key, webhook_payload
+from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
 from app.store import repository
 from app.store.models import AlertRow
@@ -189,11 +188,9 @@ def plan_notifications(session: Session, config: AlertsConfig, receivers: list[R
                                        generator_url) for r in mine_firing]
             instances += [AlertInstance(r.labels, r.annotations, "resolved", r.starts_at or r.active_since,
                                         r.ends_at, generator_url) for r in mine_resolved]
-            payload = webhook_payload(receiver.name, group_labels, instances, config.external_url)
-            body = json.dumps([a.to_alertmanager() for a in instances] if receiver.kind == "alertmanager"
-                              else payload, separators=(",", ":"))
-            repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, payload["status"], body,
-                                            now)
+            status, body = notification_body(receiver.kind, receiver.name, group_labels, instances,
+                                             config.external_url)
+            repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, status, body, now)
             created += 1
         # what was just sent is what the next round compares against
         for r in firing:

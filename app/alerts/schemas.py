@@ -12,6 +12,7 @@ webhook-sample*.json`` were captured from one), so receivers written for Alertma
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -100,3 +101,12 @@ def webhook_payload(receiver: str, group_labels: Mapping[str, str], alerts: Iter
         "groupKey": group_key(group_labels),
         "truncatedAlerts": truncated,
     }
+
+
+def notification_body(kind: str, receiver: str, group_labels: Mapping[str, str], alerts: list[AlertInstance],
+                      external_url: str) -> tuple[str, str]:
+    """(status, exact JSON body) of one notification: the webhook payload for ``kind:
+    webhook``, the ``/api/v2/alerts`` list for ``kind: alertmanager``."""
+    payload = webhook_payload(receiver, group_labels, alerts, external_url)
+    content = [a.to_alertmanager() for a in alerts] if kind == "alertmanager" else payload
+    return payload["status"], json.dumps(content, separators=(",", ":"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Annotated, Any
@@ -11,10 +10,10 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.alerts.config import ReceiverConfig
-from app.alerts.schemas import AlertInstance, group_key, rfc3339, webhook_payload
+from app.alerts.schemas import AlertInstance, group_key, notification_body, rfc3339
 from app.alerts.silences import MatcherError, parse_matcher, silenced_by
 from app.api.deps import MonitorDep, SessionDep, WriteAuth
-from app.api.routes.targets import duration_param, unprocessable
+from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
 from app.config import validate_target_url
 from app.store import repository
 
@@ -129,9 +128,7 @@ def create_receiver(body: dict[str, Any], session: SessionDep, monitor: MonitorD
     try:
         receiver = ReceiverConfig.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise unprocessable("body." + ".".join(map(str, first["loc"])), first["msg"].removeprefix("Value error, ")
-                            ) from None
+        raise unprocessable_from(exc) from None
     try:
         validate_target_url(receiver.url, monitor.settings.allowed_target_hosts)
     except ValueError as exc:
@@ -166,12 +163,11 @@ def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
     instance = AlertInstance(labels, {"summary": "Test notification from LLM Latency Monitor",
                                       "description": "If you can read this, the receiver works."}, "firing", now, None,
                              monitor.settings.public_url)
-    payload = webhook_payload(name, {"alertname": labels["alertname"]}, [instance],
-                              monitor.alerts_config.external_url)
-    body = json.dumps([instance.to_alertmanager()] if receiver.kind == "alertmanager" else payload,
-                      separators=(",", ":"))
-    notification = repository.enqueue_notification(session, str(uuid.uuid4()), name,
-                                                   group_key({"alertname": labels["alertname"]}), "firing", body, now)
+    group_labels = {"alertname": labels["alertname"]}
+    status_text, body = notification_body(receiver.kind, name, group_labels, [instance],
+                                          monitor.alerts_config.external_url)
+    notification = repository.enqueue_notification(session, str(uuid.uuid4()), name, group_key(group_labels),
+                                                   status_text, body, now)
     session.commit()
     return {"notification": notification.id, "state": notification.state}
 
