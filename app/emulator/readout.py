@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.quantiles import histogram_quantile
+
 
 @dataclass
 class Hist:
@@ -28,21 +30,10 @@ class Hist:
                     self.count - other.count)
 
     def quantile(self, q: float) -> float:
-        """Prometheus ``histogram_quantile``: linear interpolation inside the bucket holding
-        the rank; lower edge of the first bucket is 0; +Inf bucket -> last finite bound."""
+        """Prometheus ``histogram_quantile`` (the monitor's exact implementation)."""
         if self.count <= 0 or not self.buckets:
             return math.nan
-        rank = q * self.count
-        prev_le, prev_c = 0.0, 0.0
-        for le, c in self.buckets:
-            if c >= rank:
-                if le == math.inf:
-                    return prev_le
-                if c == prev_c:
-                    return le
-                return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
-            prev_le, prev_c = le, c
-        return prev_le
+        return histogram_quantile(q, [le for le, _ in self.buckets], [c for _, c in self.buckets])
 
     @property
     def mean(self) -> float:
