@@ -11,7 +11,7 @@ import bisect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -38,10 +38,13 @@ class LoadedHistograms:
 
     series: list[SeriesRef]
     snapshots: dict[int, list[HistogramSnapshot]]
+    _times: dict[int, list[float]] = field(default_factory=dict, repr=False)
 
     def window(self, series: SeriesRef, start: float, end: float) -> WindowHistogram | None:
         points = self.snapshots.get(series.id, [])
-        times = [p.ts for p in points]
+        times = self._times.get(series.id)
+        if times is None:  # built once per series: a time series asks for many windows
+            times = self._times[series.id] = [p.ts for p in points]
         lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
         return quantiles.window_histogram(series.bounds, points[lo:hi], start, end)
 
@@ -72,14 +75,14 @@ def _derived_ttft(queue: LatencySummary, prefill: LatencySummary) -> dict:
 
 def summarize_signals(loaded: LoadedHistograms, start: float, end: float, model: str | None = None) -> dict:
     out: dict[str, dict] = {}
+    summaries: dict[str, LatencySummary] = {}
     for signal in HISTOGRAM_SIGNALS:
         merged = loaded.merged(start, end, signal, model)
         if merged is not None:
-            out[signal] = summary_dict(quantiles.summarize(merged))
+            summaries[signal] = quantiles.summarize(merged)
+            out[signal] = summary_dict(summaries[signal])
     if "ttft" not in out and "queue_time" in out and "prefill_time" in out:
-        queue = quantiles.summarize(loaded.merged(start, end, "queue_time", model))
-        prefill = quantiles.summarize(loaded.merged(start, end, "prefill_time", model))
-        out["ttft"] = _derived_ttft(queue, prefill)
+        out["ttft"] = _derived_ttft(summaries["queue_time"], summaries["prefill_time"])
     return out
 
 

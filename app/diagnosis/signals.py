@@ -141,7 +141,8 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
     out = []
     for model in models:
         s = Signals(target, model, engine, start, end, scrapes=len(scrape_times))
-        summaries = {sig: quantiles.summarize(loaded.merged(start, end, sig, model)) for sig in DIAGNOSIS_HISTOGRAMS}
+        merged = {sig: loaded.merged(start, end, sig, model) for sig in DIAGNOSIS_HISTOGRAMS}
+        summaries = {sig: quantiles.summarize(h) for sig, h in merged.items()}
         present = {sig for sig in DIAGNOSIS_HISTOGRAMS if any(x.signal == sig and x.model == model for x in loaded.series)}
         get = lambda sig: summaries[sig] if sig in present else None  # noqa: E731
         s.ttft, s.itl, s.queue_time, s.prefill_time = get("ttft"), get("itl"), get("queue_time"), get("prefill_time")
@@ -165,10 +166,9 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
             s.ttft_per_1k_prompt_tokens = ttft_mean / (prompt_mean / 1000.0)
         if s.itl is not None and s.itl.p50:
             s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
-        s.decode_stall_share = _stall_share(engine, loaded.merged(start, end, "itl", model),
-                                            loaded.merged(start, end, "prefill_time", model))
+        s.decode_stall_share = _stall_share(engine, merged["itl"], merged["prefill_time"])
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(
-            loaded.merged(start, end, "iteration_tokens", model))
+            merged["iteration_tokens"])
         _gauges_and_rates(s, scalar_series, points, model, start, end)
         _itl_by_batch(s, loaded, scalar_series, points, model, start, end)
         s.config = _config(infos, model)
