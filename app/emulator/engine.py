@@ -296,6 +296,22 @@ class Engine:
         self.waiting.appendleft(victim)
         self.listener.on_preempt(victim, now)
 
+    def _admit_waiting(self, entries: list, admitted: list, budget: int, whole: bool, reserve: int = 0) -> int:
+        """Move waiting requests (FIFO) into the running set while slots, tokens and KV
+        blocks allow; appends to ``entries``/``admitted`` and returns the budget left."""
+        waiting, running = self.waiting, self.running
+        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
+            req = waiting[0]
+            n = self._try_admit(req, budget, whole=whole, reserve=reserve)
+            if not n:
+                break
+            waiting.popleft()
+            running.append(req)
+            admitted.append(req)
+            entries.append((req, n))
+            budget -= n
+        return budget
+
     def _try_admit(self, req: Request, budget: int, whole: bool, reserve: int = 0) -> int:
         """Admit ``req`` if it fits (leaving ``reserve`` blocks free); returns tokens
         scheduled (0 = not admitted)."""
@@ -392,18 +408,7 @@ class Engine:
             break  # req itself was preempted: it was the last one
         admitted: list = []
         if not preempted:
-            waiting = self.waiting
-            max_seqs = self.config.max_num_seqs
-            while waiting and budget > 0 and len(running) < max_seqs:
-                req = waiting[0]
-                n = self._try_admit(req, budget, whole=False)
-                if not n:
-                    break
-                waiting.popleft()
-                running.append(req)
-                admitted.append(req)
-                entries.append((req, n))
-                budget -= n
+            self._admit_waiting(entries, admitted, budget, whole=False)
         return entries, admitted, 0
 
     def _plan_unchunked(self, now: float):
@@ -411,18 +416,8 @@ class Engine:
         admitted: list = []
         entries: list = []
         if waiting and len(running) < self.config.max_num_seqs:
-            budget = self._budget
             watermark = self.num_gpu_blocks // 100  # V0 keeps 1 % of the blocks free when admitting
-            while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
-                req = waiting[0]
-                n = self._try_admit(req, budget, whole=True, reserve=watermark)
-                if not n:
-                    break
-                waiting.popleft()
-                running.append(req)
-                admitted.append(req)
-                entries.append((req, n))
-                budget -= n
+            self._admit_waiting(entries, admitted, self._budget, whole=True, reserve=watermark)
             if entries:
                 return entries, admitted, len(running) - len(admitted)
         i = 0
