@@ -57,8 +57,9 @@ def _links(config: AlertsConfig, target: str, regime: str | None = None) -> dict
 
 def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
     out = []
+    target_labels = {t.name: dict(t.labels) for t in repository.list_targets(session)}
     for target, row in repository.finding_history(session, states=("active",)):
-        labels_extra = repository.target_labels(session, target)
+        labels_extra = target_labels.get(target, {})
         details = row.details
         evidence = "; ".join(Evidence(**e).text() for e in details.get("evidence", []) if e.get("op") != "info")
         caused = f" (a symptom of {details['caused_by']})" if details.get("caused_by") else ""

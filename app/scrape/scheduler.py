@@ -60,6 +60,7 @@ class ScrapeService:
         self._stopping = False
         self._inflight = 0
         self._frozen = False
+        self._reported_engines: dict[str, str] = {}  # target -> engine already stored as detected
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, targets: list[TargetSpec]) -> None:
@@ -118,6 +119,7 @@ class ScrapeService:
 
     def _remove(self, name: str) -> None:
         scraper = self.scrapers.pop(name, None)
+        self._reported_engines.pop(name, None)
         try:
             self.scheduler.remove_job(f"scrape:{name}")
         except Exception:
@@ -130,9 +132,8 @@ class ScrapeService:
                                      record.samples_kept, record.malformed, record.ts)
         self.telemetry.queue_depth.set(len(self._pending))
         if record.engine and self.on_engine_detected is not None and spec.engine == "auto":
-            scraper = self.scrapers.get(spec.name)
-            if scraper is not None and getattr(scraper, "_reported_engine", None) != record.engine:
-                scraper._reported_engine = record.engine  # type: ignore[attr-defined]
+            if self._reported_engines.get(spec.name) != record.engine:
+                self._reported_engines[spec.name] = record.engine
                 self.on_engine_detected(spec.id, record.engine)
 
     async def scrape_now(self, name: str) -> ScrapeRecord:

@@ -443,11 +443,6 @@ def finding_history(session: Session, target_id: int | None = None, since: float
 
 # --------------------------------------------------------------------------- alerts
 
-def target_labels(session: Session, name: str) -> dict[str, str]:
-    target = get_target(session, name)
-    return dict(target.labels) if target is not None else {}
-
-
 def open_alerts(session: Session) -> list[AlertRow]:
     return list(session.scalars(select(AlertRow).where(AlertRow.state.in_(("pending", "firing")))))
 
