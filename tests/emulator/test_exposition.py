@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 
@@ -12,6 +11,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from app.emulator.engine import EngineConfig
 from app.emulator.exposition import CONTENT_TYPE, TGI_DURATION_BUCKETS, build_1_2_5_buckets, observe_n
 from app.emulator.readout import Page, signature
+from app.scrape import parser as scrape_parser
 from app.emulator.scenarios import get
 from app.emulator.simulation import Simulation
 from app.emulator.workload import LengthDist, TrafficStream
@@ -138,12 +138,6 @@ def test_tgi_page():
 
 @pytest.mark.parametrize("engine", ["vllm", "vllm-legacy", "tgi"])
 def test_pages_parse_with_the_monitors_parser_too(engine):
-    if importlib.util.find_spec("app.scrape.parser") is None:
-        pytest.skip("app.scrape.parser not written yet")
-    from app.scrape import parser as scrape_parser
-
-    if not hasattr(scrape_parser, "parse_page"):
-        pytest.skip("app.scrape.parser has no parse_page")
     text = _small_context_sim(engine).render_metrics()
     parsed = scrape_parser.parse_page(text)
     assert parsed.malformed == 0, parsed.errors
