@@ -60,6 +60,11 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     assert history[0]["activated_at"] == last.ts + 1
     on_demand = c.get("/api/v1/targets/busy/diagnosis", params={"window": "2m", "end": last.ts}).json()
     assert on_demand[0]["verdict"] == "queueing" and on_demand[0]["window"]["seconds"] == 120.0
+    exact = c.get("/api/v1/targets/busy/diagnosis", params={"start": last.ts - 120, "end": last.ts}).json()
+    assert exact[0]["window"]["seconds"] == 120.0 and exact[0]["window"]["end"] == last.ts
+    assert exact[0]["findings"][0]["evidence"] == on_demand[0]["findings"][0]["evidence"]
+    backwards = c.get("/api/v1/targets/busy/diagnosis", params={"start": last.ts, "end": last.ts - 1})
+    assert backwards.status_code == 422 and backwards.json()["detail"][0]["loc"] == ["query", "start"]
     assert c.get("/api/v1/targets/nope/diagnosis").status_code == 404
     runbook = c.get("/runbooks/queueing")
     assert runbook.status_code == 200 and "**Verify the fix.**" in runbook.text

@@ -248,7 +248,7 @@ class Service:
     def diagnosis(self, start: float, end: float) -> dict:
         """GET /diagnosis evaluated now over exactly [start, end] (one model: the tiny one)."""
         response = self.client.get(f"/api/v1/targets/{self.target}/diagnosis",
-                                   params={"window": f"{(end - start) * 1000:.0f}ms", "end": end})
+                                   params={"start": start, "end": end})
         assert response.status_code == 200, response.text
         diagnoses = response.json()
         assert len(diagnoses) == 1, diagnoses

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import PlainTextResponse
 
 from app.api.deps import MonitorDep, SessionDep
-from app.api.routes.targets import duration_param, get_or_404
+from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import REGIMES
 from app.diagnosis.profile import HardwareProfile
@@ -76,15 +76,21 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
 def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
                      window: Annotated[str | None, Query(description="evaluate now over this window "
                                                                       "(no lifecycle); default: latest scheduled")] = None,
-                     end: float | None = None) -> list[dict]:
+                     start: Annotated[float | None, Query(description="unix seconds; with end, evaluate now "
+                                                                      "over exactly [start, end]")] = None,
+                     end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> list[dict]:
+    """The latest scheduled diagnosis, or (``window`` or ``start``) one evaluated now over that
+    range without touching the finding lifecycle. ``start`` exists because a window in
+    milliseconds rounds: a range meant to begin at a scrape would begin just after it and
+    the first increase would be extrapolated."""
     target = get_or_404(session, name)
-    if window is None:
+    if window is None and start is None:
         return current(session, monitor, target.id)
-    seconds = duration_param(window, "window")
+    seconds, end = time_range(window or "5m", start, end)
     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
     diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine,
-                                                 end if end is not None else time.time(), seconds,
+                                                 end, seconds,
                                                  monitor.diagnosis_config.thresholds, hardware)
     return [d.to_dict() for d in diagnoses]
 
