@@ -41,7 +41,7 @@ Run from the repository root::
     python -m bench.ingest                       # full run (~5 min on 2 cores)
     python -m bench.ingest --quick               # ~1 min smoke run
     python -m bench.ingest --skip-prometheus --skip-postgres
-    python -m bench.ingest --profile             # + cProfile of the 1-model SQLite path
+    python -m bench.ingest --profile [8-model]   # + cProfile of the SQLite path (1-model page by default)
 
 Most of a full run's wall time is the unmeasured first write of the 8-model targets:
 ``SampleWriter`` creates each new series with its own SELECT + INSERT (80,000 series for
@@ -802,8 +802,8 @@ async def run_async_parts(args: argparse.Namespace, kinds: dict[str, PageKind], 
             pg.drop()
     if args.profile:
         sqlite_dir = Path(tempfile.mkdtemp(prefix="ingest-profile-", dir=tmp))
-        log("profiling the 1-model SQLite path (cProfile)")
-        profiled = await whole_path(kinds["1-model"], "SQLite", f"sqlite:///{sqlite_dir / 'bench.db'}",
+        log(f"profiling the {args.profile} SQLite path (cProfile)")
+        profiled = await whole_path(kinds[args.profile], "SQLite", f"sqlite:///{sqlite_dir / 'bench.db'}",
                                     args.targets, args.rounds, profile=True)
         shutil.rmtree(sqlite_dir, ignore_errors=True)
         profile_text = profiled.profile
@@ -826,7 +826,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="Prometheus targets for the 8-model page (1 s interval; 500 would need ~4 cores)")
     ap.add_argument("--fetches", type=int, default=600, help="fetches per HTTP client measurement")
     ap.add_argument("--gzip", action="store_true", help="serve gzip to clients that ask (vLLM does not)")
-    ap.add_argument("--profile", action="store_true", help="also cProfile the 1-model SQLite whole path")
+    ap.add_argument("--profile", nargs="?", const="1-model", choices=("1-model", "8-model"),
+                    help="also cProfile the SQLite whole path of this page (default 1-model)")
     args = ap.parse_args(argv)
     budget, repeats = 0.25, 5
     if args.quick:

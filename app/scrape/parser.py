@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 
@@ -101,6 +101,11 @@ class MetricFamily:
     name: str  # TYPE name; counters always end in "_total"; untyped: the sample name
     type: str  # counter|gauge|histogram|summary|untyped (+ info, stateset, gaugehistogram)
     samples: list[Sample]
+    # A memo for facts derived from the samples' names and labels, never their values:
+    # the same dict on every page whose plan verified exactly these names and labels in
+    # this order (point 3 of the module docstring), None when the page has no plan. The
+    # adapters keep their series layouts here, so a repeat page is not regrouped.
+    memo: dict | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -681,7 +686,8 @@ class _Plan:
         families = []
         for fam in st.families.values():
             first = starts.get(id(fam), 0)
-            families.append((fam.name, fam.type, slice(first, first + len(fam.samples))))
+            fam.memo = {}
+            families.append((fam.name, fam.type, slice(first, first + len(fam.samples)), fam.memo))
         plan.families = tuple(families)
         plan.seen, plan.kept = page.samples_seen, page.samples_kept
         plan.malformed, plan.errors = st.malformed, tuple(st.errors)
@@ -709,5 +715,5 @@ class _Plan:
         if self.kept_mask is not None:
             floats = list(compress(floats, self.kept_mask))
         samples = list(map(Sample, self.names, self.labels, floats))
-        families = {name: MetricFamily(name, type_, samples[span]) for name, type_, span in self.families}
+        families = {name: MetricFamily(name, type_, samples[span], memo) for name, type_, span, memo in self.families}
         return ParsedPage(families, self.seen, self.kept, self.malformed, list(self.errors))

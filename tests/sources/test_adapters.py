@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,52 @@ def test_adapters_declare_their_families() -> None:
     assert "vllm:time_to_first_token_seconds" in ADAPTERS["vllm"].families
     assert "tgi_batch_inference_duration" in ADAPTERS["tgi"].families
     assert all(name.startswith("sglang:") for name in ADAPTERS["sglang"].families)
+
+
+def _revalued(text: str, seed: int) -> str:
+    """The same page shape with other values: every sample line gets a random value, so
+    buckets decrease and ``_count`` disagrees with ``+Inf`` (the problems must follow)."""
+    rng = random.Random(seed)
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            identity, _, _ = line.rpartition(" ")
+            line = f"{identity} {rng.randint(0, 50)}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("filename", ["vllm-0.32-cpu-real.prom", "vllm-0.10.2-dp2-constructed.prom",
+                                      "tgi-3.3-constructed.prom", "sglang-v0.4-docs-production_metrics.prom"])
+def test_series_layouts_reused_across_scrapes_give_what_a_fresh_grouping_gives(filename: str) -> None:
+    """The adapters group samples into series once per page shape (``MetricFamily.memo``)
+    and only read values afterwards; every later scrape must equal a from-scratch
+    grouping of the same page, problems included."""
+    text = (EXPOSITION / filename).read_text()
+    processor = PageProcessor("auto")
+    first, _, _ = processor.process(_revalued(text, 0))
+    engine = processor.engine
+    adapter = ADAPTERS[engine]
+    memos = {name: family.memo for name, family in first.families.items()}
+    assert all(memo is not None for memo in memos.values())
+    problems_seen = 0
+    for seed in range(1, 6):
+        page_text = _revalued(text, seed)
+        page, result, _ = processor.process(page_text)
+        # the plan verified the shape: the same memo dicts, now holding the layouts
+        assert page.families.keys() == memos.keys()
+        assert all(family.memo is memos[name] for name, family in page.families.items())
+        assert result.histograms and any(key[0] == "histogram" for memo in memos.values() for key in memo)
+        fresh_page = parse_page(page_text, keep=adapter.families.__contains__)
+        assert all(family.memo is None for family in fresh_page.families.values())
+        fresh = adapter.to_canonical(fresh_page)
+        assert result == fresh
+        problems_seen += len(result.problems)
+    assert problems_seen > 0  # random values break histograms; the check ran every scrape
+    # A changed shape (a _count line gone) gets new layouts, not the old ones.
+    lines = _revalued(text, 9).splitlines()
+    drop = next(i for i, line in enumerate(lines) if "_count" in line and not line.startswith("#"))
+    changed = "\n".join(lines[:drop] + lines[drop + 1:]) + "\n"
+    page, result, _ = processor.process(changed)
+    assert any(family.memo is not memos.get(name) for name, family in page.families.items())
+    assert result == adapter.to_canonical(parse_page(changed, keep=adapter.families.__contains__))
