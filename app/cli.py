@@ -206,7 +206,7 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
         for name, scenario, engine in DEMO_TARGETS:
             click.echo(f"  {name:<20} {engine:<12} {scenario:<22} {fleet.urls[name]}/metrics")
         base = f"http://127.0.0.1:{port}"
-        click.echo(f"\nLLM Latency Monitor: {base}\n  API docs:   {base}/docs\n"
+        click.echo(f"\nLLM Latency Monitor: {base}\n  status page: {base}/\n  API docs:   {base}/docs\n"
                    f"  latency:    {base}/api/v1/targets/vllm-queueing/latency?window=1m\n"
                    f"  self metrics: {base}/metrics\nCtrl-C to stop.")
         run_server(settings, "127.0.0.1", port)
