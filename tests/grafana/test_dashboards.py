@@ -253,3 +253,62 @@ def test_the_dashboard_json_is_deterministic() -> None:
     assert generator.render() == generator.render()
     for name, text in generator.render().items():
         assert text == (DASHBOARD_DIR / name).read_text(encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- what the panels show
+
+def _uses(panel: dict, *needles: str) -> bool:
+    """Every needle (a metric name or a label matcher text) appears in the panel's queries."""
+    exprs = " ".join(t["expr"] for t in panel.get("targets", []))
+    return all(needle in exprs for needle in needles)
+
+
+def _quantiles(signal: str) -> tuple[str, ...]:
+    return tuple(f'signal="{signal}", quantile="{q}"' for q in ("0.5", "0.9", "0.99"))
+
+
+#: The panels the dashboards exist for, each recognised by what it queries (titles may
+#: change, the data may not): requirement -> predicate over one panel.
+REQUIRED_PANELS = {
+    "TTFT p50/p90/p99 over time": lambda p: p["type"] == "timeseries" and _uses(p, *_quantiles("ttft")),
+    "ITL p50/p90/p99 over time": lambda p: p["type"] == "timeseries" and _uses(p, *_quantiles("itl")),
+    "SLO attainment": lambda p: "SLO" in p["title"] and _uses(p, "ttft_slo") and _uses(p, "itl_slo"),
+    "TTFT decomposition queue vs. prefill": lambda p: (
+        _uses(p, 'signal="queue_time"', 'signal="prefill_time"')
+        or _uses(p, "vllm:request_queue_time_seconds_sum", "vllm:request_prefill_time_seconds_sum")),
+    "ITL p99/p50 with engine-step size": lambda p: _uses(p, 'quantile="0.99"', 'quantile="0.5"',
+                                                         "vllm:iteration_tokens_total_bucket"),
+    "running and waiting": lambda p: _uses(p, "vllm:num_requests_running", "vllm:num_requests_waiting",
+                                           "tgi_batch_current_size", "tgi_queue_size"),
+    "KV usage and preemptions": lambda p: _uses(p, "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"),
+    "prefix-cache hit rate": lambda p: _uses(p, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    "state timeline of the diagnosed regime": lambda p: p["type"] == "state-timeline"
+                                                        and _uses(p, "llm_latency_diagnosis_verdict"),
+    "active findings with evidence and remedies": lambda p: p["type"] == "table"
+                                                            and _uses(p, "llm_latency_finding_remedy_info"),
+    "finding evidence against thresholds": lambda p: p["type"] == "table"
+                                                     and _uses(p, "llm_latency_finding_evidence",
+                                                               "llm_latency_finding_threshold"),
+    "scrape health": lambda p: _uses(p, "llm_latency_target_up"),
+    "scrape results": lambda p: _uses(p, "llm_latency_scrapes_total"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_every_required_panel_is_on_every_dashboard(name: str) -> None:
+    found = {requirement: [p["title"] for p in panels(DASHBOARDS[name]) if matches(p)]
+             for requirement, matches in REQUIRED_PANELS.items()}
+    assert all(found.values()), [requirement for requirement, titles in found.items() if not titles]
+    dashboard = DASHBOARDS[name]
+    assert {v["name"] for v in dashboard["templating"]["list"]} >= {"target", "model"}
+    regime_annotations = [a for a in dashboard["annotations"]["list"]
+                          if "llm_latency_diagnosis_verdict" in a.get("expr", "") and "changes(" in a["expr"]]
+    assert len(regime_annotations) == 1
+
+
+def test_the_required_panel_check_notices_a_missing_panel() -> None:
+    dashboard = json.loads(json.dumps(DASHBOARDS["llm-latency-target.json"]))
+    dashboard["panels"] = [p for p in dashboard["panels"] if p.get("type") != "state-timeline"
+                           or "llm_latency_diagnosis_verdict" not in json.dumps(p)]
+    missing = [r for r, matches in REQUIRED_PANELS.items() if not any(matches(p) for p in panels(dashboard))]
+    assert missing == ["state timeline of the diagnosed regime"]
