@@ -60,6 +60,8 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
         diagnosis.notes.extend(problems)
         return diagnosis
     findings = [f for f in (rule.evaluate(s, t) for rule in RULES) if f is not None]
+    for finding in findings:
+        finding.window_start, finding.window_end = s.window_start, s.window_end
     rank(findings)
     diagnosis.findings = findings
     if findings:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+#: Regimes judged from client-side probes (:mod:`app.probe.consistency`), not from the engine's
+#: metrics alone: Prometheus has no client measurement, so they have no exported rule.
+PROBE_REGIMES = ("outside_engine",)
 REGIMES = ("queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
-           "weights_offloaded")
+           "weights_offloaded", *PROBE_REGIMES)
 VERDICTS = (*REGIMES, "healthy", "insufficient_data")
 SEVERITIES = ("critical", "warning", "info")
 RUNBOOK_DIR = "docs/runbooks"
@@ -29,6 +32,11 @@ class Evidence:
             return f"{self.name} = {value}" + (f" ({self.note})" if self.note else "")
         return f"{self.name} = {value} ({self.op} {_fmt(self.threshold, self.unit)})" + (
             f"; {self.note}" if self.note else "")
+
+
+def window_dict(start: float, end: float) -> dict:
+    """The window a number was computed over, as every API response shows it."""
+    return {"start": start, "end": end, "seconds": end - start}
 
 
 def _fmt(value: float | str | None, unit: str) -> str:
@@ -55,6 +63,9 @@ class Finding:
     remedies: list[str] = field(default_factory=list)
     primary: bool = False
     caused_by: str | None = None  # the primary regime this one is a symptom of
+    # the window every evidence number was computed over (set by the engine from the signals)
+    window_start: float | None = None
+    window_end: float | None = None
 
     @property
     def runbook(self) -> str:
@@ -62,6 +73,8 @@ class Finding:
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        start, end = data.pop("window_start"), data.pop("window_end")
+        data["window"] = window_dict(start, end) if start is not None and end is not None else None
         data["runbook"] = self.runbook
         return data
 
@@ -83,8 +96,7 @@ class Diagnosis:
     def to_dict(self) -> dict:
         return {
             "target": self.target, "model": self.model, "engine": self.engine,
-            "window": {"start": self.window_start, "end": self.window_end,
-                       "seconds": self.window_end - self.window_start},
+            "window": window_dict(self.window_start, self.window_end),
             "verdict": self.verdict, "findings": [f.to_dict() for f in self.findings],
             "notes": self.notes, "signals": self.signals,
         }

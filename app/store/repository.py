@@ -394,7 +394,7 @@ def open_findings(session: Session, target_id: int, model: str) -> list[FindingR
 def _finding_fields(payload: dict) -> dict:
     return {"severity": payload["severity"], "confidence": payload["confidence"], "is_primary": payload["primary"],
             "summary": payload["summary"],
-            "details": {k: payload[k] for k in ("evidence", "remedies", "runbook", "caused_by")}}
+            "details": {k: payload[k] for k in ("evidence", "remedies", "runbook", "caused_by", "window")}}
 
 
 def create_finding(session: Session, target_id: int, model: str, regime: str, now: float, payload: dict) -> FindingRow:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.emulator.simulation import Simulation
 from tests.support.pages import StaticPageServer
 
@@ -43,6 +45,10 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     assert share["value"] > 0.9 and share["threshold"] == 0.5 and share["met"]
     assert any("--max-num-seqs" in r for r in finding["remedies"])
     assert finding["runbook_url"].endswith("/runbooks/queueing")
+    # the window every evidence number of the finding was computed over: the latest evaluation's
+    assert finding["window"]["end"] == last.ts + 1
+    assert finding["window"]["start"] == pytest.approx(last.ts + 1 - 60.0)
+    assert finding["window"]["seconds"] == pytest.approx(60.0)
     calm = next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "calm")
     assert calm["verdict"] == "healthy" and calm["signals"]["decode_floor_seconds"] > 0.007
 
@@ -58,8 +64,10 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     history = c.get("/api/v1/diagnoses/history", params={"target": "busy"}).json()
     assert [(h["regime"], h["state"]) for h in history] == [("queueing", "active")]
     assert history[0]["activated_at"] == last.ts + 1
+    assert history[0]["window"] == finding["window"]  # persisted with the finding
     on_demand = c.get("/api/v1/targets/busy/diagnosis", params={"window": "2m", "end": last.ts}).json()
     assert on_demand[0]["verdict"] == "queueing" and on_demand[0]["window"]["seconds"] == 120.0
+    assert on_demand[0]["findings"][0]["window"] == on_demand[0]["window"]
     exact = c.get("/api/v1/targets/busy/diagnosis", params={"start": last.ts - 120, "end": last.ts}).json()
     assert exact[0]["window"]["seconds"] == 120.0 and exact[0]["window"]["end"] == last.ts
     assert exact[0]["findings"][0]["evidence"] == on_demand[0]["findings"][0]["evidence"]

@@ -108,6 +108,12 @@ def test_bandwidth_bound_needs_slow_steady_decode_near_the_floor() -> None:
     assert f is not None and f.severity == "warning"
     assert evidence(f, "ITL / decode floor").value == 1.53 and evidence(f, "ITL / decode floor").threshold == 2.0
     assert any("--kv-cache-dtype fp8" in r for r in f.remedies) and any("speculative" in r.lower() for r in f.remedies)
+    tgi = bandwidth_bound.evaluate(healthy_signals("tgi", **{k: getattr(s, k) for k in (
+        "itl", "itl_ratio", "running_mean", "decode_floor_seconds", "itl_over_floor", "hardware")}), T)
+    assert tgi is not None and evidence(tgi, "ITL / decode floor").value == 1.53
+    assert any("--quantize awq" in r for r in tgi.remedies) and any("--kv-cache-dtype fp8_e4m3" in r for r in tgi.remedies)
+    assert any("--speculate" in r for r in tgi.remedies) and any("--num-shard" in r for r in tgi.remedies)
+    assert not any("--tensor-parallel-size" in r or "--quantization fp8" in r for r in tgi.remedies)  # vLLM flags
     # without a hardware profile it can only say "slow and steady": info, lower confidence
     unprofiled = bandwidth_bound.evaluate(healthy_signals(itl=s.itl, itl_ratio=1.2, running_mean=3.9,
                                                           decode_floor_seconds=None, itl_over_floor=None), T)
@@ -154,6 +160,9 @@ def test_cause_is_primary_and_symptoms_are_marked() -> None:
     assert [f.regime for f in d.findings] == ["kv_cache_pressure", "queueing"]
     assert d.verdict == "kv_cache_pressure" and d.findings[0].primary and not d.findings[1].primary
     assert d.findings[1].caused_by == "kv_cache_pressure"
+    # every finding names the window its evidence was computed over (the signals' window)
+    assert [f.to_dict()["window"] for f in d.findings] == [{"start": 0.0, "end": 120.0, "seconds": 120.0}] * 2
+    assert d.to_dict()["window"] == {"start": 0.0, "end": 120.0, "seconds": 120.0}
 
 
 @pytest.mark.parametrize(("changes", "reason"), [
