@@ -89,6 +89,18 @@ def test_legacy_vllm_names():
     assert {r for (n, lb) in page.samples if n == "vllm:request_success_total"
             for k, r in lb if k == "finished_reason"} == {"stop", "length", "abort"}
     assert page.hist("vllm:time_per_output_token_seconds").count > 100
+    # the 0.8.x buckets of the reference (engine metrics reference 1.3: "inter_token_latency",
+    # also used by the old time_per_output_token_seconds), and the current page's label names
+    itl_buckets = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                   40.0, 80.0]
+    assert sorted(float(x) for x in page.bucket_les["vllm:time_per_output_token_seconds"] if x != "+Inf") \
+        == itl_buckets
+    current = Page(_small_context_sim().render_metrics())
+    for old, new in (("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+                     ("vllm:time_per_output_token_seconds", "vllm:inter_token_latency_seconds"),
+                     ("vllm:gpu_prefix_cache_queries", "vllm:prefix_cache_queries"),
+                     ("vllm:gpu_prefix_cache_hits", "vllm:prefix_cache_hits")):
+        assert page.types[old] == current.types[new] and page.labelnames[old] == current.labelnames[new], old
     sig = signature(page)
     assert sig["itl_p50"] > 0 and not math.isnan(sig["kv_usage"])
 
@@ -172,3 +184,47 @@ def test_token_buckets_and_content_type():
     assert build_1_2_5_buckets(32768)[-1] == 20000
     assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
     assert Simulation(get("healthy")).content_type == CONTENT_TYPE
+
+
+TGI_REFERENCE = FIXTURES / "tgi-router-metrics.md"
+
+
+def _tgi_reference_table() -> dict[str, tuple[str, set[str]]]:
+    """name -> (type, label names) from the TGI table of the engine metrics reference,
+    which was read off TGI's router source; the emulator is compared with it, not with
+    pages the project built itself."""
+    table = {}
+    for line in TGI_REFERENCE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]  # "\|" inside a cell is not a column
+        if len(cells) != 4 or not cells[0].startswith("`tgi_"):
+            continue
+        names = re.findall(r"`(tgi_\w+)`", cells[0])
+        type_ = cells[1].split()[0]
+        labels = set(re.findall(r"`(\w+)`(?: =|$)", cells[2]))
+        for name in names:
+            table[name] = (type_, labels)
+    return table
+
+
+def test_tgi_page_has_the_types_and_labels_of_the_tgi_router():
+    reference = _tgi_reference_table()
+    assert len(reference) >= 25 and reference["tgi_batch_concat"] == ("counter", {"reason"})
+    assert reference["tgi_request_queue_duration"] == ("histogram", set())
+    page = Page(_small_context_sim("tgi").render_metrics())
+    # A Rust `metrics` counter is exposed once first incremented: nothing fails in the
+    # emulator, so the failure counters are absent, as on a healthy TGI. skipped_tokens
+    # counts speculative tokens, which the emulator does not model.
+    not_emitted = {"tgi_request_failure", "tgi_batch_inference_failure", "tgi_request_skipped_tokens"}
+    assert set(reference) - set(page.types) == not_emitted
+    for name, (type_, labels) in reference.items():
+        if name in not_emitted:
+            continue
+        assert page.types[name] == type_, name
+        assert page.labelnames.get(name, set()) == labels, name
+    # buckets the reference gives: every *_duration geometric (checked above), batch_next_size 1..1024 step 1,
+    # generated/max_new tokens 100 linear buckets
+    next_size = sorted(float(x) for x in page.bucket_les["tgi_batch_next_size"] if x != "+Inf")
+    assert next_size == [float(k) for k in range(1, 1025)]
+    for name in ("tgi_request_generated_tokens", "tgi_request_max_new_tokens", "tgi_request_input_length"):
+        les = sorted(float(x) for x in page.bucket_les[name] if x != "+Inf")
+        assert len(les) == 100 and les == pytest.approx([les[0] * k for k in range(1, 101)]), name
