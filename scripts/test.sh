@@ -7,12 +7,14 @@ cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: Prometheus/promtool are the PromQL oracle and rule checker,
-# Alertmanager the real receiver of exported alerts, Chromium the status page's browser.
+# Alertmanager the real receiver of exported alerts, Chromium the status page's browser,
+# Node.js runs the Prometheus Operator's resource validators.
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v pg_isready >/dev/null 2>&1 || missing+=(postgresql-client)
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -27,4 +29,6 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432; then
 fi
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# Validators generated from the Prometheus Operator's API types (tests/deploy), pinned by the lock file.
+npm ci --prefix tests/deploy/operator_models --no-audit --no-fund --silent
 exec python3 -m pytest "$@"

@@ -1,11 +1,14 @@
 """deploy/kubernetes/: every manifest validates offline against the Kubernetes OpenAPI
 schemas (kubernetes-validate, strict: unknown fields are errors), the Prometheus Operator
-resources against the subset of their CRD schemas written below, and the pieces fit
-together (selectors, ports, config path, secrets, one replica)."""
+resources against the validators generated from the Operator's own API types and against
+the stricter subset of their CRD schemas written below (unknown fields are errors there),
+and the pieces fit together (selectors, ports, config path, secrets, one replica)."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -14,7 +17,7 @@ import yaml
 
 from app.config import load_config
 from app.settings import Settings
-from tests.support.components import in_ci
+from tests.support.components import in_ci, missing_component, require_binary
 
 try:
     from kubernetes_validate import utils as kubernetes_validate
@@ -115,6 +118,37 @@ def test_operator_resources_match_their_crd_schema(kind: str) -> None:
     broken = yaml.safe_load(yaml.safe_dump(BY_KIND[kind]))
     broken["spec"]["endpoint" if kind == "ServiceMonitor" else "group"] = []
     assert list(validator.iter_errors(broken))
+
+
+OPERATOR_MODELS = Path(__file__).parent / "operator_models"
+
+
+def operator_validation(resources: list[dict]) -> subprocess.CompletedProcess:
+    """Run the validators generated from the Prometheus Operator's monitoring.coreos.com
+    API types (npm package @kubernetes-models/prometheus-operator, pinned in
+    ``operator_models/package-lock.json``; ``scripts/test.sh`` installs it)."""
+    node = require_binary("node", "validating ServiceMonitor/PrometheusRule with the Operator's generated schemas")
+    if not (OPERATOR_MODELS / "node_modules" / "@kubernetes-models" / "prometheus-operator").is_dir():
+        missing_component(f"npm ci --prefix {OPERATOR_MODELS} has not been run")
+    return subprocess.run([node, str(OPERATOR_MODELS / "validate.mjs")], input=json.dumps(resources),
+                          capture_output=True, text=True, timeout=60, cwd=OPERATOR_MODELS)
+
+
+def test_operator_resources_validate_against_the_operators_own_api_schemas() -> None:
+    resources = [BY_KIND[kind] for kind in sorted(CRD_KINDS)]
+    result = operator_validation(resources)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split("\n")[:2] == [f"ok {r['kind']}/{r['metadata']['name']}" for r in resources]
+    # ... and the same validators refuse what the Operator would: a bad duration, a rule without expr
+    monitor = json.loads(json.dumps(BY_KIND["ServiceMonitor"]))
+    monitor["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    rules = json.loads(json.dumps(BY_KIND["PrometheusRule"]))
+    del rules["spec"]["groups"][0]["rules"][0]["expr"]
+    result = operator_validation([monitor, rules])
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("invalid ServiceMonitor/") and "endpoints/0/interval must match pattern" in lines[0]
+    assert lines[1].startswith("invalid PrometheusRule/") and "rules/0 must have required property expr" in lines[1]
 
 
 def test_kustomization_lists_every_manifest_except_the_secret_template() -> None:
