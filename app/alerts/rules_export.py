@@ -62,6 +62,9 @@ Known differences from the built-in evaluation (the generated file's header poin
   ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang is not exported.
 * The built-in ranking (a cause marks its symptoms ``caused_by``) has no rule-file
   equivalent; the suggested Alertmanager inhibit_rules approximate it.
+* ``outside_engine`` (:data:`app.diagnosis.findings.PROBE_REGIMES`) compares client-side
+  probe TTFT with the engine's; Prometheus sees only the engine's metrics, so it has no
+  exported rule (the service's own alerts carry it as ``LLMLatencyOutsideEngine``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+from app.probe.consistency import period_consistency
 from app.store import repository
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -54,6 +55,10 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
             f"single-request baseline from client-side probe run {b['run_id']} ({b['kind']}, "
             f"{b['age_seconds']:.0f} s old): TTFT p50 {b['ttft']['p50']:.3f} s, ITL p50 "
             f"{(b['itl'] or {}).get('p50') or 0:.4f} s with {b['prompt_tokens']} prompt tokens")
+    if s.probe_consistency:
+        c = s.probe_consistency
+        diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c['runs']))} vs. the engine's TTFT: "
+                               f"{c['message']}")
     problems = data_problems(s, t)
     if problems:
         diagnosis.verdict = "insufficient_data"
@@ -92,10 +97,18 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
 
     ``probe_baseline`` is the latest client-side single-request measurement (a canary or
     probe, :func:`app.probe.canary.latest_single_request_baseline`): it is shown as
-    evidence next to the load-dependent server numbers, and the diagnosis says so."""
+    evidence next to the load-dependent server numbers, and the diagnosis says so. Probe runs
+    that finished within ``thresholds.outside_lookback`` (or the window, if longer) are
+    compared with the engine's TTFT over their own periods
+    (:func:`app.probe.consistency.period_consistency`) for the ``outside_engine`` rule."""
     all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware)
     for s in all_signals:
         s.probe_baseline = probe_baseline
+    consistency = period_consistency(session, target_id, end - max(window, thresholds.outside_lookback), end,
+                                     thresholds)
+    if consistency is not None:  # the probed model's diagnosis (all when the engine labels no model by name)
+        for s in [s for s in all_signals if s.model in consistency.models] or all_signals:
+            s.probe_consistency = consistency.to_dict()
     if not all_signals:
         s = Signals(target, "", engine, end - window, end,
                     scrapes=len(repository.scrape_times(session, target_id, end - window, end)))

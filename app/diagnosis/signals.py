@@ -66,6 +66,7 @@ class Signals:
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
     probe_baseline: dict | None = None        # latest client-side single-request probe (canary), if any
+    probe_consistency: dict | None = None     # client vs. engine TTFT over recent probe runs (app.probe.consistency)
 
     @property
     def window_seconds(self) -> float:

@@ -53,6 +53,22 @@ class Thresholds(BaseModel):
     # weights_offloaded: decode far above the HBM floor
     offload_floor_ratio: float = Field(4.0, description="ITL at small batch / floor at or above this.")
 
+    # outside_engine: clients wait much longer for the first token than the engine records
+    # (client-side probes vs. the engine's TTFT histogram over the same periods). 0.25 s is
+    # beyond what a healthy path adds: HTTP on a kept-alive connection and tokenizing a
+    # 512-token prompt cost milliseconds, even a cross-region round trip is ~0.1-0.2 s; and a
+    # lone request's own engine TTFT on a healthy busy engine varies by tens of milliseconds.
+    # 30 % keeps a fixed overhead on a multi-second TTFT (where the engine is the place to look)
+    # from firing.
+    outside_gap_seconds: float = Field(0.25, description="Client mean TTFT minus the engine's, over the same "
+                                                         "probe periods, at or above this (seconds) ...")
+    outside_gap_share: float = Field(0.3, description="... and at or above this share of the client TTFT.")
+    outside_min_requests: float = Field(3, description="Probe requests (preflight included) compared, at least: "
+                                                       "one request on a busy engine is too noisy.")
+    outside_lookback: float = Field(900.0, description="Probe runs that finished this long before the end of the "
+                                                       "window count (seconds): longer than the canary interval "
+                                                       "(default 5 m), so the finding holds between canaries.")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

@@ -84,13 +84,15 @@ def requests_of(session: Session, run_id: int) -> list[ProbeRequestRow]:
 
 
 def finished_runs(session: Session, target: int | str, since: float, kinds: Sequence[str] = KINDS,
-                  limit: int = 20) -> list[ProbeRunRow]:
-    """Completed runs of a target (by id, or by name/URL), newest first."""
+                  limit: int = 20, until: float | None = None) -> list[ProbeRunRow]:
+    """Completed runs of a target (by id, or by name/URL) finished in ``[since, until]``, newest first."""
     column = ProbeRunRow.target_id if isinstance(target, int) else ProbeRunRow.target
+    query = select(ProbeRunRow).where(column == target, ProbeRunRow.state == "done", ProbeRunRow.kind.in_(kinds),
+                                      ProbeRunRow.finished_at >= since)
+    if until is not None:
+        query = query.where(ProbeRunRow.finished_at <= until)
     return list(session.scalars(
-        select(ProbeRunRow).where(column == target, ProbeRunRow.state == "done", ProbeRunRow.kind.in_(kinds),
-                                  ProbeRunRow.finished_at >= since)
-        .order_by(ProbeRunRow.finished_at.desc(), ProbeRunRow.id.desc()).limit(limit)))
+        query.order_by(ProbeRunRow.finished_at.desc(), ProbeRunRow.id.desc()).limit(limit)))
 
 
 def runs_finished_since(session: Session, since: float, limit: int = 1000) -> list[ProbeRunRow]:

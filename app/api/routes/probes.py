@@ -3,7 +3,9 @@
 ``POST /api/v1/probes`` validates and bounds the probe (see :mod:`app.probe.schemas`),
 stores a ``running`` row and answers 202 with its id; ``GET /api/v1/probes/{id}`` shows the
 state and, once done, the summary (``?requests=true`` adds every request);
-``GET /api/v1/probes`` lists runs (newest first), optionally of one target or kind.
+``GET /api/v1/probes`` lists runs (newest first), optionally of one target or kind;
+``GET /api/v1/targets/{name}/consistency`` compares recent probes' client TTFT with the
+engine's own TTFT over the same periods (:mod:`app.probe.consistency`).
 
 The router brings its own lifespan (FastAPI nests it inside the app's): it owns the
 :class:`~app.probe.jobs.ProbeJobs` of the app and cancels running probes at shutdown.
@@ -14,14 +16,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
 
 from app.api.deps import MonitorDep, SessionDep, WriteAuth
-from app.api.routes.targets import unprocessable
+from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.config import validate_target_url
 from app.probe import repository as probe_repository
+from app.probe.consistency import check_consistency, period_consistency
 from app.probe.jobs import ProbeJobs
 from app.probe.runner import LevelPlan, ProbeSpec
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
@@ -111,12 +115,37 @@ async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> 
 
 
 @router.get("/probes/{run_id}")
-def get_probe(run_id: int, session: SessionDep,
+def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep,
               requests: Annotated[bool, Query(description="include every request")] = False) -> dict:
+    """The run; for a finished run of a monitored target also ``consistency``: its client TTFT
+    against the engine's TTFT histogram over the scrapes around it (``insufficient_data``
+    until the target was scraped after the run)."""
     row = probe_repository.get_run(session, run_id)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"probe {run_id} not found")
-    return run_out(row, probe_repository.requests_of(session, run_id) if requests else None)
+    out = run_out(row, probe_repository.requests_of(session, run_id) if requests else None)
+    if row.state == "done" and row.target_id is not None and row.summary:
+        result = check_consistency(session, row.target_id, row.summary,
+                                   thresholds=monitor.diagnosis_config.thresholds)
+        out["consistency"] = replace(result, runs=(row.id,)).to_dict()
+    return out
+
+
+@router.get("/targets/{name}/consistency")
+def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
+                       window: Annotated[str, Query(description="probe runs that finished in this window, "
+                                                                "e.g. 15m")] = "15m",
+                       end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
+    """Client-side probe TTFT vs. the engine's TTFT over the same periods, for every probe run of
+    the target that finished in the window, combined: what the ``outside_engine`` diagnosis
+    reads. ``status`` ``no_probes`` when no run finished in the window."""
+    target = get_or_404(session, name)
+    seconds, end = time_range(window, None, end)
+    result = period_consistency(session, target.id, end - seconds, end, monitor.diagnosis_config.thresholds)
+    if result is None:
+        return {"target": name, "window": window, "status": "no_probes",
+                "message": f"no probe run of {name!r} finished in the last {window}"}
+    return {"target": name, "window": window, **result.to_dict()}
 
 
 @router.get("/probes")

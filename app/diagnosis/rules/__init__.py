@@ -82,6 +82,7 @@ def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str]) ->
 from app.diagnosis.rules import (  # noqa: E402  (the rule modules import the helpers above)
     bandwidth_bound,
     kv_cache_pressure,
+    outside_engine,
     prefill_compute,
     prefill_interference,
     queueing,
@@ -96,4 +97,5 @@ RULES: tuple[Rule, ...] = (
     prefill_compute.RULE,
     bandwidth_bound.RULE,
     queueing.RULE,
+    outside_engine.RULE,  # client-side: time before the engine; independent of the engine regimes
 )

@@ -1,0 +1,147 @@
+"""The outside_engine rule: client-side probe TTFT vs. the engine's over the same periods.
+Firing and quiet cases with the evidence numbers; the judgement of the consistency check
+the rule reads (on a real database, from stored scrapes and probe runs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from app.alerts.config import regime_alertname
+from app.diagnosis import engine
+from app.diagnosis.findings import PROBE_REGIMES, REGIMES
+from app.diagnosis.rules import RULES, outside_engine
+from app.diagnosis.thresholds import Thresholds
+from app.probe import repository as probe_repository
+from app.probe.consistency import period_consistency
+from app.store import db, repository
+from app.store.repository import SampleWriter, ScrapeRecord
+from app.sources.base import Canonical, CanonicalHistogram
+from tests.diagnosis.test_rules import healthy_signals
+
+T = Thresholds()
+
+
+def consistency(gap: float, client: float, n: int = 4, status: str | None = None, other: bool = True) -> dict:
+    server = client - gap
+    return {"target_id": 1, "probe_start": 1000.0, "probe_end": 1010.0, "window_start": 995.0, "window_end": 1015.0,
+            "client_requests": n, "client_mean": client, "server_requests": 40.0, "server_mean": server,
+            "server_queue_mean": 0.01, "gap_seconds": gap, "gap_share": gap / client, "threshold_seconds": 0.25,
+            "threshold_share": 0.3, "min_requests": 3, "finding": False, "status": status or "ok",
+            "message": "m", "other_traffic": other, "runs": [7, 9], "models": ["m"]}
+
+
+def evidence(finding, name: str):
+    return next(e for e in finding.evidence if e.name == name)
+
+
+def test_outside_engine_fires_on_a_large_gap_with_its_numbers() -> None:
+    s = healthy_signals(probe_consistency=consistency(0.31, 0.42, status="finding"))
+    f = outside_engine.evaluate(s, T)
+    assert f is not None and f.regime == "outside_engine" and f.severity == "warning"
+    gap = evidence(f, "client TTFT - engine TTFT")
+    assert (gap.value, gap.threshold, gap.met) == (0.31, 0.25, True)
+    assert evidence(f, "share of client TTFT outside the engine").value == pytest.approx(0.738, abs=1e-3)
+    assert evidence(f, "probe requests compared").value == 4
+    assert evidence(f, "engine TTFT mean, same periods").value == pytest.approx(0.11)
+    assert evidence(f, "engine requests in those periods").note == "other traffic mixed in"
+    assert "probe run(s) 7, 9" in evidence(f, "compared period").note
+    assert f.summary.startswith("Clients wait 0.31 s longer for the first token than the engine records (74% of")
+    assert any("--api-server-count" in r for r in f.remedies) and any("proxy_buffering" in r for r in f.remedies)
+    # the weakest margin is the gap, 0.31 / 0.25 s (x1.24): a little above the 0.5 floor, scaled by 4 of 12 wanted
+    assert f.confidence == pytest.approx((0.5 + 0.25 * math.log2(1.24)) * (0.5 + 0.5 * 4 / 12), abs=0.001)
+    tgi = outside_engine.evaluate(healthy_signals("tgi", probe_consistency=s.probe_consistency), T)
+    assert any("--validation-workers" in r for r in tgi.remedies)
+    assert not any("--api-server-count" in r for r in tgi.remedies)
+    d = engine.diagnose(s, T)
+    assert d.verdict == "outside_engine" and d.findings[0].primary
+    assert any(n.startswith("client-side probe run(s) 7, 9 vs. the engine's TTFT: m") for n in d.notes)
+
+
+@pytest.mark.parametrize(("probe", "why"), [
+    (None, "no probe data"),
+    (consistency(0.02, 0.12), "client and engine agree"),
+    (consistency(0.3, 3.0), "0.3 s of a 3 s TTFT is 10 %: the engine is the place to look"),
+    (consistency(0.3, 0.4, n=2), "two probe requests are too few"),
+    (consistency(2.0, 2.5, status="unreliable"), "other traffic on a queueing engine"),
+    ({**consistency(0.3, 0.4), "gap_seconds": None, "gap_share": None, "status": "insufficient_data"},
+     "no scrape after the probe yet"),
+])
+def test_outside_engine_is_quiet(probe: dict | None, why: str) -> None:
+    assert outside_engine.evaluate(healthy_signals(probe_consistency=probe), T) is None, why
+
+
+def test_the_regime_is_registered_with_an_alert_name() -> None:
+    assert "outside_engine" in REGIMES and PROBE_REGIMES == ("outside_engine",)
+    assert [r.regime for r in RULES][-1] == "outside_engine"
+    assert regime_alertname("outside_engine") == "LLMLatencyOutsideEngine"
+
+
+# ----------------------------------------------------------------------------- the judgement
+
+def _page(target_id: int, ts: float, count: float, total: float, queue_total: float) -> ScrapeRecord:
+    """A vLLM scrape whose TTFT and queue-time histograms hold ``count`` requests in total."""
+    bounds = (0.1, 0.5, 1.0, 5.0, float("inf"))
+    hist = [CanonicalHistogram("ttft", "m", "", bounds, (count,) * 5, total, count),
+            CanonicalHistogram("queue_time", "m", "", bounds, (count,) * 5, queue_total, count)]
+    return ScrapeRecord(target_id, ts, True, 0.001, 100, 10, 10, 0, "vllm", None, None,
+                        Canonical("vllm", histograms=hist))
+
+
+def _run(sessions, target_id: int, start: float, end: float, ttfts: list[float]) -> int:
+    """A stored probe run whose one level had these successful TTFTs (no preflight)."""
+    n = len(ttfts)
+    mean = sum(ttfts) / n
+    summary = {"model": "m", "started_at": start, "finished_at": end, "preflight_ttfts": [],
+               "levels": [{"concurrency": 1, "succeeded": n, "ttft": {"count": n, "mean": mean, "p50": mean}}]}
+    with sessions.begin() as session:
+        row = probe_repository.create_run(session, target="t", url="http://x", kind="canary", params={},
+                                          target_id=target_id, started_at=start)
+        probe_repository.finish_run(session, row.id, "done", summary=summary, finished_at=end)
+        return row.id
+
+
+@pytest.fixture
+def stored(migrated_url: str):
+    sql = db.make_engine(migrated_url)
+    sessions = db.make_sessionmaker(sql)
+    with sessions.begin() as session:
+        target_id = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="vllm",
+                                             labels={}).id
+    yield sql, sessions, target_id
+    sql.dispose()
+
+
+def test_runs_are_combined_each_against_its_own_period(stored) -> None:
+    """Two canaries 5 minutes apart: each is compared with the engine over the scrapes around
+    it, and the combination weights each run by its requests."""
+    sql, sessions, target_id = stored
+    # engine: 2 requests at 0.1 s in [1000, 1015]; 10 at 0.2 s (queue 0.02 s) in [1300, 1315];
+    # 20 at 3 s, 2.5 s of it queue, in [1600, 1615]
+    pages = [(1000, 0, 0, 0), (1015, 2, 0.2, 0.01), (1300, 2, 0.2, 0.01), (1315, 12, 2.2, 0.21),
+             (1600, 12, 2.2, 0.21), (1615, 32, 62.2, 50.21)]
+    SampleWriter(sql).write([_page(target_id, ts, c, s, q) for ts, c, s, q in pages])
+    first = _run(sessions, target_id, 1002, 1010, [0.45, 0.45])        # 0.35 s above its engine period
+    second = _run(sessions, target_id, 1302, 1310, [0.5, 0.5, 0.5, 0.5])  # 0.3 s above its engine period
+    with sessions() as session:
+        c = period_consistency(session, target_id, 900, 1400, T)
+        only_first = period_consistency(session, target_id, 900, 1100, T)
+        none = period_consistency(session, target_id, 2000, 3000, T)
+    queued = _run(sessions, target_id, 1602, 1610, [4.5, 4.5, 4.5])  # 1.5 s above, but on a queueing engine
+    with sessions() as session:
+        busy = period_consistency(session, target_id, 1500, 1700, T)
+    assert c.runs == (first, second) and c.models == ("m",) and c.client_requests == 6
+    assert c.client_mean == pytest.approx((2 * 0.45 + 4 * 0.5) / 6)
+    assert c.server_mean == pytest.approx((2 * 0.1 + 4 * 0.2) / 6)  # each run's own period, same weights
+    assert c.gap_seconds == pytest.approx((2 * 0.35 + 4 * 0.3) / 6)
+    assert c.server_requests == pytest.approx(12.0) and c.other_traffic
+    assert c.server_queue_mean == pytest.approx((2 * 0.005 + 4 * 0.02) / 6)
+    assert (c.window_start, c.window_end) == (1000, 1315) and (c.probe_start, c.probe_end) == (1002, 1310)
+    assert c.status == "finding" and c.finding and "clients wait 0.317s (66% of their TTFT)" in c.message
+    assert only_first.runs == (first,) and only_first.client_requests == 2
+    assert only_first.status == "insufficient_data" and "too few probe requests (need 3)" in only_first.message
+    assert none is None
+    assert busy.runs == (queued,) and busy.gap_seconds == pytest.approx(1.5) and busy.other_traffic
+    assert busy.server_queue_mean == pytest.approx(2.5) and busy.status == "unreliable" and not busy.finding
+    assert "the engine is queueing (queue 83% of its TTFT)" in busy.message
