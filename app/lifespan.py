@@ -187,7 +187,8 @@ class Monitor:
         generator = (self.settings.public_url.rstrip("/") or f"http://{self.settings.host}:{self.settings.port}")
         with self.sessions.begin() as session:
             result = alerts_engine.evaluate(session, self.alerts_config, receivers, now,
-                                            generator_url=f"{generator}/api/v1/alerts")
+                                            generator_url=f"{generator}/api/v1/alerts",
+                                            eval_interval=self.settings.alert_interval)
             self.telemetry.diagnosis.alerts = [
                 (row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
                 for row in repository.open_alerts(session)]

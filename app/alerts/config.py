@@ -11,7 +11,8 @@ Example::
       target_down_for: 1m
       group_by: [alertname, target]
       group_interval: 30s
-      repeat_interval: 4h
+      repeat_interval: 4h                        # webhooks: re-notify still-firing alerts
+      resend_interval: 1m                        # kind: alertmanager: re-post them (endsAt)
       receivers:
         - name: oncall
           url: https://hooks.example.com/llm
@@ -117,6 +118,10 @@ class AlertsConfig(BaseModel):
     diagnosis_for: Seconds = Field(0.0, ge=0, description="Extra hold time after a finding becomes active.")
     group_by: list[str] = Field(default_factory=lambda: ["alertname", "target"])
     group_interval: Seconds = Field(30.0, gt=0)
-    repeat_interval: Seconds = Field(4 * 3600.0, gt=0)
+    repeat_interval: Seconds = Field(4 * 3600.0, gt=0, description="Re-notify webhooks of still-firing alerts.")
+    resend_interval: Seconds = Field(60.0, gt=0, description=(
+        "Re-post still-firing alerts to kind: alertmanager receivers this often, with endsAt = now + 4 x "
+        "max(evaluation interval, resend_interval), as Prometheus does (Alertmanager resolves alerts it stops "
+        "hearing about)."))
     receivers: list[ReceiverConfig] = Field(default_factory=list)
     max_delivery_age: Seconds = Field(24 * 3600.0, gt=0, description="Stop retrying a notification after this.")

@@ -5,8 +5,8 @@
 * A failed attempt is retried with exponential backoff (1 s, 2 s, 4 s, ... capped at
   ``max_backoff``) times a random jitter in [0.5, 1.5), until ``max_delivery_age`` after
   the notification was created; then it is marked ``expired`` and the group moves on.
-* Every attempt is recorded: HTTP status, latency, the first 1 kB of the response or
-  the error.
+* Every attempt is recorded: HTTP status, latency, the first 1 kB (1024 bytes) of the
+  response or the error.
 * Each request carries ``Idempotency-Key: <notification id>`` (the same on every
   retry) so receivers can drop duplicates, and, when the receiver has a secret,
   ``X-LLM-Latency-Timestamp`` and ``X-LLM-Latency-Signature: sha256=<hex>`` where the hex
@@ -36,6 +36,18 @@ SIGNATURE_HEADER = "X-LLM-Latency-Signature"
 TIMESTAMP_HEADER = "X-LLM-Latency-Timestamp"
 USER_AGENT = "llm-latency-monitor/0.1"
 CLAIM_SECONDS = 120.0  # longer than any receiver timeout (at most 120 s)
+RESPONSE_LOG_BYTES = 1024  # of a receiver's answer (or an error) kept in the attempt log
+
+
+async def _response_head(response: httpx.Response) -> str:
+    """The first ``RESPONSE_LOG_BYTES`` of the answer, decoded without a cut character;
+    the rest is never read, so a huge answer costs neither memory nor time."""
+    head = b""
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) >= RESPONSE_LOG_BYTES:
+            break
+    return head[:RESPONSE_LOG_BYTES].decode(response.encoding or "utf-8", errors="ignore")
 
 
 def sign(secret: str, timestamp: str, body: bytes) -> str:
@@ -127,10 +139,11 @@ class DeliveryWorker:
             url = receiver.url.rstrip("/") + "/api/v2/alerts" if receiver.kind == "alertmanager" else receiver.url
             try:
                 assert self._client is not None
-                response = await self._client.post(url, content=raw, headers=headers, timeout=receiver.timeout)
-                status_code, response_text = response.status_code, response.text[:1024]
+                async with self._client.stream("POST", url, content=raw, headers=headers,
+                                               timeout=receiver.timeout) as response:
+                    status_code, response_text = response.status_code, await _response_head(response)
             except httpx.HTTPError as exc:
-                error = f"{type(exc).__name__}: {exc}"[:1024]
+                error = f"{type(exc).__name__}: {exc}"[:RESPONSE_LOG_BYTES]
         latency = time.perf_counter() - t0
         ok = status_code is not None and 200 <= status_code < 300
         if not ok and error is None:

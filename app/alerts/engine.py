@@ -5,11 +5,14 @@ Every evaluation:
    target x model x regime), SLO breaches per target, targets whose scrapes fail;
 2. advances each alert (keyed by the fingerprint of its labels): pending while its
    condition holds for less than ``for``, then firing; resolved when it clears;
-3. plans notifications per group (``group_by`` labels) and receiver: a group is notified
-   when an alert in it starts firing or resolves (at most every ``group_interval``), and
-   again every ``repeat_interval`` while something still fires. Silenced alerts are left
-   out. The notification rows are written in the same transaction as the state changes,
-   so a crash can never lose one without also losing the change it reports.
+3. plans notifications per group (``group_by`` labels) and receiver: a receiver is
+   notified when an alert of the group starts firing or resolves (at most every
+   ``group_interval`` per receiver and group; a change inside it goes out when the group
+   is due again), and again every ``repeat_interval`` while something still fires
+   (``resend_interval`` for Alertmanager sinks). Silenced alerts are left out. The
+   notification rows, and the log of what each receiver was told, are written in the same
+   transaction as the state changes, so a crash can never lose one without also losing
+   the change it reports.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
 from app.store import repository
-from app.store.models import AlertRow
+from app.store.models import AlertRow, NotificationLogRow
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
@@ -131,12 +134,14 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
 
 
 def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
-             generator_url: str = "") -> dict[str, int]:
-    """One alerting round inside the caller's transaction. Returns counts for telemetry."""
+             generator_url: str = "", eval_interval: float = 15.0) -> dict[str, int]:
+    """One alerting round inside the caller's transaction. Returns counts for telemetry.
+
+    ``eval_interval`` is how often rounds run; with ``resend_interval`` it bounds how long
+    an Alertmanager may keep an alert firing without hearing from us again."""
     conditions = {c.fp: c for c in (diagnosis_conditions(session, config) + slo_conditions(session, config, now)
                                     + target_down_conditions(session, config))}
     rows = {row.fingerprint: row for row in repository.open_alerts(session)}
-    changed_groups: set[str] = set()
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
         row = rows.get(fp) or repository.get_alert(session, fp)
@@ -145,60 +150,89 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
         else:
             row.annotations, row.value, row.last_evaluated = cond.annotations, cond.value, now
         if row.state == "pending" and now - row.active_since >= cond.for_:
-            row.state, row.starts_at = "firing", now
-            changed_groups.add(gk)
+            row.state, row.starts_at, row.ends_at = "firing", now, None
     for fp, row in rows.items():
         if fp in conditions:
             continue
         if row.state == "firing":
             row.state, row.ends_at, row.last_evaluated = "resolved", now, now
-            changed_groups.add(row.group_key)
+        elif row.ends_at is not None:  # pending again after an episode that fired: still that resolved alert
+            row.state, row.last_evaluated = "resolved", now
         else:
             repository.delete_alert(session, row)  # pending that cleared: never was an alert
     session.flush()
-    created = plan_notifications(session, config, receivers, now, changed_groups, generator_url)
+    valid_for = 4 * max(eval_interval, config.resend_interval)
+    created = plan_notifications(session, config, receivers, now, generator_url, valid_for)
     return {"conditions": len(conditions), "notifications": created}
 
 
 def plan_notifications(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
-                       changed_groups: set[str], generator_url: str) -> int:
-    active_silences = repository.active_silences(session, now)
-    by_group: dict[str, list[AlertRow]] = {}
-    for row in repository.notifiable_alerts(session):
+                       generator_url: str, valid_for: float) -> int:
+    """Enqueue the notifications due now, per receiver and group, and log what each told.
+
+    For each (receiver, group) the log holds the alerts that receiver was last told are
+    firing. News is a routed, unsilenced alert firing that it was not told about, or one
+    it was told about that no longer fires. News goes out at once for a group never
+    notified, else once ``group_interval`` has passed since that receiver's last
+    notification of the group; with no news, still-firing alerts are repeated every
+    ``repeat_interval`` (webhooks) or re-posted every ``resend_interval`` with ``endsAt =
+    now + valid_for`` (Alertmanager sinks, which resolve an alert they stop hearing
+    about). The log changes only with an enqueued notification, so news that is not due
+    yet is still news at the next round.
+    """
+    names = [r.name for r in receivers]
+    repository.delete_notification_logs(session, names)
+    logs = repository.notification_logs(session)
+    told = {fp for log in logs.values() for fp in log.firing}
+    by_group: dict[str, list[AlertRow]] = {gk: [] for _, gk in logs}
+    for row in repository.notifiable_alerts(session, told):
         by_group.setdefault(row.group_key, []).append(row)
+    active_silences = repository.active_silences(session, now)
+    muted = {row.fingerprint for rows in by_group.values() for row in rows
+             if silence_rules.silenced_by(active_silences, row.labels, now)}
     created = 0
     for gk, rows in by_group.items():
-        visible = [r for r in rows if not silence_rules.silenced_by(active_silences, r.labels, now)]
-        firing = [r for r in visible if r.state == "firing"]
-        resolved = [r for r in visible if r.state == "resolved" and r.notified_state == "firing"]
-        if not firing and not resolved:
-            continue
-        group_labels = {k: rows[0].labels.get(k, "") for k in config.group_by}
+        group_labels = {k: rows[0].labels.get(k, "") for k in config.group_by} if rows else {}
         for receiver in receivers:
-            mine_firing = [r for r in firing if _routed(receiver, r.labels)]
-            mine_resolved = [r for r in resolved if _routed(receiver, r.labels)] if receiver.send_resolved else []
-            if not mine_firing and not mine_resolved:
-                continue
-            last = repository.last_notification_time(session, receiver.name, gk)
-            news = any(r.notified_state != "firing" for r in mine_firing) or bool(mine_resolved)
-            due = (last is None or (news and now - last >= config.group_interval)
-                   or (mine_firing and now - last >= config.repeat_interval))
-            if not due:
-                continue
-            instances = [AlertInstance(r.labels, r.annotations, "firing", r.starts_at or r.active_since, None,
-                                       generator_url) for r in mine_firing]
-            instances += [AlertInstance(r.labels, r.annotations, "resolved", r.starts_at or r.active_since,
-                                        r.ends_at, generator_url) for r in mine_resolved]
-            status, body = notification_body(receiver.kind, receiver.name, group_labels, instances,
-                                             config.external_url)
-            repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, status, body, now)
-            created += 1
-        # what was just sent is what the next round compares against
-        for r in firing:
-            r.notified_state = "firing"
-        for r in resolved:
-            r.notified_state = "resolved"
+            log = logs.get((receiver.name, gk))
+            was_firing = set(log.firing) if log else set()
+            mine = [r for r in rows if _routed(receiver, r.labels)]
+            # what the log may keep: firing alerts, and (for send_resolved) told ones whose
+            # resolution is still to be sent, e.g. because a silence mutes it for now
+            keep = {r.fingerprint for r in mine if r.state == "firing" or receiver.send_resolved} & was_firing
+            firing = [r for r in mine if r.state == "firing" and r.fingerprint not in muted]
+            resolved = [r for r in mine if r.state != "firing" and r.fingerprint in keep and r.fingerprint not in muted]
+            news = bool(resolved) or any(r.fingerprint not in was_firing for r in firing)
+            if _due(session, config, receiver, gk, log, now, bool(firing), news):
+                instances = [AlertInstance(r.labels, r.annotations, "firing", r.starts_at or r.active_since, None,
+                                           generator_url) for r in firing]
+                instances += [AlertInstance(r.labels, r.annotations, "resolved", r.starts_at or r.active_since,
+                                            r.ends_at, generator_url) for r in resolved]
+                status, body = notification_body(receiver.kind, receiver.name, group_labels, instances,
+                                                 config.external_url, valid_until=now + valid_for)
+                repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, status, body, now)
+                created += 1
+                keep = (keep - {r.fingerprint for r in resolved}) | {r.fingerprint for r in firing}
+                repository.save_notification_log(session, log, receiver.name, gk, sorted(keep), now)
+            elif log is not None and keep != was_firing:  # forget what will never be sent (no longer routed ...)
+                log.firing = sorted(keep)
     return created
+
+
+def _due(session: Session, config: AlertsConfig, receiver: ReceiverConfig, gk: str, log: NotificationLogRow | None,
+         now: float, firing: bool, news: bool) -> bool:
+    if not firing and not news:
+        return False
+    if log is None:
+        return True
+    if news and now - log.sent_at >= config.group_interval:
+        return True
+    if receiver.kind == "alertmanager":
+        # a re-post only refreshes endsAt: while an older one still waits in the outbox
+        # (the Alertmanager is down), queueing more would only pile up stale copies
+        return (firing and now - log.sent_at >= config.resend_interval
+                and not repository.has_pending_notification(session, receiver.name, gk))
+    return firing and now - log.sent_at >= config.repeat_interval
 
 
 def _routed(receiver: ReceiverConfig, labels: dict[str, str]) -> bool:

@@ -63,12 +63,16 @@ class AlertInstance:
                 "endsAt": rfc3339(self.ends_at), "generatorURL": self.generator_url,
                 "fingerprint": fingerprint(self.labels)}
 
-    def to_alertmanager(self) -> dict:
-        """One element of Alertmanager's ``POST /api/v2/alerts`` body."""
+    def to_alertmanager(self, valid_until: float | None = None) -> dict:
+        """One element of Alertmanager's ``POST /api/v2/alerts`` body. A firing alert gets
+        ``endsAt = valid_until`` when given, as Prometheus sends it: Alertmanager keeps it
+        firing until then and resolves it if no re-post extends it (without ``endsAt`` it
+        would resolve it after its ``resolve_timeout``)."""
         body = {"labels": self.labels, "annotations": self.annotations, "startsAt": rfc3339(self.starts_at),
                 "generatorURL": self.generator_url}
-        if self.ends_at is not None:
-            body["endsAt"] = rfc3339(self.ends_at)
+        ends_at = self.ends_at if self.ends_at is not None else valid_until
+        if ends_at is not None:
+            body["endsAt"] = rfc3339(ends_at)
         return body
 
 
@@ -104,9 +108,10 @@ def webhook_payload(receiver: str, group_labels: Mapping[str, str], alerts: Iter
 
 
 def notification_body(kind: str, receiver: str, group_labels: Mapping[str, str], alerts: list[AlertInstance],
-                      external_url: str) -> tuple[str, str]:
+                      external_url: str, valid_until: float | None = None) -> tuple[str, str]:
     """(status, exact JSON body) of one notification: the webhook payload for ``kind:
-    webhook``, the ``/api/v2/alerts`` list for ``kind: alertmanager``."""
+    webhook``, the ``/api/v2/alerts`` list for ``kind: alertmanager`` (firing alerts valid
+    until ``valid_until``)."""
     payload = webhook_payload(receiver, group_labels, alerts, external_url)
-    content = [a.to_alertmanager() for a in alerts] if kind == "alertmanager" else payload
+    content = [a.to_alertmanager(valid_until) for a in alerts] if kind == "alertmanager" else payload
     return payload["status"], json.dumps(content, separators=(",", ":"))

@@ -23,6 +23,9 @@ Layout, and why:
 * ``receivers``: webhook / Alertmanager destinations (config file or API).
 * ``notifications``: the outbox. A row is written in the same transaction as the alert
   state change it reports; ``delivery_attempts`` records every try.
+* ``notification_log``: per receiver and alert group, which alerts that receiver was last
+  told are firing and when (Alertmanager's notification log). A change is "news" for a
+  receiver until a notification carrying it is enqueued for that receiver.
 * ``target_info``: engine configuration revealed by info metrics
   (``vllm:cache_config_info`` labels), latest value per target/model/rank.
 
@@ -163,11 +166,12 @@ class AlertRow(Base):
     state: Mapped[str] = mapped_column(String(10))  # pending | firing | resolved
     group_key: Mapped[str] = mapped_column(Text)
     active_since: Mapped[float] = mapped_column(Float)  # condition first seen true (this episode)
-    starts_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # became firing
-    ends_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # resolved
+    # became firing / resolved, in the latest episode that fired: a new episode keeps them
+    # while pending, so a resolution not yet sent can still be reported with its times
+    starts_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ends_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_evaluated: Mapped[float] = mapped_column(Float)
     value: Mapped[float | None] = mapped_column(Float, nullable=True)
-    notified_state: Mapped[str | None] = mapped_column(String(10), nullable=True)  # last state sent out
 
 
 class SilenceRow(Base):
@@ -208,6 +212,19 @@ class NotificationRow(Base):
     next_attempt_at: Mapped[float] = mapped_column(Float)
     delivered_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class NotificationLogRow(Base):
+    """What one receiver was last told about one alert group. Written only together with
+    the notification that told it, so an alert that starts or stops firing while the group
+    is not due stays news for that receiver until its next notification."""
+
+    __tablename__ = "notification_log"
+
+    receiver: Mapped[str] = mapped_column(String(64), primary_key=True)
+    group_key: Mapped[str] = mapped_column(Text, primary_key=True)
+    firing: Mapped[list[str]] = mapped_column(JSON)  # fingerprints last sent as firing
+    sent_at: Mapped[float] = mapped_column(Float)  # when the last notification was enqueued
 
 
 class DeliveryAttemptRow(Base):

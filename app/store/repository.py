@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session
 from app.quantiles import HistogramSnapshot
 from app.sources.base import Canonical
 from app.store.models import (
-    AlertRow, DeliveryAttemptRow, DiagnosisRow, FindingRow, HistogramSample, NotificationRow, ReceiverRow, ScalarSample,
-    Scrape, Series, SilenceRow, Target, TargetInfo,
+    AlertRow, DeliveryAttemptRow, DiagnosisRow, FindingRow, HistogramSample, NotificationLogRow, NotificationRow,
+    ReceiverRow, ScalarSample, Scrape, Series, SilenceRow, Target, TargetInfo,
 )
 
 log = logging.getLogger(__name__)
@@ -473,9 +473,9 @@ def start_alert(session: Session, row: AlertRow | None, fp: str, labels: dict, a
         row = AlertRow(fingerprint=fp)
         session.add(row)
     row.alertname, row.labels, row.annotations, row.group_key = labels["alertname"], labels, annotations, gk
-    row.state, row.active_since, row.starts_at, row.ends_at = "pending", now, None, None
-    row.last_evaluated, row.value = now, value
-    row.notified_state = None if row.notified_state != "firing" else "resolved"
+    # starts_at/ends_at keep the last episode that fired until this one fires: a receiver
+    # not yet told about that resolution still gets it with its real times
+    row.state, row.active_since, row.last_evaluated, row.value = "pending", now, now, value
     return row
 
 
@@ -483,11 +483,13 @@ def delete_alert(session: Session, row: AlertRow) -> None:
     session.delete(row)
 
 
-def notifiable_alerts(session: Session) -> list[AlertRow]:
-    """Firing alerts, and resolved ones whose firing was notified but not their resolution."""
-    return list(session.scalars(select(AlertRow).where(
-        (AlertRow.state == "firing") | ((AlertRow.state == "resolved") & (AlertRow.notified_state == "firing")))
-        .order_by(AlertRow.fingerprint)))
+def notifiable_alerts(session: Session, told_firing: set[str]) -> list[AlertRow]:
+    """Firing alerts, and the ones some receiver was told are firing (``told_firing``
+    fingerprints) that no longer are: their resolution is still to be sent."""
+    query = select(AlertRow).where(AlertRow.state == "firing")
+    if told_firing:
+        query = select(AlertRow).where((AlertRow.state == "firing") | AlertRow.fingerprint.in_(sorted(told_firing)))
+    return list(session.scalars(query.order_by(AlertRow.fingerprint)))
 
 
 def list_alerts(session: Session, states: tuple[str, ...] = ("pending", "firing", "resolved"),
@@ -519,9 +521,29 @@ def get_silence(session: Session, silence_id: str) -> SilenceRow | None:
     return session.get(SilenceRow, silence_id)
 
 
-def last_notification_time(session: Session, receiver: str, gk: str) -> float | None:
-    return session.scalar(select(func.max(NotificationRow.created_at)).where(
-        NotificationRow.receiver == receiver, NotificationRow.group_key == gk))
+def notification_logs(session: Session) -> dict[tuple[str, str], NotificationLogRow]:
+    """Every (receiver, group) -> what that receiver was last told about that group."""
+    return {(row.receiver, row.group_key): row for row in session.scalars(select(NotificationLogRow))}
+
+
+def save_notification_log(session: Session, row: NotificationLogRow | None, receiver: str, gk: str,
+                          firing: list[str], sent_at: float) -> NotificationLogRow:
+    if row is None:
+        row = NotificationLogRow(receiver=receiver, group_key=gk)
+        session.add(row)
+    row.firing, row.sent_at = firing, sent_at
+    return row
+
+
+def delete_notification_logs(session: Session, keep_receivers: Sequence[str]) -> None:
+    """Forget receivers that no longer exist (a receiver added again starts afresh)."""
+    session.execute(delete(NotificationLogRow).where(NotificationLogRow.receiver.not_in(list(keep_receivers))))
+
+
+def has_pending_notification(session: Session, receiver: str, gk: str) -> bool:
+    return session.scalar(select(NotificationRow.id).where(
+        NotificationRow.receiver == receiver, NotificationRow.group_key == gk, NotificationRow.state == "pending")
+        .limit(1)) is not None
 
 
 def enqueue_notification(session: Session, notification_id: str, receiver: str, gk: str, status: str, body: str,

@@ -13,19 +13,70 @@ from app.store import db, repository
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
-TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses", "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests"}
+TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses", "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests", "notification_log"}
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0004"
+    assert db.current_revision(engine) == db.head_revision() == "0005"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
     db.upgrade(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_notification_log_migration_keeps_what_was_notified(database_url: str) -> None:
+    """0005 replaces alerts.notified_state (one state shared by every receiver) with a log
+    per (receiver, group): seeded from the old column for each receiver that was notified
+    of the group and that its match routes the alert to; the downgrade restores it."""
+    import sqlalchemy as sa
+
+    from app.alerts.schemas import fingerprint
+
+    db.upgrade(database_url, "0004")
+    engine = db.make_engine(database_url)
+    alerts = sa.table("alerts", *(sa.column(c) for c in ("fingerprint", "alertname", "state", "group_key",
+                                                          "active_since", "last_evaluated", "notified_state")),
+                      sa.column("labels", sa.JSON), sa.column("annotations", sa.JSON))
+    receivers = sa.table("receivers", sa.column("name"), sa.column("source"), sa.column("created_at"),
+                         sa.column("config", sa.JSON))
+    notifications = sa.table("notifications", *(sa.column(c) for c in (
+        "id", "receiver", "group_key", "seq", "status", "body", "state", "attempts", "created_at", "next_attempt_at")))
+    group = '{}:{alertname="LLMLatencyTargetDown"}'
+    labels = {name: {"alertname": "LLMLatencyTargetDown", "target": name, "cluster": cluster}
+              for name, cluster in (("a", "east"), ("c", "west"), ("d", "east"), ("e", "east"))}
+    fp = {name: fingerprint(value) for name, value in labels.items()}
+    notified = {"a": "firing", "c": "firing", "d": None, "e": "resolved"}
+    with engine.begin() as connection:
+        connection.execute(receivers.insert(), [
+            {"name": "all", "source": "config", "created_at": 1.0, "config": {"name": "all", "url": "http://h/"}},
+            {"name": "east", "source": "api", "created_at": 1.0,
+             "config": {"name": "east", "url": "http://h/", "match": {"cluster": "east"}}}])
+        connection.execute(alerts.insert(), [
+            {"fingerprint": fp[name], "alertname": "LLMLatencyTargetDown", "state": "firing", "group_key": group,
+             "active_since": 10.0, "last_evaluated": 10.0, "notified_state": notified[name], "labels": labels[name],
+             "annotations": {}} for name in labels])
+        connection.execute(notifications.insert(), [
+            {"id": f"n{i}", "receiver": receiver, "group_key": group, "seq": i, "status": "firing", "body": "{}",
+             "state": "delivered", "attempts": 1, "created_at": created, "next_attempt_at": created}
+            for i, (receiver, created) in enumerate((("all", 100.0), ("all", 200.0), ("east", 150.0),
+                                                     ("removed", 120.0)))])
+    db.upgrade(database_url)
+    assert "notified_state" not in {c["name"] for c in inspect(engine).get_columns("alerts")}
+    with engine.connect() as connection:
+        log = {(r, g): (sorted(firing), sent_at) for r, g, firing, sent_at in connection.execute(
+            sa.select(sa.table("notification_log", sa.column("receiver"), sa.column("group_key"),
+                               sa.column("firing", sa.JSON), sa.column("sent_at"))))}
+    assert log == {("all", group): (sorted([fp["a"], fp["c"]]), 200.0), ("east", group): ([fp["a"]], 150.0)}
+    db.downgrade(database_url, "0004")
+    with engine.connect() as connection:
+        restored = dict(connection.execute(sa.select(alerts.c.fingerprint, alerts.c.notified_state)).all())
+    assert restored == {fp["a"]: "firing", fp["c"]: "firing", fp["d"]: None, fp["e"]: None}
+    assert "notification_log" not in inspect(engine).get_table_names()
     engine.dispose()
 
 

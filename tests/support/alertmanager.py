@@ -21,13 +21,15 @@ ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 
 
 @contextlib.contextmanager
-def running_alertmanager(tmp_path: Path, webhook_url: str) -> Iterator[str]:
+def running_alertmanager(tmp_path: Path, webhook_url: str, resolve_timeout: str | None = None) -> Iterator[str]:
     """Start Alertmanager (no clustering) routing everything to ``webhook_url``; yield its URL.
-    Stopped by PID on exit."""
+    ``resolve_timeout`` sets ``global.resolve_timeout`` (after it, Alertmanager resolves an
+    alert posted without ``endsAt`` that was not posted again). Stopped by PID on exit."""
     exe = require_binary(ALERTMANAGER, "Alertmanager routing the exported alerts to a webhook")
     tmp_path.mkdir(parents=True, exist_ok=True)
     config = tmp_path / "alertmanager.yml"
     config.write_text(
+        (f"global:\n  resolve_timeout: {resolve_timeout}\n" if resolve_timeout else "") +
         "route:\n  receiver: webhook\n  group_by: [alertname]\n  group_wait: 1s\n  group_interval: 1s\n"
         "  repeat_interval: 1h\n"
         "receivers:\n  - name: webhook\n    webhook_configs:\n"

@@ -21,10 +21,12 @@ class Received:
 
 class WebhookReceiver:
     """``status`` is what it answers (e.g. 503 to simulate an outage); ``received`` holds the
-    requests it answered with 2xx, ``rejected`` the others."""
+    requests it answered with 2xx, ``rejected`` the others. ``response_body`` replaces the
+    default short JSON answer (e.g. a large one)."""
 
     def __init__(self) -> None:
         self.status = 200
+        self.response_body: bytes | None = None
         self.received: list[Received] = []
         self.rejected: list[Received] = []
         self._lock = threading.Lock()
@@ -37,9 +39,10 @@ class WebhookReceiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 item = Received(self.path, dict(self.headers.items()), body)
                 with owner._lock:
-                    status = owner.status
+                    status, payload = owner.status, owner.response_body
                     (owner.received if 200 <= status < 300 else owner.rejected).append(item)
-                payload = b'{"ok":true}' if status < 300 else b'{"error":"unavailable"}'
+                if payload is None:
+                    payload = b'{"ok":true}' if status < 300 else b'{"error":"unavailable"}'
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))

@@ -20,12 +20,16 @@ from app.store import repository
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
 
-def alert_out(row, silences, now: float) -> dict:
+def alert_out(row, silences, told: dict[str, list[str]], now: float) -> dict:
+    """``notifiedFiring``: the receivers last told this alert is firing (``told``: fingerprint
+    -> receivers). A pending alert shows no startsAt/endsAt (the row keeps those of its last
+    episode that fired until it fires again)."""
+    fired = row.state != "pending"
     return {"fingerprint": row.fingerprint, "alertname": row.alertname, "state": row.state, "labels": row.labels,
             "annotations": row.annotations, "value": row.value, "activeSince": rfc3339(row.active_since),
-            "startsAt": rfc3339(row.starts_at) if row.starts_at else None,
-            "endsAt": rfc3339(row.ends_at) if row.ends_at else None, "groupKey": row.group_key,
-            "silencedBy": silenced_by(silences, row.labels, now), "notified": row.notified_state}
+            "startsAt": rfc3339(row.starts_at) if fired and row.starts_at else None,
+            "endsAt": rfc3339(row.ends_at) if fired and row.ends_at else None, "groupKey": row.group_key,
+            "silencedBy": silenced_by(silences, row.labels, now), "notifiedFiring": told.get(row.fingerprint, [])}
 
 
 @router.get("/alerts")
@@ -38,8 +42,12 @@ def list_alerts(session: SessionDep, state: Annotated[str | None, Query(descript
         raise unprocessable("query.state", f"must be pending, firing or resolved, got {state!r}")
     cutoff = now - duration_param(since, "since", maximum=366 * 86400)
     silences = repository.active_silences(session, now)
+    told: dict[str, list[str]] = {}
+    for (receiver, _), log in sorted(repository.notification_logs(session).items()):
+        for fp in log.firing:
+            told.setdefault(fp, []).append(receiver)
     rows = [r for r in repository.list_alerts(session, states) if r.state != "resolved" or r.last_evaluated >= cutoff]
-    return [alert_out(r, silences, now) for r in rows]
+    return [alert_out(r, silences, told, now) for r in rows]
 
 
 class SilenceIn(BaseModel):
