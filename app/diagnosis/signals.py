@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 
 from app import latency, quantiles
 from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.step_budget import StepBudget
+from app.diagnosis.step_budget import infer as infer_step_budget
 from app.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
 from app.store import repository
@@ -51,6 +53,7 @@ class Signals:
     itl_by_batch: list[dict] = field(default_factory=list)
     max_step_tokens: float | None = None      # upper bound of the largest iteration_tokens bucket used
     large_step_fraction: float | None = None  # engine steps above 512 tokens
+    step_budget: StepBudget | None = None     # chunked prefill and the per-step token budget, inferred
     running_mean: float | None = None
     running_max: float | None = None
     waiting_mean: float | None = None
@@ -171,6 +174,8 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(
             merged["iteration_tokens"])
         _gauges_and_rates(s, scalar_series, points, model, start, end)
+        s.step_budget = infer_step_budget(merged["iteration_tokens"], merged["prompt_tokens"], merged["itl"],
+                                          merged["prefill_time"], s.running_mean, s.preemptions_per_second)
         _itl_by_batch(s, loaded, scalar_series, points, model, start, end)
         s.config = _config(infos, model)
         if hardware is not None:

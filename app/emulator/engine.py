@@ -16,10 +16,16 @@ Planning, chunked prefill ON (vLLM V1 scheduler):
 2. if nothing was preempted, waiting requests are admitted in FIFO order while the budget,
    ``max_num_seqs`` and the KV cache allow, a long prompt taking only a budget-sized chunk.
 
-Planning, chunked prefill OFF (vLLM V0 behaviour): if waiting prompts can be admitted
-(whole, within the budget and the KV cache), the step is a prefill-only step for them and
-every running decode stalls for its duration (admission keeps 1 % of the blocks free, V0's
-watermark); otherwise it is a decode step.
+Planning, chunked prefill OFF, vLLM (V1 scheduler, ``enable_chunked_prefill=False``): as
+above, but a waiting prompt is admitted only whole (its remaining tokens within what is
+left of the budget). The long prefill shares the step with the running decodes, which
+get their token only when the whole step ends: each decode waits about one prefill.
+
+Planning, chunked prefill OFF, ``prefill_pauses_decode`` (TGI's router, and vLLM's removed
+V0 scheduler): if waiting prompts can be admitted (whole, within the budget and the KV
+cache), the step is a prefill-only step for them and every running decode stalls for its
+duration (admission keeps 1 % of the blocks free, V0's watermark); otherwise it is a
+decode step.
 
 Prefix caching: a request may start with a shared prefix (``prefix_id``). The first
 request computing it registers the prefix's full blocks in the cache; later requests
@@ -257,8 +263,10 @@ class Engine:
     """Scheduler + KV cache + roofline step time. The :class:`~app.emulator.simulation.Simulation`
     drives it; ``listener`` receives admission/preemption/token/finish callbacks."""
 
-    def __init__(self, deployment: Deployment, config: EngineConfig, listener) -> None:
+    def __init__(self, deployment: Deployment, config: EngineConfig, listener,
+                 prefill_pauses_decode: bool = False) -> None:
         self.listener = listener
+        self.prefill_pauses_decode = prefill_pauses_decode  # without chunked prefill (see module docstring)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.counters = EngineCounters()
@@ -353,10 +361,10 @@ class Engine:
         self._now = now
         if not (self.running or self.waiting):
             return None
-        if self.config.enable_chunked_prefill:
-            entries, admitted, stalled = self._plan_chunked(now)
+        if self.config.enable_chunked_prefill or not self.prefill_pauses_decode:
+            entries, admitted, stalled = self._plan_mixed(now, whole_prompts=not self.config.enable_chunked_prefill)
         else:
-            entries, admitted, stalled = self._plan_unchunked(now)
+            entries, admitted, stalled = self._plan_prefill_only(now)
         if not entries:
             if self.waiting and not self.running:
                 # Cannot happen with a validated config; never spin: reject the head.
@@ -381,7 +389,9 @@ class Engine:
         return StepPlan(now, seconds, entries, tokens, kv_tokens, pairs, prefill_tokens, admitted,
                         stalled, len(self.running) - len(admitted))
 
-    def _plan_chunked(self, now: float):
+    def _plan_mixed(self, now: float, whole_prompts: bool):
+        """vLLM V1: running requests first, then waiting ones in the budget left (a prompt
+        in chunks, or with ``whole_prompts`` only when all of it fits)."""
         budget = self._budget
         entries: list = []
         preempted = False
@@ -408,10 +418,10 @@ class Engine:
             break  # req itself was preempted: it was the last one
         admitted: list = []
         if not preempted:
-            self._admit_waiting(entries, admitted, budget, whole=False)
+            self._admit_waiting(entries, admitted, budget, whole=whole_prompts)
         return entries, admitted, 0
 
-    def _plan_unchunked(self, now: float):
+    def _plan_prefill_only(self, now: float):
         running, waiting, kv = self.running, self.waiting, self.kv
         admitted: list = []
         entries: list = []

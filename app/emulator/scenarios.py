@@ -188,11 +188,13 @@ def _prefill_compute() -> Scenario:
 @scenario
 def _prefill_interference() -> Scenario:
     """8B on A100 with chunked prefill OFF: 24 chat users decoding while long prompts
-    (~6k tokens, 2k-24k) arrive at 0.8 req/s. Each long prompt's prefill runs as its own
-    ~0.6 s step and stalls every running decode. Signature: ITL p99/p50 ~24 (p50 ~18 ms,
-    p99 ~0.43 s), ITL mean 3.5x the floor, ~1.7 % of ``iteration_tokens_total``
-    observations above 2048 tokens, TTFT p99 ~2.5 s; the same traffic with chunked prefill
-    on (2048-token budget) has ITL p99 ~0.2 s, and ~0.06 s with a 512-token budget."""
+    (~6k tokens, 2k-24k) arrive at 0.8 req/s. Each long prompt's whole prefill runs in one
+    ~0.6 s step (vLLM: together with the running decodes, which get their token only when
+    it ends; TGI: a prefill batch that pauses them). Signature (vLLM page): ITL p99/p50 ~33
+    (p50 ~18 ms, p99 ~0.59 s), ITL mean 3.3x the weight-read floor, ~1.7 % of
+    ``iteration_tokens_total`` observations above 2048 tokens, TTFT p99 ~2.5 s; the same
+    traffic with chunked prefill on (2048-token budget) has ITL p99 ~0.25 s, and ~0.07 s
+    with a 512-token budget."""
     chat = TrafficStream(name="chat", clients=24, think_time_s=1.0, prompt=L.lognormal(200, 0.5, 8, 2000),
                          output=L.lognormal(300, 0.4, 16, 2000), max_tokens=2048)
     docs = TrafficStream(name="documents", rate=0.8, prompt=L.lognormal(6000, 0.3, 2000, 24000),

@@ -117,7 +117,7 @@ class Simulation:
         first = self.plan.phases[0][1]
         self.scenario: Scenario = first
         self.model_name = model_name or first.model_name
-        self.engine = Engine(first.deployment, first.engine, self)
+        self.engine = Engine(first.deployment, first.engine, self, prefill_pauses_decode=engine == "tgi")
         self.exporter = make_exporter(engine, self.model_name, first.deployment, first.engine,
                                       self.engine.num_gpu_blocks, process_metrics=process_metrics,
                                       mfu_metrics=mfu_metrics)

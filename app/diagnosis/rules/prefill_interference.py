@@ -3,10 +3,12 @@
 Symptom: ITL uneven under load — the p99/p50 ratio jumps — while long prompts arrive
 (domain brief §2, §4). Without chunked prefill a new prompt's whole prefill runs as
 one engine step and every in-flight decode waits for it, so the ITL tail is about
-one long prefill long. vLLM does not export whether chunked prefill is on (and its
-``iteration_tokens`` counts a prompt's full length in the step that finishes it, even
-when chunked), so the rule looks at the effect: a heavy ITL tail with long prompts,
-and compares the tail with the mean prefill time.
+one long prefill long. The rule fires on that effect (a heavy ITL tail with long
+prompts). vLLM exports neither chunked prefill nor the per-step token budget; the
+finding's evidence and first remedy come from what the window implies about them
+(:mod:`app.diagnosis.step_budget`): whole prompts in one step (turn chunking on),
+chunks of a large budget (lower it), or chunks already near 512 tokens (the stalls have
+another cause, so the budget is not the knob).
 """
 
 from __future__ import annotations
@@ -14,7 +16,29 @@ from __future__ import annotations
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
+from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.thresholds import Thresholds
+
+SMALL_BUDGET = 768  # an estimated budget up to 1.5 x 512 is "already small" (the estimate is +/-50 %)
+
+
+def _budget_remedies(budget: StepBudget | None) -> list[str]:
+    """vLLM's first remedies, from what the window says about the step budget."""
+    lower = ("Lower the per-step token budget: --max-num-batched-tokens 512 is a common start for smooth ITL "
+             "(raise it again if TTFT/throughput suffer).")
+    enable = ("Enable chunked prefill (--enable-chunked-prefill; on by default in recent vLLM) so prefills are split "
+              "into chunks that share steps with decodes.")
+    if budget is None or budget.verdict == "unknown":
+        return [enable, lower]
+    if budget.verdict == "whole_prompts":
+        return [f"Steps of ~{budget.step_tokens:.0f} tokens: whole prompts run in one step, so chunked prefill "
+                "appears off (or --max-num-batched-tokens is at least that). Enable it with a small budget: "
+                "--enable-chunked-prefill --max-num-batched-tokens 512 (raise it again if TTFT/throughput suffer)."]
+    if budget.budget_tokens > SMALL_BUDGET:
+        return [f"Prefills are chunked at ~{budget.budget_tokens:.0f} tokens per step: lower the budget with "
+                "--max-num-batched-tokens 512 (raise it again if TTFT/throughput suffer)."]
+    return [f"Prefills are already chunked at ~{budget.budget_tokens:.0f} tokens per step, so the step budget is "
+            "not what stalls the decodes here."]
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -40,11 +64,12 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("largest engine step", s.max_step_tokens, "tokens", "upper bucket bound of iteration_tokens"),
         info("running requests (mean)", s.running_mean),
     ]
-    vllm = [
-        "Enable chunked prefill (--enable-chunked-prefill; on by default in recent vLLM) so prefills are split "
-        "into chunks that share steps with decodes.",
-        "Lower the per-step token budget: --max-num-batched-tokens 512 is a common start for smooth ITL "
-        "(raise it again if TTFT/throughput suffer).",
+    budget = s.step_budget
+    if budget is not None:
+        evidence.append(info("engine step budget (inferred)", budget.describe(), note=(
+            f"confidence {budget.confidence:.2f}: {budget.reasoning}" if budget.verdict != "unknown"
+            else f"cannot tell: {budget.reasoning}")))
+    vllm = _budget_remedies(budget) + [
         "Route very long prompts to a separate replica (or use prefill/decode disaggregation).",
     ]
     tgi = [
