@@ -101,10 +101,15 @@ class DeliveryWorker:
         """
         due = []
         with self.sessions.begin() as session:
-            for row in repository.pending_notification_heads(session, lock=True):
-                if now - row.created_at > self.max_age:
-                    row.state, row.last_error = "expired", f"not delivered within {self.max_age:g}s: {row.last_error}"
-                    continue
+            heads = repository.pending_notification_heads(session, lock=True)
+            # an expired head hands its group to the next notification in this same run
+            while expired := [row for row in heads if now - row.created_at > self.max_age]:
+                for row in expired:
+                    reason = f": {row.last_error}" if row.last_error else " (never attempted)"
+                    row.state, row.last_error = "expired", f"not delivered within {self.max_age:g}s{reason}"
+                session.flush()
+                heads = repository.pending_notification_heads(session, lock=True)
+            for row in heads:
                 if row.next_attempt_at <= now:
                     due.append((row.id, row.receiver, row.body, row.attempts))
                     row.next_attempt_at = max(now, time.time()) + CLAIM_SECONDS
