@@ -63,6 +63,7 @@ VERDICT_COLORS = {
     "bandwidth_bound": "blue",
     "kv_cache_pressure": "red",
     "weights_offloaded": "dark-red",
+    "outside_engine": "dark-blue",
 }
 
 # ----------------------------------------------------------------------------- SLO choices
@@ -120,20 +121,21 @@ class Q:
         return f"{Q.mean('queue_time')} / ignoring (signal) {Q.mean('ttft')}"
 
     @staticmethod
-    def verdict_code(agg: str = "sum by (target, model)") -> str:
+    def verdict_code(agg: str = "sum by (target, model)", selector: str = SVC) -> str:
         """The verdict as a number per (target, model): the state timeline maps it back to
         the regime name and colour (``VERDICTS`` order). Only the current verdict's series
         exists, so the sum is that verdict's code."""
-        parts = [f'llm_latency_diagnosis_verdict{{{SVC}, verdict="{v}"}} * {i}' for i, v in enumerate(VERDICTS)]
+        parts = [f'llm_latency_diagnosis_verdict{{{selector}, verdict="{v}"}} * {i}' for i, v in enumerate(VERDICTS)]
         return f"{agg} (\n    " + "\n  or ".join(parts) + "\n)"
 
     @staticmethod
     def regime_changes() -> str:
         """Annotation: where a target's verdict code changed; the result carries the new
-        verdict. Per target, not per model: a target without data yet is diagnosed
-        ``insufficient_data`` with no model, so its first regime arrives on a new series."""
-        return (f"(changes(({Q.verdict_code('max by (target)')})[2m:]) > 0)\n"
-                f"* on (target) group_right llm_latency_diagnosis_verdict{{{SVC}}}")
+        verdict. Per target, not per model, and so not filtered by ``$model``: a target
+        without data yet is diagnosed ``insufficient_data`` with no model, so its first
+        regime arrives on a new series, which a model filter would hide."""
+        return (f"(changes(({Q.verdict_code('max by (target)', SVC_T)})[2m:]) > 0)\n"
+                f"* on (target) group_right llm_latency_diagnosis_verdict{{{SVC_T}}}")
 
     @staticmethod
     def time_attainment(signal: str, var: str) -> str:
@@ -404,7 +406,7 @@ def right_axis(unit: str, label: str) -> list[dict]:
 
 def verdict_mappings() -> list[dict]:
     return [{"type": "value", "options": {
-        str(i): {"text": v.replace("_", " "), "color": VERDICT_COLORS.get(v, "text"), "index": i}
+        str(i): {"text": v.replace("_", " "), "color": VERDICT_COLORS[v], "index": i}  # a new regime needs a colour
         for i, v in enumerate(VERDICTS)}}]
 
 

@@ -100,3 +100,29 @@ def test_merged_tables_join_their_frames_on_shared_labels(stack: Stack, name: st
     first = {tuple(row.get(k, "") for k in sorted(shared)) for row in frames[0]}
     for frame in frames[1:]:
         assert {tuple(row.get(k, "") for k in sorted(shared)) for row in frame} <= first
+
+
+MODEL_QUERIES = [q for q in QUERIES if "$model" in q.expr
+                 and (engines_of(q) == [".*"] or "vllm-queueing" in engines_of(q))]
+
+
+def run_with(stack: Stack, query: Query, **values: str) -> list:
+    expr = substitute(query.expr, **values)
+    if query.instant:
+        return stack.prometheus.query(expr)["result"]
+    end = time.time()
+    return stack.prometheus.query_range(expr, end - 30, end, 1.0)["result"]
+
+
+@pytest.mark.parametrize("query", MODEL_QUERIES, ids=[q.id for q in MODEL_QUERIES])
+def test_query_returns_data_for_one_selected_model_and_none_for_another(stack: Stack, query: Query) -> None:
+    """With one model picked in the ``model`` variable (Grafana puts the regex-escaped
+    value in place of ``$model``), every query that filters on it still finds that
+    model's series, only that model's, and nothing for a model nobody serves."""
+    model = next(d["model"] for d in stack.monitor.telemetry.diagnosis.diagnoses if d["target"] == "vllm-queueing")
+    result = run_with(stack, query, target="vllm-queueing", model=model.replace(".", "\\\\."))
+    assert result, substitute(query.expr, target="vllm-queueing", model=model)
+    labelled = {s["metric"].get("model", s["metric"].get("model_name")) for s in result} - {None}
+    assert labelled <= {model}, labelled
+    if "or vector(0)" not in query.expr:
+        assert run_with(stack, query, target="vllm-queueing", model="no-such-model") == []
