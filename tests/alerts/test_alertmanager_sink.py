@@ -11,6 +11,7 @@ import httpx
 import pytest
 import yaml
 
+from app.alerts.schemas import fingerprint
 from tests.api.conftest import make_service
 from tests.support.alertmanager import running_alertmanager
 from tests.support.engine_pages import VllmPage
@@ -47,6 +48,7 @@ def test_alerts_reach_a_webhook_through_a_real_alertmanager(migrated_url: str, t
                                "target": "gpu-7"}
     assert alert["annotations"]["summary"] == "gpu-7: scrapes fail (http_status)"
     assert alert["generatorURL"].endswith("/api/v1/alerts")
+    assert alert["fingerprint"] == fingerprint(alert["labels"])  # Alertmanager computes the same id we send
 
 
 def _active_in(alertmanager: str) -> list[dict]:

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
-from app.alerts.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.alerts.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign, verify
+from app.alerts.schemas import ZERO_TIME, AlertInstance, fingerprint, webhook_payload
 from tests.api.conftest import make_service
 from tests.support.engine_pages import VllmPage
 from tests.support.pages import StaticPageServer
@@ -37,13 +41,41 @@ def write_config(tmp_path: Path, targets: dict[str, str], hook_url: str) -> Path
     return path
 
 
-def shape(value):
-    """The structure of a JSON value: dict keys with their shapes, types elsewhere."""
-    if isinstance(value, dict):
-        return {k: shape(v) for k, v in value.items()} if value else "dict"
-    if isinstance(value, list):
-        return [shape(value[0])] if value else "list"
-    return type(value).__name__
+#: Maps whose keys are the alert's own label / annotation names: str -> str, not fixed fields.
+LABEL_MAPS = ("labels", "annotations", "groupLabels", "commonLabels", "commonAnnotations")
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def assert_same_structure(ours, sample, path: str = "$") -> None:
+    """Field for field: every field of Alertmanager's sample is in ours, no other field is,
+    and each value has the sample's JSON type, recursively (list items against the
+    sample's first item; label maps hold strings)."""
+    assert type(ours) is type(sample), f"{path}: {type(ours).__name__} != {type(sample).__name__}"
+    if isinstance(sample, dict) and path.rsplit(".", 1)[-1] in LABEL_MAPS:
+        assert ours and all(isinstance(k, str) and isinstance(v, str) for k, v in ours.items()), path
+    elif isinstance(sample, dict):
+        assert list(ours) == list(sample), f"{path}: fields {list(ours)} != {list(sample)}"
+        for key in sample:
+            assert_same_structure(ours[key], sample[key], f"{path}.{key}")
+    elif isinstance(sample, list):
+        assert ours, f"{path}: empty"
+        for index, item in enumerate(ours):
+            assert_same_structure(item, sample[0], f"{path}[{index}]")
+
+
+def unix(rfc3339: str) -> float:
+    return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def readme_verify():
+    """The signature check exactly as README.md's Alerts section documents it."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"(?:^(?: {4}.*)?\n)+", section, re.M)
+    code = next(b for b in blocks if "def verify(" in b)
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(code), "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    return namespace["verify"]
 
 
 @pytest.fixture
@@ -120,8 +152,9 @@ def test_outage_retries_ordering_restart_and_signatures(migrated_url: str, tmp_p
     assert ttft["externalURL"] == "http://llm-latency.test" and ttft["version"] == "4"
 
 
-def test_webhook_json_has_the_alertmanager_structure(migrated_url: str, tmp_path: Path, hook,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_webhook_json_has_the_alertmanager_structure_and_the_readme_check_verifies_it(
+        migrated_url: str, tmp_path: Path, hook, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme_check = readme_verify()
     monkeypatch.setenv("TEST_HOOK_SECRET", SECRET)
     with StaticPageServer(b"") as down:
         down.status = 503
@@ -140,18 +173,49 @@ def test_webhook_json_has_the_alertmanager_structure(migrated_url: str, tmp_path
     for ours, sample_file in ((firing, "alertmanager-webhook-sample.json"),
                               (resolved, "alertmanager-webhook-sample-resolved.json")):
         sample = json.loads((FIXTURES / sample_file).read_text())
-        assert set(ours) == set(sample)
-        assert set(ours["alerts"][0]) == set(sample["alerts"][0])
-        for key in ("receiver", "status", "externalURL", "version", "groupKey"):
-            assert type(ours[key]) is type(sample[key]) is str
-        assert type(ours["truncatedAlerts"]) is type(sample["truncatedAlerts"]) is int
-        for key in ("labels", "annotations"):
-            assert all(isinstance(v, str) for v in ours["alerts"][0][key].values())
-        assert len(ours["alerts"][0]["fingerprint"]) == len(sample["alerts"][0]["fingerprint"]) == 16
-        assert ours["alerts"][0]["startsAt"].endswith("Z") and len(ours["alerts"][0]["startsAt"]) == 24
-    assert firing["status"] == "firing" and firing["alerts"][0]["endsAt"] == "0001-01-01T00:00:00Z"
-    assert resolved["status"] == "resolved" and resolved["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+        assert_same_structure(ours, sample)
+        alert, sample_alert = ours["alerts"][0], sample["alerts"][0]
+        assert (ours["status"], alert["status"]) == (sample["status"], sample_alert["status"])
+        assert (ours["version"], ours["truncatedAlerts"]) == ("4", 0)
+        assert ours["groupKey"] == '{}:{alertname="LLMLatencyTargetDown", target="b"}'
+        for value in (alert["startsAt"], sample_alert["startsAt"], alert["endsAt"], sample_alert["endsAt"]):
+            assert value == ZERO_TIME or RFC3339_MS.match(value), value  # Go's zero time: "not ended"
+        assert (alert["endsAt"] == ZERO_TIME) == (sample_alert["endsAt"] == ZERO_TIME)
+        # the fingerprint is Alertmanager's: the sample's for the sample's labels, ours for ours
+        assert fingerprint(sample_alert["labels"]) == sample_alert["fingerprint"] == "2f597b1074285ee4"
+        assert alert["fingerprint"] == fingerprint(alert["labels"]) == fingerprint(
+            {"alertname": "LLMLatencyTargetDown", "severity": "critical", "target": "b"})
+        assert re.fullmatch(r"[0-9a-f]{16}", alert["fingerprint"])
+    assert firing["alerts"][0]["endsAt"] == ZERO_TIME
+    assert resolved["alerts"][0]["endsAt"] != ZERO_TIME
+    assert unix(resolved["alerts"][0]["endsAt"]) > unix(resolved["alerts"][0]["startsAt"])
     assert firing["alerts"][0]["fingerprint"] == resolved["alerts"][0]["fingerprint"]
+    # README's verification snippet, run verbatim on the raw bodies and headers as received
+    for request in hook.received:
+        raw, headers = request.body, request.headers
+        assert readme_check(SECRET.encode(), headers, raw) is True
+        tampered = raw.replace(b'"target":"b"', b'"target":"c"')
+        assert tampered != raw and len(tampered) == len(raw)
+        assert readme_check(SECRET.encode(), headers, tampered) is False
+        assert readme_check(b"another secret", headers, raw) is False
+        old = str(int(headers[TIMESTAMP_HEADER]) - 3600)  # correctly signed an hour ago: a replay
+        assert readme_check(SECRET.encode(), {TIMESTAMP_HEADER: old, SIGNATURE_HEADER: sign(SECRET, old, raw)},
+                            raw) is False
+
+
+def test_the_payload_reproduces_alertmanagers_captured_samples_exactly() -> None:
+    """Given the sample's alert, receiver, group and external URL, our payload is the captured
+    one: the same fields in the same order with the same values (fingerprint, timestamps,
+    groupKey, common labels and annotations included)."""
+    for sample_file in ("alertmanager-webhook-sample.json", "alertmanager-webhook-sample-resolved.json"):
+        text = (FIXTURES / sample_file).read_text()
+        sample = json.loads(text)
+        a = sample["alerts"][0]
+        instance = AlertInstance(a["labels"], a["annotations"], a["status"], unix(a["startsAt"]),
+                                 None if a["endsAt"] == ZERO_TIME else unix(a["endsAt"]), a["generatorURL"])
+        ours = webhook_payload(sample["receiver"], sample["groupLabels"], [instance], sample["externalURL"])
+        assert ours == sample, sample_file
+        assert json.dumps(ours, separators=(",", ":")) == json.dumps(sample, separators=(",", ":"))  # field order
 
 
 def test_silences_receivers_and_bad_input(migrated_url: str, tmp_path: Path, hook,
