@@ -11,8 +11,11 @@ Modules (each usable alone):
   by request count, time limit and concurrency; typed per-request results and summaries;
 * :mod:`~app.probe.sse` - a lenient Server-Sent-Events parser (malformed lines are counted,
   never fatal);
-* :mod:`~app.probe.sweep` - concurrency and prompt-length ladders, the TTFT-vs-prompt slope
-  fit and the ITL-vs-concurrency curve, single-request vs. loaded comparison;
+* :mod:`~app.probe.sweep` - the levels of a concurrency or prompt-length sweep, the
+  TTFT-vs-prompt slope fit and the ITL-vs-concurrency curve, single-request vs. loaded
+  comparison (queue time accounted for);
+* :mod:`~app.probe.server_metrics` - the engine's own ``/metrics`` read around each level
+  (its queue time while a single request ran);
 * :mod:`~app.probe.canary` - small periodic probes per target, stored; the single-request
   baseline query for the diagnosis;
 * :mod:`~app.probe.consistency` - client TTFT vs. the server's TTFT histogram over the

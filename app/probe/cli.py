@@ -2,10 +2,15 @@
 
     llm-latency probe http://10.0.0.5:8000 --model M --prompt-tokens 512 --max-tokens 128 \\
         --concurrency 1,8,32 [--requests N] [--timeout 60s] [--chat] [--api-key-env VAR] [--json]
+    llm-latency probe http://10.0.0.5:8000 --prompt-tokens 512,2048,8192 --max-tokens 16
 
-One level per concurrency (in the order given), input and output length fixed; a progress
-bar on stderr while it runs, then a table (or ``--json``) on stdout. Exits 1 when any request
-failed, 2 on bad arguments (click names the option).
+One level per concurrency, or per prompt length (in the order given), the other two factors
+fixed: only one factor may vary per sweep. A progress bar on stderr while it runs, then a
+table (or ``--json``) on stdout, with the fitted TTFT-vs-prompt-length slope for a prompt
+sweep and the single-vs-load split for a concurrency sweep. The engine's ``/metrics`` page
+(``--metrics-url``, default the URL's) is read around every level so the split knows how long
+the single request waited in the engine's queue. Exits 1 when any request failed, 2 on bad
+arguments (click names the option).
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import click
 
 from app.durations import parse_duration
-from app.probe.runner import LevelPlan, ProbeSpec, RequestResult, run_probe
-from app.probe.sweep import analyze, format_table
+from app.probe.runner import LevelPlan, ProbeSpec, RequestResult, api_base, run_probe
+from app.probe.sweep import analyze, format_analysis, format_table, sweep_plans
 
 MAX_CLI_CONCURRENCY = 1024
+MAX_CLI_PROMPT_TOKENS = 1_000_000
 
 
 class _Duration(click.ParamType):
@@ -40,19 +47,22 @@ class _Duration(click.ParamType):
         return seconds
 
 
-def _levels(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
-    try:
-        levels = [int(part) for part in value.split(",") if part.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected integers separated by commas (e.g. 1,8,32), got {value!r}") from None
-    if not levels:
-        raise click.BadParameter("give at least one concurrency level")
-    bad = [c for c in levels if not 1 <= c <= MAX_CLI_CONCURRENCY]
-    if bad:
-        raise click.BadParameter(f"levels must be between 1 and {MAX_CLI_CONCURRENCY}, got {bad[0]}")
-    if len(set(levels)) != len(levels):
-        raise click.BadParameter("levels must be distinct")
-    return levels
+def _int_list(what: str, low: int, high: int) -> Callable[[click.Context, click.Parameter, str], list[int]]:
+    """A click callback for ``512`` or ``1,8,32``: distinct integers in ``[low, high]``."""
+    def parse(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+        try:
+            levels = [int(part) for part in str(value).split(",") if part.strip()]
+        except ValueError:
+            raise click.BadParameter(f"expected integers separated by commas (e.g. 1,8,32), got {value!r}") from None
+        if not levels:
+            raise click.BadParameter(f"give at least one {what}")
+        bad = [c for c in levels if not low <= c <= high]
+        if bad:
+            raise click.BadParameter(f"{what}s must be between {low} and {high}, got {bad[0]}")
+        if len(set(levels)) != len(levels):
+            raise click.BadParameter(f"{what}s must be distinct")
+        return levels
+    return parse
 
 
 def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -62,15 +72,23 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
+def _optional_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    return None if value is None else _url(ctx, param, value)
+
+
 @click.command("probe")
 @click.argument("url", callback=_url)
 @click.option("--model", help="Model name; default: the first of GET /v1/models.")
-@click.option("--prompt-tokens", type=click.IntRange(1, 1_000_000), default=512, show_default=True,
-              help="Input length, held fixed.")
+@click.option("--prompt-tokens", default="512", show_default=True,
+              callback=_int_list("prompt length", 1, MAX_CLI_PROMPT_TOKENS),
+              help="Input length; several (e.g. 512,2048,8192) run the prompt-length ladder at one concurrency "
+                   "and fit TTFT vs. prompt length.")
 @click.option("--max-tokens", type=click.IntRange(1, 100_000), default=128, show_default=True,
               help="Output length, held fixed (with ignore_eos).")
-@click.option("--concurrency", default="1", show_default=True, callback=_levels,
-              help="Comma-separated levels, e.g. 1,8,32: a single request and the target load, separately.")
+@click.option("--concurrency", default="1", show_default=True,
+              callback=_int_list("concurrency level", 1, MAX_CLI_CONCURRENCY),
+              help="Comma-separated levels, e.g. 1,8,32: a single request and the target load, separately "
+                   "(at one prompt length).")
 @click.option("--requests", type=click.IntRange(1, 100_000), default=None,
               help="Requests per level [default: 2 x the level's concurrency].")
 @click.option("--timeout", type=_Duration(), default="120s", show_default=True, help="Per request.")
@@ -83,10 +101,15 @@ def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
               help="Ask the engine to ignore end-of-sequence so every answer has --max-tokens tokens.")
 @click.option("--api-key-env", metavar="VAR", help="Environment variable holding the API key (Bearer).")
+@click.option("--metrics-url", callback=_optional_url,
+              help="The engine's Prometheus page, read around every level so a single request's queue wait is "
+                   "known [default: URL's /metrics].")
+@click.option("--no-metrics", is_flag=True, help="Do not read the engine's /metrics page.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def probe(url: str, model: str | None, prompt_tokens: int, max_tokens: int, concurrency: list[int],
+def probe(url: str, model: str | None, prompt_tokens: list[int], max_tokens: int, concurrency: list[int],
           requests: int | None, timeout: float, stall_timeout: float, time_limit: float | None, chat: bool,
-          endpoint: str | None, prompt_mode: str, ignore_eos: bool, api_key_env: str | None, as_json: bool) -> None:
+          endpoint: str | None, prompt_mode: str, ignore_eos: bool, api_key_env: str | None,
+          metrics_url: str | None, no_metrics: bool, as_json: bool) -> None:
     """Stream requests to URL (an OpenAI-compatible server) and measure TTFT and ITL."""
     api_key = None
     if api_key_env is not None:
@@ -97,27 +120,34 @@ def probe(url: str, model: str | None, prompt_tokens: int, max_tokens: int, conc
         raise click.BadParameter("must be a path starting with '/'", param_hint="'--endpoint'")
     if chat and prompt_mode == "token_ids":
         raise click.BadParameter("token ids need /v1/completions, not --chat", param_hint="'--prompt-mode'")
-    spec = ProbeSpec(url=url, model=model, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+    try:
+        plans = sweep_plans(prompt_tokens, concurrency, max_tokens, requests)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--prompt-tokens' / '--concurrency'") from None
+    if no_metrics:
+        metrics_url = None
+    elif metrics_url is None:
+        metrics_url = api_base(url) + "/metrics"
+    spec = ProbeSpec(url=url, model=model, prompt_tokens=max(prompt_tokens), max_tokens=max_tokens,
                      concurrency=max(concurrency), requests=requests, chat=chat, endpoint=endpoint, api_key=api_key,
                      timeout=timeout, stall_timeout=stall_timeout, connect_timeout=min(10.0, timeout),
-                     time_limit=time_limit, prompt_mode=prompt_mode, ignore_eos=ignore_eos)  # type: ignore[arg-type]
-    plans = [LevelPlan(c, prompt_tokens, max_tokens, requests or 2 * c) for c in concurrency]
+                     time_limit=time_limit, prompt_mode=prompt_mode, ignore_eos=ignore_eos,  # type: ignore[arg-type]
+                     metrics_url=metrics_url)
     total = sum(p.requests for p in plans)
     with click.progressbar(length=total, label="probing", file=sys.stderr, show_pos=True) as bar:
         def tick(plan: LevelPlan, result: RequestResult) -> None:
             bar.update(1)
         result = asyncio.run(run_probe(spec, plans, on_request=tick))
+    analysis = analyze(result)
     if as_json:
-        click.echo(json.dumps({**result.summary(), "analysis": analyze(result)}, indent=2))
+        click.echo(json.dumps({**result.summary(), "analysis": analysis}, indent=2))
     else:
         model_text = result.model or "(server default)"
         click.echo(f"{result.url}{result.endpoint}  model {model_text}  prompt {result.protocol['prompt_mode']}"
                    f"{'' if result.protocol['ignore_eos'] else ', no ignore_eos'}")
         click.echo(format_table(result.levels))
-        split = analyze(result).get("load_split")
-        if split:
-            click.echo(f"single -> {split['loaded_concurrency']}: TTFT x{_x(split['ttft_ratio'])}, "
-                       f"ITL x{_x(split['itl_ratio'])}")
+        for line in format_analysis(analysis):
+            click.echo(line)
     if result.stopped_by == "time_limit":
         click.echo("stopped by --time-limit", err=True)
     if result.failed:
@@ -128,6 +158,3 @@ def probe(url: str, model: str | None, prompt_tokens: int, max_tokens: int, conc
         click.echo("no request was sent", err=True)
         sys.exit(1)
 
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"

@@ -27,6 +27,9 @@ negotiation, prompt calibration) sends at most :data:`MAX_PREFLIGHT_REQUESTS` ti
 requests (``max_tokens=1``) before the measured phase; they are reported separately
 (``ProbeResult.preflight``: the engine saw them, so the consistency check counts them) and lie
 outside the measured period of the levels (``LevelResult.started_at``/``finished_at``).
+With ``metrics_url`` the engine's ``/metrics`` page is also read before the first level and
+after each one (a GET, not a completion request): ``LevelResult.server`` is the engine's own
+view of the level, its queue time above all (:mod:`app.probe.server_metrics`).
 
 Prompt length is exact where the engine takes token ids (vLLM and the emulator do for
 ``/v1/completions``): the prompt is a list of ids. Otherwise the prompt is text whose length
@@ -52,13 +55,16 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from app.probe import server_metrics
 from app.probe.sse import DONE, SSEParser
+from app.scrape.client import PageFetcher
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,7 @@ WORDS = (" the", " and", " for", " are", " but", " not", " you", " all", " any",
          " see", " two", " way", " who", " boy", " did", " its", " let", " put", " say", " she", " too", " use")
 _DETAIL_CHARS = 300
 DONE_GRACE_S = 1.0
+METRICS_TIMEOUT_S = 5.0  # reading the engine's /metrics around a level
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -138,6 +145,7 @@ class ProbeSpec:
     include_usage: bool = True
     preflight: bool = True
     extra_body: dict = field(default_factory=dict)
+    metrics_url: str | None = None  # the engine's /metrics, read around every level (LevelResult.server)
 
     def validate(self) -> "ProbeSpec":
         parts = urlsplit(self.url)
@@ -161,6 +169,10 @@ class ProbeSpec:
             raise ValueError("prompt_mode: token ids are only accepted by /v1/completions, not chat")
         if self.endpoint is not None and not self.endpoint.startswith("/"):
             raise ValueError(f"endpoint: must be a path starting with '/', got {self.endpoint!r}")
+        if self.metrics_url is not None:
+            metrics = urlsplit(self.metrics_url)
+            if metrics.scheme not in ("http", "https") or not metrics.hostname:
+                raise ValueError(f"metrics_url: must be an http(s) URL with a host, got {self.metrics_url!r}")
         return self
 
     @property
@@ -256,6 +268,7 @@ class LevelResult:
     requests: list[RequestResult]
     max_in_flight: int
     stopped_by: str  # "done" | "time_limit"
+    server: dict | None = None  # the engine's /metrics over the level (server_metrics.level_view), if read
     ttft: Stats = field(init=False)
     itl: Stats = field(init=False)
     e2e: Stats = field(init=False)
@@ -318,6 +331,7 @@ class LevelResult:
             "output_tokens_per_second": self.output_tokens_per_s,
             "tokens_received": sum(r.tokens for r in self.requests),
             "prompt_tokens_seen": {"min": seen.min, "max": seen.max, "mean": seen.mean} if seen.count else None,
+            "server": self.server,
         }
 
 
@@ -388,14 +402,6 @@ class _Protocol:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-class _Deadline(Exception):
-    """Internal: one of the request's clocks ran out; ``kind`` is the error class."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(kind)
-        self.kind = kind
 
 
 class Prober:
@@ -703,22 +709,40 @@ async def run_probe(spec: ProbeSpec, plans: Sequence[LevelPlan] | None = None, *
                     on_request: Callable[[LevelPlan, RequestResult], None] | None = None,
                     seed: int | None = None) -> ProbeResult:
     """Run ``plans`` (default: the single level the spec describes) one after the other,
-    sharing one connection pool, the preflight and the time limit."""
+    sharing one connection pool, the preflight and the time limit. With ``spec.metrics_url``
+    the engine's page is read before the first level and after each (one GET per boundary,
+    within the time limit): ``LevelResult.server`` is the engine's view of that level."""
     spec.validate()
     plans = [p.validate() for p in (plans or [spec.plan()])]
     loop = asyncio.get_running_loop()
     started = time.time()
-    async with _client(spec, max(p.concurrency for p in plans)) as client:
+    async with _client(spec, max(p.concurrency for p in plans)) as client, AsyncExitStack() as stack:
+        fetcher = await stack.enter_async_context(PageFetcher(
+            max_concurrency=1, max_bytes=server_metrics.MAX_PAGE_BYTES, connect_timeout=spec.connect_timeout)) \
+            if spec.metrics_url else None
         prober = Prober(spec, client, seed=seed)
         if spec.time_limit is not None:
             prober.probe_deadline = loop.time() + spec.time_limit
+
+        async def engine_page() -> server_metrics.Snapshot:
+            left = min(METRICS_TIMEOUT_S, prober.probe_deadline - loop.time())
+            if left <= 0:
+                return server_metrics.Snapshot(time.time(), error="the probe's time limit was reached")
+            return await server_metrics.snapshot(fetcher, spec.metrics_url, left)  # type: ignore[arg-type]
+
         if spec.preflight:
             await prober.preflight()
         levels: list[LevelResult] = []
+        before = await engine_page() if spec.metrics_url else None
         for plan in plans:
             if loop.time() >= prober.probe_deadline:
                 break
-            levels.append(await prober.run_level(plan, on_request))
+            level = await prober.run_level(plan, on_request)
+            if before is not None:
+                after = await engine_page()
+                level.server = server_metrics.level_view(spec.metrics_url, before, after)  # type: ignore[arg-type]
+                before = after
+            levels.append(level)
     finished = time.time()
     stopped = "time_limit" if (len(levels) < len(plans) or any(lv.stopped_by == "time_limit" for lv in levels)) \
         else "done"

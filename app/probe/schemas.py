@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from app.durations import parse_duration
 
@@ -41,8 +41,8 @@ def _int_list(value: object) -> object:
 
 
 class ProbeIn(BaseModel):
-    """An ad hoc probe: ``requests`` streamed requests per concurrency level, prompt and output
-    length fixed. ``target`` names a monitored target (its URL's scheme/host/port is the API),
+    """An ad hoc probe: ``requests`` streamed requests per level, one level per concurrency or per
+    prompt length (only one of the two may vary), output length fixed. ``target`` names a monitored target (its URL's scheme/host/port is the API),
     ``url`` gives the API base URL directly (or overrides the target's)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -50,11 +50,15 @@ class ProbeIn(BaseModel):
     target: str | None = Field(None, max_length=64)
     url: str | None = Field(None, max_length=2048)
     model: str | None = Field(None, max_length=256)
-    prompt_tokens: int = Field(512, ge=1, le=MAX_PROMPT_TOKENS)
+    prompt_tokens: Annotated[list[Annotated[int, Field(ge=1, le=MAX_PROMPT_TOKENS)]],
+                             BeforeValidator(_int_list)] = Field(
+        default_factory=lambda: [512], min_length=1, max_length=MAX_LEVELS,
+        description="One length, or several (a prompt-length sweep at one concurrency).")
     max_tokens: int = Field(128, ge=1, le=MAX_OUTPUT_TOKENS)
     concurrency: Annotated[list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]],
-                           BeforeValidator(_int_list)] = Field(default_factory=lambda: [1], min_length=1,
-                                                               max_length=MAX_LEVELS)
+                           BeforeValidator(_int_list)] = Field(
+        default_factory=lambda: [1], min_length=1, max_length=MAX_LEVELS,
+        description="One level, or several (a concurrency sweep at one prompt length).")
     requests: int | None = Field(None, ge=1, le=MAX_REQUESTS_PER_LEVEL,
                                  description="Per level; default 2 x the level's concurrency.")
     chat: bool = False
@@ -65,15 +69,12 @@ class ProbeIn(BaseModel):
     ignore_eos: bool = True
     api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer'; never stored.")
 
-    @field_validator("concurrency")
+    @field_validator("concurrency", "prompt_tokens")
     @classmethod
-    def _distinct(cls, levels: list[int]) -> list[int]:
+    def _distinct(cls, levels: list[int], info: ValidationInfo) -> list[int]:
         if len(set(levels)) != len(levels):
-            raise ValueError("concurrency levels must be distinct")
+            raise ValueError(f"{info.field_name} levels must be distinct")
         return levels
-
-    def level_requests(self) -> list[int]:
-        return [self.requests or 2 * c for c in self.concurrency]
 
     def params(self) -> dict:
         """What is stored with the run (never the API key)."""

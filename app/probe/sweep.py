@@ -1,7 +1,10 @@
 """Sweeps: change one factor at a time, hold the other two fixed (``shared/docs/domain.md`` §3).
 
-* **Concurrency ladder** (1, 2, 4, ..., target) at a fixed prompt and output length: the
-  ITL-vs-concurrency curve and how TTFT grows under load.
+:func:`sweep_plans` builds the levels; the CLI and the API run them with
+:func:`~app.probe.runner.run_probe` and :func:`analyze` says what they show:
+
+* **Concurrency ladder** (e.g. 1, 2, 4, ..., target) at a fixed prompt and output length:
+  the ITL-vs-concurrency curve and how TTFT grows under load.
 * **Prompt-length ladder** at a fixed output length and concurrency (normally 1): the
   least-squares TTFT-vs-prompt-length line. Its slope (seconds per 1k prompt tokens) is the
   prefill cost; a good fit (R² near 1) with a steep slope is the ``prefill_compute``
@@ -16,32 +19,26 @@ under load (``queueing`` / ``prefill_interference``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
-from app.probe.runner import LevelPlan, LevelResult, ProbeResult, ProbeSpec, RequestResult, run_probe
-
-
-def concurrency_ladder(target: int) -> list[int]:
-    """1, 2, 4, ... below ``target``, then ``target`` itself."""
-    if target < 1:
-        raise ValueError(f"concurrency must be >= 1, got {target}")
-    levels, c = [], 1
-    while c < target:
-        levels.append(c)
-        c *= 2
-    return [*levels, target]
+from app.diagnosis.thresholds import Thresholds
+from app.probe.runner import LevelPlan, LevelResult, ProbeResult, RequestResult
 
 
-def prompt_ladder(longest: int, shortest: int = 128) -> list[int]:
-    """Doubling prompt lengths from ``shortest`` up to ``longest`` (included)."""
-    if not 1 <= shortest <= longest:
-        raise ValueError(f"need 1 <= shortest <= longest, got {shortest}, {longest}")
-    levels, p = [], shortest
-    while p < longest:
-        levels.append(p)
-        p *= 2
-    return [*levels, longest]
+ONE_FACTOR = ("only one factor may vary per sweep: give several prompt lengths or several concurrency "
+              "levels, not both")
+
+
+def sweep_plans(prompt_tokens: Sequence[int], concurrency: Sequence[int], max_tokens: int,
+                requests: int | None = None) -> list[LevelPlan]:
+    """The levels of a probe: one per prompt length (concurrency fixed) or one per concurrency
+    (prompt length fixed), in the order given; output length always fixed. ``requests`` per
+    level defaults to 2 x the level's concurrency. Raises ``ValueError(ONE_FACTOR)`` when both
+    lists have more than one value."""
+    if len(prompt_tokens) > 1 and len(concurrency) > 1:
+        raise ValueError(ONE_FACTOR)
+    return [LevelPlan(c, p, max_tokens, requests or 2 * c) for p in prompt_tokens for c in concurrency]
 
 
 @dataclass(frozen=True)
@@ -117,69 +114,30 @@ def analyze(result: ProbeResult) -> dict:
     return out
 
 
-@dataclass
-class SweepResult:
-    """A sweep: the probe run, the factor that moved and what it showed."""
-
-    factor: str  # "concurrency" | "prompt_tokens"
-    probe: ProbeResult
-    fit: LinearFit | None  # TTFT vs prompt tokens (prompt sweeps)
-    curve: list[dict]  # ITL vs concurrency (concurrency sweeps)
-
-    @property
-    def levels(self) -> list[LevelResult]:
-        return self.probe.levels
-
-    def table(self) -> list[dict]:
-        return [level_row(lv) for lv in self.levels]
-
-    def summary(self) -> dict:
-        return {"factor": self.factor, "probe": self.probe.summary(),
-                "ttft_vs_prompt": self.fit.to_dict() if self.fit else None, "itl_vs_concurrency": self.curve}
-
-    def format(self) -> str:
-        text = format_table(self.levels)
-        if self.fit is not None:
-            text += (f"\nTTFT vs prompt length: {self.fit.slope_per_1k * 1000:.1f} ms per 1k tokens "
-                     f"+ {self.fit.intercept * 1000:.1f} ms (R² {self.fit.r2:.3f}, {self.fit.n} requests)")
-        return text
-
-
-async def sweep_concurrency(spec: ProbeSpec, levels: Sequence[int] | None = None, *,
-                            requests_per_level: int | None = None,
-                            on_request: Callable[[LevelPlan, RequestResult], None] | None = None,
-                            seed: int | None = None) -> SweepResult:
-    """Concurrency ladder (default ``concurrency_ladder(spec.concurrency)``) at the spec's
-    prompt and output lengths; ``requests_per_level`` defaults to 2 x concurrency."""
-    levels = list(levels or concurrency_ladder(spec.concurrency))
-    plans = [LevelPlan(c, spec.prompt_tokens, spec.max_tokens,
-                       requests_per_level or replace(spec, concurrency=c, requests=None).effective_requests)
-             for c in levels]
-    result = await run_probe(spec, plans, on_request=on_request, seed=seed)
-    return SweepResult("concurrency", result, None, itl_curve([lv for lv in result.levels if lv.succeeded]))
-
-
-async def sweep_prompt_length(spec: ProbeSpec, prompt_lengths: Sequence[int], *, requests_per_level: int = 2,
-                              on_request: Callable[[LevelPlan, RequestResult], None] | None = None,
-                              seed: int | None = None) -> SweepResult:
-    """Prompt-length ladder at the spec's output length and concurrency; fits TTFT vs length."""
-    plans = [LevelPlan(spec.concurrency, p, spec.max_tokens, requests_per_level) for p in prompt_lengths]
-    result = await run_probe(spec, plans, on_request=on_request, seed=seed)
-    return SweepResult("prompt_tokens", result, ttft_vs_prompt(result.levels), [])
-
-
 # ---------------------------------------------------------------------------- single vs load
+
+#: A lone request whose engine queue time is this share of its TTFT was not alone: the same
+#: share the diagnosis's ``queueing`` rule uses (``Thresholds.queue_share``).
+QUEUE_SHARE = Thresholds.model_fields["queue_share"].default
+
 
 @dataclass(frozen=True)
 class LoadComparison:
     """A single-request level against a loaded one (``domain.md`` §1: slow alone, or only under load?).
 
     Ratios are loaded / single of the p50 TTFT and the mean ITL. ``slow_alone`` lists what is
-    already slow for one request (``ttft`` above ``slow_ttft``, ``itl`` above ``slow_itl``; with a
-    known decode floor, a slow ITL within ``floor_factor`` of it is the hardware limit,
-    ``bandwidth_bound``, and one far above it points at ``weights_offloaded``);
-    ``slow_under_load`` what grows by more than the ratio thresholds. ``suggests`` maps them to
-    the regimes they point at."""
+    already slow for one request (``ttft`` above ``slow_ttft`` once the engine's queue time is
+    taken out, ``itl`` above ``slow_itl``; with a known decode floor, a slow ITL within
+    ``floor_factor`` of it is the hardware limit, ``bandwidth_bound``, and one far above it
+    points at ``weights_offloaded``); ``slow_under_load`` what grows by more than the ratio
+    thresholds. ``suggests`` maps them to the regimes they point at.
+
+    A lone request on a busy server waits in the queue behind everyone else's: with the
+    engine's queue time over the single level (``LevelResult.server``, read from its
+    ``/metrics``) a slow single request that spent ``queue_share`` of its TTFT queued marks the
+    server ``busy`` and suggests ``queueing``, not ``prefill_compute`` (what is left after the
+    queue is within the queue's own spread); a slow TTFT is judged without its queue time; and
+    without the queue time, ``notes`` says the split cannot tell the two apart."""
 
     single_concurrency: int
     loaded_concurrency: int
@@ -190,9 +148,13 @@ class LoadComparison:
     ttft_ratio: float | None
     itl_ratio: float | None
     itl_over_floor: float | None
+    single_queue_time: float | None  # the engine's mean queue time while the single level ran
+    single_ttft_without_queue: float | None
+    busy: bool  # the single request's slow TTFT was mostly the engine's queue
     slow_alone: tuple[str, ...]
     slow_under_load: tuple[str, ...]
     suggests: tuple[str, ...]
+    notes: tuple[str, ...]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -204,8 +166,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def compare_load(single: LevelResult, loaded: LevelResult, *, decode_floor: float | None = None,
                  slow_ttft: float = 1.0, slow_itl: float = 0.03, ttft_ratio: float = 5.0, itl_ratio: float = 1.5,
-                 floor_factor: float = 1.5, time_scale: float = 1.0) -> LoadComparison:
-    """``time_scale`` multiplies client seconds first (an emulated target's simulated clock)."""
+                 floor_factor: float = 1.5, queue_share: float = QUEUE_SHARE,
+                 time_scale: float = 1.0) -> LoadComparison:
+    """``time_scale`` multiplies client seconds first (an emulated target's simulated clock;
+    the engine's queue time is already in its own seconds)."""
     def scaled(v: float | None) -> float | None:
         return None if v is None else v * time_scale
 
@@ -213,10 +177,27 @@ def compare_load(single: LevelResult, loaded: LevelResult, *, decode_floor: floa
     s_itl, l_itl = scaled(single.itl.mean), scaled(loaded.itl.mean)
     r_ttft, r_itl = _ratio(l_ttft, s_ttft), _ratio(l_itl, s_itl)
     over_floor = _ratio(s_itl, decode_floor)
-    alone, load, suggests = [], [], []
-    if s_ttft is not None and s_ttft >= slow_ttft:
-        alone.append("ttft")
-        suggests.append("prefill_compute")
+    server = single.server or {}
+    queue = server.get("queue_time_mean")
+    own_ttft = None if s_ttft is None or queue is None else max(0.0, s_ttft - queue)
+    # a slow single-request TTFT that was mostly the engine's queue: the server was busy
+    busy = own_ttft is not None and s_ttft >= slow_ttft and queue >= queue_share * s_ttft  # type: ignore[operator]
+    alone, load, suggests, notes = [], [], [], []
+    if busy:  # what is left after the queue is within the queue's own spread: no single-request baseline
+        suggests.append("queueing")
+        notes.append(f"the single request waited {queue:.2f} s of its {s_ttft:.2f} s TTFT in the engine's queue "
+                     f"(mean over the level, {server['requests']:g} engine requests): the server was busy, so this "
+                     "level is no single-request baseline; probe again when it is idle")
+    else:
+        judged = own_ttft if own_ttft is not None else s_ttft
+        if judged is not None and judged >= slow_ttft:
+            alone.append("ttft")
+            suggests.append("prefill_compute")
+            if queue is None:
+                notes.append("the engine's queue time over the single level is unknown "
+                             f"({server.get('error') or 'its /metrics was not read'}): on a busy server a lone "
+                             "request waits in the queue too, so a slow single-request TTFT may be queueing, "
+                             "not prefill")
     if s_itl is not None and s_itl >= slow_itl:
         alone.append("itl")
         suggests.append("bandwidth_bound" if over_floor is None or over_floor <= floor_factor
@@ -228,7 +209,28 @@ def compare_load(single: LevelResult, loaded: LevelResult, *, decode_floor: floa
         load.append("itl")
         suggests.append("prefill_interference")
     return LoadComparison(single.concurrency, loaded.concurrency, s_ttft, l_ttft, s_itl, l_itl, r_ttft, r_itl,
-                          over_floor, tuple(alone), tuple(load), tuple(suggests))
+                          over_floor, queue, own_ttft, busy, tuple(alone), tuple(load),
+                          tuple(dict.fromkeys(suggests)), tuple(notes))
+
+
+def format_analysis(analysis: dict) -> list[str]:
+    """The lines under the table: the TTFT-vs-prompt fit and the single-vs-load split."""
+    lines = []
+    fit = analysis.get("ttft_vs_prompt")
+    if fit:
+        lines.append(f"TTFT vs prompt length: {fit['slope_seconds_per_1k_tokens'] * 1000:.1f} ms per 1k tokens "
+                     f"+ {fit['intercept'] * 1000:.1f} ms (R² {fit['r2']:.3f}, {fit['n']} requests)")
+    split = analysis.get("load_split")
+    if split:
+        lines.append(f"single -> {split['loaded_concurrency']}: TTFT x{_x(split['ttft_ratio'])}, "
+                     f"ITL x{_x(split['itl_ratio'])}"
+                     + (f"; points at {', '.join(split['suggests'])}" if split["suggests"] else ""))
+        lines.extend(f"  note: {note}" for note in split["notes"])
+    return lines
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 # ---------------------------------------------------------------------------- the table
@@ -237,14 +239,6 @@ def _ms(v: float | None) -> str:
     if v is None:
         return "-"
     return f"{v * 1000:.1f}ms" if v < 10 else f"{v:.1f}s"
-
-
-def level_row(lv: LevelResult) -> dict:
-    return {"concurrency": lv.concurrency, "prompt_tokens": lv.plan.prompt_tokens, "max_tokens": lv.plan.max_tokens,
-            "requests": lv.issued, "ok": lv.succeeded, "ttft_p50": lv.ttft.p50, "ttft_p90": lv.ttft.p90,
-            "ttft_p99": lv.ttft.p99, "itl_p50": lv.itl.p50, "itl_p90": lv.itl.p90, "itl_p99": lv.itl.p99,
-            "itl_mean": lv.itl.mean, "e2e_p50": lv.e2e.p50, "tokens_per_second": lv.output_tokens_per_s,
-            "errors": dict(lv.errors)}
 
 
 def format_table(levels: Sequence[LevelResult]) -> str:

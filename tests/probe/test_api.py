@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import inspect
 
 from app.emulator import EmulatorFleet, TargetSpec
+from app.emulator.scenarios import get as get_scenario
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig, latest_single_request_baseline, run_canary
 from app.probe.consistency import FINDING, check_consistency
@@ -81,6 +82,28 @@ def test_post_runs_a_probe_in_the_background_and_stores_it(service, fleet) -> No
     assert c.get("/api/v1/probes/999999").json()["detail"] == "probe 999999 not found"
 
 
+def test_post_runs_a_prompt_length_sweep(service, fleet) -> None:
+    c = service.client
+    assert c.post("/api/v1/targets", json={"name": "solo", "url": fleet.urls["solo"] + "/metrics"}).status_code == 201
+    r = c.post("/api/v1/probes", json={"target": "solo", "prompt_tokens": "256,1024,2048", "max_tokens": 4})
+    assert r.status_code == 202, r.text
+    body = wait_done(c, r.json()["id"])
+    assert body["state"] == "done" and body["kind"] == "sweep" and body["params"]["prompt_tokens"] == [256, 1024, 2048]
+    levels = body["summary"]["levels"]
+    assert [(lv["prompt_tokens"], lv["concurrency"], lv["succeeded"]) for lv in levels] == \
+        [(256, 1, 2), (1024, 1, 2), (2048, 1, 2)]
+    fit = body["summary"]["analysis"]["ttft_vs_prompt"]
+    dep = get_scenario("healthy").deployment
+    physics = (dep.prefill_s(2048, 2048) - dep.prefill_s(256, 2048)) / 1.792  # seconds per 1k prompt tokens
+    assert fit["n"] == 6 and fit["slope_seconds_per_1k_tokens"] == pytest.approx(physics, rel=0.1)
+    # the service read the target's own /metrics around every level: the probe was its only traffic
+    assert [lv["server"]["requests"] for lv in levels] == [2.0, 2.0, 2.0]
+    assert levels[0]["server"]["source"] == fleet.urls["solo"] + "/metrics"
+    # the consistency check needs a scrape after the run (this service scrapes hourly)
+    assert body["consistency"]["status"] == "insufficient_data" and body["consistency"]["runs"] == [body["id"]]
+    assert body["consistency"]["message"] == "no successful scrape before and after the probe period"
+
+
 @pytest.mark.parametrize("body, loc, needle", [
     ({}, ["body", "target"], "give a target name or a url"),
     ({"target": "nope"}, ["body", "target"], "unknown target 'nope'"),
@@ -89,6 +112,11 @@ def test_post_runs_a_probe_in_the_background_and_stores_it(service, fleet) -> No
     ({"url": "http://127.0.0.1:9", "concurrency": 65}, ["body", "concurrency", 0], "less than or equal to 64"),
     ({"url": "http://127.0.0.1:9", "concurrency": "1,x"}, ["body", "concurrency"], "integers separated by commas"),
     ({"url": "http://127.0.0.1:9", "concurrency": [1, 1]}, ["body", "concurrency"], "distinct"),
+    ({"url": "http://127.0.0.1:9", "prompt_tokens": "512,2048", "concurrency": [1, 4]}, ["body", "prompt_tokens"],
+     "only one factor may vary per sweep"),
+    ({"url": "http://127.0.0.1:9", "prompt_tokens": [0]}, ["body", "prompt_tokens", 0], "greater than or equal to 1"),
+    ({"url": "http://127.0.0.1:9", "prompt_tokens": [512, 512]}, ["body", "prompt_tokens"], "distinct"),
+    ({"url": "http://127.0.0.1:9", "prompt_tokens": [128] * 9}, ["body", "prompt_tokens"], "at most 8 items"),
     ({"url": "http://127.0.0.1:9", "max_tokens": 100000}, ["body", "max_tokens"], "less than or equal to 4096"),
     ({"url": "http://127.0.0.1:9", "concurrency": [64, 63, 62, 61, 60]}, ["body", "requests"], "at most 512"),
     ({"url": "http://127.0.0.1:9", "time_limit": "forever"}, ["body", "time_limit"], "not a duration"),
@@ -289,11 +317,13 @@ def test_migration_creates_the_probe_tables_as_the_models_say(database_url: str)
             diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
         probe_diff = [d for d in diff if "probe" in repr(d)]
         assert probe_diff == []
-        db.downgrade(database_url, "0003")
+        head = db.current_revision(engine)
+        assert head >= "0004"
+        db.downgrade(database_url, "0003")  # the revision before the probe tables
         assert not {"probe_runs", "probe_requests"} & set(inspect(engine).get_table_names())
         assert db.current_revision(engine) == "0003"
         db.upgrade(database_url)
-        assert db.current_revision(engine) == "0004"
+        assert db.current_revision(engine) == head
     finally:
         engine.dispose()
 

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from app.emulator import EmulatorFleet, TargetSpec
+from app.emulator.scenarios import get as get_scenario
 from app.probe.cli import probe
 from tests.probe.servers import FakeOpenAI
 
@@ -45,6 +46,47 @@ def test_json_output_has_the_numbers(fleet):
     assert level["ttft"]["count"] == 2 and level["itl"]["count"] == 2 * 11
 
 
+def test_a_prompt_sweep_prints_the_ladder_and_the_fitted_prefill_cost(fleet):
+    """Three prompt lengths at concurrency 1: one row each, and the least-squares TTFT-vs-prompt
+    slope, which on the emulated 8B/A100 is the roofline's prefill cost (2048-token chunks)."""
+    args = [fleet.urls["solo"], "--prompt-tokens", "256,1024,2048", "--max-tokens", "4"]
+    text = CliRunner().invoke(probe, args)
+    assert text.exit_code == 0, text.output
+    lines = text.stdout.splitlines()
+    assert [line.split()[:5] for line in lines[2:5]] == [["1", p, "4", "2", "2"] for p in ("256", "1024", "2048")]
+    assert lines[5].startswith("TTFT vs prompt length: ") and " ms per 1k tokens + " in lines[5]
+    assert lines[5].endswith(", 6 requests)")
+    result = CliRunner().invoke(probe, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert [(lv["prompt_tokens"], lv["concurrency"]) for lv in body["levels"]] == [(256, 1), (1024, 1), (2048, 1)]
+    fit = body["analysis"]["ttft_vs_prompt"]
+    dep = get_scenario("healthy").deployment
+    physics = (dep.prefill_s(2048, 2048) - dep.prefill_s(256, 2048)) / 1.792  # seconds per 1k prompt tokens
+    assert fit["n"] == 6 and fit["r2"] > 0.98
+    assert fit["slope_seconds_per_1k_tokens"] * 2.0 == pytest.approx(physics, rel=0.1)  # time_scale 2
+    assert "itl_vs_concurrency" not in body["analysis"] and "load_split" not in body["analysis"]
+    # the engine's page was read around every level: it served exactly the probe's 2 requests each
+    servers = [lv["server"] for lv in body["levels"]]
+    assert [s["requests"] for s in servers] == [2.0, 2.0, 2.0] and all(s["error"] is None for s in servers)
+    for level, server in zip(body["levels"], servers):
+        assert server["ttft_mean"] == pytest.approx(level["ttft"]["mean"] * 2.0, rel=0.1, abs=0.01)
+
+
+def test_the_engine_page_is_optional(fleet):
+    off = CliRunner().invoke(probe, [fleet.urls["solo"], "--max-tokens", "4", "--requests", "1", "--no-metrics",
+                                     "--json"])
+    assert off.exit_code == 0, off.output
+    assert json.loads(off.stdout)["levels"][0]["server"] is None
+    with FakeOpenAI() as fake:  # serves no /metrics: recorded, and the probe is unaffected
+        result = CliRunner().invoke(probe, [fake.url("ok"), "--max-tokens", "4", "--concurrency", "1,2", "--json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert body["failed"] == 0 and body["levels"][0]["server"]["source"] == fake.url("ok") + "/metrics"
+    assert body["levels"][0]["server"]["error"].startswith("http_status: HTTP 404")
+    assert "queue time over the single level is unknown" not in result.stdout  # the TTFT is fast: nothing to say
+
+
 def test_failed_requests_exit_non_zero():
     with FakeOpenAI() as fake:
         result = CliRunner().invoke(probe, [fake.url("http500"), "--requests", "3", "--max-tokens", "4"])
@@ -56,7 +98,11 @@ def test_failed_requests_exit_non_zero():
 @pytest.mark.parametrize("args, option, needle", [
     (["--concurrency", "0"], "--concurrency", "between 1 and 1024"),
     (["--concurrency", "1,two"], "--concurrency", "integers separated by commas"),
-    (["--prompt-tokens", "0"], "--prompt-tokens", "0 is not in the range"),
+    (["--prompt-tokens", "0"], "--prompt-tokens", "prompt lengths must be between 1 and 1000000, got 0"),
+    (["--prompt-tokens", "512,512"], "--prompt-tokens", "prompt lengths must be distinct"),
+    (["--prompt-tokens", "512,2048", "--concurrency", "1,8"], "'--prompt-tokens' / '--concurrency'",
+     "only one factor may vary per sweep"),
+    (["--metrics-url", "metrics"], "--metrics-url", "http(s) URL"),
     (["--timeout", "soon"], "--timeout", "not a duration"),
     (["--api-key-env", "PROBE_CLI_TEST_UNSET"], "--api-key-env", "is not set"),
     (["--chat", "--prompt-mode", "token_ids"], "--prompt-mode", "token ids need"),

@@ -16,7 +16,7 @@ from app.emulator import EmulatorFleet, TargetSpec
 from app.emulator.readout import Page
 from app.emulator.scenarios import get as get_scenario
 from app.probe.runner import LevelPlan, ProbeSpec, run_probe
-from app.probe.sweep import compare_load, sweep_concurrency, sweep_prompt_length
+from app.probe.sweep import analyze, compare_load, format_analysis, sweep_plans
 
 SCALES = {"solo": 1.0, "fast": 4.0, "queue": 10.0, "bw": 5.0, "prefill": 2.0, "load": 5.0}
 
@@ -125,35 +125,78 @@ def test_single_vs_concurrent_separates_queueing_from_bandwidth_bound(fleet):
     assert b_split.itl_over_floor == pytest.approx(1.0, abs=0.05) and b_split.ttft_ratio < 5 < q_split.ttft_ratio
 
 
+@pytest.mark.slow
+def test_a_lone_request_on_a_busy_queueing_server_is_not_called_prefill_bound():
+    """The queueing scenario with its own 48 users on 8 slots: every request waits ~16 s
+    (simulated) in the queue, a lone probe's too, so single and loaded TTFT look alike and
+    both are slow. Without the engine's queue time that reads as "slow alone" (prefill); with
+    the engine's /metrics read around each level, the queue accounts for the whole TTFT."""
+    scale = 20.0
+    with EmulatorFleet([TargetSpec("busy", "queueing", time_scale=scale, warmup_s=120, seed=7)]) as busy:
+        url = busy.urls["busy"]
+        plans = sweep_plans([256], [1, 4], 16)
+
+        def levels(metrics_url: str | None):
+            result = asyncio.run(run_probe(ProbeSpec(url, prompt_tokens=256, max_tokens=16, metrics_url=metrics_url),
+                                           plans))
+            assert result.ok and [lv.issued for lv in result.levels] == [2, 8]
+            return result
+
+        blind = levels(None)
+        aware = levels(url + "/metrics")
+    single, loaded = blind.levels
+    assert single.ttft.p50 * scale > 10.0 and single.server is None
+    split = compare_load(single, loaded, time_scale=scale)
+    assert split.ttft_ratio < 2.0 and split.single_queue_time is None and not split.busy
+    assert split.slow_alone == ("ttft",) and split.suggests == ("prefill_compute",)
+    assert "queue time over the single level is unknown (its /metrics was not read)" in split.notes[0]
+
+    single, loaded = aware.levels
+    server = single.server
+    assert server["engine"] == "vllm" and server["error"] is None
+    assert server["requests"] > 20  # the engine's own traffic, not just the probe's 2 requests
+    # the engine's mean queue time over the level ~ the lone request's whole TTFT (simulated seconds)
+    assert server["queue_time_mean"] == pytest.approx(single.ttft.p50 * scale, rel=0.2)
+    assert server["ttft_mean"] == pytest.approx(server["queue_time_mean"], rel=0.05)
+    split = compare_load(single, loaded, time_scale=scale)
+    assert split.busy and split.single_queue_time == server["queue_time_mean"]
+    assert split.single_ttft_without_queue < 0.2 * split.single_ttft_p50
+    assert split.slow_alone == () and split.suggests == ("queueing",)
+    assert split.notes[0].startswith(f"the single request waited {server['queue_time_mean']:.2f} s of its")
+    assert analyze(aware)["load_split"]["single_queue_time"] == server["queue_time_mean"]  # CLI and API report it
+    assert loaded.server["queue_time_mean"] > 10.0
+
+
 def test_prompt_sweep_fits_the_prefill_cost(fleet):
     """prefill_compute deployment (8B on A100): TTFT grows linearly with the prompt at the
     roofline's prefill cost (~0.1 s per 1k tokens, 2048-token chunks)."""
     spec = ProbeSpec(fleet.urls["prefill"], max_tokens=4, concurrency=1)
-    sweep = asyncio.run(sweep_prompt_length(spec, [1000, 2000, 4000, 8000], requests_per_level=2))
-    fit, scale = sweep.fit, SCALES["prefill"]
-    assert sweep.probe.ok and fit is not None and fit.n == 8
+    result = asyncio.run(run_probe(spec, sweep_plans([1000, 2000, 4000, 8000], [1], 4)))
+    fit, scale = analyze(result)["ttft_vs_prompt"], SCALES["prefill"]
+    assert result.ok and fit is not None and fit["n"] == 8
     dep = get_scenario("prefill_compute").deployment
     physics = (dep.prefill_s(8000, 2048) - dep.prefill_s(1000, 2048)) / 7.0  # seconds per 1k tokens
     assert 0.09 < physics < 0.11
-    assert fit.slope_per_1k * scale == pytest.approx(physics, rel=0.05)
-    assert fit.r2 > 0.99
-    assert abs(fit.intercept * scale) < 0.05
-    rows = sweep.table()
-    assert [r["prompt_tokens"] for r in rows] == [1000, 2000, 4000, 8000]
-    assert all(a["ttft_p50"] < b["ttft_p50"] for a, b in zip(rows, rows[1:]))
-    assert "ms per 1k tokens" in sweep.format()
+    assert fit["slope_seconds_per_1k_tokens"] * scale == pytest.approx(physics, rel=0.05)
+    assert fit["r2"] > 0.99
+    assert abs(fit["intercept"] * scale) < 0.05
+    assert [(lv.plan.prompt_tokens, lv.concurrency, lv.issued) for lv in result.levels] == \
+        [(1000, 1, 2), (2000, 1, 2), (4000, 1, 2), (8000, 1, 2)]
+    assert all(a.ttft.p50 < b.ttft.p50 for a, b in zip(result.levels, result.levels[1:]))
+    assert format_analysis(analyze(result))[0].startswith(
+        f"TTFT vs prompt length: {fit['slope_seconds_per_1k_tokens'] * 1000:.1f} ms per 1k tokens")
 
 
 def test_concurrency_sweep_shows_itl_rising_with_load(fleet):
     """2k-token prompts on the 8B: more streams read more KV cache per step and new prompts'
     prefill chunks share steps with the decodes, so ITL climbs with concurrency."""
     spec = ProbeSpec(fleet.urls["load"], prompt_tokens=2048, max_tokens=64, concurrency=16)
-    sweep = asyncio.run(sweep_concurrency(spec, [1, 4, 16]))
-    curve, scale = sweep.curve, SCALES["load"]
-    assert sweep.probe.ok and [p["concurrency"] for p in curve] == [1, 4, 16]
+    result = asyncio.run(run_probe(spec, sweep_plans([2048], [1, 4, 16], 64)))
+    curve, scale = analyze(result)["itl_vs_concurrency"], SCALES["load"]
+    assert result.ok and [p["concurrency"] for p in curve] == [1, 4, 16]
     itl = [p["itl_mean"] * scale for p in curve]
     assert itl[0] == pytest.approx(fleet.state("load")["decode_floor_seconds"], rel=0.1)
     assert itl[0] < itl[1] < itl[2] and itl[2] / itl[0] > 2.0
     tps = [p["output_tokens_per_second"] for p in curve]
     assert tps[2] > 2 * tps[0]  # throughput still grows: batching
-    assert [lv.issued for lv in sweep.levels] == [2, 8, 32]
+    assert [lv.issued for lv in result.levels] == [2, 8, 32]

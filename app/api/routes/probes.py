@@ -27,7 +27,8 @@ from app.config import validate_target_url
 from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
 from app.probe.jobs import ProbeJobs
-from app.probe.runner import LevelPlan, ProbeSpec
+from app.probe.runner import ProbeSpec, api_base
+from app.probe.sweep import sweep_plans
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
 from app.store.models import ProbeRequestRow, ProbeRunRow
 
@@ -70,19 +71,21 @@ def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None) -> 
     return out
 
 
-def _create_row(monitor, body: ProbeIn) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    """In a worker thread: resolve the target, store the ``running`` row; (run id, base URL)."""
+def _create_row(monitor, body: ProbeIn) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    """In a worker thread: resolve the target, store the ``running`` row; (run id, base URL, the
+    engine's metrics URL: a target's own, else the base URL's ``/metrics``)."""
     with monitor.sessions.begin() as session:
         target_id, name, url = None, body.url, body.url
+        metrics_url = api_base(body.url) + "/metrics" if body.url else ""
         if body.target is not None:
             target = probe_repository.target_by_name(session, body.target)
             if target is None:
                 raise unprocessable("body.target", f"unknown target {body.target!r}")
-            target_id, name, url = target.id, target.name, body.url or target.url
-        kind = "sweep" if len(body.concurrency) > 1 else "adhoc"
+            target_id, name, url, metrics_url = target.id, target.name, body.url or target.url, target.url
+        kind = "sweep" if len(body.concurrency) > 1 or len(body.prompt_tokens) > 1 else "adhoc"
         row = probe_repository.create_run(session, target=name, url=url, kind=kind, params=body.params(),
                                           target_id=target_id)
-        return row.id, url
+        return row.id, url, metrics_url
 
 
 @router.post("/probes", status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
@@ -96,20 +99,23 @@ async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> 
             validate_target_url(body.url, monitor.settings.allowed_target_hosts)
         except ValueError as exc:
             raise unprocessable("body.url", str(exc)) from None
-    per_level = body.level_requests()
-    if sum(per_level) > MAX_REQUESTS_TOTAL:
+    try:
+        plans = sweep_plans(body.prompt_tokens, body.concurrency, body.max_tokens, body.requests)
+    except ValueError as exc:
+        raise unprocessable("body.prompt_tokens", str(exc)) from None
+    total = sum(p.requests for p in plans)
+    if total > MAX_REQUESTS_TOTAL:
         raise unprocessable("body.requests", f"at most {MAX_REQUESTS_TOTAL} requests per probe, "
-                                             f"this one would send {sum(per_level)}")
+                                             f"this one would send {total}")
     if jobs.running >= MAX_RUNNING_PROBES:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             f"{jobs.running} probes are running (at most {MAX_RUNNING_PROBES}); retry later")
-    run_id, url = await asyncio.to_thread(_create_row, monitor, body)
-    spec = ProbeSpec(url=url, model=body.model, prompt_tokens=body.prompt_tokens, max_tokens=body.max_tokens,
+    run_id, url, metrics_url = await asyncio.to_thread(_create_row, monitor, body)
+    spec = ProbeSpec(url=url, model=body.model, prompt_tokens=max(body.prompt_tokens), max_tokens=body.max_tokens,
                      concurrency=max(body.concurrency), chat=body.chat, endpoint=body.endpoint,
                      api_key=body.api_key.get_secret_value() if body.api_key else None, timeout=body.timeout,
                      stall_timeout=body.stall_timeout, connect_timeout=min(10.0, body.timeout),
-                     time_limit=body.time_limit, ignore_eos=body.ignore_eos)
-    plans = [LevelPlan(c, body.prompt_tokens, body.max_tokens, n) for c, n in zip(body.concurrency, per_level)]
+                     time_limit=body.time_limit, ignore_eos=body.ignore_eos, metrics_url=metrics_url)
     jobs.start(run_id, spec, plans)
     return {"id": run_id, "state": "running", "href": f"/api/v1/probes/{run_id}"}
 
