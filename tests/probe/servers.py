@@ -87,12 +87,16 @@ class _Threaded:
 
 class FakeOpenAI(_Threaded):
     """``gap``: seconds between tokens in the well-behaved parts; ``first_delay``: before the
-    first token in ``slow_first`` mode."""
+    first token in ``slow_first`` mode. ``authorization`` records the ``Authorization`` header
+    of every API request (``("models" | "completions", value or None)``); with ``api_key`` set,
+    a request without ``Bearer <api_key>`` is answered 401, as OpenAI-compatible servers do."""
 
-    def __init__(self, gap: float = 0.005, first_delay: float = 5.0) -> None:
+    def __init__(self, gap: float = 0.005, first_delay: float = 5.0, api_key: str | None = None) -> None:
         super().__init__()
         self.gap = gap
         self.first_delay = first_delay
+        self.api_key = api_key
+        self.authorization: list[tuple[str, str | None]] = []
         self.requests: dict[str, int] = {}
         self.in_flight = 0
         self.max_in_flight = 0
@@ -109,7 +113,17 @@ class FakeOpenAI(_Threaded):
         app.router.add_post("/{mode}/v1/chat/completions", self.completions)
         return app
 
+    def _refused(self, kind: str, request: web.Request) -> web.Response | None:
+        header = request.headers.get("Authorization")
+        self.authorization.append((kind, header))
+        if self.api_key is not None and header != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "Incorrect API key provided", "code": 401}}, status=401)
+        return None
+
     async def models(self, request: web.Request) -> web.Response:
+        refused = self._refused("models", request)
+        if refused is not None:
+            return refused
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     async def _sleep_or_close(self, seconds: float) -> bool:
@@ -123,6 +137,9 @@ class FakeOpenAI(_Threaded):
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         mode = request.match_info["mode"]
+        refused = self._refused("completions", request)
+        if refused is not None:
+            return refused
         body = await request.json()
         self.bodies.append(body)
         self.requests[mode] = self.requests.get(mode, 0) + 1
