@@ -565,6 +565,38 @@ def why_panels(per_target: bool) -> list[Panel]:
     return [ttft_monitor, ttft_engine, itl, running, kv, prefix]
 
 
+def probe_panels(per_target: bool) -> list[Panel]:
+    """What clients see: the latest client-side probe or canary run per target (app/probe),
+    TTFT and every inter-token gap as measured by a streaming client, per concurrency
+    level. Slow alone (concurrency 1) points at prefill or the decode roofline; slow only
+    under load at queueing or interference; a client TTFT far above the engine's is time
+    lost outside the engine."""
+    by = "" if per_target else "{{target}} "
+    level = f"{by}{{{{kind}}}} c={{{{concurrency}}}}"
+
+    def probe(metric: str, q: str) -> str:
+        return f'llm_latency_probe_{metric}_seconds{{{SVC_T}, quantile="{q}"}}'
+
+    return [
+        timeseries(
+            "Client-side TTFT and ITL (latest probe)",
+            "From streamed requests the monitor sends itself (scheduled canaries and probes started with POST "
+            "/api/v1/probes): p50 and p99 of time to first token and of every inter-token gap, per probe kind and "
+            "concurrency. Includes network, tokenization and the API server, which the engine's histograms miss.",
+            [Target(probe("ttft", "0.5"), f"{level} TTFT p50"), Target(probe("ttft", "0.99"), f"{level} TTFT p99"),
+             Target(probe("itl", "0.5"), f"{level} ITL p50"), Target(probe("itl", "0.99"), f"{level} ITL p99")],
+            "s", overrides=[by_ref(r, [DASHED]) for r in "CD"]),
+        timeseries(
+            "Probe requests, failures and output rate",
+            "Requests of the latest probe run per level, the failed ones (GET /api/v1/probes/{id} says why), and "
+            "the tokens per second all streams of the level received (dashed, right axis).",
+            [Target(f"llm_latency_probe_requests{{{SVC_T}}}", f"{level} requests"),
+             Target(f"llm_latency_probe_failed_requests{{{SVC_T}}}", f"{level} failed"),
+             Target(f"llm_latency_probe_output_tokens_per_second{{{SVC_T}}}", f"{level} tokens/s")], "short",
+            overrides=[by_ref("C", right_axis("short", "tokens / s"))]),
+    ]
+
+
 def scrape_panels(per_target: bool) -> list[Panel]:
     by = "" if per_target else "{{target}} "
     panels = [
@@ -787,6 +819,7 @@ def fleet() -> dict:
          ("Latency and SLOs", latency),
          ("Why is it slow", why_panels(per_target=False)),
          ("Findings", [findings_table(12), evidence_table(12)]),
+         ("Client-side probes", probe_panels(per_target=False)),
          ("Scrape health", scrape_panels(per_target=False))],
         multi_target=True)
 
@@ -847,6 +880,7 @@ def target() -> dict:
          ("Diagnosis", [regime_timeline(6), findings_table(12), evidence_table(12)]),
          ("Latency and SLOs", latency),
          ("Why is it slow", why_panels(per_target=True) + throughput),
+         ("Client-side probes", probe_panels(per_target=True)),
          ("Alerts and scrape health", [alerts_table(12)] + scrape_panels(per_target=True))],
         multi_target=False)
 

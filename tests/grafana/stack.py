@@ -138,12 +138,27 @@ def prepare(stack: Stack) -> None:
     assert verdicts["vllm-queueing"] == "queueing", verdicts
     monitor.evaluate_alerts()
     wait_until(lambda: stack.hook.received, 30, "the SLO alert to be delivered")
+    run_probe(stack, "tgi-bandwidth")
     # 3. Prometheus has scraped the new state a few times, and every engine a few times
     wait_until(lambda: count_samples(prom, 'llm_latency_finding_confidence{state="active"}') >= 3, 30,
                "Prometheus to record the active findings")
     wait_until(lambda: count_samples(prom, "llm_latency_deliveries_total") >= 2, 30,
                "Prometheus to record the deliveries")
     wait_until(lambda: count_samples(prom, 'up{job="llm-engines"}') >= 5, 30, "five scrapes of every engine")
+    wait_until(lambda: count_samples(prom, "llm_latency_probe_requests") >= 2, 30,
+               "Prometheus to record the probe run")
+
+
+def run_probe(stack: Stack, target: str) -> None:
+    """A small client-side probe (one request alone, then two at once) through the API,
+    so the probe panels have a run to show."""
+    body = {"target": target, "concurrency": [1, 2], "requests": 2, "prompt_tokens": [64], "max_tokens": 16}
+    created = httpx.post(f"{stack.monitor_url}/api/v1/probes", json=body, timeout=10)
+    assert created.status_code == 202, created.text
+    url = f"{stack.monitor_url}/api/v1/probes/{created.json()['id']}"
+    wait_until(lambda: httpx.get(url, timeout=10).json()["state"] != "running", 60, "the probe to finish")
+    run = httpx.get(url, timeout=10).json()
+    assert run["state"] == "done" and all(level["failed"] == 0 for level in run["summary"]["levels"]), run
 
 
 def metrics_page(stack: Stack) -> str:

@@ -289,6 +289,8 @@ REQUIRED_PANELS = {
     "finding evidence against thresholds": lambda p: p["type"] == "table"
                                                      and _uses(p, "llm_latency_finding_evidence",
                                                                "llm_latency_finding_threshold"),
+    "client-side probe TTFT and ITL": lambda p: _uses(p, "llm_latency_probe_ttft_seconds",
+                                                      "llm_latency_probe_itl_seconds"),
     "scrape health": lambda p: _uses(p, "llm_latency_target_up"),
     "scrape results": lambda p: _uses(p, "llm_latency_scrapes_total"),
 }
