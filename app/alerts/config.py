@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from app.diagnosis.findings import REGIMES, RUNBOOK_DIR
 from app.durations import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -53,6 +54,24 @@ def slo_alertname(signal: str) -> str:
 
 TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
 
+#: Every alert the service (app/alerts/engine.py) or the exported Prometheus rules
+#: (app/alerts/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,
+#: served at ``/runbooks/<name>``. Both look alerts up here, so an alert without a
+#: runbook cannot be built.
+ALERT_RUNBOOKS: dict[str, str] = {
+    **{regime_alertname(regime): regime for regime in REGIMES},
+    **{slo_alertname(signal): f"slo_{signal}" for signal in SLO_SIGNALS},
+    TARGET_DOWN: "target_down",
+}
+
+
+def runbook_url(external_url: str, alertname: str) -> str:
+    """The alert's runbook on this service when its external URL is known, else the path
+    in the source tree."""
+    name = ALERT_RUNBOOKS[alertname]
+    base = external_url.rstrip("/")
+    return f"{base}/runbooks/{name}" if base else f"{RUNBOOK_DIR}/{name}.md"
+
 
 class SloConfig(BaseModel):
     """A latency objective: quantile ``quantile`` of ``signal`` over ``window`` must stay
@@ -61,7 +80,7 @@ class SloConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,62}$")
-    signal: Literal["ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time"]
+    signal: Literal[SLO_SIGNALS]  # type: ignore[valid-type]
     quantile: float = Field(0.99, gt=0, lt=1)
     threshold: Seconds = Field(gt=0)
     window: Seconds = Field(300.0, gt=0)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from app import latency, quantiles
 from app.alerts import silences as silence_rules
-from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname
+from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
 from app.store import repository
@@ -47,11 +47,8 @@ class Condition:
         self.fp = fingerprint(self.labels)
 
 
-def _links(config: AlertsConfig, target: str, regime: str | None = None) -> dict[str, str]:
-    base = config.external_url.rstrip("/")
-    links = {}
-    if regime:
-        links["runbook_url"] = f"{base}/runbooks/{regime}" if base else f"docs/runbooks/{regime}.md"
+def _links(config: AlertsConfig, target: str, alertname: str) -> dict[str, str]:
+    links = {"runbook_url": runbook_url(config.external_url, alertname)}
     if config.dashboard_url:
         sep = "&" if "?" in config.dashboard_url else "?"
         links["dashboard_url"] = f"{config.dashboard_url}{sep}var-target={quote(target)}"
@@ -74,7 +71,7 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
                            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(row.activated_at or row.first_seen))}.",
             "remedies": "\n".join(f"- {r}" for r in details.get("remedies", [])),
             "confidence": f"{row.confidence:.2f}",
-            **_links(config, target, row.regime),
+            **_links(config, target, labels["alertname"]),
         }
         out.append(Condition(labels, annotations, config.diagnosis_for))
     return out
@@ -111,7 +108,7 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float) -> list[C
                 "summary": f"{target.name}: {label} is {value:.3f}s, above the {slo.threshold:g}s objective",
                 "description": f"{label}{derived} over the last {slo.window:g}s is {value:.3f}s "
                                f"(objective: at most {slo.threshold:g}s, {summary.get('count') or 0:.0f} observations).",
-                **_links(config, target.name),
+                **_links(config, target.name, slo.alertname),
             }
             out.append(Condition(labels, annotations, slo.for_, value))
     return out
@@ -128,7 +125,7 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
         annotations = {"summary": f"{target.name}: scrapes fail ({scrape.error_class})",
                        "description": f"The last scrape of {target.url} failed: {scrape.error_class}: "
                                       f"{scrape.error}. No latency data is collected while it is down.",
-                       **_links(config, target.name)}
+                       **_links(config, target.name, TARGET_DOWN)}
         out.append(Condition(labels, annotations, config.target_down_for))
     return out
 

@@ -42,9 +42,9 @@ the window, ``runbook_url``, and ``dashboard_url`` when configured):
 * ``LLMLatencyTargetDown`` on ``up == 0`` for ``alerts.target_down_for`` (limited to the
   configured targets' instances when there are any).
 
-Regime alerts link their runbook (``<external_url>/runbooks/<regime>``, else
-``docs/runbooks/<regime>.md``); SLO and target-down alerts have no regime yet and link
-the live verdicts (``<external_url>/api/v1/diagnoses``, else ``docs/runbooks/``).
+Every alert links its runbook (``<external_url>/runbooks/<name>``, else
+``docs/runbooks/<name>.md``; names from ``app.alerts.config.ALERT_RUNBOOKS``: the regime
+for regime alerts, ``slo_<signal>`` for SLOs, ``target_down``).
 
 Known differences from the built-in evaluation (the generated file's header points here):
 
@@ -81,9 +81,8 @@ from urllib.parse import urlsplit
 import click
 import yaml
 
-from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname
+from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, runbook_url
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
-from app.diagnosis.findings import RUNBOOK_DIR
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import STALL_SECONDS
 from app.diagnosis.thresholds import Thresholds
@@ -414,17 +413,9 @@ class _Links:
     external_url: str
     dashboard_url: str
 
-    def runbook(self, regime: str) -> str:
-        if self.external_url:
-            return f"{self.external_url}/runbooks/{regime}"
-        return f"{RUNBOOK_DIR}/{regime}.md"
-
-    def diagnoses(self) -> str:
-        """SLO breaches and blind targets have no regime yet: link the live verdicts."""
-        return f"{self.external_url}/api/v1/diagnoses" if self.external_url else f"{RUNBOOK_DIR}/"
-
-    def annotations(self, summary: str, description: str, runbook: str) -> dict[str, str]:
-        out = {"summary": summary, "description": description, "runbook_url": runbook}
+    def annotations(self, alertname: str, summary: str, description: str) -> dict[str, str]:
+        out = {"summary": summary, "description": description,
+               "runbook_url": runbook_url(self.external_url, alertname)}
         if self.dashboard_url:
             sep = "&" if "?" in self.dashboard_url else "?"
             out["dashboard_url"] = f"{self.dashboard_url}{sep}var-instance={{{{ $labels.instance }}}}"
@@ -446,7 +437,7 @@ def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, h
             extra: dict[str, str] | None = None) -> None:
         labels = {"severity": severity, "regime": regime, "engine": e.name, **(extra or {})}
         alerts.append(_alert(regime_alertname(regime), expr, hold, labels,
-                             links.annotations(summary, description, links.runbook(regime))))
+                             links.annotations(regime_alertname(regime), summary, description)))
 
     # queueing
     def queueing(min_queue: float) -> str:
@@ -586,11 +577,10 @@ def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict]:
             slo.alertname, f"{series}{selector} > {num(slo.threshold)}", slo.for_,
             {"severity": slo.severity, "slo": slo.name, "engine": e.name},
             links.annotations(
-                f"{what} above {human_seconds(slo.threshold)} on {e.title} (SLO {slo.name})",
+                slo.alertname, f"{what} above {human_seconds(slo.threshold)} on {e.title} (SLO {slo.name})",
                 f"{e.who()}: {what}{derived} over the last {w} is {{{{ $value | humanizeDuration }}}}, above the "
                 f"{human_seconds(slo.threshold)} objective"
-                + (f" for at least {prom_duration(slo.for_)}." if slo.for_ else "."),
-                links.diagnoses())))
+                + (f" for at least {prom_duration(slo.for_)}." if slo.for_ else "."))))
     return alerts
 
 
@@ -610,10 +600,9 @@ def _target_down(config: FileConfig, links: _Links) -> dict:
     return _alert(
         TARGET_DOWN, f"up{selector} == 0", config.alerts.target_down_for, {"severity": "warning"},
         links.annotations(
-            "Prometheus cannot scrape {{ $labels.instance }}",
+            TARGET_DOWN, "Prometheus cannot scrape {{ $labels.instance }}",
             f"Job {{{{ $labels.job }}}} has failed to scrape {{{{ $labels.instance }}}} for at least {hold}: latency "
-            f"and regime alerts for it see no data.",
-            links.diagnoses()))
+            f"and regime alerts for it see no data."))
 
 
 def inhibit_rules() -> list[dict]:

@@ -149,6 +149,9 @@ def test_outage_retries_ordering_restart_and_signatures(migrated_url: str, tmp_p
     assert alert["annotations"]["summary"].startswith("a: p99 TTFT is 4.") and "above the 2s objective" in \
         alert["annotations"]["summary"]
     assert alert["annotations"]["dashboard_url"] == "http://grafana.test/d/llm-latency-target?var-target=a"
+    assert alert["annotations"]["runbook_url"] == "http://llm-latency.test/runbooks/slo_ttft"
+    down = next(r.json for r in hook.received if r.json["groupLabels"]["alertname"] == "LLMLatencyTargetDown")
+    assert down["alerts"][0]["annotations"]["runbook_url"] == "http://llm-latency.test/runbooks/target_down"
     assert ttft["externalURL"] == "http://llm-latency.test" and ttft["version"] == "4"
 
 

@@ -108,9 +108,11 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
             assert "{{ $value" in notes["description"] and "over the last 1m" in notes["description"]
             assert alert["for"] == "30s"  # (activate_after 2 - 1) x interval 30s + diagnosis_for 0
         elif "slo" in labels:
-            assert notes["runbook_url"] == "https://llm.example.com/api/v1/diagnoses"
+            assert notes["runbook_url"] == f"https://llm.example.com/runbooks/slo_{labels['slo'].split('_')[0]}"
             assert "over the last 5m is {{ $value | humanizeDuration }}" in notes["description"]
             assert alert["for"] == "2m"
+        else:
+            assert notes["runbook_url"] == "https://llm.example.com/runbooks/target_down"
     by_key = {(a["alert"], a["labels"].get("engine"), a["labels"]["severity"]): a for a in alerts}
     assert by_key[("LLMLatencyTTFTHigh", "vllm", "warning")]["expr"] == "llm_latency:vllm_ttft_seconds:p99_5m > 2"
     assert by_key[("LLMLatencyITLHigh", "tgi", "warning")]["expr"] == "llm_latency:tgi_itl_seconds:p99_5m > 0.15"

@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import PlainTextResponse
 
+from app.alerts.config import ALERT_RUNBOOKS
 from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.diagnosis import engine as diagnosis_engine
-from app.diagnosis.findings import REGIMES
 from app.diagnosis.profile import HardwareProfile
 from app.store import repository
 from app.store.models import FindingRow
@@ -95,9 +95,12 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     return [d.to_dict() for d in diagnoses]
 
 
-@runbooks.get("/runbooks/{regime}", response_class=PlainTextResponse)
-def runbook(regime: str) -> str:
-    """The runbook of a regime (Markdown): symptom, evidence, remedies, how to verify the fix."""
-    if regime not in REGIMES:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no runbook for {regime!r}; regimes: {', '.join(REGIMES)}")
-    return (RUNBOOK_DIR / f"{regime}.md").read_text(encoding="utf-8")
+@runbooks.get("/runbooks/{name}", response_class=PlainTextResponse)
+def runbook(name: str) -> str:
+    """A runbook (Markdown): symptom, evidence, remedies, how to verify the fix. One per
+    regime, per SLO signal (``slo_ttft``, ...) and ``target_down``: every alert links one.
+    Only those names are served, never an arbitrary path."""
+    names = sorted(set(ALERT_RUNBOOKS.values()))
+    if name not in names:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no runbook {name!r}; runbooks: {', '.join(names)}")
+    return (RUNBOOK_DIR / f"{name}.md").read_text(encoding="utf-8")
