@@ -13,14 +13,22 @@ says so instead of reporting "insufficient data".
 Prints
 * a confusion matrix: one row per scenario (expected label), one column per verdict
   (the primary finding, ``healthy`` or ``insufficient_data``) taken at the end of the
-  steady phase, summed over seeds and engines;
+  steady phase, summed over seeds and engines. ``healthy`` and ``healthy_bursty`` are
+  judged on *every* evaluation instead: a run counts as healthy only if no evaluation had
+  a finding (pending or active), otherwise under the regime of its first false finding;
+* for the healthy scenarios: how many evaluations had a (false) finding, per run;
 * for each transition scenario (``healthy->REGIME``): the detection latency, counted in
   evaluation intervals from the moment of the switch to the first evaluation whose
   primary finding is REGIME, and to the evaluation where that finding became active.
 
 Targets: every regime scenario gets its own label as the primary finding; ``healthy``
-and ``healthy_bursty`` get no finding; detection within three evaluation intervals.
-Window and thresholds are the service defaults expressed in simulated time.
+and ``healthy_bursty`` get no finding at any evaluation; detection within three
+evaluation intervals. Window, evaluation interval and thresholds are the service
+defaults (``diagnosis.window`` 60 s, ``diagnosis.interval`` 30 s) in simulated time: a
+regime is seen once the window holds little of the previous phase, i.e. 2-3 intervals
+after a switch with a window of two intervals (with 45 s / 20 s it would be 2.25-3.25,
+and the target would depend on where the evaluations fall). Exits 1 when any target is
+missed (the last line says ``MISS``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
+from app.config import DiagnosisConfig  # noqa: E402
 from app.emulator import scenarios  # noqa: E402
 
 STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_interference", "bandwidth_bound",
@@ -68,8 +77,11 @@ def main() -> int:
     parser.add_argument("--steady", type=float, default=180.0, help="simulated seconds observed")
     parser.add_argument("--switch", type=float, default=60.0, help="simulated seconds after warm-up when "
                                                                     "transition scenarios switch")
-    parser.add_argument("--eval-interval", type=float, default=20.0, help="simulated seconds between evaluations")
-    parser.add_argument("--window", type=float, default=45.0, help="simulated seconds each evaluation looks at")
+    defaults = DiagnosisConfig()  # the service's diagnosis.interval and diagnosis.window
+    parser.add_argument("--eval-interval", type=float, default=defaults.interval,
+                        help="simulated seconds between evaluations")
+    parser.add_argument("--window", type=float, default=defaults.window,
+                        help="simulated seconds each evaluation looks at")
     parser.add_argument("--quick", action="store_true", help="1 seed, vLLM only")
     args = parser.parse_args()
     if args.quick:
@@ -118,7 +130,7 @@ def main() -> int:
                             default_scrape_timeout=0.9 * scrape_real, write_batch_interval=0.25, summary_interval=3600,
                             max_concurrent_scrapes=128)
         app = create_app(settings)
-        timeline: dict[str, list[tuple[float, str, list]]] = defaultdict(list)
+        timeline: dict[str, list[tuple[float, str, list, list]]] = defaultdict(list)
         with TestClient(app):
             monitor = app.state.monitor
             end = fleet_started + args.steady / ts
@@ -127,7 +139,8 @@ def main() -> int:
                 time.sleep(max(0.0, next_eval - time.time()))
                 now = time.time()
                 for diagnosis, transitions in monitor.evaluate_diagnoses(now=now):
-                    timeline[diagnosis.target].append((now, diagnosis.verdict, transitions))
+                    timeline[diagnosis.target].append((now, diagnosis.verdict, [f.regime for f in diagnosis.findings],
+                                                       transitions))
                 next_eval += interval_real
             # each emulated clock, read from its ground truth: simulated time = offset + real time * scale
             import httpx
@@ -147,30 +160,41 @@ def main() -> int:
         proc.join(30)
         print(f"scrapes: {ok} ok, {failed} failed", file=sys.stderr)
 
-    timeline = {name: [(offsets[name] + t * ts, v, tr) for t, v, tr in events]
+    timeline = {name: [(offsets[name] + t * ts, v, regimes, tr) for t, v, regimes, tr in events]
                 for name, events in timeline.items()}
     matrix: dict[str, Counter] = defaultdict(Counter)
     detection: dict[str, list] = defaultdict(list)
+    false_findings: dict[str, tuple[int, list]] = {}  # healthy run -> (evaluations, [(t, regimes)] with a finding)
     for name, (kind, label) in expected.items():
         events = timeline.get(name, [])
-        if kind == "steady":
+        if kind == "steady" and label.startswith("healthy"):
+            wrong = [(round(t), regimes) for t, _, regimes, _ in events if regimes]
+            false_findings[name] = (len(events), wrong)
+            matrix[label][wrong[0][1][0] if wrong else ("healthy" if events else "insufficient_data")] += 1
+        elif kind == "steady":
             final = events[-1][1] if events else "insufficient_data"
             matrix[label][final] += 1
+            if final != label:
+                print(f"{name}: verdicts {[v for _, v, _, _ in events]}", file=sys.stderr)
         else:
             switch = WARMUP + args.switch
-            first = next((t for t, v, _ in events if t > switch and v == label), None)
-            active = next((t for t, _, tr in events if t > switch and any(x["regime"] == label and x["state"] ==
-                                                                         "active" for x in tr)), None)
-            wrong = [(round(t), v) for t, v, _ in events if t <= switch and v not in ("healthy", "insufficient_data")]
+            first = next((t for t, v, _, _ in events if t > switch and v == label), None)
+            active = next((t for t, _, _, tr in events if t > switch and any(x["regime"] == label and x["state"] ==
+                                                                            "active" for x in tr)), None)
+            wrong = [(round(t), regimes) for t, _, regimes, _ in events if t <= switch and regimes]
             if wrong:
                 print(f"{name}: findings before the switch at {switch:g} s: {wrong}", file=sys.stderr)
             wrong_before = len(wrong)
+            if first is None or first - switch > 3 * args.eval_interval:
+                print(f"{name}: late; evaluations after the switch at {switch:g} s: "
+                      f"{[(round(t - switch, 1), v) for t, v, _, _ in events if t > switch][:6]}", file=sys.stderr)
             detection[label].append((None if first is None else (first - switch) / args.eval_interval,
                                      None if active is None else (active - switch) / args.eval_interval,
                                      wrong_before))
 
     print(f"\n## Confusion matrix ({args.seeds} seed(s) x {', '.join(engines)}; verdict after "
-          f"{args.steady:g} simulated s; window {args.window:g} s, evaluation every {args.eval_interval:g} s)\n")
+          f"{args.steady:g} simulated s, healthy rows at every evaluation; window {args.window:g} s, evaluation "
+          f"every {args.eval_interval:g} s)\n")
     print("| scenario \\ verdict | " + " | ".join(VERDICTS) + " | correct |")
     print("|---|" + "---|" * (len(VERDICTS) + 1))
     total = correct = 0
@@ -182,10 +206,19 @@ def main() -> int:
         correct += row[want]
         print(f"| {scenario} | " + " | ".join(str(row[v]) if row[v] else "." for v in VERDICTS) + f" | {row[want]}/{n} |")
     print(f"\nAccuracy: {correct}/{total}")
+    print("\n## False findings in the healthy scenarios (every evaluation; target 0)\n")
+    print("| run | evaluations | with a pending or active finding | regimes |")
+    print("|---|---|---|---|")
+    for name, (evaluations, wrong) in false_findings.items():
+        regimes = Counter(r for _, rs in wrong for r in rs)
+        print(f"| {name} | {evaluations} | {len(wrong)} | "
+              + (", ".join(f"{r} x{n}" for r, n in sorted(regimes.items())) or "-") + " |")
+    false_total = sum(len(w) for _, w in false_findings.values())
+    print(f"\nFalse findings: {false_total} of {sum(e for e, _ in false_findings.values())} evaluations")
     print("\n## Detection latency after healthy -> regime (in evaluation intervals; target <= 3)\n")
     print("| regime | first fired (per run) | active (per run) | false findings before the switch | within 3 |")
     print("|---|---|---|---|---|")
-    all_ok = correct == total
+    all_ok = correct == total and false_total == 0
     for regime in REGIMES:
         runs = detection[regime]
         fmt = lambda xs: ", ".join("never" if x is None else f"{x:.1f}" for x in xs)  # noqa: E731
@@ -194,7 +227,7 @@ def main() -> int:
         print(f"| {regime} | {fmt([r[0] for r in runs])} | {fmt([r[1] for r in runs])} | "
               f"{sum(r[2] for r in runs)} | {'PASS' if ok else 'MISS'} |")
     print(f"\nOverall: {'PASS' if all_ok else 'MISS'}")
-    return 0
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

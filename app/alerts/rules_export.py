@@ -390,6 +390,7 @@ class _Group:
         out["queue_share"] = self.share("queue", out["queue_mean"], w)
         out["prefill_share"] = self.share("prefill", out["prefill_mean"], w)
         out["prompt_mean"] = self.mean("prompt_tokens", w)
+        out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
         out["itl_ratio"] = self.itl_ratio(w)
         out["stall_share"] = self.stall_share(w)
         out["running"] = self.gauge_avg("num_requests_running", self.engine.running, w)
@@ -472,13 +473,16 @@ def _regime_alerts(g: _Group, s: dict[str, str | None], t: Thresholds, w: str, h
     stalled = (f"({s['stall_share']} >= {num(t.stall_share)})\n"
                f"or (({s['itl_ratio']} >= {num(t.itl_ratio)}) "
                f"and on({on}) ({s['itl_p99']} >= {num(t.itl_p99_seconds)}))")
-    interference = [s["itl_p99"], stalled, f"{s['prompt_mean']} >= {num(t.interference_prompt_tokens)}",
+    long_prompts = (f"({s['prompt_mean']} >= {num(t.interference_prompt_tokens)})\n"
+                    f"or ({s['prompt_p90']} >= {num(t.interference_long_prompt_tokens)})")
+    interference = [s["itl_p99"], stalled, long_prompts,
                     f"{s['running']} >= {num(t.interference_running)}", gate]
     stall_what = "prefill batches pausing decodes" if e.name == "tgi" else f"steps >= {human_seconds(STALL_SECONDS)}"
     interference_text = (f"{e.who()}: ITL p99 is {{{{ $value | humanizeDuration }}}} over the last {w}: at least "
                          f"{human_share(t.stall_share)} of decode time stalled ({stall_what}), or ITL p99/p50 >= "
                          f"{t.itl_ratio:g} with p99 >= {human_seconds(t.itl_p99_seconds)}; prompts average at least "
-                         f"{t.interference_prompt_tokens:g} tokens among at least {t.interference_running:g} running "
+                         f"{t.interference_prompt_tokens:g} tokens (or one in ten has at least "
+                         f"{t.interference_long_prompt_tokens:g}) among at least {t.interference_running:g} running "
                          f"requests{{extra}}.")
     add("prefill_interference", "warning", _and(*interference, on=on),
         f"Prefills stall running decodes on {e.title}", interference_text.replace("{extra}", ""))

@@ -138,7 +138,7 @@ def infer(iteration: WindowHistogram | None, prompts: WindowHistogram | None, it
     if min(prefills) <= prefill.bounds[0]:
         return StepBudget("unknown", 0.0, f"the prefill of {prompt:.0f}-token prompts falls in the prefill "
                           f"histogram's first bucket (<= {prefill.bounds[0]:g} s): too coarse to compare", **numbers)
-    if stall < STANDS_OUT * itl_p50:
+    if stall <= 0 or stall < STANDS_OUT * itl_p50:
         return StepBudget("unknown", 0.0, f"decode gaps at the rank of the {prompt:.0f}-token prompts' steps "
                           f"({stall * 1000:.0f} ms) do not stand out from the ITL median ({itl_p50 * 1000:.0f} ms): "
                           "prefill chunks too small to slow a step, or no decode ran beside them", **numbers)

@@ -37,6 +37,13 @@ class Thresholds(BaseModel):
     itl_ratio: float = Field(4.0, description="... or ITL p99/p50 at or above this ...")
     itl_p99_seconds: float = Field(0.1, description="... together with ITL p99 at or above this (seconds).")
     interference_prompt_tokens: float = Field(1000, description="And: mean prompt length at or above this.")
+    # A mean hides a minority of long documents among many short chat prompts (10 % of
+    # 6k-token prompts among 200-token ones average ~800), yet each of those prefills is
+    # one long step. 2,000 tokens is about where a whole prefill becomes a visible stall:
+    # 2 x 8e9 parameters x 2,000 tokens at ~60 % of an A100's 312 TFLOP/s is ~0.17 s, the
+    # 0.2 s stall bound (larger models stall on fewer tokens, so this errs quiet for them).
+    interference_long_prompt_tokens: float = Field(2000, description="... or: prompt-length p90 at or above this "
+                                                                      "(one request in ten this long).")
     interference_running: float = Field(2.0, description="And: mean running requests at or above this "
                                                          "(decodes to interrupt).")
 

@@ -138,7 +138,8 @@ def test_without_external_url_runbooks_are_repository_paths() -> None:
 CUSTOM_THRESHOLDS = {
     "min_requests": 7, "min_decode_steps": 77, "queue_share": 0.55, "queue_seconds": 0.75, "queue_waiting": 3,
     "prefill_seconds": 0.65, "prefill_share": 0.66, "long_prompt_tokens": 2222, "stall_share": 0.22,
-    "itl_ratio": 4.4, "itl_p99_seconds": 0.111, "interference_prompt_tokens": 1111, "interference_running": 3,
+    "itl_ratio": 4.4, "itl_p99_seconds": 0.111, "interference_prompt_tokens": 1111,
+    "interference_long_prompt_tokens": 2444, "interference_running": 3,
     "slow_itl_seconds": 0.0333, "low_batch_running": 9, "floor_ratio_max": 2.2, "steady_itl_ratio": 2.7,
     "kv_usage": 0.88, "preemptions_per_second": 0.02, "offload_floor_ratio": 4.5,
 }
@@ -389,7 +390,7 @@ SIGNAL_RECORDS = {
     "decode_stall_share": "decode_stall_share:ratio", "running_mean": "num_requests_running:avg",
     "waiting_mean": "num_requests_waiting:avg", "kv_usage_max": "kv_cache_usage:max",
     "preemptions_per_second": "preemptions:rate", "ttft.mean": "ttft_seconds:mean", "itl.p50": "itl_seconds:p50",
-    "itl.p99": "itl_seconds:p99", "prompt_tokens.mean": "prompt_tokens:mean",
+    "itl.p99": "itl_seconds:p99", "prompt_tokens.mean": "prompt_tokens:mean", "prompt_tokens.p90": "prompt_tokens:p90",
     "queue_time.mean": "queue_time_seconds:mean",
 }
 

@@ -95,6 +95,17 @@ def test_prefill_interference_fires_on_stalls_during_long_prompts() -> None:
     tgi = prefill_interference.evaluate(healthy_signals("tgi", decode_stall_share=0.48, running_mean=24.0,
                                                         prompt_tokens=s.prompt_tokens), T)
     assert any("--max-batch-prefill-tokens" in r for r in tgi.remedies)
+    # a minority of long documents among short chat prompts: the mean (780) hides them, the p90 does not
+    mixed = LatencySummary(200, 6000, 6500, 7000, 780, 200)
+    f = prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=24.0,
+                                                      prompt_tokens=mixed), T)
+    assert f is not None and evidence(f, "prompt length p90").value == 6000
+    assert evidence(f, "prompt length p90").threshold == 2000 and evidence(f, "prompt length p90").met
+    assert evidence(f, "mean prompt length").op == "info"  # shown, not needed
+    assert "while prompts of 6000+ tokens (p90) arrive among 24 running requests" in f.summary
+    chatty = LatencySummary(200, 1500, 2100, 3000, 780, 200)  # heavy-tailed chat: p90 below a visible stall
+    assert prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=24.0,
+                                                         prompt_tokens=chatty), T) is None
     # the same stalls with short prompts, or with nobody decoding, are something else
     assert prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=24.0), T) is None
     assert prefill_interference.evaluate(healthy_signals(decode_stall_share=0.49, running_mean=0.7,

@@ -48,16 +48,17 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                   "TGI: decode paused for prefill batches" if s.engine == "tgi" else "steps of 0.2 s or more")
     ratio = check("ITL p99/p50", s.itl_ratio, ">=", t.itl_ratio, "ratio")
     tail = check("ITL p99", itl_p99, ">=", t.itl_p99_seconds, "s")
-    context = [
-        check("mean prompt length", prompt_mean, ">=", t.interference_prompt_tokens, "tokens"),
-        check("mean running requests", s.running_mean, ">=", t.interference_running),
-    ]
+    mean_long = check("mean prompt length", prompt_mean, ">=", t.interference_prompt_tokens, "tokens")
+    p90_long = check("prompt length p90", s.prompt_tokens.p90 if s.prompt_tokens else None, ">=",
+                     t.interference_long_prompt_tokens, "tokens", "one request in ten brings a prompt this long")
+    long_prompts = mean_long if mean_long.met or not p90_long.met else p90_long
+    context = [long_prompts, check("mean running requests", s.running_mean, ">=", t.interference_running)]
     if not ((stall.met or (ratio.met and tail.met)) and all(c.met for c in context)):
         return None
     conditions = ([stall] if stall.met else [ratio, tail]) + context
     prefill_mean = s.prefill_time.mean if s.prefill_time else None
     alternatives = [info(e.name, e.value, e.unit, f"alternative condition {e.op} {e.threshold}, not needed")
-                    for e in (stall, ratio, tail) if e not in conditions]
+                    for e in (stall, ratio, tail, mean_long, p90_long) if e not in conditions]
     evidence = conditions + alternatives + [
         info("ITL p50", s.itl.p50 if s.itl else None, "s"),
         info("mean prefill time", prefill_mean, "s", "an ITL spike of about this size = one whole prefill"),
@@ -85,10 +86,12 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     severity = "critical" if (s.decode_stall_share or 0) >= 0.4 or (itl_p99 or 0) >= 0.5 else "warning"
     stalled = f"{s.decode_stall_share:.0%} of decode time is stalled" if s.decode_stall_share is not None \
         else f"ITL p99 is {s.itl_ratio:.1f}x p50"
+    arriving = (f"{prompt_mean:.0f}-token prompts" if long_prompts is mean_long
+                else f"prompts of {long_prompts.value:.0f}+ tokens (p90)")
     return Finding(
         "prefill_interference", severity,
         confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps),
-        f"{stalled} (ITL p99 {itl_p99 * 1000:.0f} ms) while {prompt_mean:.0f}-token prompts arrive among "
+        f"{stalled} (ITL p99 {itl_p99 * 1000:.0f} ms) while {arriving} arrive among "
         f"{s.running_mean:.0f} running requests: decodes wait for prefills.",
         evidence, remedies(s.engine, vllm, tgi, sglang),
     )
