@@ -33,8 +33,10 @@ def engines_of(query: Query) -> list[str]:
     return [name for name, kind in ENGINE_KIND.items() if kind in kinds]
 
 
-def run(stack: Stack, query: Query, target: str) -> list:
-    expr = substitute(query.expr, target=target)
+def run(stack: Stack, query: Query, **values: str) -> list:
+    """The query with Grafana's variables set to ``values`` (defaults: All, the default
+    objectives): instant, or over the last 30 s at 1 s steps, as its panel asks."""
+    expr = substitute(query.expr, **values)
     if query.instant:
         return stack.prometheus.query(expr)["result"]
     end = time.time()
@@ -44,7 +46,7 @@ def run(stack: Stack, query: Query, target: str) -> list:
 @pytest.mark.parametrize("query", QUERIES, ids=[q.id for q in QUERIES])
 def test_query_returns_data_for_every_engine_it_reads(stack: Stack, query: Query) -> None:
     for target in engines_of(query):
-        result = run(stack, query, target)
+        result = run(stack, query, target=target)
         assert result, f"no data for target={target!r}: {substitute(query.expr, target=target)}"
         values = [float(v) for series in result
                   for v in ([series["value"][1]] if "value" in series else [p[1] for p in series["values"]])]
@@ -106,23 +108,17 @@ MODEL_QUERIES = [q for q in QUERIES if "$model" in q.expr
                  and (engines_of(q) == [".*"] or "vllm-queueing" in engines_of(q))]
 
 
-def run_with(stack: Stack, query: Query, **values: str) -> list:
-    expr = substitute(query.expr, **values)
-    if query.instant:
-        return stack.prometheus.query(expr)["result"]
-    end = time.time()
-    return stack.prometheus.query_range(expr, end - 30, end, 1.0)["result"]
-
-
 @pytest.mark.parametrize("query", MODEL_QUERIES, ids=[q.id for q in MODEL_QUERIES])
 def test_query_returns_data_for_one_selected_model_and_none_for_another(stack: Stack, query: Query) -> None:
     """With one model picked in the ``model`` variable (Grafana puts the regex-escaped
     value in place of ``$model``), every query that filters on it still finds that
     model's series, only that model's, and nothing for a model nobody serves."""
     model = next(d["model"] for d in stack.monitor.telemetry.diagnosis.diagnoses if d["target"] == "vllm-queueing")
-    result = run_with(stack, query, target="vllm-queueing", model=model.replace(".", "\\\\."))
+    result = run(stack, query, target="vllm-queueing", model=model.replace(".", "\\\\."))
     assert result, substitute(query.expr, target="vllm-queueing", model=model)
     labelled = {s["metric"].get("model", s["metric"].get("model_name")) for s in result} - {None}
+    # series that keep a model label carry the selected one (aggregates by target keep none;
+    # that they were filtered at all is what the unknown model's empty answer below shows)
     assert labelled <= {model}, labelled
     if "or vector(0)" not in query.expr:
-        assert run_with(stack, query, target="vllm-queueing", model="no-such-model") == []
+        assert run(stack, query, target="vllm-queueing", model="no-such-model") == []
