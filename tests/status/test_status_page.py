@@ -122,6 +122,8 @@ def test_index_shows_health_numbers_and_diagnosis(service, fleet) -> None:
     # every link the page offers resolves
     links = set(re.findall(r'href="([^"#]+)"', page))
     assert {"/docs", "/runbooks/queueing", "/targets/busy", "/api/v1/targets", "/ui/status.css"} <= links
+    # the footer lists every runbook, alerts' included (regimes, SLO signals, target down)
+    assert {"/runbooks/slo_ttft", "/runbooks/slo_itl", "/runbooks/target_down", "/runbooks/outside_engine"} <= links
     for link in sorted(links):
         if link.startswith("data:"):
             continue

@@ -27,6 +27,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from app import latency, quantiles
+from app.alerts.config import ALERT_RUNBOOKS
 from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.diagnoses import current as current_diagnoses
 from app.api.routes.targets import duration_param
@@ -145,7 +146,8 @@ def _environment() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value, value=fmt_value, span=fmt_span)
-    env.globals.update(regimes=REGIMES, signal_titles=SIGNAL_TITLES)
+    # every runbook the service serves: one per regime, per SLO signal, and target down
+    env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env
 
 
