@@ -6,6 +6,12 @@ is never primary (KV pressure causes queueing: name the cause). Among the rest, 
 primary is the first in ``RULES`` order (causes before symptoms), ties broken by
 severity and confidence.
 
+Data gates: the engine-side rules judge the window's engine traffic and need enough of it
+(:func:`data_problems`); the client-side probe rules (``PROBE_REGIMES``: ``outside_engine``)
+judge probe runs against the engine over the probes' own periods, with their own minimum
+(``outside_min_requests``), so they run even when the window is too quiet for the others: a
+gateway delay in front of an engine whose only traffic is the canary is still a finding.
+
 Lifecycle (per target x model x regime): a firing finding is ``pending`` until it has
 held for ``activate_after`` consecutive evaluations, then ``active``; an active finding
 ``resolved`` after ``resolve_after`` consecutive clear evaluations. A pending finding
@@ -19,7 +25,7 @@ import time
 from sqlalchemy.orm import Session
 
 from app.diagnosis import signals as signals_module
-from app.diagnosis.findings import Diagnosis, Finding
+from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import Signals
@@ -60,17 +66,17 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
         diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c['runs']))} vs. the engine's TTFT: "
                                f"{c['message']}")
     problems = data_problems(s, t)
-    if problems:
-        diagnosis.verdict = "insufficient_data"
-        diagnosis.notes.extend(problems)
-        return diagnosis
-    findings = [f for f in (rule.evaluate(s, t) for rule in RULES) if f is not None]
+    diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
+    rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES
+    findings = [f for f in (rule.evaluate(s, t) for rule in rules) if f is not None]
     for finding in findings:
         finding.window_start, finding.window_end = s.window_start, s.window_end
     rank(findings)
     diagnosis.findings = findings
     if findings:
         diagnosis.verdict = findings[0].regime
+    elif problems:
+        diagnosis.verdict = "insufficient_data"
     return diagnosis
 
 
@@ -101,7 +107,9 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     that finished within ``thresholds.outside_lookback`` (or the window, if longer) are
     compared with the engine's TTFT over their own periods
     (:func:`app.probe.consistency.period_consistency`) for the ``outside_engine`` rule."""
-    all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware)
+    all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware) or [
+        Signals(target, "", engine, end - window, end,
+                scrapes=len(repository.scrape_times(session, target_id, end - window, end)))]
     for s in all_signals:
         s.probe_baseline = probe_baseline
     consistency = period_consistency(session, target_id, end - max(window, thresholds.outside_lookback), end,
@@ -109,10 +117,6 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     if consistency is not None:  # the probed model's diagnosis (all when the engine labels no model by name)
         for s in [s for s in all_signals if s.model in consistency.models] or all_signals:
             s.probe_consistency = consistency.to_dict()
-    if not all_signals:
-        s = Signals(target, "", engine, end - window, end,
-                    scrapes=len(repository.scrape_times(session, target_id, end - window, end)))
-        return [diagnose(s, thresholds)]
     return [diagnose(s, thresholds) for s in all_signals]
 
 

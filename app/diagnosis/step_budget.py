@@ -27,8 +27,10 @@ and each gap is only 1/k of it. So, matching ranks across the window's histogram
 ``ratio = stall / prefill``: about 1 means each long prompt ran in one step (chunked
 prefill off, or a budget of at least the prompt); ``ratio <= 0.45`` means it was split
 into about ``1/ratio`` chunks of ``ratio x P`` tokens, plus the decodes sharing the
-step: the budget. Bucket edges limit the estimate to about +/-50 % (vLLM's ITL buckets
-are 1.5-2x apart, its prefill buckets 1.25-2x), enough to tell 512 from 2048 from "off".
+step: the budget. Bucket edges limit the estimate to about +/-50 % for stalls from 50 ms
+to 1 s, where vLLM's ITL buckets are 1.25-1.5x apart (its prefill buckets are 1.2-2x apart
+below 60 s); its 2.5x buckets, 10-25 ms and 1-2.5 s, are coarser. That is enough to tell
+512 from 2048 from "off".
 A budget above about half the long prompts' length splits them in two at most and reads
 as ``whole_prompts``: its lower bound (the step size) is then still true.
 

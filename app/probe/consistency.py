@@ -16,9 +16,10 @@ Two entry points:
 
 * :func:`check_consistency` - one probe (a :class:`ProbeResult`, levels of one, or the
   summary stored on its run row);
-* :func:`period_consistency` - every probe run of a target that finished in a period,
-  combined (each run compared with the engine over its own period, weighted by its
-  requests): what the diagnosis's ``outside_engine`` rule reads and
+* :func:`period_consistency` - the probe runs of a target that finished in a period (the
+  newest :data:`MAX_RUNS`), combined (each run compared with the engine over its own period,
+  weighted by its requests; the engine's request count taken once over the union of those
+  periods): what the diagnosis's ``outside_engine`` rule reads and
   ``GET /api/v1/targets/{name}/consistency`` shows.
 
 The judgement uses the diagnosis thresholds (:mod:`app.diagnosis.thresholds`,
@@ -47,7 +48,9 @@ from app.probe import repository as probe_repository
 from app.probe.runner import LevelResult, ProbeResult
 
 FINDING = "time is lost outside the engine (network, tokenization, API server)"
-STATUSES = ("ok", "finding", "insufficient_data", "unreliable")
+#: Probe runs :func:`period_consistency` combines at most, the newest first: 15 minutes of
+#: canaries every 5 minutes are 3 runs, so 20 leaves room for ad hoc probes and sweeps.
+MAX_RUNS = 20
 #: TGI has no TTFT histogram: its TTFT is derived from queue + prefill (app.latency).
 SERVER_SIGNALS = ("ttft", "queue_time", "prefill_time")
 
@@ -72,7 +75,7 @@ class ConsistencyResult:
     threshold_share: float
     min_requests: float
     finding: bool
-    status: str  # one of STATUSES
+    status: str  # "ok", "finding", "insufficient_data" or "unreliable"
     message: str
     other_traffic: bool  # the server counted more requests than the probes sent
     runs: tuple[int, ...] = ()  # probe runs compared (period_consistency, or a stored run)
@@ -196,11 +199,15 @@ def check_consistency(session: Session, target_id: int,
 
 def period_consistency(session: Session, target_id: int, since: float, until: float,
                        thresholds: Thresholds | None = None) -> ConsistencyResult | None:
-    """Every finished probe run of the target with ``since <= finished_at <= until``, each compared
-    with the engine over its own period, combined weighted by its probe requests (the client
-    and the engine mean of the same periods). None when no run finished in the period."""
+    """The finished probe runs of the target with ``since <= finished_at <= until`` (the newest
+    :data:`MAX_RUNS` of them), each compared with the engine over its own period, combined
+    weighted by its probe requests (the client and the engine mean of the same periods). The
+    engine's request count is taken over the union of the runs' snapshot windows: two runs
+    between the same two scrapes see each other's requests, and adding their counts would
+    report the probes' own requests as other traffic. None when no run finished in the period."""
     t = thresholds or Thresholds()
-    runs = [run for run in probe_repository.finished_runs(session, target_id, since, until=until) if run.summary]
+    runs = [run for run in probe_repository.finished_runs(session, target_id, since, until=until, limit=MAX_RUNS)
+            if run.summary]
     if not runs:
         return None
     results = [check_consistency(session, target_id, run.summary, thresholds=t) for run in runs]  # newest first
@@ -219,6 +226,21 @@ def period_consistency(session: Session, target_id: int, since: float, until: fl
         return math.fsum(w * v for w, v in values) / n
 
     server = _Server(min(r.window_start for r in judged), max(r.window_end for r in judged),
-                     math.fsum(r.server_requests or 0.0 for r in judged), weighted("server_mean"),
+                     _requests_once(session, target_id, judged), weighted("server_mean"),
                      weighted("server_queue_mean"))
     return _judge(t, target_id, start, end, n, weighted("client_mean"), server, ids, models)
+
+
+def _requests_once(session: Session, target_id: int, judged: Sequence[ConsistencyResult]) -> float:
+    """The engine's requests over the union of the runs' snapshot windows, each counted once.
+    Windows that overlap (share more than an end scrape) are merged and counted over the merged
+    window; a window of its own keeps the count already computed for its run."""
+    windows: list[tuple[float, float, float | None]] = []  # (start, end, requests; None once merged)
+    for r in sorted(judged, key=lambda r: (r.window_start, r.window_end)):
+        if windows and r.window_start < windows[-1][1]:
+            start, end, _ = windows[-1]
+            windows[-1] = (start, max(end, r.window_end), None)
+        else:
+            windows.append((r.window_start, r.window_end, r.server_requests))
+    return math.fsum((_server_side(session, target_id, start, end).requests if requests is None else requests) or 0.0
+                     for start, end, requests in windows)

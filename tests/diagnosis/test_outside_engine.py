@@ -15,10 +15,9 @@ from app.diagnosis.rules import RULES, outside_engine
 from app.diagnosis.thresholds import Thresholds
 from app.probe import repository as probe_repository
 from app.probe.consistency import period_consistency
-from app.store import db, repository
 from app.store.repository import SampleWriter, ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram
-from tests.diagnosis.test_rules import healthy_signals
+from tests.diagnosis.test_rules import healthy_signals, summary
 
 T = Thresholds()
 
@@ -57,6 +56,31 @@ def test_outside_engine_fires_on_a_large_gap_with_its_numbers() -> None:
     d = engine.diagnose(s, T)
     assert d.verdict == "outside_engine" and d.findings[0].primary
     assert any(n.startswith("client-side probe run(s) 7, 9 vs. the engine's TTFT: m") for n in d.notes)
+
+
+@pytest.mark.parametrize(("quiet", "why"), [
+    ({"ttft": summary(0.03, 0.05, 0.03, 4), "itl": summary(0.01, 0.02, 0.01, 28)},
+     "4 requests and 28 decode steps in the window, need 5 requests or 50 steps"),
+    ({"scrapes": 1}, "1 successful scrape(s) in the window, need 2"),
+])
+def test_outside_engine_is_judged_when_the_engine_side_has_too_little_traffic(quiet: dict, why: str) -> None:
+    """The canary may be the engine's only traffic: too little for the engine-side rules, but
+    the probe rule compares the probes over their own periods and has its own minimum."""
+    # the window would also show queueing if it were judged: it must not be, on 4 requests
+    busy = {"queue_time": summary(1.0, 2.0, 0.9, 4), "queue_share": 0.9, "waiting_mean": 3.0, "waiting_max": 3}
+    s = healthy_signals(probe_consistency=consistency(0.31, 0.42, status="finding", other=False), **quiet, **busy)
+    d = engine.diagnose(s, T)
+    assert d.verdict == "outside_engine" and [f.regime for f in d.findings] == ["outside_engine"]
+    assert d.findings[0].primary and d.findings[0].to_dict()["window"] == {"start": 0.0, "end": 120.0,
+                                                                            "seconds": 120.0}
+    assert f"engine-side rules not judged: {why}" in d.notes
+    # the same window without probe data: nothing can be judged
+    idle = engine.diagnose(healthy_signals(**quiet, **busy), T)
+    assert (idle.verdict, idle.findings) == ("insufficient_data", [])
+    assert f"engine-side rules not judged: {why}" in idle.notes
+    # probe data that does not fire leaves it insufficient too (not healthy: the engine was not judged)
+    agree = engine.diagnose(healthy_signals(probe_consistency=consistency(0.02, 0.12), **quiet, **busy), T)
+    assert (agree.verdict, agree.findings) == ("insufficient_data", [])
 
 
 @pytest.mark.parametrize(("probe", "why"), [
@@ -102,21 +126,10 @@ def _run(sessions, target_id: int, start: float, end: float, ttfts: list[float])
         return row.id
 
 
-@pytest.fixture
-def stored(migrated_url: str):
-    sql = db.make_engine(migrated_url)
-    sessions = db.make_sessionmaker(sql)
-    with sessions.begin() as session:
-        target_id = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="vllm",
-                                             labels={}).id
-    yield sql, sessions, target_id
-    sql.dispose()
-
-
-def test_runs_are_combined_each_against_its_own_period(stored) -> None:
+def test_runs_are_combined_each_against_its_own_period(store) -> None:
     """Two canaries 5 minutes apart: each is compared with the engine over the scrapes around
     it, and the combination weights each run by its requests."""
-    sql, sessions, target_id = stored
+    sql, sessions, target_id = store
     # engine: 2 requests at 0.1 s in [1000, 1015]; 10 at 0.2 s (queue 0.02 s) in [1300, 1315];
     # 20 at 3 s, 2.5 s of it queue, in [1600, 1615]
     pages = [(1000, 0, 0, 0), (1015, 2, 0.2, 0.01), (1300, 2, 0.2, 0.01), (1315, 12, 2.2, 0.21),
@@ -145,3 +158,29 @@ def test_runs_are_combined_each_against_its_own_period(stored) -> None:
     assert busy.runs == (queued,) and busy.gap_seconds == pytest.approx(1.5) and busy.other_traffic
     assert busy.server_queue_mean == pytest.approx(2.5) and busy.status == "unreliable" and not busy.finding
     assert "the engine is queueing (queue 83% of its TTFT)" in busy.message
+
+
+def test_runs_between_the_same_scrapes_count_the_engine_requests_once(store) -> None:
+    """Three probe runs whose snapshot windows overlap ([1000, 1015], [1000, 1030], [1015, 1030]):
+    the engine served exactly their 8 requests. Adding each run's count would give 5 + 8 + 3 = 16,
+    report the probes' own requests as other traffic and, on an engine whose queue is most of
+    its TTFT, call the comparison unreliable."""
+    sql, sessions, target_id = store
+    # every engine request: TTFT 0.2 s, 0.15 s of it queued (75 % of the TTFT)
+    pages = [(1000, 0, 0.0, 0.0), (1015, 5, 1.0, 0.75), (1030, 8, 1.6, 1.2), (1045, 9, 1.8, 1.35)]
+    SampleWriter(sql).write([_page(target_id, ts, c, s, q) for ts, c, s, q in pages])
+    runs = [_run(sessions, target_id, 1002, 1005, [0.5, 0.5]),       # between the scrapes at 1000 and 1015
+            _run(sessions, target_id, 1008, 1020, [0.5, 0.5, 0.5]),  # 1000 .. 1030
+            _run(sessions, target_id, 1017, 1025, [0.5, 0.5, 0.5])]  # 1015 .. 1030
+    separate = _run(sessions, target_id, 1032, 1040, [0.5])  # 1030 .. 1045: shares only the scrape at 1030
+    with sessions() as session:
+        c = period_consistency(session, target_id, 900, 1026, T)
+        with_separate = period_consistency(session, target_id, 900, 1041, T)
+    assert c.runs == tuple(runs) and c.client_requests == 8 and (c.window_start, c.window_end) == (1000, 1030)
+    assert c.server_requests == pytest.approx(8.0) and not c.other_traffic
+    assert c.server_mean == pytest.approx(0.2) and c.server_queue_mean == pytest.approx(0.15)
+    assert c.gap_seconds == pytest.approx(0.3) and c.status == "finding" and c.finding
+    assert "8 engine requests" not in c.message and "other traffic" not in c.message
+    # a window that only touches the merged one at a scrape adds its own count: 8 + 1
+    assert with_separate.runs == (*runs, separate) and with_separate.client_requests == 9
+    assert with_separate.server_requests == pytest.approx(9.0) and not with_separate.other_traffic

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from app.emulator import EmulatorFleet, TargetSpec
-from app.emulator.scenarios import get as get_scenario
 from app.probe.cli import probe
+from tests.probe.prompt_ladder import LADDER, prefill_slope_per_1k
 from tests.probe.servers import FakeOpenAI
 
 
@@ -48,29 +48,30 @@ def test_json_output_has_the_numbers(fleet):
 
 def test_a_prompt_sweep_prints_the_ladder_and_the_fitted_prefill_cost(fleet):
     """Three prompt lengths at concurrency 1: one row each, and the least-squares TTFT-vs-prompt
-    slope, which on the emulated 8B/A100 is the roofline's prefill cost (2048-token chunks)."""
-    args = [fleet.urls["solo"], "--prompt-tokens", "256,1024,2048", "--max-tokens", "4"]
+    slope, which on the emulated 8B/A100 is the roofline's prefill cost (2048-token chunks;
+    the 10 % tolerance: tests/probe/prompt_ladder.py)."""
+    args = [fleet.urls["solo"], "--prompt-tokens", ",".join(map(str, LADDER)), "--max-tokens", "4"]
     text = CliRunner().invoke(probe, args)
     assert text.exit_code == 0, text.output
     lines = text.stdout.splitlines()
-    assert [line.split()[:5] for line in lines[2:5]] == [["1", p, "4", "2", "2"] for p in ("256", "1024", "2048")]
+    assert [line.split()[:5] for line in lines[2:5]] == [["1", str(p), "4", "2", "2"] for p in LADDER]
     assert lines[5].startswith("TTFT vs prompt length: ") and " ms per 1k tokens + " in lines[5]
     assert lines[5].endswith(", 6 requests)")
     result = CliRunner().invoke(probe, [*args, "--json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert [(lv["prompt_tokens"], lv["concurrency"]) for lv in body["levels"]] == [(256, 1), (1024, 1), (2048, 1)]
+    assert [(lv["prompt_tokens"], lv["concurrency"]) for lv in body["levels"]] == [(p, 1) for p in LADDER]
     fit = body["analysis"]["ttft_vs_prompt"]
-    dep = get_scenario("healthy").deployment
-    physics = (dep.prefill_s(2048, 2048) - dep.prefill_s(256, 2048)) / 1.792  # seconds per 1k prompt tokens
     assert fit["n"] == 6 and fit["r2"] > 0.98
-    assert fit["slope_seconds_per_1k_tokens"] * 2.0 == pytest.approx(physics, rel=0.1)  # time_scale 2
+    assert fit["slope_seconds_per_1k_tokens"] * 2.0 == pytest.approx(prefill_slope_per_1k(), rel=0.1)  # time_scale 2
     assert "itl_vs_concurrency" not in body["analysis"] and "load_split" not in body["analysis"]
     # the engine's page was read around every level: it served exactly the probe's 2 requests each
     servers = [lv["server"] for lv in body["levels"]]
     assert [s["requests"] for s in servers] == [2.0, 2.0, 2.0] and all(s["error"] is None for s in servers)
+    # the client's TTFT also holds its HTTP and event-loop time, idle 4-6 ms of wall clock (x2 at
+    # time_scale 2), more on a loaded machine: 30 ms simulated allowed; the levels are 0.35 s apart
     for level, server in zip(body["levels"], servers):
-        assert server["ttft_mean"] == pytest.approx(level["ttft"]["mean"] * 2.0, rel=0.1, abs=0.01)
+        assert server["ttft_mean"] == pytest.approx(level["ttft"]["mean"] * 2.0, rel=0.1, abs=0.03)
 
 
 def test_the_engine_page_is_optional(fleet):

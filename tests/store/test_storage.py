@@ -90,18 +90,6 @@ def record(target_id: int, ts: float, counts: tuple[float, ...], total: float, t
     return ScrapeRecord(target_id, ts, True, 0.002, 1000, 40, 30, 0, "vllm", None, None, canonical)
 
 
-@pytest.fixture
-def store(migrated_url: str):
-    engine = db.make_engine(migrated_url)
-    sessions = db.make_sessionmaker(engine)
-    with sessions.begin() as session:
-        target = repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
-                                          labels={}, scrape_interval=15.0, scrape_timeout=5.0)
-        target_id = target.id
-    yield engine, sessions, target_id
-    engine.dispose()
-
-
 def test_snapshots_round_trip_exactly_and_windows_span_a_restart(store) -> None:
     engine, sessions, target_id = store
     t0 = 1_700_000_000.0

@@ -22,6 +22,7 @@ from typing import Annotated
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
 
 from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.routes.status import iso_ts
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.config import validate_target_url
 from app.probe import repository as probe_repository
@@ -142,15 +143,17 @@ def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
                        window: Annotated[str, Query(description="probe runs that finished in this window, "
                                                                 "e.g. 15m")] = "15m",
                        end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
-    """Client-side probe TTFT vs. the engine's TTFT over the same periods, for every probe run of
-    the target that finished in the window, combined: what the ``outside_engine`` diagnosis
-    reads. ``status`` ``no_probes`` when no run finished in the window."""
+    """Client-side probe TTFT vs. the engine's TTFT over the same periods, for the probe runs of
+    the target that finished in the window (the newest :data:`~app.probe.consistency.MAX_RUNS`),
+    combined: what the ``outside_engine`` diagnosis reads. ``status`` is ``ok``, ``finding``,
+    ``insufficient_data``, ``unreliable``, or ``no_probes`` when no run finished in the window."""
     target = get_or_404(session, name)
-    seconds, end = time_range(window, None, end)
-    result = period_consistency(session, target.id, end - seconds, end, monitor.diagnosis_config.thresholds)
+    seconds, until = time_range(window, None, end)
+    result = period_consistency(session, target.id, until - seconds, until, monitor.diagnosis_config.thresholds)
     if result is None:
+        period = f"the last {window}" if end is None else f"{iso_ts(until - seconds)} .. {iso_ts(until)} ({window})"
         return {"target": name, "window": window, "status": "no_probes",
-                "message": f"no probe run of {name!r} finished in the last {window}"}
+                "message": f"no probe run of {name!r} finished in {period}"}
     return {"target": name, "window": window, **result.to_dict()}
 
 
