@@ -1,7 +1,7 @@
 """Ingest benchmark: our scrape path against baselines measured in the same run.
 
 Not a test. Prints a Markdown table of absolute numbers, the baseline, the ratio and
-PASS/MISS against the targets of the ingest issue:
+PASS/MISS against the ingest targets:
 
 (a) parse only, per page, ``PageParser(keep=ADAPTERS["vllm"].families.__contains__)``
     reused across calls (warm line cache; cold = a fresh parser per call) vs

@@ -2,10 +2,10 @@
 
 Every decode step reads all the weights (one shard per GPU under tensor parallelism)
 from HBM, so a single sequence can never produce tokens faster than
-``weight_bytes / (bandwidth x TP)`` (domain brief §1-2). Observed ITL divided by this
-floor is the evidence that separates ``bandwidth_bound`` (ratio near 1: the hardware
-is the limit) from ``weights_offloaded`` (ratio far above 1: something slower than HBM,
-such as PCIe, is in the path).
+``weight_bytes / (bandwidth x TP)``. Observed ITL divided by this floor is the evidence
+that separates ``bandwidth_bound`` (ratio near 1: the hardware is the limit) from
+``weights_offloaded`` (ratio far above 1: something slower than HBM, such as PCIe, is in
+the path).
 
 Example (targets YAML)::
 

@@ -1,7 +1,7 @@
 """Named scenarios: a deployment + scheduler config + traffic that produce one latency regime.
 
 Every scenario's docstring states the *signature* it is built to show in the metrics
-(the regime ids are those of ``shared/docs/domain.md``); ``tests/emulator`` checks each
+(the regime ids are those of :data:`app.diagnosis.findings.REGIMES`); ``tests/emulator`` checks each
 one from histogram deltas of the rendered page, and that the healthy ones show none. The
 numbers quoted are measured over simulated t = 60..300 s with seed 0 (vLLM page,
 quantiles interpolated from buckets the way Prometheus' ``histogram_quantile`` does; ITL

@@ -2,7 +2,7 @@
 
 The engine's histograms see what happens inside the engine; a user sees everything on the
 way (network, TLS, API server, tokenization, the queue). A probe streams requests with
-input length, output length and concurrency held fixed (``shared/docs/domain.md`` §3) and
+input length, output length and concurrency held fixed (:mod:`~app.probe.sweep`) and
 records when the first token arrives and every gap after it.
 
 Modules (each usable alone):

@@ -1,4 +1,4 @@
-"""Sweeps: change one factor at a time, hold the other two fixed (``shared/docs/domain.md`` §3).
+"""Sweeps: change one factor at a time, hold the other two fixed.
 
 :func:`sweep_plans` builds the levels; the CLI and the API run them with
 :func:`~app.probe.runner.run_probe` and :func:`analyze` says what they show:
@@ -123,7 +123,7 @@ QUEUE_SHARE = Thresholds.model_fields["queue_share"].default
 
 @dataclass(frozen=True)
 class LoadComparison:
-    """A single-request level against a loaded one (``domain.md`` §1: slow alone, or only under load?).
+    """A single-request level against a loaded one (slow alone, or only under load?).
 
     Ratios are loaded / single of the p50 TTFT and the mean ITL. ``slow_alone`` lists what is
     already slow for one request (``ttft`` above ``slow_ttft`` once the engine's queue time is

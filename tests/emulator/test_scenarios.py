@@ -18,7 +18,7 @@ REGIMES = ("queueing", "prefill_compute", "prefill_interference", "bandwidth_bou
 
 
 def regimes_shown(sig: dict, floor_s: float) -> set[str]:
-    """A deliberately simple reading of the domain brief's decision table."""
+    """A deliberately simple reading of each regime's signature (independent of app.diagnosis)."""
     shown = set()
     if sig["queue_share"] > 0.5 and sig["waiting"] >= 5 and sig["queue_mean"] > 1.0:
         shown.add("queueing")

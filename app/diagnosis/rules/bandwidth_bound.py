@@ -1,9 +1,10 @@
 """bandwidth_bound — decode is slow because every step must read all the weights.
 
 Symptom: ITL high even for a single request / small batch, steady (no stalls), and
-near the hardware floor ``weight_bytes / HBM bandwidth`` (domain brief §2, §4). Why it
-matters: no scheduler knob helps; only moving fewer bytes per token does (quantized
-weights, quantized KV cache, speculative decoding) or more bandwidth (another GPU, TP).
+near the hardware floor ``weight_bytes / HBM bandwidth`` (:mod:`app.diagnosis.profile`).
+Why it matters: no scheduler knob helps; only moving fewer bytes per token does
+(quantized weights, quantized KV cache, speculative decoding) or more bandwidth
+(another GPU, TP).
 
 With a hardware profile the rule requires ITL/floor <= ``floor_ratio_max``; without
 one it can only see "slow, steady, small batch" and says so with lower confidence.

@@ -1,7 +1,8 @@
 """kv_cache_pressure — the KV cache is full; sequences are preempted and recomputed.
 
 Symptom: KV-cache usage near 100 %, preemptions counted, latency swings, requests
-waiting while the running set stays flat (domain brief §2, §4). Why it matters: it is
+waiting while the running set stays flat (``vllm:kv_cache_usage_perc``,
+``vllm:num_preemptions_total``, ``vllm:num_requests_waiting``). Why it matters: it is
 a *cause* — it produces queueing (new requests cannot be admitted) and ITL spikes
 (preempted sequences are recomputed) — so tuning the queue would treat the symptom.
 TGI exports no preemption counter; there the evidence is usage at the budget

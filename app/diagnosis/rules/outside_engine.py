@@ -1,11 +1,11 @@
 """outside_engine — clients wait for the first token much longer than the engine records.
 
 Symptom: the TTFT a client-side probe (canary or ad hoc probe) measures is well above the
-engine's own TTFT histogram over the same periods (issue: "a large gap is itself a
-finding"). The engine's clock starts when the request reaches it; everything before that
-— network, TLS, a gateway or load balancer, the API server's tokenization — is invisible
-to every other rule. Why it matters: no engine flag fixes it; tuning the engine for a
-TTFT problem that lives in the gateway changes nothing the user sees.
+engine's own TTFT histogram over the same periods; the gap itself is the finding. The
+engine's clock starts when the request reaches it; everything before that — network, TLS,
+a gateway or load balancer, the API server's tokenization — is invisible to every other
+rule. Why it matters: no engine flag fixes it; tuning the engine for a TTFT problem that
+lives in the gateway changes nothing the user sees.
 
 The numbers come from :func:`app.probe.consistency.period_consistency` (each probe run
 against the engine over the scrapes that bracket it); the rule is quiet without probe

@@ -1,8 +1,9 @@
 """prefill_compute — long prompts make the first token slow even without a queue.
 
 Symptom: TTFT high even for a single request; prompts are long; little queue wait
-(domain brief §2). Why it matters: prefill work grows with prompt length, so the fix
-is fewer/shorter input tokens or reusing their KV (prefix caching), not scheduling.
+(``vllm:request_prefill_time_seconds`` is most of the TTFT). Why it matters: prefill work
+grows with prompt length, so the fix is fewer/shorter input tokens or reusing their KV
+(prefix caching), not scheduling.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """queueing — requests wait for the scheduler; TTFT is mostly queue time.
 
 Symptom: TTFT fine alone, grows with concurrency; queue time is a large share of TTFT;
-requests are waiting (domain brief §2, §4). Why it matters: the fix is capacity or
-scheduler limits, not the model or the prompt — shortening prompts will not help.
+requests are waiting (``vllm:request_queue_time_seconds``, ``vllm:num_requests_waiting``).
+Why it matters: the fix is capacity or scheduler limits, not the model or the prompt —
+shortening prompts will not help.
 Queue share is computed from means (``increase(_sum)/increase(_count)``), which stay
 exact although vLLM's queue histogram has no bucket below 300 ms.
 """

@@ -1,11 +1,11 @@
 """weights_offloaded — part of the model is read from CPU memory every step.
 
 Symptom: everything slow; decode far above the GPU's bandwidth floor even at a small
-batch (domain brief §2). Why it matters: PCIe is ~50-100x slower than HBM, so the
-only fix is making the model fit on the GPU(s). vLLM exports weight offload only as
-the ``cpu_offload_gb`` label of ``cache_config_info`` (older releases) or as
-``engine_sleep_state{sleep_state="weights_offloaded"}`` (sleep mode), so with neither,
-the evidence is ITL / floor from the target's hardware profile.
+batch (the floor of :mod:`app.diagnosis.profile`). Why it matters: PCIe is ~50-100x
+slower than HBM, so the only fix is making the model fit on the GPU(s). vLLM exports
+weight offload only as the ``cpu_offload_gb`` label of ``cache_config_info`` (older
+releases) or as ``engine_sleep_state{sleep_state="weights_offloaded"}`` (sleep mode), so
+with neither, the evidence is ITL / floor from the target's hardware profile.
 """
 
 from __future__ import annotations
