@@ -55,6 +55,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Adds ``notified_state`` back, set to 'firing' for every alert that some receiver's
+    log lists as told firing, and NULL for all others: 'resolved' is not restored (the log
+    keeps no resolutions), so an alert notified as resolved comes back as never notified.
+    What each receiver was told, and when, is dropped with the log."""
     with op.batch_alter_table('alerts', schema=None) as batch_op:
         batch_op.add_column(sa.Column('notified_state', sa.String(length=10), nullable=True))
     conn = op.get_bind()

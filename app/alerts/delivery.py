@@ -7,6 +7,9 @@
   the notification was created; then it is marked ``expired`` and the group moves on.
 * Every attempt is recorded: HTTP status, latency, the first 1 kB (1024 bytes) of the
   response or the error.
+* A ``kind: alertmanager`` post is sent with its firing alerts' ``endsAt`` counted from
+  the attempt (:func:`~app.alerts.schemas.alertmanager_post_at`), so one that waited out
+  an Alertmanager outage does not arrive already ended (and resolve the alert).
 * Each request carries ``Idempotency-Key: <notification id>`` (the same on every
   retry) so receivers can drop duplicates, and, when the receiver has a secret,
   ``X-LLM-Latency-Timestamp`` and ``X-LLM-Latency-Signature: sha256=<hex>`` where the hex
@@ -28,6 +31,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts.config import ReceiverConfig
+from app.alerts.schemas import alertmanager_post_at
 from app.store import repository
 from app.store.models import NotificationRow
 
@@ -91,8 +95,8 @@ class DeliveryWorker:
             await self._client.aclose()
             self._client = None
 
-    def _due(self, now: float) -> list[tuple[str, str, str, int]]:
-        """(id, receiver, body, attempts) of group heads due now; expires the too-old ones.
+    def _due(self, now: float) -> list[tuple[str, str, str, int, float]]:
+        """(id, receiver, body, attempts, created_at) of group heads due now; expires the too-old ones.
 
         Each returned row is *claimed*: its next attempt is pushed ``CLAIM_SECONDS`` ahead
         in the same transaction, so an overlapping run (or a second process) does not send
@@ -105,13 +109,17 @@ class DeliveryWorker:
             # an expired head hands its group to the next notification in this same run
             while expired := [row for row in heads if now - row.created_at > self.max_age]:
                 for row in expired:
-                    reason = f": {row.last_error}" if row.last_error else " (never attempted)"
+                    if row.attempts == 0:
+                        reason = " (never attempted)"
+                    else:
+                        tries = f"{row.attempts} attempt{'s' if row.attempts > 1 else ''}"
+                        reason = f" after {tries}: {row.last_error or 'no error recorded'}"
                     row.state, row.last_error = "expired", f"not delivered within {self.max_age:g}s{reason}"
                 session.flush()
                 heads = repository.pending_notification_heads(session, lock=True)
             for row in heads:
                 if row.next_attempt_at <= now:
-                    due.append((row.id, row.receiver, row.body, row.attempts))
+                    due.append((row.id, row.receiver, row.body, row.attempts, row.created_at))
                     row.next_attempt_at = max(now, time.time()) + CLAIM_SECONDS
         return due
 
@@ -123,18 +131,21 @@ class DeliveryWorker:
             if not due:
                 return 0
             receivers = await asyncio.to_thread(self.receivers)
-            results = await asyncio.gather(*(self._attempt(item, receivers.get(item[1])) for item in due))
+            results = await asyncio.gather(*(self._attempt(item, receivers.get(item[1]), now) for item in due))
             return sum(1 for ok in results if ok)
 
-    async def _attempt(self, item: tuple[str, str, str, int], receiver: ReceiverConfig | None) -> bool:
-        notification_id, receiver_name, body, attempts = item
+    async def _attempt(self, item: tuple[str, str, str, int, float], receiver: ReceiverConfig | None,
+                       now: float) -> bool:
+        notification_id, receiver_name, body, attempts, created_at = item
         started = time.time()
         t0 = time.perf_counter()
         status_code, response_text, error = None, None, None
         if receiver is None:
             error = f"receiver {receiver_name!r} no longer exists"
         else:
-            raw = body.encode()
+            if receiver.kind == "alertmanager":
+                body = alertmanager_post_at(body, created_at, now)
+            raw = body.encode()  # signed as sent
             timestamp = str(int(started))
             headers = {**receiver.headers, "Content-Type": "application/json", "Idempotency-Key": notification_id,
                        TIMESTAMP_HEADER: timestamp}

@@ -8,8 +8,12 @@ Every evaluation:
 3. plans notifications per group (``group_by`` labels) and receiver: a receiver is
    notified when an alert of the group starts firing or resolves (at most every
    ``group_interval`` per receiver and group; a change inside it goes out when the group
-   is due again), and again every ``repeat_interval`` while something still fires
-   (``resend_interval`` for Alertmanager sinks). Silenced alerts are left out. The
+   is due again), and again every ``repeat_interval`` while something still fires. An
+   Alertmanager sink is re-posted every ``resend_interval`` instead, and a re-post
+   carries the group's changes too: while something fires, a change reaches it after at
+   most min(``group_interval``, ``resend_interval``), so more often than every
+   ``group_interval`` when ``resend_interval`` is shorter (a group with nothing firing
+   left waits for ``group_interval``). Silenced alerts are left out. The
    notification rows, and the log of what each receiver was told, are written in the same
    transaction as the state changes, so a crash can never lose one without also losing
    the change it reports.
@@ -174,11 +178,12 @@ def plan_notifications(session: Session, config: AlertsConfig, receivers: list[R
     notification of the group; with no news, still-firing alerts are repeated every
     ``repeat_interval`` (webhooks) or re-posted every ``resend_interval`` with ``endsAt =
     now + valid_for`` (Alertmanager sinks, which resolve an alert they stop hearing
-    about). The log changes only with an enqueued notification, so news that is not due
-    yet is still news at the next round.
+    about; the delivery counts ``valid_for`` from when the post is sent). The log changes
+    only with an enqueued notification, so news that is not due yet is still news at the
+    next round.
     """
     names = [r.name for r in receivers]
-    repository.delete_notification_logs(session, names)
+    repository.delete_notification_logs(session, names, idle_before=now - config.group_interval)
     logs = repository.notification_logs(session)
     told = {fp for log in logs.values() for fp in log.firing}
     by_group: dict[str, list[AlertRow]] = {gk: [] for _, gk in logs}
@@ -225,8 +230,9 @@ def _due(session: Session, config: AlertsConfig, receiver: ReceiverConfig, gk: s
     if news and now - log.sent_at >= config.group_interval:
         return True
     if receiver.kind == "alertmanager":
-        # a re-post only refreshes endsAt: while an older one still waits in the outbox
-        # (the Alertmanager is down), queueing more would only pile up stale copies
+        # a re-post only refreshes endsAt, and one still waiting in the outbox (the
+        # Alertmanager is down) gets its endsAt counted from its delivery: queueing more
+        # would only pile up copies
         return (firing and now - log.sent_at >= config.resend_interval
                 and not repository.has_pending_notification(session, receiver.name, gk))
     return firing and now - log.sent_at >= config.repeat_interval

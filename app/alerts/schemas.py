@@ -42,6 +42,11 @@ def rfc3339(ts: float | None) -> str:
     return text.replace("+00:00", "Z")
 
 
+def unix(rfc3339_text: str) -> float:
+    """The inverse of :func:`rfc3339` (for a time that is not Go's zero time)."""
+    return dt.datetime.fromisoformat(rfc3339_text).timestamp()
+
+
 def group_key(group_labels: Mapping[str, str]) -> str:
     """Alertmanager's groupKey for a route at the root: ``{}:{name="value", ...}``."""
     inner = ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items()))
@@ -74,6 +79,26 @@ class AlertInstance:
         if ends_at is not None:
             body["endsAt"] = rfc3339(ends_at)
         return body
+
+
+def alertmanager_post_at(body: str, queued_at: float, now: float) -> str:
+    """An Alertmanager post (the ``kind: alertmanager`` body of :func:`notification_body`)
+    queued at ``queued_at``, as it is to be sent at ``now``: each firing alert's ``endsAt``
+    moves on by the time the post waited, so its validity counts from the delivery.
+
+    Sent unchanged, a post that waited in the outbox longer than its validity (the
+    Alertmanager was down) would arrive already ended: Alertmanager would resolve the
+    alert, and the next re-post would fire it again. A firing alert is one valid past
+    ``queued_at`` (``endsAt = queued_at + validity``); a resolved alert's ``endsAt`` is its
+    resolution, at or before the round that queued the post, and stays as it is."""
+    waited = now - queued_at
+    alerts = json.loads(body)
+    if waited <= 0 or not isinstance(alerts, list):  # not late, or queued as a webhook payload
+        return body
+    for alert in alerts:
+        if "endsAt" in alert and unix(alert["endsAt"]) > queued_at:
+            alert["endsAt"] = rfc3339(unix(alert["endsAt"]) + waited)
+    return json.dumps(alerts, separators=(",", ":"))
 
 
 def _common(dicts: list[dict[str, str]]) -> dict[str, str]:

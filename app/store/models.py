@@ -205,7 +205,9 @@ class NotificationRow(Base):
     group_key: Mapped[str] = mapped_column(Text)
     seq: Mapped[int] = mapped_column(Integer)  # order within (receiver, group_key)
     status: Mapped[str] = mapped_column(String(10))  # firing | resolved (the payload's status)
-    body: Mapped[str] = mapped_column(Text)  # the exact JSON sent (and signed)
+    # the exact JSON sent (and signed); a kind: alertmanager post is sent with its firing
+    # alerts' endsAt moved on by the time it waited (app/alerts/delivery.py)
+    body: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(10))  # pending | delivered | expired
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[float] = mapped_column(Float)

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, Select, delete, func, insert, select, update
+from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -535,9 +535,18 @@ def save_notification_log(session: Session, row: NotificationLogRow | None, rece
     return row
 
 
-def delete_notification_logs(session: Session, keep_receivers: Sequence[str]) -> None:
-    """Forget receivers that no longer exist (a receiver added again starts afresh)."""
+def delete_notification_logs(session: Session, keep_receivers: Sequence[str], idle_before: float) -> None:
+    """Forget receivers that no longer exist (a receiver added again starts afresh), and
+    groups a receiver was last told have nothing firing, told before ``idle_before``.
+
+    Such a row plans exactly like no row once ``group_interval`` has passed since it was
+    sent (the caller's ``idle_before``): any firing alert is news for it and is due at
+    once. Kept, every group ever seen would stay forever and be loaded every round. A row
+    that still lists a firing alert stays, whatever its age: its resolution is still to
+    be sent."""
     session.execute(delete(NotificationLogRow).where(NotificationLogRow.receiver.not_in(list(keep_receivers))))
+    session.execute(delete(NotificationLogRow).where(cast(NotificationLogRow.firing, Text) == "[]",
+                                                     NotificationLogRow.sent_at <= idle_before))
 
 
 def has_pending_notification(session: Session, receiver: str, gk: str) -> bool:

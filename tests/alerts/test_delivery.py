@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.alerts.delivery import RESPONSE_LOG_BYTES
+from app.store.models import NotificationRow
 from tests.alerts.harness import alerting, summary
 
 
@@ -42,7 +43,7 @@ def test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_mo
     assert (expired["state"], expired["attempts"], len(expired["attemptLog"])) == ("expired", 12, 12)
     assert [a["statusCode"] for a in expired["attemptLog"]] == [503] * 12
     assert [a["attempt"] for a in expired["attemptLog"]] == list(range(1, 13))
-    assert expired["lastError"] == "not delivered within 3600s: HTTP 503"
+    assert expired["lastError"] == "not delivered within 3600s after 12 attempts: HTTP 503"
     assert (delivered["state"], delivered["attempts"]) == ("delivered", 1)
     assert summary(hook.received[0].json) == ("firing", [("a", "firing"), ("b", "firing")])
 
@@ -96,3 +97,29 @@ def test_a_group_is_delivered_in_order_when_the_receiver_fails_mid_sequence(migr
     assert [a["statusCode"] for a in log[1]["attemptLog"]] == [503, 503, 503, 503, 200]
     assert [len(n["attemptLog"]) for n in log] == [1, 5, 1, 1, 1]
     assert {item.json["groupKey"] for item in hook.received} == {'{}:{alertname="LLMLatencyTargetDown"}'}
+
+
+def test_an_expired_notification_tells_how_often_it_was_attempted(migrated_url: str, tmp_path: Path) -> None:
+    """The expiry reason follows the attempt count: "(never attempted)" only with no
+    attempt, else the number of attempts and the last error (if one was recorded)."""
+    with alerting(migrated_url, tmp_path, {"a": {}, "b": {}, "c": {}}, {"oncall": {}}, max_delivery_age="1h") as h:
+        hook = h.hooks["oncall"]
+        hook.status = 503
+        h.down("a", "b")
+        assert h.evaluate(0) == 2
+        h.deliver(0)
+        h.deliver(30)  # a and b: attempted twice (the first backoff is at most 1.5 s)
+        h.down("c")
+        assert h.evaluate(10) == 1  # c: queued, never attempted
+        ids = {n["groupKey"].rsplit('target="', 1)[1][0]: n["id"] for n in h.notifications()}
+        with h.svc.monitor.sessions.begin() as session:  # b: attempted, but no error text stored
+            session.get(NotificationRow, ids["b"]).last_error = None
+        assert h.deliver(3611) == 0
+        log = {n["id"]: n for n in h.notifications()}
+    assert len(hook.rejected) == 4
+    assert [(log[ids[x]]["state"], log[ids[x]]["attempts"]) for x in "abc"] == [
+        ("expired", 2), ("expired", 2), ("expired", 0)]
+    assert [log[ids[x]]["lastError"] for x in "abc"] == [
+        "not delivered within 3600s after 2 attempts: HTTP 503",
+        "not delivered within 3600s after 2 attempts: no error recorded",
+        "not delivered within 3600s (never attempted)"]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from app.alerts.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from app.alerts.schemas import unix
 from app.store import repository
 from tests.alerts.harness import alerting, summary
 
@@ -178,7 +180,8 @@ def test_alertmanager_sinks_get_reposts_with_ends_at_independent_of_repeat_inter
         assert [n["createdAt"] - h.t0 for n in pending] == [180]  # one re-post waits, no stale copies pile up
         h.hooks["am"].status = 200
         assert h.deliver(361) == 1
-        assert [summary(m.json) for m in h.new_messages("am")] == [("alertmanager", [("a", h.ts(180 + valid))])]
+        # enqueued at t=180, delivered at t=361: valid for 4 min from its delivery
+        assert [summary(m.json) for m in h.new_messages("am")] == [("alertmanager", [("a", h.ts(361 + valid))])]
         # the copy delivered late was enqueued at t=180: a fresh one is due at the next round
         assert h.at(370) == {"am": [("alertmanager", [("a", h.ts(370 + valid))])], "hook": []}
         h.up("a")
@@ -191,3 +194,74 @@ def test_alertmanager_sinks_get_reposts_with_ends_at_independent_of_repeat_inter
     assert body == [{"labels": {"alertname": "LLMLatencyTargetDown", "severity": "critical", "target": "a"},
                      "annotations": body[0]["annotations"], "startsAt": h.ts(0), "endsAt": h.ts(valid),
                      "generatorURL": "http://127.0.0.1:8000/api/v1/alerts"}]
+
+
+def test_an_alertmanager_post_delivered_after_an_outage_is_valid_from_its_delivery(
+        migrated_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Alertmanager is down for 10 min, longer than a post's 4 min validity. The posts
+    that waited are delivered with each firing alert's endsAt = delivery + 4 min (sent as
+    queued they would arrive ended, and Alertmanager would resolve the still-firing alert
+    and fire it again at the next re-post); a resolved alert keeps its resolution time;
+    the signature covers the body as sent."""
+    monkeypatch.setenv("TEST_AM_SECRET", "am secret")
+    with alerting(migrated_url, tmp_path, {"a": {}, "b": {}},
+                  {"am": {"kind": "alertmanager", "secret_env": "TEST_AM_SECRET"}}, group_by=["alertname"],
+                  service={"alert_interval": "15s"}, group_interval="30s", resend_interval="1m") as h:
+        h.svc.monitor.scraping.scheduler.pause_job("alerts")  # the test drives the rounds itself
+        valid = 4 * 60.0  # 4 x max(15 s, 60 s)
+        am = h.hooks["am"]
+        am.status = 503  # down from t=0 to t=600
+        h.down("a", "b")
+        h.at(0)  # queued: a, b firing
+        h.up("b")
+        h.at(15)  # b resolves at t=15
+        for t in range(30, 600, 15):
+            h.at(t)  # t=30: queued: a firing, b resolved; later re-posts wait behind them
+        assert not am.received and len(am.rejected) >= 5
+        queued = {n["id"]: n["createdAt"] - h.t0 for n in h.notifications("am")}
+        am.status = 200
+        assert h.deliver(600) == 2
+        with h.svc.monitor.sessions() as session:
+            stored = [json.loads(n.body) for n in sorted(repository.list_notifications(session, "am"),
+                                                         key=lambda n: n.seq)]
+    assert sorted(queued.values()) == [0, 30]
+    delivered = [{a["labels"]["target"]: round(unix(a["endsAt"]) - h.t0, 2) for a in m.json} for m in am.received]
+    assert delivered == [{"a": 600 + valid, "b": 600 + valid}, {"a": 600 + valid, "b": 15.0}]
+    assert [queued[m.headers["Idempotency-Key"]] for m in am.received] == [0, 30]
+    assert [{a["labels"]["target"]: round(unix(a["endsAt"]) - h.t0, 2) for a in body} for body in stored] == [
+        {"a": valid, "b": valid}, {"a": 30 + valid, "b": 15.0}]  # the outbox keeps them as queued
+    for m in am.received:
+        assert verify("am secret", m.headers[TIMESTAMP_HEADER], m.body, m.headers[SIGNATURE_HEADER])
+
+
+def test_the_notification_log_forgets_groups_with_nothing_firing_once_group_interval_passed(
+        migrated_url: str, tmp_path: Path) -> None:
+    """A (receiver, group) last told "nothing fires" is dropped group_interval after that
+    notification (it then plans like a group never notified); one still listing a firing
+    alert stays however old it is: here b's resolution, muted by a 3 h silence, is still
+    sent when the silence ends."""
+    with alerting(migrated_url, tmp_path, {"a": {}, "b": {}}, {"oncall": {}}, group_interval="30s",
+                  repeat_interval="1h") as h:
+        def logs() -> dict[str, tuple[int, float]]:
+            with h.svc.monitor.sessions() as session:
+                return {gk.rsplit('target="', 1)[1][0]: (len(log.firing), log.sent_at - h.t0)
+                        for (_, gk), log in repository.notification_logs(session).items()}
+
+        h.down("a", "b")
+        assert sorted(h.at(0)["oncall"]) == [("firing", [("a", "firing")]), ("firing", [("b", "firing")])]
+        made = h.svc.client.post("/api/v1/silences", json={
+            "matchers": ['target="b"'], "startsAt": h.t0 + 10, "endsAt": h.t0 + 3 * 3600, "createdBy": "ops",
+            "comment": "maintenance"})
+        assert made.status_code == 201, made.text
+        h.up("a", "b")
+        assert h.at(30) == {"oncall": [("resolved", [("a", "resolved")])]}  # b's resolution is muted
+        assert logs() == {"a": (0, 30), "b": (1, 0)}
+        assert h.at(59) == NOTHING and logs() == {"a": (0, 30), "b": (1, 0)}  # a: told 29 s ago
+        assert h.at(60) == NOTHING and logs() == {"b": (1, 0)}
+        assert h.at(3 * 3600 - 1) == NOTHING and logs() == {"b": (1, 0)}  # still to tell: b resolved
+        assert h.at(3 * 3600) == {"oncall": [("resolved", [("b", "resolved")])]}
+        assert logs() == {"b": (0, 3 * 3600)}
+        assert h.at(3 * 3600 + 30) == NOTHING and logs() == {}
+        h.down("a")
+        assert h.at(3 * 3600 + 40) == {"oncall": [("firing", [("a", "firing")])]}  # a group never told: at once
+        assert logs() == {"a": (1, 3 * 3600 + 40)}

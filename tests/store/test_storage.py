@@ -32,7 +32,9 @@ def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
 def test_notification_log_migration_keeps_what_was_notified(database_url: str) -> None:
     """0005 replaces alerts.notified_state (one state shared by every receiver) with a log
     per (receiver, group): seeded from the old column for each receiver that was notified
-    of the group and that its match routes the alert to; the downgrade restores it."""
+    of the group and that its match routes the alert to. The downgrade sets it back to
+    'firing' for every alert some receiver was told is firing and to NULL for the rest
+    ('resolved' is not restored)."""
     import sqlalchemy as sa
 
     from app.alerts.schemas import fingerprint
