@@ -1,4 +1,5 @@
-"""Durations written the way Prometheus writes them ("15s", "5m", "1h30m", "7d").
+"""Durations written the way Prometheus writes them ("15s", "5m", "1h30m", "7d"), and
+points in time written as ISO 8601 UTC.
 
 Users already type these in Prometheus and Grafana; accepting the same syntax in the
 config file, the environment and API query parameters means one less thing to learn.
@@ -7,6 +8,7 @@ config file, the environment and API query parameters means one less thing to le
 from __future__ import annotations
 
 import re
+import time
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
@@ -50,3 +52,9 @@ def format_duration(seconds: float) -> str:
         if s % size == 0:
             return f"{s // size}{unit}"
     return f"{s}s"
+
+
+def format_utc(ts: float) -> str:
+    """A unix time as ISO 8601 UTC to the second (``2026-12-03T06:20:57Z``), as evidence,
+    alert descriptions, API messages and the status page write it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

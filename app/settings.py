@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.durations import parse_duration
+from app.scrape.client import DEFAULT_MAX_PAGE_BYTES
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -56,7 +57,7 @@ class Settings(BaseSettings):
     default_scrape_interval: Seconds = Field(15.0, gt=0)
     default_scrape_timeout: Seconds = Field(10.0, gt=0)
     connect_timeout: Seconds = Field(3.0, gt=0)
-    max_page_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger pages are refused.")
+    max_page_bytes: int = Field(DEFAULT_MAX_PAGE_BYTES, gt=0, description="Larger pages are refused.")
     max_concurrent_scrapes: int = Field(64, gt=0)
     scrape_jitter: float = Field(0.1, ge=0, le=1, description="Fraction of the interval.")
     write_batch_interval: Seconds = Field(0.5, gt=0, description="How often scrapes are flushed.")

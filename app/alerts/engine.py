@@ -21,7 +21,6 @@ Every evaluation:
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -33,6 +32,7 @@ from app.alerts import silences as silence_rules
 from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
+from app.durations import format_utc
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow
 
@@ -72,7 +72,7 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
         annotations = {
             "summary": f"{target}: {row.regime.replace('_', ' ')}{caused} - {row.summary}",
             "description": f"{row.summary} Evidence: {evidence}. Active since "
-                           f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(row.activated_at or row.first_seen))}.",
+                           f"{format_utc(row.activated_at or row.first_seen)}.",
             "remedies": "\n".join(f"- {r}" for r in details.get("remedies", [])),
             "confidence": f"{row.confidence:.2f}",
             **_links(config, target, labels["alertname"]),

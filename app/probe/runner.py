@@ -718,7 +718,7 @@ async def run_probe(spec: ProbeSpec, plans: Sequence[LevelPlan] | None = None, *
     started = time.time()
     async with _client(spec, max(p.concurrency for p in plans)) as client, AsyncExitStack() as stack:
         fetcher = await stack.enter_async_context(PageFetcher(
-            max_concurrency=1, max_bytes=server_metrics.MAX_PAGE_BYTES, connect_timeout=spec.connect_timeout)) \
+            max_concurrency=1, connect_timeout=spec.connect_timeout)) \
             if spec.metrics_url else None
         prober = Prober(spec, client, seed=seed)
         if spec.time_limit is not None:

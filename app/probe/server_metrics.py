@@ -21,7 +21,6 @@ from app.scrape.jobs import PageProcessor
 
 #: Histograms read (TGI has no TTFT histogram; its queue time is what matters here).
 SIGNALS = ("ttft", "queue_time")
-MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)

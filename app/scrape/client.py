@@ -23,6 +23,9 @@ import aiohttp
 
 ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 USER_AGENT = "llm-latency-monitor/0.1"
+#: Pages larger than this are refused (``too_large``) unless configured otherwise: a real
+#: vLLM page is ~50 kB per model, so 4 MiB leaves room for ~80 models and stops a runaway page.
+DEFAULT_MAX_PAGE_BYTES = 4 * 1024 * 1024
 
 
 class ScrapeError(Exception):
@@ -42,7 +45,7 @@ class Fetched:
 class PageFetcher:
     """Owns one aiohttp session (connection pool) shared by every scrape job."""
 
-    def __init__(self, max_concurrency: int = 64, max_bytes: int = 4 * 1024 * 1024,
+    def __init__(self, max_concurrency: int = 64, max_bytes: int = DEFAULT_MAX_PAGE_BYTES,
                  connect_timeout: float = 3.0) -> None:
         self.max_bytes = max_bytes
         self.connect_timeout = connect_timeout

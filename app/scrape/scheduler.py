@@ -24,7 +24,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 
-from app.scrape.client import PageFetcher
+from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
 from app.telemetry import Telemetry
@@ -43,7 +43,7 @@ def tune_collector() -> None:
 
 class ScrapeService:
     def __init__(self, engine: Engine, telemetry: Telemetry, *, max_concurrency: int = 64,
-                 max_bytes: int = 4 * 1024 * 1024, connect_timeout: float = 3.0, jitter: float = 0.05,
+                 max_bytes: int = DEFAULT_MAX_PAGE_BYTES, connect_timeout: float = 3.0, jitter: float = 0.05,
                  write_interval: float = 0.5,
                  on_engine_detected: Callable[[int, str], None] | None = None) -> None:
         self.telemetry = telemetry

@@ -22,9 +22,9 @@ from typing import Annotated
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
 
 from app.api.deps import MonitorDep, SessionDep, WriteAuth
-from app.api.routes.status import iso_ts
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.config import validate_target_url
+from app.durations import format_utc
 from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
 from app.probe.jobs import ProbeJobs
@@ -151,7 +151,7 @@ def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
     seconds, until = time_range(window, None, end)
     result = period_consistency(session, target.id, until - seconds, until, monitor.diagnosis_config.thresholds)
     if result is None:
-        period = f"the last {window}" if end is None else f"{iso_ts(until - seconds)} .. {iso_ts(until)} ({window})"
+        period = f"the last {window}" if end is None else f"{format_utc(until - seconds)} .. {format_utc(until)} ({window})"
         return {"target": name, "window": window, "status": "no_probes",
                 "message": f"no probe run of {name!r} finished in {period}"}
     return {"target": name, "window": window, **result.to_dict()}

@@ -32,7 +32,7 @@ from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.diagnoses import current as current_diagnoses
 from app.api.routes.targets import duration_param
 from app.diagnosis.findings import REGIMES, Evidence
-from app.durations import format_duration
+from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.probe import repository as probe_repository
@@ -100,7 +100,7 @@ def fmt_ts(ts: float | None) -> str:
 
 
 def iso_ts(ts: float | None) -> str:
-    return "" if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    return "" if ts is None else format_utc(ts)
 
 
 def fmt_age(seconds: float | None) -> str:

@@ -15,16 +15,15 @@ on a queueing engine: one probe's queue wait varies more than the gap).
 
 from __future__ import annotations
 
-import time
-
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+from app.durations import format_utc
 
 
 def _utc(ts: float | None) -> str:
-    return "?" if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    return "?" if ts is None else format_utc(ts)
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
