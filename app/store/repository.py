@@ -486,10 +486,10 @@ def delete_alert(session: Session, row: AlertRow) -> None:
 def notifiable_alerts(session: Session, told_firing: set[str]) -> list[AlertRow]:
     """Firing alerts, and the ones some receiver was told are firing (``told_firing``
     fingerprints) that no longer are: their resolution is still to be sent."""
-    query = select(AlertRow).where(AlertRow.state == "firing")
+    wanted = AlertRow.state == "firing"
     if told_firing:
-        query = select(AlertRow).where((AlertRow.state == "firing") | AlertRow.fingerprint.in_(sorted(told_firing)))
-    return list(session.scalars(query.order_by(AlertRow.fingerprint)))
+        wanted = wanted | AlertRow.fingerprint.in_(sorted(told_firing))
+    return list(session.scalars(select(AlertRow).where(wanted).order_by(AlertRow.fingerprint)))
 
 
 def list_alerts(session: Session, states: tuple[str, ...] = ("pending", "firing", "resolved"),

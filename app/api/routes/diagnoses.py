@@ -27,7 +27,8 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
         "id": row.id, "target": target, "model": row.model, "regime": row.regime, "state": row.state,
         "severity": row.severity, "confidence": row.confidence, "primary": row.is_primary, "summary": row.summary,
         "evidence": row.details.get("evidence", []), "remedies": row.details.get("remedies", []),
-        "caused_by": row.details.get("caused_by"), "window": row.details.get("window"), "runbook_url": f"{base_url}/runbooks/{row.regime}",
+        "caused_by": row.details.get("caused_by"), "window": row.details.get("window"),
+        "runbook_url": f"{base_url}/runbooks/{row.regime}",
         "first_seen": row.first_seen, "last_seen": row.last_seen, "activated_at": row.activated_at,
         "resolved_at": row.resolved_at,
     }

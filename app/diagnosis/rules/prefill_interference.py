@@ -3,8 +3,9 @@
 Symptom: ITL uneven under load — the p99/p50 ratio jumps — while long prompts arrive.
 Without chunked prefill a new prompt's whole prefill runs as one engine step and every
 in-flight decode waits for it, so the ITL tail is about one long prefill long. The rule
-fires on that effect (a heavy ITL tail with long prompts). vLLM exports neither chunked prefill nor the per-step token budget; the
-finding's evidence and first remedy come from what the window implies about them
+fires on that effect (a heavy ITL tail with long prompts). vLLM exports neither chunked
+prefill nor the per-step token budget; the finding's evidence and first remedy come from
+what the window implies about them
 (:mod:`app.diagnosis.step_budget`): whole prompts in one step (turn chunking on),
 chunks of a large budget (lower it), or chunks already near 512 tokens (the stalls have
 another cause, so the budget is not the knob).
