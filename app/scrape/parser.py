@@ -71,10 +71,11 @@ every page it accepts, except where noted):
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
+from typing import Any
 
 __all__ = [
     "MetricFamily",
@@ -105,7 +106,7 @@ class MetricFamily:
     # the same dict on every page whose plan verified exactly these names and labels in
     # this order (point 3 of the module docstring), None when the page has no plan. The
     # adapters keep their series layouts here, so a repeat page is not regrouped.
-    memo: dict | None = field(default=None, compare=False, repr=False)
+    memo: dict[Hashable, Any] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -473,7 +474,7 @@ class PageParser:
                     continue
             allowed = block.allowed if block is not None else _NOTHING
             fam = st.fam
-            plan = st.plannable
+            planning = st.plannable
             for line in run.split("\n"):
                 key, _, value_text = line.rpartition(" ")
                 entry = series_get(key)
@@ -491,7 +492,7 @@ class PageParser:
                         lineno += 1
                         allowed = st.block.allowed if st.block is not None else _NOTHING
                         fam = st.fam
-                        plan = st.plannable
+                        planning = st.plannable
                         continue
                     key, entry, value, plain = found
                 name = entry[0]
@@ -507,15 +508,15 @@ class PageParser:
                     sample = Sample(reported, entry[1], value)
                     fam.samples.append(sample)
                     kept += 1
-                    if plan:
+                    if planning:
                         if not kept_runs or kept_runs[-1][0] is not fam:
                             kept_runs.append((fam, len(kept_samples)))
                         kept_samples.append(sample)
-                if plan:
+                if planning:
                     if plain:
                         sample_lines.append((lineno, key, fam is not None))
                     else:
-                        plan = st.plannable = False
+                        planning = st.plannable = False
                 lineno += 1
         page = ParsedPage(st.families, seen, kept, st.malformed, st.errors)
         plan = _Plan.build(text, page, st) if st.plannable else None
@@ -653,6 +654,22 @@ class _Plan:
     __slots__ = ("n_lines", "exact", "exact_lines", "skip", "skip_bases", "sample",
                  "prefixes", "prefix_chars", "kept_mask", "names", "labels",
                  "families", "seen", "kept", "malformed", "errors")
+    n_lines: int
+    exact: Callable[[list[str]], tuple[str, ...]]
+    exact_lines: tuple[str, ...]
+    skip: Callable[[list[str]], tuple[str, ...]]
+    skip_bases: tuple[str, ...]
+    sample: Callable[[list[str]], tuple[str, ...]]
+    prefixes: tuple[str, ...]
+    prefix_chars: int
+    kept_mask: tuple[bool, ...] | None
+    names: tuple[str, ...]
+    labels: tuple[dict[str, str], ...]
+    families: tuple[tuple[str, str, slice, dict[Hashable, Any]], ...]
+    seen: int
+    kept: int
+    malformed: int
+    errors: tuple[str, ...]
 
     @classmethod
     def build(cls, text: str, page: ParsedPage, st: _State) -> _Plan | None:

@@ -56,7 +56,7 @@ class ScrapeService:
         self.on_engine_detected = on_engine_detected
         self._pending: list[ScrapeRecord] = []
         self._flush_lock = asyncio.Lock()
-        self._flush_task: asyncio.Task | None = None
+        self._flush_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._inflight = 0
         self._frozen = False

@@ -12,7 +12,8 @@ from app.sources.sglang import SglangAdapter
 from app.sources.tgi import TgiAdapter
 from app.sources.vllm import VllmAdapter
 
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (VllmAdapter(), TgiAdapter(), SglangAdapter())}
+_ALL: tuple[Adapter, ...] = (VllmAdapter(), TgiAdapter(), SglangAdapter())
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in _ALL}
 DETECTION_PREFIXES = tuple(p for a in ADAPTERS.values() for p in a.family_prefixes)
 
 

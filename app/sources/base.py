@@ -10,10 +10,10 @@ and alerts never see an engine-specific name.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from operator import attrgetter, gt, itemgetter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from app.scrape.parser import MetricFamily, ParsedPage
 
@@ -86,14 +86,24 @@ class Canonical:
 class Adapter(Protocol):
     """A pure function from a parsed page to canonical signals, plus how to recognise its engine."""
 
-    name: str
-    family_prefixes: tuple[str, ...]
+    # Read-only members, so an adapter's plain class attributes satisfy them.
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def family_prefixes(self) -> tuple[str, ...]: ...
+
+    @property
+    def families(self) -> frozenset[str]:
+        """Every family the adapter reads: the parser keeps only these."""
+        ...
 
     def detect(self, page: ParsedPage) -> bool: ...
 
     def to_canonical(self, page: ParsedPage) -> Canonical: ...
 
 
+_T = TypeVar("_T")
 _LE_CACHE: dict[str, float] = {}
 _VALUE = attrgetter("value")
 
@@ -206,12 +216,12 @@ def _histogram_layout(family: MetricFamily, group_labels: tuple[str, ...],
     return layouts, problems
 
 
-def _memoized(family: MetricFamily, key: tuple, build: Callable[[], object]) -> object:
+def _memoized(family: MetricFamily, key: Hashable, build: Callable[[], _T]) -> _T:
     """``build()`` once per page shape: kept in ``family.memo`` when the parser has a plan."""
     memo = family.memo
     if memo is None:
         return build()
-    found = memo.get(key)
+    found: _T | None = memo.get(key)
     if found is None:
         found = memo[key] = build()
     return found
