@@ -31,4 +31,6 @@ fi
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 # Validators generated from the Prometheus Operator's API types (tests/deploy), pinned by the lock file.
 npm ci --prefix tests/deploy/operator_models --no-audit --no-fund --silent
+# Lint and type gates first (scripts/check: ruff, mypy with its per-file baseline).
+python3 scripts/check
 exec python3 -m pytest "$@"
