@@ -64,9 +64,9 @@ every page it accepts, except where noted):
 * Malformed lines are counted, reported (first 20: line number and a reason from a fixed
   vocabulary, never the line's text) and skipped; nothing in the page content can make
   :meth:`PageParser.parse` raise. The reports end up in scrape records that anyone who can
-  read the API sees, and a page that is not a metrics page (an ``.env`` file, an error page
-  with a stack trace) may hold secrets, so its text is never quoted. Lines inside skipped blocks are
-  counted in ``samples_seen`` without being validated.
+  read the API sees, and a page that is not a metrics page (an ``.env`` file, an error
+  page with a stack trace) may hold secrets, so its text is never quoted. Lines inside
+  skipped blocks are counted in ``samples_seen`` without being validated.
 * ``keep`` must be a pure function of the family name: its answers are memoized per
   :class:`PageParser` (so it is called at most once per family name, not per scrape).
 """
