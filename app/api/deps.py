@@ -31,17 +31,28 @@ def get_session(monitor: MonitorDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def require_token(monitor: MonitorDep,
-                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
-    """Every write endpoint depends on this. Without a configured token the service
-    only listens on loopback (see Settings.check_listen_security)."""
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def holds_token(monitor: MonitorDep, credentials: CredentialsDep) -> bool:
+    """Whether the request may do what the API token allows: it carries the token, or no
+    token is configured (then the service only listens on loopback unless the operator set
+    ``allow_unauthenticated_public``; see Settings.check_listen_security)."""
     token = monitor.settings.api_token
     if token is None:
-        return
-    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(),
-                                                      token.get_secret_value().encode()):
+        return True
+    return credentials is not None and hmac.compare_digest(credentials.credentials.encode(),
+                                                           token.get_secret_value().encode())
+
+
+def require_token(allowed: Annotated[bool, Depends(holds_token)]) -> None:
+    """Every write endpoint depends on this."""
+    if not allowed:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API token",
                             headers={"WWW-Authenticate": "Bearer"})
 
 
 WriteAuth = Depends(require_token)
+#: For read endpoints: True when the caller may see text the service fetched from targets,
+#: receivers and probed servers (see app.api.redaction). Reads never answer 401.
+TokenHolderDep = Annotated[bool, Depends(holds_token)]

@@ -70,6 +70,10 @@ log = logging.getLogger(__name__)
 
 ERROR_CLASSES = ("connect", "timeout", "http_status", "stalled", "malformed_sse", "incomplete", "stream_error",
                  "cancelled")
+#: Error classes whose ``detail`` may quote the server's answer (an error body or event,
+#: malformed stream lines, an HTTP library's message naming the bytes received); the API
+#: shows those details only to token holders (app.api.redaction). The others are our words.
+QUOTING_ERROR_CLASSES = ("http_status", "malformed_sse", "incomplete", "stream_error")
 PromptMode = Literal["auto", "token_ids", "text"]
 MAX_PREFLIGHT_REQUESTS = 6
 #: Token ids used to build prompts: small ids exist in every vocabulary (even a 1k-token test model's).

@@ -12,12 +12,19 @@ ask for the classic text format that every engine serves the same way.
 
 Redirects are not followed: a target URL was validated against the host allow-list,
 a redirect could lead anywhere.
+
+Error messages never quote what the target sent (reason phrase, header or body bytes):
+they are stored in scrape records that every reader of the API and the status page
+sees, and a misconfigured URL may point at something that is not a metrics page. HTTP
+errors name the status with its standard phrase; malformed responses name the kind of
+defect (aiohttp's own messages quote the offending bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import aiohttp
 
@@ -26,6 +33,14 @@ USER_AGENT = "llm-latency-monitor/0.1"
 #: Pages larger than this are refused (``too_large``) unless configured otherwise: a real
 #: vLLM page is ~50 kB per model, so 4 MiB leaves room for ~80 models and stops a runaway page.
 DEFAULT_MAX_PAGE_BYTES = 4 * 1024 * 1024
+
+
+def http_status_message(status: int) -> str:
+    """``HTTP 503 Service Unavailable``: the standard phrase, not the one the server sent."""
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
 
 
 class ScrapeError(Exception):
@@ -99,9 +114,12 @@ class PageFetcher:
             except aiohttp.ServerTimeoutError:
                 raise ScrapeError("timeout", f"no connection within {connect:g}s") from None
             except aiohttp.ClientPayloadError as exc:
-                raise ScrapeError("payload", f"broken response body: {exc}") from None
-            except aiohttp.ClientResponseError as exc:
-                raise ScrapeError("http_protocol", f"bad HTTP response: {exc.message}") from None
+                # the cause is aiohttp's ContentLengthError, TransferEncodingError or ContentEncodingError
+                defect = type(exc.__cause__).__name__ if exc.__cause__ is not None else "truncated"
+                raise ScrapeError("payload", f"broken response body ({defect})") from None
+            except aiohttp.ClientResponseError:
+                raise ScrapeError("http_protocol", "malformed HTTP response (status line, headers or chunk framing)"
+                                  ) from None
             except aiohttp.ClientError as exc:
                 raise ScrapeError("http_protocol", f"{type(exc).__name__}: {exc}") from None
 
@@ -109,7 +127,7 @@ class PageFetcher:
         assert self._session is not None
         async with self._session.get(url, timeout=client_timeout, allow_redirects=False, headers=headers) as response:
             if response.status != 200:
-                raise ScrapeError("http_status", f"HTTP {response.status} {response.reason or ''}".strip())
+                raise ScrapeError("http_status", http_status_message(response.status))
             declared = response.content_length
             if declared is not None and declared > self.max_bytes and not response.headers.get("Content-Encoding"):
                 raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")

@@ -2,7 +2,10 @@
 
 Nothing here raises on bad targets: a down, slow, oversized or garbage-serving target
 produces a :class:`ScrapeRecord` with ``up=False`` and a classified error, and the
-other targets never notice.
+other targets never notice. A record's message names the position and kind of a problem,
+never the page's text (see :mod:`app.scrape.parser`): every API reader sees it. An
+unexpected exception is logged in full and recorded by its type only, since its message
+may quote the page.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ class TargetSpec:
     interval: float = 15.0
     timeout: float = 10.0
     labels: dict[str, str] = field(default_factory=dict)
+
+
+def _internal_error(exc: Exception, doing: str) -> str:
+    return f"{type(exc).__name__} while {doing}; the service log has the details"
 
 
 def _detect_keep(name: str) -> bool:
@@ -97,7 +104,7 @@ class TargetScraper:
         except Exception as exc:  # never let one target's surprise stop the scheduler
             log.exception("unexpected error scraping %s", spec.name)
             record = ScrapeRecord(spec.id, started, False, time.perf_counter() - t0,
-                                  error_class="internal", error=f"{type(exc).__name__}: {exc}"[:500])
+                                  error_class="internal", error=_internal_error(exc, "fetching the page"))
         else:
             record = self._build_record(fetched.body, started, t0)
         self.last = record
@@ -113,7 +120,7 @@ class TargetScraper:
         except Exception as exc:
             log.exception("processing the page of %s failed", spec.name)
             return ScrapeRecord(spec.id, started, False, time.perf_counter() - t0, len(body),
-                                error_class="internal", error=f"{type(exc).__name__}: {exc}"[:500])
+                                error_class="internal", error=_internal_error(exc, "processing the page"))
         errors = list(page.errors[:3])
         if canonical is not None:
             errors = canonical.problems[:3] + errors

@@ -61,9 +61,12 @@ every page it accepts, except where noted):
   (``... # {trace_id="..."} 1.0``) and timestamps are accepted and ignored.
 * A kept TYPE block with no samples still yields an (empty) family, as in
   prometheus_client. Two blocks with the same family name are merged.
-* Malformed lines are counted, reported (first 20) and skipped; nothing in the page
-  content can make :meth:`PageParser.parse` raise. Lines inside skipped blocks are
-  counted in ``samples_seen`` without being validated.
+* Malformed lines are counted, reported (first 20: line number and a reason from a fixed
+  vocabulary, never the line's text) and skipped; nothing in the page content can make
+  :meth:`PageParser.parse` raise. The reports end up in scrape records that anyone who can
+  read the API sees, and a page that is not a metrics page (an ``.env`` file, an error
+  page with a stack trace) may hold secrets, so its text is never quoted. Lines inside
+  skipped blocks are counted in ``samples_seen`` without being validated.
 * ``keep`` must be a pure function of the family name: its answers are memoized per
   :class:`PageParser` (so it is called at most once per family name, not per scrape).
 """
@@ -87,7 +90,6 @@ __all__ = [
 ]
 
 MAX_ERRORS = 20
-_EXCERPT = 80
 
 
 @dataclass(slots=True)
@@ -115,7 +117,7 @@ class ParsedPage:
     samples_seen: int  # sample lines in the page (kept + skipped)
     samples_kept: int
     malformed: int  # lines that could not be parsed (counted, skipped)
-    errors: list[str]  # first 20 messages like "line 13: <reason>: <line excerpt>"
+    errors: list[str]  # first 20 messages like "line 13: invalid metric name" (never the line's text)
 
 
 Keep = Callable[[str], bool]
@@ -316,10 +318,6 @@ def _parse_value_part(s: str, end: int) -> tuple[float, bool]:
     return value, len(tokens) == 1 and s[end:end + 1] == " "
 
 
-def _excerpt(line: str) -> str:
-    return line if len(line) <= _EXCERPT else line[:_EXCERPT - 3] + "..."
-
-
 def _getter(indices: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
     """itemgetter that always returns a tuple (itemgetter(i) alone returns the item)."""
     if len(indices) >= 2:
@@ -381,10 +379,10 @@ class _State:
             fam = self.families[block.family] = MetricFamily(block.family, block.type, [])
         self.fam = fam
 
-    def bad(self, lineno: int, reason: str, line: str) -> None:
+    def bad(self, lineno: int, reason: str) -> None:
         self.malformed += 1
         if len(self.errors) < MAX_ERRORS:
-            self.errors.append(f"line {lineno + 1}: {reason}: {_excerpt(line)}")
+            self.errors.append(f"line {lineno + 1}: {reason}")
 
 
 # --------------------------------------------------------------------------- parser
@@ -537,7 +535,7 @@ class PageParser:
             if st.block is not None and st.block.name != payload:
                 st.enter(None)
         elif kind == _BAD:
-            st.bad(lineno, payload, line)  # type: ignore[arg-type]
+            st.bad(lineno, payload)  # type: ignore[arg-type]
 
     def _parse_comment(self, line: str) -> tuple[int, object]:
         m = _COMMENT_HEAD_RE.match(line)
@@ -569,7 +567,7 @@ class PageParser:
             return _BAD, "TYPE line without metric type"
         type_ = _TYPES.get(type_word)
         if type_ is None:
-            return _BAD, f"unknown metric type {type_word[:20]!r}"
+            return _BAD, "unknown metric type"
         return _TYPE, self._typed_block(name, type_)
 
     def _decide(self, family: str) -> bool:
@@ -606,7 +604,7 @@ class PageParser:
         try:
             return self._identify(line)
         except _Malformed as exc:
-            st.bad(lineno, str(exc), line)
+            st.bad(lineno, str(exc))
             return None
 
     def _identify(self, line: str) -> tuple[str, tuple[str, dict[str, str]], float, bool]:

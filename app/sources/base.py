@@ -187,7 +187,7 @@ def _histogram_layout(family: MetricFamily, group_labels: tuple[str, ...],
             try:
                 bound = _parse_le(le)
             except ValueError:
-                problems.append(f"{family.name}: bad le={le!r}")
+                problems.append(f"{family.name}: bucket with a non-numeric le label")
                 continue
             per = buckets.get(key)
             if per is None:

@@ -89,7 +89,8 @@ class FakeOpenAI(_Threaded):
     """``gap``: seconds between tokens in the well-behaved parts; ``first_delay``: before the
     first token in ``slow_first`` mode. ``authorization`` records the ``Authorization`` header
     of every API request (``("models" | "completions", value or None)``); with ``api_key`` set,
-    a request without ``Bearer <api_key>`` is answered 401, as OpenAI-compatible servers do."""
+    a request without ``Bearer <api_key>`` is answered 401, as OpenAI-compatible servers do.
+    ``error_message`` is the message of the ``http500`` mode's error body."""
 
     def __init__(self, gap: float = 0.005, first_delay: float = 5.0, api_key: str | None = None) -> None:
         super().__init__()
@@ -102,6 +103,7 @@ class FakeOpenAI(_Threaded):
         self.max_in_flight = 0
         self.finished = 0
         self.bodies: list[dict] = []
+        self.error_message = "engine crashed"
 
     def url(self, mode: str) -> str:
         return f"{self.base}/{mode}"
@@ -154,7 +156,7 @@ class FakeOpenAI(_Threaded):
     async def _serve(self, mode: str, request: web.Request, body: dict) -> web.StreamResponse:
         n = int(body.get("max_tokens") or 16)
         if mode == "http500":
-            return web.json_response({"error": {"message": "engine crashed", "code": 500}}, status=500)
+            return web.json_response({"error": {"message": self.error_message, "code": 500}}, status=500)
         prompt = body.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
         if mode == "strict":  # like OpenAI's own API: no vLLM extensions, text prompts only

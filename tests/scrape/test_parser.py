@@ -120,7 +120,7 @@ def test_doc_excerpt_elisions_are_the_only_malformed_lines() -> None:
     for filename, count in (("vllm-v1-docs-design-metrics.prom", 3), ("vllm-v1-docs-usage-metrics.prom", 1)):
         page = parse_page((EXPOSITION / filename).read_bytes())
         assert page.malformed == count
-        assert all(e.endswith(": invalid metric name: ...") for e in page.errors)
+        assert all(e.endswith(": invalid metric name") for e in page.errors)
 
 
 def test_vllm_real_page_details() -> None:
@@ -327,18 +327,18 @@ def test_malformed_lines_are_reported_and_skipped() -> None:
         assert canon(page) == {"g": ("gauge", [("g", {"a": "1"}, 1.0), ("g", {"a": "6"}, 6.0)])}
         assert (page.samples_seen, page.samples_kept, page.malformed) == (2, 2, 12)
         assert page.errors == [
-            "line 3: invalid metric name: ...",
-            "line 4: missing value: g",
-            'line 5: invalid value: g{a="2"} one',
-            'line 6: label value is not a terminated quoted string: g{a="3',
-            'line 7: duplicate label name: g{a="4",a="5"} 1',
-            "line 8: invalid timestamp: g 1 ts",
-            "line 9: unexpected text after timestamp: g 1 2 3",
-            "line 10: invalid metric name: g-minus 1",
-            "line 11: invalid value: g 1_000",
-            "line 12: TYPE line without metric type: # TYPE g",
-            "line 13: unknown metric type 'bogus': # TYPE h bogus",
-            "line 14: HELP line without metric name: # HELP",
+            "line 3: invalid metric name",
+            "line 4: missing value",
+            "line 5: invalid value",
+            "line 6: label value is not a terminated quoted string",
+            "line 7: duplicate label name",
+            "line 8: invalid timestamp",
+            "line 9: unexpected text after timestamp",
+            "line 10: invalid metric name",
+            "line 11: invalid value",
+            "line 12: TYPE line without metric type",
+            "line 13: unknown metric type",
+            "line 14: HELP line without metric name",
         ]
 
 
@@ -347,10 +347,19 @@ def test_errors_are_capped_at_20() -> None:
     page = parse_page(text)
     assert page.malformed == 50
     assert len(page.errors) == 20
-    assert page.errors[0] == "line 1: invalid value: bad line 0"
-    assert page.errors[-1] == "line 20: invalid value: bad line 19"
-    long_line = "x" * 200
-    assert parse_page(long_line).errors == ["line 1: missing value: " + "x" * 77 + "..."]
+    assert page.errors[0] == "line 1: invalid value"
+    assert page.errors[-1] == "line 20: invalid value"
+
+
+def test_errors_name_the_line_but_never_quote_it() -> None:
+    """Scrape errors are shown to every reader of the API: a page that is not a metrics
+    page (here an environment file) must not have its text copied into them."""
+    text = "SECRET_API_KEY=sk-live-123\n# TYPE g bogus-sk-live-456\ng 1\ntoken{a=\"sk-live-789\"} x\n"
+    parser = PageParser()
+    for _ in range(2):  # the general path, then the plan path
+        page = parser.parse(text)
+        assert page.errors == ["line 1: invalid metric name", "line 2: unknown metric type", "line 4: invalid value"]
+        assert page.malformed == 3 and page.samples_seen == 1
 
 
 # ----------------------------------------------------------------------------- OpenMetrics
@@ -445,8 +454,8 @@ def test_html_page() -> None:
     page = PageParser(keep_prefixes("vllm:")).parse(html)
     assert page.families == {}
     assert (page.samples_seen, page.samples_kept, page.malformed) == (0, 0, 8)
-    assert page.errors[0] == "line 1: invalid metric name: <!DOCTYPE html>"
-    assert page.errors[2] == "line 3: invalid metric name: <head><title>502 Bad Gateway</title></head>"
+    assert page.errors[0] == "line 1: invalid metric name"
+    assert page.errors[2] == "line 3: invalid metric name"
 
 
 def test_empty_and_non_utf8_pages() -> None:
@@ -477,7 +486,7 @@ def test_truncated_page(cut_after: str, kept: int, reason: str) -> None:
     for _ in range(2):
         page = parser.parse(truncated)
         assert page.malformed == 1
-        assert page.errors[0].startswith(f"line {complete.count(chr(10)) + 1}: {reason}: ")
+        assert page.errors[0] == f"line {complete.count(chr(10)) + 1}: {reason}"
         assert canon(page) == oracle(complete, keep)
         assert page.samples_kept == kept
 

@@ -44,6 +44,7 @@ class StaticPageServer:
 
     * ``page`` -- str/bytes, or a zero-argument callable returning one.
     * ``status`` -- HTTP status to answer with (default 200), to simulate failures.
+    * ``reason`` -- the status line's reason phrase; None: the standard one.
     * ``content_type`` -- defaults to the Prometheus text format.
     * ``paths`` -- if not None, only these paths are served, others get 404.
 
@@ -64,6 +65,7 @@ class StaticPageServer:
     ) -> None:
         self.page: Page = page
         self.status = 200
+        self.reason: str | None = None
         self.content_type = content_type
         self.path = path
         self.paths = paths
@@ -102,7 +104,7 @@ class StaticPageServer:
                     import gzip
 
                     body, encoding = gzip.compress(body), "gzip"
-                self.send_response(status)
+                self.send_response(status, server.reason)
                 self.send_header("Content-Type", server.content_type)
                 if encoding:
                     self.send_header("Content-Encoding", encoding)

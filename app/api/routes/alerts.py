@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.alerts.config import ReceiverConfig
 from app.alerts.schemas import AlertInstance, group_key, notification_body, rfc3339
 from app.alerts.silences import MatcherError, parse_matcher, silenced_by
-from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.redaction import fetched_text, header_names
 from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
 from app.config import validate_target_url
 from app.store import repository
@@ -121,7 +122,9 @@ def expire_silence(silence_id: str, session: SessionDep) -> dict:
 
 
 def receiver_out(row) -> dict:
+    """A receiver as the API shows it: header values redacted (app.api.redaction)."""
     config = dict(row.config)
+    config["headers"] = header_names(config.get("headers") or {})
     config["has_secret"] = bool(config.get("secret_env"))
     return {**config, "source": row.source}
 
@@ -181,14 +184,16 @@ def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
 
 
 @router.get("/notifications")
-def list_notifications(session: SessionDep, receiver: str | None = None,
+def list_notifications(session: SessionDep, token_holder: TokenHolderDep, receiver: str | None = None,
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list:
-    """The delivery log: every notification with all its attempts."""
+    """The delivery log: every notification with all its attempts. An attempt's ``response``
+    (the start of the receiver's answer) is shown only to a request carrying the API token."""
     rows = repository.list_notifications(session, receiver, limit)
     attempts = repository.attempts_of(session, [r.id for r in rows])
     return [{"id": r.id, "receiver": r.receiver, "groupKey": r.group_key, "seq": r.seq, "status": r.status,
              "state": r.state, "attempts": r.attempts, "createdAt": r.created_at, "deliveredAt": r.delivered_at,
              "nextAttemptAt": r.next_attempt_at if r.state == "pending" else None, "lastError": r.last_error,
              "attemptLog": [{"attempt": a.attempt, "ts": a.ts, "statusCode": a.status_code, "latency": a.latency,
-                             "response": a.response, "error": a.error} for a in attempts.get(r.id, [])]}
+                             "response": fetched_text(a.response, token_holder), "error": a.error}
+                            for a in attempts.get(r.id, [])]}
             for r in rows]

@@ -21,7 +21,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
 
-from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.redaction import probe_request_detail
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.config import validate_target_url
 from app.durations import format_utc
@@ -57,7 +58,8 @@ def get_jobs(request: Request) -> ProbeJobs:
     return jobs
 
 
-def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None) -> dict:
+def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None, token_holder: bool = False) -> dict:
+    """A run as the API shows it; a request's ``detail`` quoting the server only to a token holder."""
     out = {"id": row.id, "target": row.target, "target_id": row.target_id, "url": row.url, "kind": row.kind,
            "state": row.state, "params": row.params, "started_at": row.started_at, "finished_at": row.finished_at,
            "summary": row.summary, "error": row.error}
@@ -67,7 +69,8 @@ def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None) -> 
             "max_tokens": r.max_tokens, "seq": r.seq, "started_at": r.started_at, "ttft": r.ttft, "e2e": r.e2e,
             "itl_mean": r.itl_mean, "itl_p50": r.itl_p50, "itl_p99": r.itl_p99, "itl_max": r.itl_max,
             "tokens": r.tokens, "prompt_tokens_seen": r.prompt_tokens_seen, "completion_tokens": r.completion_tokens,
-            "finish_reason": r.finish_reason, "status_code": r.status_code, "error": r.error, "detail": r.detail,
+            "finish_reason": r.finish_reason, "status_code": r.status_code, "error": r.error,
+            "detail": probe_request_detail(r.error, r.detail, token_holder),
         } for r in requests]
     return out
 
@@ -122,7 +125,7 @@ async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> 
 
 
 @router.get("/probes/{run_id}")
-def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep,
+def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep,
               requests: Annotated[bool, Query(description="include every request")] = False) -> dict:
     """The run; for a finished run of a monitored target also ``consistency``: its client TTFT
     against the engine's TTFT histogram over the scrapes around it (``insufficient_data``
@@ -130,7 +133,7 @@ def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep,
     row = probe_repository.get_run(session, run_id)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"probe {run_id} not found")
-    out = run_out(row, probe_repository.requests_of(session, run_id) if requests else None)
+    out = run_out(row, probe_repository.requests_of(session, run_id) if requests else None, token_holder)
     if row.state == "done" and row.target_id is not None and row.summary:
         result = check_consistency(session, row.target_id, row.summary,
                                    thresholds=monitor.diagnosis_config.thresholds)
