@@ -170,6 +170,9 @@ def test_target_page_shows_the_diagnosis_in_full(service, fleet) -> None:
     # one window, stated once: the diagnosis was judged over it, so it says no other
     assert WINDOW_PHRASE.findall(text.split("History")[0]) == ["last 1 min"]
     assert "over its own window" not in text and "Last hour" not in text
+    wide = text_of(c.get("/targets/busy", params={"end": end, "window": "5m"}).text)
+    assert "Percentiles over the last 5 min (verdicts use the diagnosis window)" in wide
+    assert "evaluated " in wide and " ago over its own window of 60 s" in wide
 
     calm = text_of(c.get("/targets/calm", params={"end": end}).text)
     assert "Diagnosis: healthy" in calm and "No latency regime detected." in calm
