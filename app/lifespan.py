@@ -35,6 +35,7 @@ from app.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
+DIAGNOSIS_JOB = "diagnosis"  # the scheduler job of the diagnosis rounds
 
 
 class Monitor:
@@ -176,6 +177,15 @@ class Monitor:
         self.telemetry.diagnosis.diagnoses = exported
         return results
 
+    def next_diagnosis_at(self) -> float:
+        """When the next diagnosis round starts (unix seconds), so the status page can tell a
+        target that was never evaluated how long it waits: the scheduler's next run of the
+        job, or one interval after the service started if the job is not scheduled yet."""
+        job = self.scraping.scheduler.get_job(DIAGNOSIS_JOB)
+        if job is not None and job.next_run_time is not None:
+            return job.next_run_time.timestamp()
+        return self.started_at + self.diagnosis_config.interval
+
     def receivers(self) -> dict[str, ReceiverConfig]:
         with self.sessions() as session:
             return {row.name: ReceiverConfig.model_validate(row.config) for row in repository.list_receivers(session)}
@@ -220,7 +230,7 @@ class Monitor:
         scheduler.add_job(self._in_thread(self.refresh_summaries), "interval",
                           seconds=self.settings.summary_interval, id="summaries", max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.evaluate_diagnoses), "interval",
-                          seconds=self.diagnosis_config.interval, id="diagnosis", max_instances=1, coalesce=True)
+                          seconds=self.diagnosis_config.interval, id=DIAGNOSIS_JOB, max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.evaluate_alerts), "interval", seconds=self.settings.alert_interval,
                           id="alerts", max_instances=1, coalesce=True)
         self.sync_canaries(await asyncio.to_thread(self.canary_configs))

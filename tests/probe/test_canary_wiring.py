@@ -39,7 +39,7 @@ def test_canary_is_scheduled_stored_exported_and_cited_by_the_diagnosis(migrated
             last = svc.scrape("q")
             results = svc.monitor.evaluate_diagnoses(now=last.ts)
             metrics = svc.client.get("/metrics").text
-            page = svc.client.get("/").text
+            page = svc.client.get("/targets/q").text
     diagnosis = next(d for d, _ in results if d.target == "q")
     assert diagnosis.verdict == "queueing"
     assert any(n.startswith(f"single-request baseline from client-side probe run {run.id} (canary") for n in
@@ -52,6 +52,6 @@ def test_canary_is_scheduled_stored_exported_and_cited_by_the_diagnosis(migrated
     assert last.ts > first.ts and server_ttft > 5.0
     assert probe_line.value * 5 == pytest.approx(server_ttft, rel=0.5)
     assert 'llm_latency_probe_ttft_seconds{concurrency="1",kind="canary",quantile="0.5",target="q"}' in metrics
-    # the status page shows it on the target's card
-    assert f'data-probe-run="{run.id}"' in page, page[page.find("<article"):page.find("<article") + 3000]
+    # the status page shows it on the target's page
+    assert f'data-probe-run="{run.id}"' in page
     assert "concurrency 1, 64 prompt tokens: TTFT p50" in " ".join(page.split())

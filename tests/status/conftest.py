@@ -9,7 +9,12 @@ import pytest
 
 from tests.api.conftest import Service, make_service
 
+DIAGNOSIS_INTERVAL = 95.0  # under 100 s the countdown is spelled in seconds; long enough that no
+                           # scheduled round runs while a test builds its fleet
+
 
 @pytest.fixture
 def service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
-    yield from make_service(migrated_url, tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"diagnosis:\n  interval: {DIAGNOSIS_INTERVAL:g}s\n")
+    yield from make_service(migrated_url, tmp_path, config_file=config)

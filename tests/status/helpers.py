@@ -40,17 +40,24 @@ def history_records(target_ids: list[int], end: float, snapshots: int, every: fl
     return records
 
 
-def cards(page: str) -> dict[str, str]:
-    """The index's target cards: name -> the card's HTML."""
-    found = re.findall(r'<article class="card target [^"]*" data-target="([^"]+)"[^>]*>(.*?)</article>', page, re.S)
+def rows(page: str) -> dict[str, str]:
+    """The index's fleet table in page order: target name -> the row's HTML."""
+    found = re.findall(r'<tr class="level-\w+" data-target="([^"]+)"[^>]*>(.*?)</tr>', page, re.S)
     return {html.unescape(name): body for name, body in found}
 
 
-def stat(card: str, name: str) -> tuple[str, str]:
-    """(data-value, text) of a headline number such as ``ttft-p50``."""
-    match = re.search(rf'data-stat="{name}"><dt>[^<]*</dt><dd data-value="([^"]*)">([^<]*)</dd>', card)
-    assert match, f"no stat {name!r} in card"
-    return match.group(1), html.unescape(match.group(2))
+def levels(page: str) -> dict[str, str]:
+    """The index's fleet table in page order: target name -> its level (the row's colour class)."""
+    found = re.findall(r'<tr class="level-(\w+)" data-target="([^"]+)" data-level="(\w+)"', page)
+    assert all(css == level for css, _, level in found)
+    return {html.unescape(name): level for _, name, level in found}
+
+
+def stat(row: str, name: str) -> tuple[str, str]:
+    """(data-value, text) of a fleet-table number such as ``ttft-p50``."""
+    match = re.search(rf'<td class="num" data-stat="{name}" data-value="([^"]*)">([^<]*)', row)
+    assert match, f"no stat {name!r} in row"
+    return match.group(1), html.unescape(match.group(2)).strip()
 
 
 def text_of(fragment: str) -> str:

@@ -1,11 +1,13 @@
 """The status page in a real headless browser (Debian's chromium, driven by Playwright).
 
 The service runs as a real HTTP server (uvicorn in a thread, free 127.0.0.1 port) and
-scrapes emulated engines over HTTP (``EmulatorFleet``: a healthy and a queueing vLLM at
-time scale 5) plus one target where nothing listens. The browser must see the targets,
-the same numbers as the JSON API, and the active ``queueing`` diagnosis with its
-evidence, in the light and the dark colour scheme. Screenshots are written to
-``test-artifacts/`` (ignored by git) for a human to look at.
+scrapes emulated engines over HTTP (``EmulatorFleet``: healthy, queueing, prefill_compute
+vLLMs at time scale 5) plus a target where nothing listens, one scraped only once and one
+added after the diagnosis rounds. The browser must see the fleet table most severe first,
+each row coloured by its level, the same numbers as the JSON API, one window, a countdown
+to the new target's first evaluation, and the diagnosis one click away, in the light and
+the dark colour scheme. Screenshots are written to ``test-artifacts/`` (ignored by git)
+for a human to look at.
 
 Locally a missing chromium or playwright skips the test; under ``CI=true`` it fails.
 Never run ``playwright install``: the browser is Debian's ``/usr/bin/chromium``.
@@ -14,6 +16,7 @@ Never run ``playwright install``: the browser is Debian's ``/usr/bin/chromium``.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -98,33 +101,60 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
+DIAGNOSIS_INTERVAL = 600.0  # no scheduled round runs during the test: f-new stays "not evaluated yet"
+ORDER = ["b-queueing", "d-down", "c-prefill", "e-idle", "f-new", "a-healthy"]
+LEVEL_OF = {"b-queueing": "critical", "d-down": "critical", "c-prefill": "warning", "e-idle": "unknown",
+            "f-new": "unknown", "a-healthy": "healthy"}
+# a row's stripe: --bad, --warn, --muted, --ok of status.css
+STRIPES = {"light": {"critical": "rgb(164, 14, 38)", "warning": "rgb(125, 78, 0)", "unknown": "rgb(87, 96, 106)",
+                     "healthy": "rgb(17, 99, 41)"},
+           "dark": {"critical": "rgb(255, 139, 132)", "warning": "rgb(227, 179, 65)",
+                    "unknown": "rgb(158, 167, 179)", "healthy": "rgb(86, 211, 100)"}}
+MAX_INDEX_HEIGHT = 1000  # px at 1280x800 with these 6 targets: 643 measured (2,574 with one card per target)
+
+
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client]]:
     """The service over real HTTP, fed by emulated engines scraped ten times 0.6 s apart
-    (3 simulated seconds each), then diagnosed twice so ``queueing`` is active."""
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'status.db'}", data_dir=tmp_path,
+    (3 simulated seconds each), then diagnosed twice so ``queueing`` is active; one target
+    is scraped once (too little data), one is added afterwards (not evaluated yet)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"diagnosis:\n  interval: {DIAGNOSIS_INTERVAL:g}s\n")
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'status.db'}", data_dir=tmp_path, config_file=config,
                         default_scrape_interval="1h", default_scrape_timeout="2s")
     app = create_app(settings)
-    specs = [TargetSpec("api-healthy", "healthy", time_scale=5, warmup_s=120),
-             TargetSpec("api-queueing", "queueing", time_scale=5, warmup_s=120)]
+    specs = [TargetSpec("healthy", "healthy", time_scale=5, warmup_s=120),
+             TargetSpec("queueing", "queueing", time_scale=5, warmup_s=120),
+             TargetSpec("prefill", "prefill_compute", time_scale=5, warmup_s=120),
+             TargetSpec("idle", "healthy", time_scale=5, warmup_s=120)]
     with EmulatorFleet(specs) as fleet, LiveServer(app) as server, httpx.Client(base_url=server.url) as http:
         monitor = app.state.monitor
-        targets = [{"name": "chat-healthy", "url": fleet.urls["api-healthy"] + "/metrics",
+        targets = [{"name": "a-healthy", "url": fleet.urls["healthy"] + "/metrics",
                     "labels": {"team": "search", "gpu": "A100-80G"}},
-                   {"name": "chat-queueing", "url": fleet.urls["api-queueing"] + "/metrics",
+                   {"name": "b-queueing", "url": fleet.urls["queueing"] + "/metrics",
                     "labels": {"team": "assistant", "tier": "<b>gold</b>"}},
-                   {"name": "offline-node", "url": f"http://127.0.0.1:{closed_port()}/metrics"}]
+                   {"name": "c-prefill", "url": fleet.urls["prefill"] + "/metrics"},
+                   {"name": "d-down", "url": f"http://127.0.0.1:{closed_port()}/metrics"},
+                   {"name": "e-idle", "url": fleet.urls["idle"] + "/metrics"}]
         for body in targets:
             assert http.post("/api/v1/targets", json=body).status_code == 201
+        server.call(monitor.scraping.scrape_now, "e-idle")
         for _ in range(10):
-            for body in targets:
+            for body in targets[:4]:
                 server.call(monitor.scraping.scrape_now, body["name"])
             time.sleep(0.6)
         server.call(monitor.scraping.flush)
         now = time.time()
         monitor.evaluate_diagnoses(now=now)
         monitor.evaluate_diagnoses(now=now + 0.5)
+        assert http.post("/api/v1/targets", json={"name": "f-new", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
         yield server, http
+
+
+def stripes(page) -> dict[str, str]:  # noqa: ANN001
+    """Each fleet row's stripe colour as the browser computed it, in page order."""
+    return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('table.fleet tbody tr')]
+        .map(tr => [tr.dataset.target, getComputedStyle(tr.querySelector('th')).borderLeftColor]))""")
 
 
 def test_status_page_in_headless_chromium(live, browser) -> None:
@@ -137,52 +167,57 @@ def test_status_page_in_headless_chromium(live, browser) -> None:
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     failed: list[str] = []
     page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    monitor = server.app.state.monitor
     try:
+        before = monitor.next_diagnosis_at() - time.time()
         response = page.goto(server.url + "/")
+        after = monitor.next_diagnosis_at() - time.time()
         assert response is not None and response.status == 200
         assert page.title() == "Targets · LLM Latency Monitor"
-        names = page.locator("article.target h2").all_inner_texts()
-        assert names == ["chat-healthy", "chat-queueing", "offline-node"]
-        assert page.locator(".overview").inner_text().split() == \
-            "3 targets 2 up 1 down 1 with a latency regime window 5m".split()
 
-        # the numbers the browser shows are the API's, for the same window end
+        # triage: most severe first, by name within a level; colour and words per row
+        names = page.locator("table.fleet tbody th").all_inner_texts()
+        assert names == ORDER
+        assert stripes(page) == {name: STRIPES["light"][LEVEL_OF[name]] for name in ORDER}
+        assert list(stripes(page)) == ORDER
+        severity = page.locator("table.fleet tbody [data-severity]").all_inner_texts()
+        assert severity == ["critical", "critical", "warning", "no verdict", "no verdict", "ok"]
+        verdicts = page.locator("table.fleet tbody td.verdicts .verdict").all_inner_texts()
+        assert verdicts == ["queueing", "insufficient data", "prefill compute", "insufficient data",
+                            "not evaluated yet", "healthy"]
+        assert page.locator(".overview").inner_text().split() == \
+            "6 targets 2 critical 1 warning 2 no verdict 1 ok 1 down".split()
+        down = page.locator('tr[data-target="d-down"] [data-health="down"]')
+        assert "down: connect" in down.inner_text() and "cannot connect" in down.get_attribute("title")
+
+        # one window on the screen, stated once
+        body_text = page.locator("body").inner_text()
+        assert re.findall(r"\blast \d+(?:\.\d+)? (?:s|min|h)\b", body_text) == ["last 1 min"]
+        assert page.locator(".window-statement").inner_text().startswith(
+            "Verdicts and percentiles over the last 1 min, as of ")
+
+        # the countdown: minutes to the diagnosis job's next run (10 min after the service started)
+        countdown = page.locator('tr[data-target="f-new"] .countdown').inner_text()
+        minutes = int(re.fullmatch(r"first evaluation in ~(\d+) min", countdown).group(1))
+        assert round(after / 60) <= minutes <= round(before / 60) and 1 <= minutes <= DIAGNOSIS_INTERVAL / 60
+
+        # compact: the whole fleet fits in one screen
+        height = page.evaluate("document.body.getBoundingClientRect().height")
+        assert height < MAX_INDEX_HEIGHT, height
+
+        # the numbers the browser shows are the API's, for the same window and end
         end = float(page.locator("main").get_attribute("data-end"))
-        for name in ("chat-healthy", "chat-queueing"):
-            api = http.get(f"/api/v1/targets/{name}/latency", params={"window": "5m", "end": end}).json()
-            card = page.locator(f'article[data-target="{name}"]')
-            assert card.locator('[data-health="up"]').inner_text().strip().endswith("up")
+        for name in ("a-healthy", "b-queueing", "c-prefill"):
+            api = http.get(f"/api/v1/targets/{name}/latency", params={"window": "1m", "end": end}).json()
+            row = page.locator(f'tr[data-target="{name}"]')
+            assert row.locator('[data-health="up"]').inner_text().strip().endswith("up")
             for signal in ("ttft", "itl"):
                 for q in ("p50", "p99"):
-                    shown = card.locator(f'[data-stat="{signal}-{q}"] dd').inner_text()
+                    shown = row.locator(f'[data-stat="{signal}-{q}"]').inner_text()
                     assert shown == fmt_seconds(api[signal][q]), (name, signal, q)
-            chart = card.locator('figure[data-signal="ttft"] svg[role="img"]')
-            label = chart.get_attribute("aria-label")
-            assert label.startswith("TTFT over the last 1 min: p50 min ")
-            assert f"latest {fmt_seconds(api['ttft']['p99'])}." in label
-            assert chart.bounding_box()["width"] > 200  # the sparkline is drawn at a readable size
-        queueing_api = http.get("/api/v1/targets/chat-queueing/latency", params={"end": end}).json()
-        healthy_api = http.get("/api/v1/targets/chat-healthy/latency", params={"end": end}).json()
+        queueing_api = http.get("/api/v1/targets/b-queueing/latency", params={"window": "1m", "end": end}).json()
+        healthy_api = http.get("/api/v1/targets/a-healthy/latency", params={"window": "1m", "end": end}).json()
         assert queueing_api["ttft"]["p50"] > 1.0 > 0.5 > healthy_api["ttft"]["p50"]  # seconds in the queue
-
-        offline = page.locator('article[data-target="offline-node"]')
-        assert "down: connect" in offline.locator('[data-health="down"]').inner_text()
-        assert "cannot connect" in offline.locator(".error").inner_text()
-
-        # the active diagnosis, with evidence lines, thresholds, remedies and the runbook link
-        diagnosis = page.locator('article[data-target="chat-queueing"] section[data-verdict="queueing"]')
-        assert diagnosis.locator(".verdict").inner_text() == "queueing"
-        finding = diagnosis.locator('.finding[data-regime="queueing"]')
-        assert "critical · active since" in finding.locator(".finding-head").inner_text()
-        evidence = finding.locator(".evidence li").all_inner_texts()
-        share = next(line for line in evidence if "queue share of TTFT" in line)
-        assert share.endswith("(>= 0.50)") and float(share.split("= ")[1].split()[0]) >= 0.9
-        waiting = next(line for line in evidence if "mean waiting requests" in line)
-        assert waiting.startswith("✔") and waiting.endswith("(>= 1)")
-        remedies = finding.locator(".remedies li").all_inner_texts()
-        assert len(remedies) == 4 and "raise --max-num-seqs" in remedies[0]
-        assert page.locator('article[data-target="chat-healthy"] .verdict').inner_text() == "healthy"
-        assert page.locator('article[data-target="chat-queueing"] .labels').inner_text().count("<b>gold</b>") == 1
 
         light = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert light == LIGHT_BG  # the stylesheet loaded (CSP allows it)
@@ -193,29 +228,55 @@ def test_status_page_in_headless_chromium(live, browser) -> None:
         assert dark == DARK_BG and dark != light
         text_colour = page.evaluate("getComputedStyle(document.body).color")
         assert text_colour == "rgb(230, 237, 243)"
+        assert stripes(page) == {name: STRIPES["dark"][LEVEL_OF[name]] for name in ORDER}
         page.screenshot(path=str(ARTIFACTS / "status-page-dark.png"), full_page=True)
         page.emulate_media(color_scheme="light")
 
         assert problems == [] and failed == []  # no CSP violation, script error or failed request
 
-        # links: runbook, target page, API docs
+        # one click to the details: the diagnosis with evidence, thresholds, remedies, runbook, charts
+        page.locator('tr[data-target="b-queueing"] th a').click()
+        page.wait_for_url(server.url + "/targets/b-queueing")
+        diagnosis = page.locator('section[data-verdict="queueing"]')
+        assert diagnosis.locator(".verdict").inner_text() == "queueing"
+        finding = diagnosis.locator('.finding[data-regime="queueing"]')
+        assert "critical · active since" in finding.locator(".finding-head").inner_text()
+        evidence = finding.locator(".evidence li").all_inner_texts()
+        share = next(line for line in evidence if "queue share of TTFT" in line)
+        assert share.endswith("(>= 0.50)") and float(share.split("= ")[1].split()[0]) >= 0.9
+        waiting = next(line for line in evidence if "mean waiting requests" in line)
+        assert waiting.startswith("✔") and waiting.endswith("(>= 1)")
+        remedies = finding.locator(".remedies li").all_inner_texts()
+        assert len(remedies) == 4 and "raise --max-num-seqs" in remedies[0]
+        assert page.locator(".labels").inner_text().count("<b>gold</b>") == 1
+        assert page.locator(".window-statement").inner_text().startswith(
+            "Verdicts and percentiles over the last 1 min, as of ")
+        rows = page.locator("table.signals-table tbody tr")
+        assert rows.count() >= 8
+        ttft_cell = page.locator('tr[data-signal="ttft"] td[data-key="p50"]')
+        assert ttft_cell.inner_text() == fmt_seconds(queueing_api["ttft"]["p50"])
+        assert page.locator('tr[data-regime="queueing"][data-state="active"]').count() == 1
+        assert "Mean TTFT split: queue" in page.locator(".split svg").get_attribute("aria-label")
+        chart = page.locator('figure[data-signal="ttft"] svg[role="img"]')
+        assert chart.get_attribute("aria-label").startswith("TTFT over the last 1 min: p50 min ")
+        assert f"latest {fmt_seconds(queueing_api['ttft']['p99'])}." in chart.get_attribute("aria-label")
+        assert chart.bounding_box()["width"] > 200  # the chart is drawn at a readable size
+        page.screenshot(path=str(ARTIFACTS / "status-target.png"), full_page=True)
+        page.emulate_media(color_scheme="dark")
+        page.screenshot(path=str(ARTIFACTS / "status-target-dark.png"), full_page=True)
+        page.emulate_media(color_scheme="light")
+
         with page.expect_navigation():
             finding.locator("a.runbook").click()
         assert page.url == server.url + "/runbooks/queueing"
         assert "Verify the fix." in page.locator("body").inner_text()
-        page.go_back()
-        page.locator('article[data-target="chat-queueing"] h2 a').click()
-        page.wait_for_url(server.url + "/targets/chat-queueing")
-        rows = page.locator("table.signals-table tbody tr")
-        assert rows.count() >= 8
-        ttft_row = page.locator('tr[data-signal="ttft"] td[data-key="p50"]')
-        assert ttft_row.inner_text() == fmt_seconds(queueing_api["ttft"]["p50"])
-        assert page.locator('tr[data-regime="queueing"][data-state="active"]').count() == 1
-        assert "Mean TTFT split: queue" in page.locator(".split svg").get_attribute("aria-label")
-        page.screenshot(path=str(ARTIFACTS / "status-target.png"), full_page=True)
         # (the plain-text runbook has no <link rel=icon>: Chromium's own /favicon.ico request may 404)
         assert failed == [] and [p for p in problems if "status of 404" not in p] == []
         assert http.get("/docs").status_code == 200  # (Swagger UI itself needs a CDN: not opened here)
+
+        page.goto(server.url + "/targets/f-new")
+        assert re.fullmatch(r"Not evaluated yet: first evaluation in ~\d+ min\.",
+                            page.locator('[data-verdict="none"]').inner_text())
 
         missing = page.goto(server.url + "/targets/nope")
         assert missing is not None and missing.status == 404

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from app.api.routes.status import (
-    CHART_STEPS, build_chart, chart_times, evidence_text, fmt_age, fmt_number, fmt_seconds, with_flags,
+    CHART_STEPS, LEVELS, Health, build_chart, chart_times, evidence_text, fmt_age, fmt_countdown, fmt_number,
+    fmt_seconds, fmt_window, triage_level, with_flags,
 )
 from app.latency import LoadedHistograms
 from app.quantiles import HistogramSnapshot
@@ -21,6 +22,29 @@ def test_number_spelling_matches_the_diagnosis_evidence() -> None:
     assert evidence_text({"name": "running requests (mean / max)", "value": "8.0 / 8", "op": "info",
                           "threshold": None, "unit": "", "met": True, "note": ""}) == \
         "running requests (mean / max) = 8.0 / 8"
+
+
+def test_window_and_countdown_spelling() -> None:
+    assert [fmt_window(v) for v in (60.0, 300.0, 90.0, 30.0, 7200.0, 5400.0)] == \
+        ["1 min", "5 min", "90 s", "30 s", "2 h", "90 min"]
+    assert [fmt_countdown(v) for v in (-3.0, 0.4, 1.0, 24.2, 99.5, 100.0, 599.0, 3600.0)] == \
+        ["due now", "due now", "in ~1 s", "in ~25 s", "in ~100 s", "in ~2 min", "in ~10 min", "in ~60 min"]
+
+
+def test_triage_level_is_down_first_then_the_worst_verdict() -> None:
+    up, down, never = Health("up", "up"), Health("down", "down: connect"), Health("unknown", "no scrape yet")
+
+    def views(*kinds: str) -> list[dict]:
+        return [{"kind": kind} for kind in kinds]
+
+    assert LEVELS == ("critical", "warning", "info", "unknown", "healthy")
+    assert triage_level(down, views("healthy")) == "critical"  # a down target whatever its last verdict
+    assert triage_level(up, views("critical")) == "critical"
+    assert triage_level(up, views("healthy", "warning")) == "warning"  # the worst of its models
+    assert triage_level(up, views("info", "healthy")) == "info"
+    assert triage_level(up, views("healthy", "unknown")) == "unknown"
+    assert triage_level(up, []) == "unknown" and triage_level(never, []) == "unknown"
+    assert triage_level(up, views("healthy", "healthy")) == "healthy"
 
 
 def test_flags_are_code_and_everything_else_is_escaped() -> None:

@@ -17,9 +17,11 @@ import pytest
 from sqlalchemy import event
 
 from app.api.routes.status import evidence_text, fmt_seconds
+from app.sources.tgi import TTFT_DERIVATION
 from app.store import repository
 from tests.api.conftest import make_service
-from tests.status.helpers import cards, history_records, stat, stepping_page, text_of
+from tests.status.conftest import DIAGNOSIS_INTERVAL
+from tests.status.helpers import history_records, levels, rows, stat, stepping_page, text_of
 from tests.support.pages import StaticPageServer
 
 SCRIPT_LABEL = "<script>alert('owned')</script>"
@@ -33,113 +35,164 @@ def closed_port() -> int:
 
 @pytest.fixture
 def fleet(service):
-    """busy (queueing, vLLM), calm (healthy, vLLM), tgi (healthy TGI: TTFT derived),
-    dead (nothing listens), garbled (unparsable page); two diagnosis rounds."""
+    """busy (queueing: critical, vLLM), docs (prefill_compute: warning), calm (healthy, vLLM),
+    tgi (healthy TGI: TTFT derived), idle (scraped once: insufficient data), dead (nothing
+    listens), garbled (unparsable page); two diagnosis rounds; then fresh (added after them:
+    not evaluated yet)."""
     c = service.client
     with StaticPageServer(stepping_page("queueing")) as queued, StaticPageServer(stepping_page("healthy")) as fine, \
-            StaticPageServer(stepping_page("healthy", engine="tgi")) as tgi, StaticPageServer("garbage{\n") as bad:
+            StaticPageServer(stepping_page("healthy", engine="tgi")) as tgi, StaticPageServer("garbage{\n") as bad, \
+            StaticPageServer(stepping_page("prefill_compute")) as docs, \
+            StaticPageServer(stepping_page("healthy")) as idle:
         assert c.post("/api/v1/targets", json={"name": "busy", "url": queued.url,
                                                "labels": {"team": SCRIPT_LABEL}}).status_code == 201
-        assert c.post("/api/v1/targets", json={"name": "calm", "url": fine.url}).status_code == 201
-        assert c.post("/api/v1/targets", json={"name": "tgi", "url": tgi.url}).status_code == 201
-        assert c.post("/api/v1/targets", json={"name": "garbled", "url": bad.url}).status_code == 201
-        assert c.post("/api/v1/targets", json={
-            "name": "dead", "url": f"http://127.0.0.1:{closed_port()}/metrics"}).status_code == 201
+        for name, url in (("calm", fine.url), ("tgi", tgi.url), ("garbled", bad.url), ("docs", docs.url),
+                          ("idle", idle.url), ("dead", f"http://127.0.0.1:{closed_port()}/metrics")):
+            assert c.post("/api/v1/targets", json={"name": name, "url": url}).status_code == 201
         last = None
         for _ in range(24):
             service.scrape("busy")
             service.scrape("tgi")
+            service.scrape("docs")
             last = service.scrape("calm")
         service.scrape("dead")
         service.scrape("garbled")
+        service.scrape("idle")
     service.monitor.evaluate_diagnoses(now=last.ts)
     service.monitor.evaluate_diagnoses(now=last.ts + 1)
+    assert c.post("/api/v1/targets", json={"name": "fresh", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
     return last.ts + 2  # the `end` every page and API call of the test uses
 
 
-def test_index_shows_health_numbers_and_diagnosis(service, fleet) -> None:
+# the fleet table's order: down or critical, warning, no verdict yet, healthy; by name within a level
+TRIAGE_ORDER = {"busy": "critical", "dead": "critical", "garbled": "critical", "docs": "warning",
+                "fresh": "unknown", "idle": "unknown", "calm": "healthy", "tgi": "healthy"}
+WINDOW_PHRASE = re.compile(r"\blast \d+(?:\.\d+)? (?:s|min|h)\b")
+
+
+def test_index_is_a_fleet_table_most_severe_first(service, fleet) -> None:
     c, end = service.client, fleet
     response = c.get("/", params={"end": end})
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/html; charset=utf-8"
     assert "script-src" not in response.headers["content-security-policy"]  # default-src 'none': no script
     page = response.text
-    assert f'data-end="{end!r}"' in page and 'data-window-seconds="300.0"' in page
-    found = cards(page)
-    assert list(found) == ["busy", "calm", "dead", "garbled", "tgi"]  # every target, by name
+    assert f'data-end="{end!r}"' in page and 'data-window-seconds="60.0"' in page  # the diagnosis window
+    found = rows(page)
+    assert levels(page) == TRIAGE_ORDER  # exact order, and each row's colour class
 
     overview = text_of(re.search(r'<p class="overview".*?</p>', page, re.S).group(0))
-    assert overview == "5 targets 3 up 2 down 1 with a latency regime window 5m"
+    assert overview == "8 targets 3 critical 1 warning 2 no verdict 2 ok 2 down"
+    severities = {name: text_of(re.search(r'data-severity="\w+">[^<]*', row).group(0).split(">")[1])
+                  for name, row in found.items()}
+    assert severities == {"busy": "critical", "dead": "critical", "garbled": "critical", "docs": "warning",
+                          "fresh": "no verdict", "idle": "no verdict", "calm": "ok", "tgi": "ok"}
 
-    # up / down, with the error class of the latest scrape
-    assert 'data-health="up"' in found["busy"] and 'data-health="up"' in found["calm"]
-    dead = text_of(found["dead"])
-    assert "down: connect" in dead and "connect: cannot connect" in dead
-    garbled = text_of(found["garbled"])
-    assert "down: parse_error" in garbled and "line 1: unterminated label set" in garbled
-    assert "garbage" not in garbled  # the page's text is never quoted
-    assert "vllm" in text_of(found["busy"]) and "tgi" in text_of(found["tgi"])
+    # verdict words next to the colour; down targets say why
+    verdicts = {name: re.findall(r'data-verdict="(\w+)"', row) for name, row in found.items()}
+    assert verdicts == {"busy": ["queueing"], "dead": ["insufficient_data"], "garbled": ["insufficient_data"],
+                        "docs": ["prefill_compute"], "fresh": ["none"], "idle": ["insufficient_data"],
+                        "calm": ["healthy"], "tgi": ["healthy"]}
+    assert "down: connect" in text_of(found["dead"]) and "down: parse_error" in text_of(found["garbled"])
+    assert "queueing" in text_of(found["busy"]) and "prefill compute" in text_of(found["docs"])
+    assert "garbage" not in found["garbled"]  # the page's text is never quoted
 
-    # the headline numbers are exactly the API's (same window, same end)
-    for name in ("busy", "calm", "tgi"):
-        api = c.get(f"/api/v1/targets/{name}/latency", params={"window": "5m", "end": end}).json()
+    # one window on the screen, stated once; the footer names no other
+    text = text_of(page)
+    assert WINDOW_PHRASE.findall(text) == ["last 1 min"]
+    assert "Verdicts and percentiles over the last 1 min, as of " in text
+    assert " 5m" not in text and "over 60 s" not in text and "60 min" not in text
+
+    # the countdown to the new target's first evaluation: the scheduler's next diagnosis round
+    countdown = re.search(r"first evaluation in ~(\d+) s", text_of(found["fresh"]))
+    assert countdown, text_of(found["fresh"])
+    left = service.monitor.next_diagnosis_at() - time.time()
+    assert 0 < left < int(countdown.group(1)) <= DIAGNOSIS_INTERVAL
+
+    # the numbers are exactly the API's over the same window and end
+    for name in ("busy", "calm", "tgi", "docs"):
+        api = c.get(f"/api/v1/targets/{name}/latency", params={"window": "1m", "end": end}).json()
         for signal in ("ttft", "itl"):
             for q in ("p50", "p99"):
-                raw, text = stat(found[name], f"{signal}-{q}")
+                raw, shown = stat(found[name], f"{signal}-{q}")
                 assert float(raw) == api[signal][q], (name, signal, q)
-                assert text == fmt_seconds(api[signal][q])
-        # the newest sparkline point is the same window: the chart's text alternative says so
-        assert f"TTFT over the last 1 min: p50 min" in found[name]
-        assert f"latest {fmt_seconds(api['ttft']['p50'])}; p99 min" in found[name]
-    busy_api = c.get("/api/v1/targets/busy/latency", params={"end": end}).json()
+                assert shown == fmt_seconds(api[signal][q])
+    busy_api = c.get("/api/v1/targets/busy/latency", params={"window": "1m", "end": end}).json()
     assert busy_api["ttft"]["p50"] > 10 and stat(found["busy"], "ttft-p50")[1].endswith(" s")  # ~15 s queueing
     calm_itl = float(stat(found["calm"], "itl-p50")[0])
     assert 0.005 < calm_itl < 0.05 and stat(found["calm"], "itl-p50")[1].endswith(" ms")
-    assert "(queue + prefill)" in found["tgi"] and "(queue + prefill)" not in found["calm"]
-    assert "TTFT over the last 60 min: no data yet." in text_of(found["dead"])
-    assert stat(found["dead"], "ttft-p99") == ("", "–")
+    derived = f'<abbr class="derived" title="{html.escape(TTFT_DERIVATION)}">q+p</abbr>'
+    assert derived in found["tgi"] and "q+p" not in found["calm"]
+    assert stat(found["dead"], "ttft-p99") == ("", "–") and stat(found["fresh"], "itl-p50") == ("", "–")
 
-    # the active diagnosis: verdict, primary finding, evidence with numbers and thresholds, remedies, runbook
-    diagnosis = next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "busy")
-    finding = diagnosis["findings"][0]
-    assert diagnosis["active"] == ["queueing"] and finding["state"] == "active"
-    busy = found["busy"]
-    assert 'data-verdict="queueing"' in busy and 'data-regime="queueing"' in busy
-    busy_text = text_of(busy)
-    assert "Diagnosis: queueing" in busy_text and "critical · active since" in busy_text
-    assert finding["summary"] in busy_text and finding["summary"].startswith("Requests wait ")
-    assert "threshold met: queue share of TTFT = 1.00 (>= 0.50)" in busy_text
-    for item in finding["evidence"]:
-        assert html.escape(evidence_text(item), quote=False) in busy, item["name"]
-    assert len(finding["remedies"]) == 4
-    for remedy in finding["remedies"]:
-        assert remedy in busy_text
-    assert "raise --max-num-seqs" in busy_text
-    assert 'href="/runbooks/queueing"' in busy
-    assert 'data-verdict="healthy"' in found["calm"] and "No latency regime detected." in text_of(found["calm"])
-    assert 'data-verdict="insufficient_data"' in found["dead"]
-    assert "0 successful scrape(s) in the window, need 2" in text_of(found["dead"])
+    # details are one click away, not on the index
+    assert "Evidence" not in text and "Remedies" not in text and "<svg" not in page
+    assert [f"/targets/{name}" for name in TRIAGE_ORDER] == \
+        re.findall(r'<th scope="row"><a href="(/targets/[^"]+)">', page)
+
+    # a window of the reader's choosing changes the percentiles, and the page says the verdicts keep theirs
+    wide = c.get("/", params={"end": end, "window": "5m"}).text
+    assert WINDOW_PHRASE.findall(text_of(wide)) == ["last 5 min"]
+    assert "Percentiles over the last 5 min (verdicts use the diagnosis window)" in text_of(wide)
+    api5 = c.get("/api/v1/targets/busy/latency", params={"window": "5m", "end": end}).json()
+    assert float(stat(rows(wide)["busy"], "ttft-p99")[0]) == api5["ttft"]["p99"]
 
     # every link the page offers resolves
     links = set(re.findall(r'href="([^"#]+)"', page))
-    assert {"/docs", "/runbooks/queueing", "/targets/busy", "/api/v1/targets", "/ui/status.css"} <= links
+    assert {"/docs", "/targets/busy", "/api/v1/targets", "/ui/status.css"} <= links
     # the footer lists every runbook, alerts' included (regimes, SLO signals, target down)
-    assert {"/runbooks/slo_ttft", "/runbooks/slo_itl", "/runbooks/target_down", "/runbooks/outside_engine"} <= links
+    assert {"/runbooks/queueing", "/runbooks/slo_ttft", "/runbooks/slo_itl", "/runbooks/target_down",
+            "/runbooks/outside_engine"} <= links
     for link in sorted(links):
         if link.startswith("data:"):
             continue
         answer = c.get(html.unescape(link))
         assert answer.status_code == 200, link
+
+
+def test_target_page_shows_the_diagnosis_in_full(service, fleet) -> None:
+    c, end = service.client, fleet
+    page = c.get("/targets/busy", params={"end": end}).text
+    text = text_of(page)
+    diagnosis = next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "busy")
+    finding = diagnosis["findings"][0]
+    assert diagnosis["active"] == ["queueing"] and finding["state"] == "active"
+    assert 'data-verdict="queueing"' in page and 'data-regime="queueing"' in page
+    assert "Diagnosis: queueing" in text and "critical · active since" in text
+    assert finding["summary"] in text and finding["summary"].startswith("Requests wait ")
+    assert "threshold met: queue share of TTFT = 1.00 (>= 0.50)" in text
+    for item in finding["evidence"]:
+        assert html.escape(evidence_text(item), quote=False) in page, item["name"]
+    assert len(finding["remedies"]) == 4
+    for remedy in finding["remedies"]:
+        assert remedy in text
+    assert "raise --max-num-seqs" in text and 'href="/runbooks/queueing"' in page
     assert "**Verify the fix.**" in c.get("/runbooks/queueing").text
+    # one window, stated once: the diagnosis was judged over it, so it says no other
+    assert WINDOW_PHRASE.findall(text.split("History")[0]) == ["last 1 min"]
+    assert "over its own window" not in text and "Last hour" not in text
+    wide = text_of(c.get("/targets/busy", params={"end": end, "window": "5m"}).text)
+    assert "Percentiles over the last 5 min (verdicts use the diagnosis window)" in wide
+    assert "evaluated " in wide and " ago over its own window of 60 s" in wide
+
+    calm = text_of(c.get("/targets/calm", params={"end": end}).text)
+    assert "Diagnosis: healthy" in calm and "No latency regime detected." in calm
+    dead = text_of(c.get("/targets/dead", params={"end": end}).text)
+    assert "Diagnosis: insufficient data" in dead and "0 successful scrape(s) in the window, need 2" in dead
+    assert "connect: cannot connect" in dead
+    garbled = text_of(c.get("/targets/garbled", params={"end": end}).text)
+    assert "line 1: unterminated label set: garbage{" in garbled
+    fresh = text_of(c.get("/targets/fresh", params={"end": end}).text)
+    assert re.search(r"Not evaluated yet: first evaluation in ~\d+ s\.", fresh), fresh
 
 
 def test_labels_and_errors_are_escaped(service, fleet) -> None:
     c, end = service.client, fleet
-    for path in ("/", "/targets/busy"):
-        page = c.get(path, params={"end": end}).text
-        assert "<script" not in page.lower()  # no script at all, and the label cannot inject one
-        assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page
-        assert SCRIPT_LABEL in text_of(page)  # shown to the reader as typed
+    assert "<script" not in c.get("/", params={"end": end}).text.lower()  # no script at all
+    page = c.get("/targets/busy", params={"end": end}).text
+    assert "<script" not in page.lower()  # the label cannot inject one
+    assert "&lt;script&gt;alert(&#39;owned&#39;)&lt;/script&gt;" in page
+    assert SCRIPT_LABEL in text_of(page)  # shown to the reader as typed
     garbled = c.get("/targets/garbled", params={"end": end}).text
     assert "line 1: unterminated label set" in garbled and "garbage" not in garbled  # named, never quoted
     missing = c.get("/targets/%3Cimg%20src%3Dx%3E")  # /targets/<img src=x>
@@ -152,7 +205,7 @@ def test_target_page_details(service, fleet) -> None:
     response = c.get("/targets/busy", params={"end": end})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
     page = response.text
-    api = c.get("/api/v1/targets/busy/latency", params={"window": "5m", "end": end}).json()
+    api = c.get("/api/v1/targets/busy/latency", params={"window": "1m", "end": end}).json()
 
     # every histogram signal: p50/p90/p99/mean/count exactly as the API
     rows = dict(re.findall(r'<tr data-signal="(\w+)">(.*?)</tr>', page, re.S))
@@ -208,7 +261,7 @@ def test_empty_service_explains_how_to_add_targets(service) -> None:
     assert response.status_code == 200
     text = text_of(response.text)
     assert "No targets yet" in text and "/api/v1/targets" in text
-    assert "0 targets 0 up 0 down 0 with a latency regime" in text
+    assert "Targets 0 targets Verdicts and percentiles over the last 1 min, as of" in text
     assert '<meta http-equiv="refresh" content="30">' in response.text  # live page reloads itself
     css = service.client.get("/ui/status.css")
     assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
@@ -227,7 +280,7 @@ def quiet_service(migrated_url: str, tmp_path: Path):
 
 def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_service) -> None:
     """An hour of history (61 scrapes a minute apart) on 3 and then 40 targets: the index
-    runs the same handful of statements, charts the whole hour, and stays fast."""
+    runs the same handful of statements and stays fast; a target's page charts the whole hour."""
     c, monitor = quiet_service.client, quiet_service.monitor
     end = float(int(time.time()))  # whole seconds: chart points fall exactly on the minute-spaced samples
     statements: list[str] = []
@@ -257,12 +310,12 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
     small_page, small_queries, _ = render()
     add([f"large-{i:02d}" for i in range(37)])
     large_page, large_queries, seconds = render()
-    assert len(cards(small_page)) == 3 and len(cards(large_page)) == 40
+    assert len(rows(small_page)) == 3 and len(rows(large_page)) == 40
     assert small_queries == large_queries <= 8, (small_queries, large_queries)
-    assert seconds < 5.0, f"index with 40 targets x 1 h took {seconds:.2f}s"
-    card = cards(large_page)["large-36"]
-    assert "TTFT over the last 60 min: p50 min" in card and "−60 min" in card
-    polyline = re.search(r'<polyline class="line p99" points="([^"]+)"', card).group(1)
+    assert seconds < 5.0, f"index with 40 targets took {seconds:.2f}s"
+    api = c.get("/api/v1/targets/large-36/latency", params={"window": "1m", "end": end}).json()
+    assert float(stat(rows(large_page)["large-36"], "itl-p99")[0]) == api["itl"]["p99"]
+    detail = c.get("/targets/large-36", params={"end": end}).text
+    assert "TTFT over the last 60 min: p50 min" in detail and "−60 min" in detail
+    polyline = re.search(r'<polyline class="line p99" points="([^"]+)"', detail).group(1)
     assert len(polyline.split()) == 30  # 31 points; the first one has a single sample in its lookback
-    api = c.get("/api/v1/targets/large-36/latency", params={"end": end}).json()
-    assert float(stat(card, "itl-p99")[0]) == api["itl"]["p99"]

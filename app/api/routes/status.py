@@ -1,15 +1,21 @@
 """The built-in status page: ``GET /`` (every target) and ``GET /targets/{name}`` (one target).
 
 Server-rendered HTML (Jinja2, autoescape on, no JavaScript): someone trying the product
-on a laptop without Grafana sees up/down, TTFT/ITL p50/p99 over the service's
-``latency_window``, a sparkline of each over the last hour and the active diagnosis
-with its evidence, remedies and runbook.
+on a laptop without Grafana sees, first, which target needs attention. The index is one
+compact fleet table, most severe first (down or a critical finding, then warning, info,
+no verdict yet, healthy; by name within a level), coloured and worded by that level; the
+evidence, remedies, runbook links and charts are one click away on the target's page.
+
+One window per screen: by default the diagnosis window (``diagnosis.window`` of the
+config file), so a row's TTFT/ITL p50/p99 describe the same span of traffic as its
+verdict. The page states the window once; ``?window=`` changes the percentiles' window,
+and a verdict judged over another window then says so.
 
 Every number comes from the same functions as the JSON API
 (:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
 :func:`app.api.routes.diagnoses.current`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
-the number of targets (one session; all histogram snapshots of the last hour in one query).
+the number of targets (one session; all histogram snapshots of the window in one query).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from app.alerts.config import ALERT_RUNBOOKS
 from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.diagnoses import current as current_diagnoses
 from app.api.routes.targets import duration_param
-from app.diagnosis.findings import REGIMES, Evidence
+from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
@@ -49,6 +55,9 @@ CHART_MIN_SPAN = 60.0   # ... or, on a fresh install, the time since the first s
 CHART_STEPS = 30        # 31 points per line: 2 min apart over the hour
 NICE_SPANS = (60, 120, 300, 600, 900, 1200, 1800, 2700, 3600)
 REFRESH_SECONDS = 30
+LEVELS = ("critical", "warning", "info", "unknown", "healthy")  # the fleet table's order, most severe first
+LEVEL_TEXT = {"critical": "critical", "warning": "warning", "info": "info", "unknown": "no verdict",
+              "healthy": "ok"}
 CHART_SIGNALS = ("ttft", "itl")
 TTFT_PARTS = ("queue_time", "prefill_time")  # TGI has no TTFT histogram: queue + prefill
 TOKEN_SIGNALS = {"prompt_tokens", "generation_tokens", "iteration_tokens"}
@@ -120,6 +129,24 @@ def fmt_span(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds < 7200 else f"{seconds / 3600:g} h"
 
 
+def fmt_window(seconds: float) -> str:
+    """The page's window in words, stated once per page: ``1 min``, ``90 s``, ``2 h``."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def fmt_countdown(seconds: float) -> str:
+    """How long until something scheduled happens: ``in ~25 s``, ``in ~4 min``, ``due now``."""
+    if seconds < 1:
+        return "due now"
+    if seconds < 100:
+        return f"in ~{math.ceil(seconds)} s"
+    return f"in ~{round(seconds / 60)} min"
+
+
 def evidence_text(item: dict) -> str:
     """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
     known = {k: item.get(k) for k in ("name", "value", "op", "threshold", "unit", "note")}
@@ -145,7 +172,8 @@ def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(WEB_DIR / "templates"), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
-                       age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value, value=fmt_value, span=fmt_span)
+                       age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
+                       value=fmt_value, span=fmt_span)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env
@@ -309,6 +337,15 @@ def diagnosis_view(diagnosis: dict) -> dict:
     return {**diagnosis, "primary": primary, "others": others, "kind": kind}
 
 
+def triage_level(health: Health, diagnoses: list[dict]) -> str:
+    """The level a target is sorted and coloured by: a down target is critical whatever its
+    last verdict said; otherwise its most severe diagnosis (one per model), ``unknown``
+    while it has none."""
+    if health.state == "down":
+        return "critical"
+    return min({d["kind"] for d in diagnoses} or {"unknown"}, key=LEVELS.index)
+
+
 def diagnoses_by_target(session, monitor) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for diagnosis in current_diagnoses(session, monitor):
@@ -316,17 +353,15 @@ def diagnoses_by_target(session, monitor) -> dict[str, list[dict]]:
     return out
 
 
-def page_params(monitor, window: str | None, end: float | None) -> tuple[float, float, str, bool]:
-    """(window seconds, end, window text, live?) of a page request."""
-    if window is None:
-        seconds = monitor.settings.latency_window
-        text = format_duration(seconds)
-    else:
-        seconds, text = duration_param(window, "window", maximum=86400), window
+def page_params(monitor, window: str | None, end: float | None) -> tuple[float, float, bool]:
+    """(window seconds, end, live?) of a page request. The window defaults to the diagnosis
+    window, so the percentiles on a page cover the same traffic as the verdicts beside them."""
+    seconds = monitor.diagnosis_config.window if window is None else \
+        duration_param(window, "window", maximum=86400)
     live = end is None
     if end is not None and not math.isfinite(end):
         end = None
-    return seconds, (time.time() if end is None else end), text, live
+    return seconds, (time.time() if end is None else end), live
 
 
 def latest_probe_levels(session) -> dict[int, dict]:
@@ -345,10 +380,11 @@ def html(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
                         headers=SECURITY_HEADERS)
 
 
-def common(request: Request, monitor, window_text: str, window: float, end: float, live: bool) -> dict:
-    return {"request_path": request.url.path, "window_text": window_text, "window_seconds": window, "end": end,
-            "refresh": REFRESH_SECONDS if live else None, "now": end, "version": request.app.version,
-            "latency_window": format_duration(monitor.settings.latency_window)}
+def common(request: Request, monitor, window: float, end: float, live: bool) -> dict:
+    return {"request_path": request.url.path, "window_text": fmt_window(window), "window_seconds": window,
+            "diagnosis_window": monitor.diagnosis_config.window, "end": end, "now": end,
+            "refresh": REFRESH_SECONDS if live else None, "version": request.app.version,
+            "countdown": fmt_countdown(monitor.next_diagnosis_at() - time.time())}
 
 
 # --------------------------------------------------------------------------- routes
@@ -361,55 +397,46 @@ def stylesheet() -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 def index(request: Request, session: SessionDep, monitor: MonitorDep,
-          window: Annotated[str | None, Query(description="percentile window; default latency_window")] = None,
+          window: Annotated[str | None, Query(description="percentile window; default the diagnosis window")] = None,
           end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
-    """Every target: health, TTFT/ITL p50/p99 now and over the last hour, the active diagnosis."""
-    seconds, end, window_text, live = page_params(monitor, window, end)
+    """The fleet table: one row per target, most severe first, with its verdict and
+    TTFT/ITL p50/p99 over one window; details on the target's own page."""
+    seconds, end, live = page_params(monitor, window, end)
     targets = repository.list_targets(session)
     latest = repository.latest_scrapes(session)
     ids = [t.id for t in targets]
     series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
     with_ttft = {s.target_id for s in series if s.signal == "ttft"}
     wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
-    snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - CHART_SPAN - seconds, end)
+    snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - seconds, end)
     by_target: dict[int, list] = {}
     for s in wanted:
         by_target.setdefault(s.target_id, []).append(s)
     diagnoses = diagnoses_by_target(session, monitor)
-    probes = latest_probe_levels(session)
 
-    cards = []
+    rows = []
     for target in targets:
-        loaded = LoadedHistograms(by_target.get(target.id, []), snapshots)
-        summary = latency.summarize_signals(loaded, end - seconds, end)
-        first = first_sample_ts(loaded, (*CHART_SIGNALS, *TTFT_PARTS))
+        summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
+                                            end - seconds, end)
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
-        cards.append({
-            "target": target, "engine": target.detected_engine or target.engine,
-            "health": scrape_health(latest.get(target.id), interval, end),
-            "ttft": summary.get("ttft"), "itl": summary.get("itl"),
-            "charts": [build_chart(f"c{target.id}-{signal}", signal, loaded, end, seconds, first)
-                       for signal in CHART_SIGNALS],
-            "diagnoses": diagnoses.get(target.name, []),
-            "probe": probes.get(target.id),
-        })
-    counts = {
-        "targets": len(cards),
-        "up": sum(c["health"].state == "up" for c in cards),
-        "down": sum(c["health"].state == "down" for c in cards),
-        "unknown": sum(c["health"].state == "unknown" for c in cards),
-        "diagnosed": sum(any(d["verdict"] in REGIMES for d in c["diagnoses"]) for c in cards),
-    }
-    return html("index.html", cards=cards, counts=counts, **common(request, monitor, window_text, seconds, end, live))
+        health = scrape_health(latest.get(target.id), interval, end)
+        views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
+        rows.append({"target": target, "health": health, "level": triage_level(health, views),
+                     "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl")})
+    rows.sort(key=lambda r: (LEVELS.index(r["level"]), r["target"].name))
+    counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
+    down = sum(r["health"].state == "down" for r in rows)
+    return html("index.html", rows=rows, counts=counts, down=down, levels=LEVELS, level_text=LEVEL_TEXT,
+                **common(request, monitor, seconds, end, live))
 
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
 def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep,
-                window: Annotated[str | None, Query(description="percentile window; default latency_window")] = None,
+                window: Annotated[str | None, Query(description="percentile window; default the diagnosis window")] = None,
                 end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
     """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes."""
-    seconds, end, window_text, live = page_params(monitor, window, end)
-    context = common(request, monitor, window_text, seconds, end, live)
+    seconds, end, live = page_params(monitor, window, end)
+    context = common(request, monitor, seconds, end, live)
     target: Target | None = repository.get_target(session, name)
     if target is None:
         return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
@@ -425,7 +452,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
               for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
     interval = target.scrape_interval or monitor.settings.default_scrape_interval
     latest = repository.scrape_log(session, target.id, 20)
-    total, failed = repository.scrape_counts(session, target.id, end - 3600)
+    total, failed = repository.scrape_counts(session, target.id, end - seconds)
     models = report.get("models", {})
     ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
     split = None
@@ -446,4 +473,5 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         rates=sorted(report["rates"].items()), charts=charts, split=split,
         diagnoses=[diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)],
         history=history, infos=repository.target_infos(session, target.id),
+        probe=latest_probe_levels(session).get(target.id),
         counter_signals=COUNTER_SIGNALS, **context)
