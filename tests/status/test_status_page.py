@@ -181,7 +181,7 @@ def test_target_page_shows_the_diagnosis_in_full(service, fleet) -> None:
     assert "Diagnosis: insufficient data" in dead and "0 successful scrape(s) in the window, need 2" in dead
     assert "connect: cannot connect" in dead
     garbled = text_of(c.get("/targets/garbled", params={"end": end}).text)
-    assert "line 1: unterminated label set: garbage{" in garbled
+    assert "line 1: unterminated label set" in garbled and "garbage" not in garbled
     fresh = text_of(c.get("/targets/fresh", params={"end": end}).text)
     assert re.search(r"Not evaluated yet: first evaluation in ~\d+ s\.", fresh), fresh
 
