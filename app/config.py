@@ -221,7 +221,7 @@ def _read_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
 
 
 def _collect_lines(node: yaml.Node, loc: tuple, lines: dict[tuple, int]) -> None:
-    lines[loc] = node.start_mark.line + 1
+    lines.setdefault(loc, node.start_mark.line + 1)  # a mapping value: its key's line, set below
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode):
