@@ -83,11 +83,19 @@ def run_server(settings: Settings, sock: socket.socket, banner: str) -> None:
             if self.started:
                 click.echo(banner)
 
-    server = Server(uvicorn.Config(create_app(settings), log_level="warning"))
     try:
+        app = create_app(settings)
+        # the start-up does this too, but a failure there is a traceback from the server's
+        # lifespan: here it is one line naming the database
+        with database_errors(settings.effective_database_url):
+            try:
+                app.state.monitor.prepare_database()
+            except RuntimeError as exc:  # a PostgreSQL schema behind the code: `llm-latency db upgrade`
+                raise click.ClickException(str(exc)) from None
+        server = Server(uvicorn.Config(app, log_level="warning"))
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a clean stop
-        pass
+        return
     finally:
         sock.close()
     if not server.started:

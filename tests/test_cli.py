@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.store.db import head_revision
 from tests.support.prometheus import free_port
 
 
@@ -94,3 +95,23 @@ def test_serve_prints_its_banner_once_it_answers_and_stops_cleanly_on_ctrl_c(tmp
         out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (0, ""), err
     assert "Traceback" not in err
+
+
+def test_serve_with_postgresql_down_prints_one_line_and_no_banner() -> None:
+    port = free_port()  # nothing listens there
+    result = llm_latency("serve", "--port", str(free_port()),
+                         env={"LLM_LATENCY_DATABASE_URL": f"postgresql+psycopg://monitor:hunter2@127.0.0.1:{port}/llm"})
+    assert (result.returncode, result.stdout) == (1, "")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"Error: database postgresql+psycopg://monitor:***@127.0.0.1:{port}/llm: ")
+    assert "Connection refused" in lines[0] and "hunter2" not in result.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_serve_on_an_unmigrated_postgresql_says_to_run_db_upgrade(database_url: str) -> None:
+    result = llm_latency("serve", "--port", str(free_port()), env={"LLM_LATENCY_DATABASE_URL": database_url})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"Error: database schema is at revision none, the service needs {head_revision()}: "
+                             "run `llm-latency db upgrade` first\n")

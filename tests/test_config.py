@@ -122,7 +122,8 @@ def test_check_config_lists_every_problem_on_its_own_line_with_file_line_and_fie
 
 
 @pytest.mark.parametrize(("body", "line", "message"), [
-    (b"targets:\n  - name: caf\xe9\n    url: http://x/metrics\n", 2, "not UTF-8 text (byte 0xe9); save the file as UTF-8"),
+    (b"targets:\n  - name: caf\xe9\n    url: http://x/metrics\n", 2,
+     "not UTF-8 text (byte 0xe9); save the file as UTF-8"),
     (b"[" * 10_000, 1, "nested deeper than 32 levels"),
     (b"targets:\n  - name: a\n    url: http://x/m\n    scrape_interval: 15\n", 4,
      "targets[0].scrape_interval: a duration needs a unit, e.g. 15s"),
