@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -11,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.durations import parse_duration
-from app.config import ConfigError, format_validation_error, load_config
+from app.config import ConfigError, FileConfig, format_validation_error, load_config
 from app.alerts.rules_export import rules
 from app.emulator.cli import emulate
 from app.probe.cli import probe
@@ -34,21 +37,69 @@ def main(log_level: str) -> None:
     """LLM Latency Monitor: TTFT/ITL percentiles and why LLM serving is slow."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if log_level.lower() != "debug":
-        # one line per job run and per migration step is noise at info level
-        for noisy in ("apscheduler", "alembic"):
+        # one line per job run, per migration step and per HTTP request (probes, receivers) is
+        # noise at info level
+        for noisy in ("apscheduler", "alembic", "httpx", "httpcore"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def run_server(settings: Settings, host: str, port: int) -> None:
-    import uvicorn
+def config_or_exit(path: Path, allowed_hosts: list[str]) -> FileConfig:
+    """The targets file, or exit 1 with its problems on stderr, one per line."""
+    try:
+        return load_config(path, allowed_hosts)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            click.echo(problem, err=True)
+        sys.exit(1)
 
-    from app.main import create_app
 
+def bind_listener(settings: Settings, host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts, so a busy port fails at once
+    with one line naming it (and nothing claims the service runs)."""
     try:
         settings.check_listen_security(host)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def run_server(settings: Settings, sock: socket.socket, banner: str) -> None:
+    """Serve on ``sock`` until stopped; ``banner`` is printed once the service has started
+    (database ready, targets loaded) and accepts connections, never before."""
+    import uvicorn
+
+    from app.main import create_app
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                click.echo(banner)
+
+    try:
+        app = create_app(settings)
+        # the start-up does this too, but a failure there is a traceback from the server's
+        # lifespan: here it is one line naming the database
+        with database_errors(settings.effective_database_url):
+            try:
+                app.state.monitor.prepare_database()
+            except RuntimeError as exc:  # a PostgreSQL schema behind the code: `llm-latency db upgrade`
+                raise click.ClickException(str(exc)) from None
+        server = Server(uvicorn.Config(app, log_level="warning"))
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: a clean stop
+        return
+    finally:
+        sock.close()
+    if not server.started:
+        raise click.ClickException("the service did not start (see the error above)")
 
 
 @main.command()
@@ -59,29 +110,42 @@ def serve(config_file: Path | None, host: str | None, port: int | None) -> None:
     """Run the service: scrape the configured targets, store, serve the API."""
     settings = load_settings(config_file=config_file, host=host, port=port)
     if settings.config_file is not None:
-        try:
-            load_config(settings.config_file, settings.allowed_target_hosts)
-        except ConfigError as exc:
-            raise click.ClickException(str(exc)) from None
-    click.echo(f"LLM Latency Monitor on http://{settings.host}:{settings.port}  (API docs: /docs)")
-    run_server(settings, settings.host, settings.port)
+        config_or_exit(settings.config_file, settings.allowed_target_hosts)
+    sock = bind_listener(settings, settings.host, settings.port)
+    bound_port = sock.getsockname()[1]
+    run_server(settings, sock, f"LLM Latency Monitor on http://{settings.host}:{bound_port}  (API docs: /docs)")
 
 
 @main.command("check-config")
 @click.argument("config_file", type=click.Path(path_type=Path))
 def check_config(config_file: Path) -> None:
-    """Validate a targets file and exit non-zero naming every bad field."""
-    settings = load_settings()
-    try:
-        config = load_config(config_file, settings.allowed_target_hosts)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{config_file}: OK, {len(config.targets)} target(s)")
+    """Validate a targets file; exit 1 listing every problem on stderr, one per line
+    (``file:line: field.path: reason``)."""
+    config = config_or_exit(config_file, load_settings().allowed_target_hosts)
+    click.echo(f"{config_file}: OK, {len(config.targets)} target(s), {len(config.alerts.receivers)} receiver(s)")
 
 
 @main.group()
 def db() -> None:
     """Database schema migrations (Alembic)."""
+
+
+@contextlib.contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """A database that cannot be reached (or refuses a statement) is one line naming it,
+    password hidden, and exit 1; not a driver traceback."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        yield
+    except SQLAlchemyError as exc:
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split("\n")[0].split())
+        try:
+            shown = make_url(url).render_as_string(hide_password=True)
+        except ArgumentError:  # the reason already says what is wrong with it
+            shown = "(unparsable URL)"
+        raise click.ClickException(f"database {shown}: {reason}") from None
 
 
 @db.command("upgrade")
@@ -90,8 +154,9 @@ def db_upgrade(revision: str) -> None:
     """Create or upgrade the schema of LLM_LATENCY_DATABASE_URL."""
     from app.store.db import upgrade
 
-    settings = load_settings()
-    upgrade(settings.effective_database_url, revision)
+    url = load_settings().effective_database_url
+    with database_errors(url):
+        upgrade(url, revision)
     click.echo(f"database at revision {revision}")
 
 
@@ -101,7 +166,9 @@ def db_downgrade(revision: str) -> None:
     """Downgrade the schema to REVISION ('base' drops everything)."""
     from app.store.db import downgrade
 
-    downgrade(load_settings().effective_database_url, revision)
+    url = load_settings().effective_database_url
+    with database_errors(url):
+        downgrade(url, revision)
     click.echo(f"database at revision {revision}")
 
 
@@ -110,9 +177,13 @@ def db_current() -> None:
     """Print the schema revision of the database."""
     from app.store.db import current_revision, head_revision, make_engine
 
-    engine = make_engine(load_settings().effective_database_url)
-    click.echo(f"current: {current_revision(engine) or 'none'}  head: {head_revision()}")
-    engine.dispose()
+    url = load_settings().effective_database_url
+    with database_errors(url):
+        engine = make_engine(url)
+        try:
+            click.echo(f"current: {current_revision(engine) or 'none'}  head: {head_revision()}")
+        finally:
+            engine.dispose()
 
 
 @main.command()
@@ -186,31 +257,38 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
     """
     from app.emulator.server import EmulatorFleet, TargetSpec
 
+    try:
+        interval = parse_duration(scrape_interval)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--scrape-interval'") from None
+    settings = load_settings(host="127.0.0.1", port=port)
+    sock = bind_listener(settings, "127.0.0.1", port)  # a busy port fails before the engines start
+    port = sock.getsockname()[1]
     data_dir.mkdir(parents=True, exist_ok=True)
     for leftover in data_dir.glob("llm-latency.db*"):
         leftover.unlink()
     fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale)
                            for i, (name, scenario, engine) in enumerate(DEMO_TARGETS)])
-    fleet.start()
     try:
+        fleet.start()
         config = {"targets": [{"name": name, "url": f"{fleet.urls[name]}/metrics",
-                               "scrape_interval": scrape_interval} for name, _, _ in DEMO_TARGETS]}
+                               "scrape_interval": f"{interval:g}s"} for name, _, _ in DEMO_TARGETS]}
         config_path = data_dir / "demo-targets.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        interval = parse_duration(scrape_interval)
         settings = load_settings(data_dir=data_dir, config_file=config_path, port=port, host="127.0.0.1",
                                  default_scrape_interval=interval, default_scrape_timeout=min(10.0, 0.8 * interval),
                                  latency_window="2m",
                                  summary_interval=scrape_interval)
-        click.echo("Emulated engines:")
-        for name, scenario, engine in DEMO_TARGETS:
-            click.echo(f"  {name:<20} {engine:<12} {scenario:<22} {fleet.urls[name]}/metrics")
+        engines = [f"  {name:<20} {engine:<12} {scenario:<22} {fleet.urls[name]}/metrics"
+                   for name, scenario, engine in DEMO_TARGETS]
         base = f"http://127.0.0.1:{port}"
-        click.echo(f"\nLLM Latency Monitor: {base}\n  status page: {base}/\n  API docs:   {base}/docs\n"
-                   f"  latency:    {base}/api/v1/targets/vllm-queueing/latency?window=1m\n"
-                   f"  self metrics: {base}/metrics\nCtrl-C to stop.")
-        run_server(settings, "127.0.0.1", port)
+        run_server(settings, sock, "\n".join([
+            "Emulated engines:", *engines,
+            f"\nLLM Latency Monitor: {base}\n  status page: {base}/\n  API docs:   {base}/docs\n"
+            f"  latency:    {base}/api/v1/targets/vllm-queueing/latency?window=1m\n"
+            f"  self metrics: {base}/metrics\nCtrl-C to stop."]))
     finally:
+        sock.close()
         fleet.stop()
 
 

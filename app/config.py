@@ -16,74 +16,49 @@ Example::
       thresholds: {queue_share: 0.5}   # see app/diagnosis/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
 
-A bad file is refused at start with every problem listed as ``field.path: reason``,
-so nobody has to guess which of forty targets has the typo.
+A bad file is refused at start with every problem on its own line as
+``file:line: field.path: reason``, so nobody has to guess which of forty targets has the
+typo. Durations need a unit (``15s``, not ``15``); an empty file is refused (``targets: []``
+is how to say "no targets from the file").
 """
 
 from __future__ import annotations
 
-import fnmatch
-import ipaddress
 import re
 from pathlib import Path
-from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 from app.diagnosis.thresholds import Thresholds
-from app.durations import parse_duration
+from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
+from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
+from app.urls import host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
 
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 RESERVED_LABELS = {"target", "model", "engine", "le", "quantile", "signal"}
+#: A targets file is a few kB per hundred targets; past this it is the wrong file (or an attack
+#: on the YAML parser), refused before parsing.
+MAX_CONFIG_BYTES = 1 << 20
+#: The deepest real nesting is five levels (alerts.receivers[].headers); 10,000 nested ``[``
+#: would exhaust the parser's recursion.
+MAX_CONFIG_DEPTH = 32
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used; the message names every bad field."""
+    """A config file that cannot be used: ``problems`` has one line per problem, each
+    ``file:line: field.path: reason`` (the line when it is known), ``str()`` all of them."""
 
-
-def validate_target_url(url: str, allowed_hosts: list[str]) -> str:
-    """Accept only http(s) URLs, optionally restricted to an allow-list of hosts.
-
-    The API lets users add targets, so without this the service could be told to
-    fetch arbitrary internal URLs (server-side request forgery).
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"URL scheme must be http or https, got {parts.scheme or 'none'!r}")
-    if not parts.hostname:
-        raise ValueError("URL has no host")
-    try:
-        parts.port
-    except ValueError as exc:
-        raise ValueError(f"bad port in URL: {exc}") from None
-    if allowed_hosts and not host_allowed(parts.hostname, allowed_hosts):
-        raise ValueError(f"host {parts.hostname!r} is not in allowed_target_hosts")
-    return url
-
-
-def host_allowed(host: str, allowed: list[str]) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    for entry in allowed:
-        if address is not None:
-            try:
-                if address in ipaddress.ip_network(entry, strict=False):
-                    return True
-            except ValueError:
-                pass
-        elif fnmatch.fnmatchcase(host.lower(), entry.lower()):
-            return True
-    return False
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
 
 
 class TargetConfig(BaseModel):
@@ -99,6 +74,11 @@ class TargetConfig(BaseModel):
     scrape_timeout: Seconds | None = Field(None, gt=0)
     hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
     canary: CanaryConfig | None = Field(None, description="A periodic single-request probe (off by default)")
+
+    @field_validator("url")
+    @classmethod
+    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
+        return check_url_in_file(url, info)  # type: ignore[return-value]
 
     @field_validator("labels")
     @classmethod
@@ -135,48 +115,125 @@ class FileConfig(BaseModel):
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> "FileConfig":
-        seen: set[str] = set()
-        for index, target in enumerate(self.targets):
-            if target.name in seen:
-                raise ValueError(f"targets[{index}].name: duplicate target name {target.name!r}")
-            seen.add(target.name)
-        return self
+    @field_validator("targets")
+    @classmethod
+    def _unique_names(cls, targets: list[TargetConfig]) -> list[TargetConfig]:
+        first: dict[str, int] = {}
+        for index, target in enumerate(targets):
+            if target.name in first:
+                raise ValueError(f"duplicate target name {target.name!r} "
+                                 f"(targets[{first[target.name]}] and targets[{index}])")
+            first[target.name] = index
+        return targets
+
+
+def error_path(loc: tuple) -> str:
+    """pydantic's ``('targets', 0, 'url')`` as ``targets[0].url``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def validation_messages(exc: ValidationError) -> list[tuple[tuple, str]]:
+    """Every error of ``exc`` as (location, ``field.path: reason``)."""
+    messages = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        path = error_path(error["loc"])
+        messages.append((error["loc"], f"{path}: {message}" if path else message))
+    return messages
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for error in exc.errors():
-        path = ""
-        for part in error["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{path or '<root>'}: {message}")
-    return "; ".join(lines)
+    """All errors on one line, ``; ``-separated (settings, command-line options)."""
+    return "; ".join(message for _, message in validation_messages(exc))
 
 
 def load_config(path: Path, allowed_hosts: list[str] | None = None) -> FileConfig:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    """Read, parse and validate the targets file; :class:`ConfigError` lists every problem.
+
+    An empty file (or one with only comments) is refused: the service deletes config-file
+    targets that the file no longer names, so a truncated file must not read as "monitor
+    nothing". ``targets: []`` says that on purpose. Durations need a unit (``15s``); target,
+    canary and receiver URLs pass :func:`app.urls.validate_target_url` with ``allowed_hosts``.
+    """
+    raw, lines = _read_yaml(path)
     if raw is None:
-        raw = {}
+        raise ConfigError([f"{path}: the file is empty; write 'targets: []' to run with no targets from "
+                           "the file (targets can still be added through the API)"])
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping with a 'targets' list")
+        raise ConfigError([f"{path}:1: the top level must be a mapping with a 'targets' list"])
+    context = {ALLOWED_HOSTS_CONTEXT: allowed_hosts or [], UNITS_REQUIRED_CONTEXT: True}
     try:
-        config = FileConfig.model_validate(raw)
+        return FileConfig.model_validate(raw, context=context)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: {format_validation_error(exc)}") from None
-    problems = []
-    for index, target in enumerate(config.targets):
+        problems = [(_line_of(loc, lines), message) for loc, message in validation_messages(exc)]
+    raise ConfigError([f"{path}:{line}: {message}" for line, message in sorted(problems, key=lambda p: p[0])])
+
+
+def _read_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
+    """The file's data and the line of every mapping key and list item, by field path.
+
+    One-line errors for what would otherwise be a traceback: unreadable, oversized,
+    not UTF-8, nested too deeply, not YAML.
+    """
+    try:
+        with path.open("rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read config file: {exc.strerror}"]) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError([f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB, too large for a targets file"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                           "save the file as UTF-8"]) from None
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_YAML_LOADER):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    raise ConfigError([f"{path}:{event.start_mark.line + 1}: nested deeper than "
+                                       f"{MAX_CONFIG_DEPTH} levels"])
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        loader = _YAML_LOADER(text)
         try:
-            validate_target_url(target.url, allowed_hosts or [])
-        except ValueError as exc:
-            problems.append(f"targets[{index}].url: {exc}")
-    if problems:
-        raise ConfigError(f"{path}: " + "; ".join(problems))
-    return config
+            node = loader.get_single_node()
+            raw = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}" if mark is not None else ""
+        what = " ".join(part for part in (exc.context, exc.problem) if part)
+        raise ConfigError([f"{path}{where}: not valid YAML: {what}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {' '.join(str(exc).split())}"]) from None
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _collect_lines(node, (), lines)
+    return raw, lines
+
+
+def _collect_lines(node: yaml.Node, loc: tuple, lines: dict[tuple, int]) -> None:
+    lines.setdefault(loc, node.start_mark.line + 1)  # a mapping value: its key's line, set below
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                lines[(*loc, key.value)] = key.start_mark.line + 1
+                _collect_lines(value, (*loc, key.value), lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _collect_lines(item, (*loc, index), lines)
+
+
+def _line_of(loc: tuple, lines: dict[tuple, int]) -> int:
+    """The line of the field, or of its nearest enclosing field (a missing field: its parent)."""
+    while loc not in lines:
+        loc = loc[:-1]
+    return lines.get(loc, 1)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Annotated
+
+from pydantic import BeforeValidator, ValidationInfo
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
@@ -41,6 +44,27 @@ def parse_duration(text: str | int | float) -> float:
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
         raise ValueError(f"duration must be a finite, non-negative number of seconds: {text!r}")
     return seconds
+
+
+#: Validation-context key: set by the config-file loader, where a bare number is refused.
+UNITS_REQUIRED_CONTEXT = "duration_units_required"
+_BARE_NUMBER = re.compile(r"\s*\d+(?:\.\d+)?\s*")
+
+
+def _seconds(value: object, info: ValidationInfo) -> float:
+    """Pydantic hook of :data:`Seconds`. In the config file ``scrape_interval: 15`` is refused:
+    a monitoring user reads it as Prometheus would (no unit, no duration), and the file is
+    the place a misread unit costs most. Environment variables, API bodies and stored rows
+    (written back as numbers) still take plain seconds."""
+    if info.context and info.context.get(UNITS_REQUIRED_CONTEXT):
+        bare = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if bare or (isinstance(value, str) and _BARE_NUMBER.fullmatch(value)):
+            raise ValueError(f"a duration needs a unit, e.g. {str(value).strip()}s")
+    return parse_duration(value)  # type: ignore[arg-type]
+
+
+#: A duration field of a model: ``15s``, ``5m``, ``1h30m`` (see :func:`parse_duration`).
+Seconds = Annotated[float, BeforeValidator(_seconds)]
 
 
 def format_duration(seconds: float) -> str:

@@ -17,10 +17,8 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.durations import parse_duration
+from app.durations import Seconds
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES
-
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
 def _split_list(value: object) -> object:
@@ -42,7 +40,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_token: SecretStr | None = Field(
-        None, description="When set, every write endpoint needs 'Authorization: Bearer <token>'."
+        None, description="When set, every write endpoint needs 'Authorization: Bearer <token>'; "
+        "empty or blank counts as not set."
     )
     allow_unauthenticated_public: bool = Field(
         False, description="Allow listening beyond loopback without an API token."
@@ -66,6 +65,16 @@ class Settings(BaseSettings):
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
     alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
     delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token_is_no_token(cls, value: object) -> object:
+        """``LLM_LATENCY_API_TOKEN=`` (a template left unfilled, an empty Secret) is no token:
+        it must neither satisfy the public-listen guard nor let an empty Bearer through."""
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(text, str) and not text.strip():
+            return None
+        return value
 
     @field_validator("allowed_target_hosts")
     @classmethod

@@ -120,9 +120,10 @@ def main() -> int:
     scrape_real = args.scrape_interval / ts
     with tempfile.TemporaryDirectory() as tmp:
         config = {
-            "targets": [{"name": s["name"], "url": urls[s["name"]] + "/metrics", "scrape_interval": scrape_real,
-                         "scrape_timeout": 0.9 * scrape_real, "hardware": hardware_of(s["scenario"])} for s in specs],
-            "diagnosis": {"interval": "1h", "window": args.window / ts},  # evaluated by this script
+            "targets": [{"name": s["name"], "url": urls[s["name"]] + "/metrics",
+                         "scrape_interval": f"{scrape_real:g}s", "scrape_timeout": f"{0.9 * scrape_real:g}s",
+                         "hardware": hardware_of(s["scenario"])} for s in specs],
+            "diagnosis": {"interval": "1h", "window": f"{args.window / ts:g}s"},  # evaluated by this script
         }
         config_path = Path(tmp) / "targets.yaml"
         config_path.write_text(yaml.safe_dump(config))

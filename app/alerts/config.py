@@ -23,14 +23,14 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR
-from app.durations import parse_duration
+from app.durations import Seconds
+from app.urls import check_url_in_file
 
-Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Severity = Literal["critical", "warning", "info"]
 PRODUCT_PREFIX = "LLMLatency"
 SLO_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time")
@@ -115,6 +115,11 @@ class ReceiverConfig(BaseModel):
     secret_env: str | None = Field(None, description="Environment variable holding the HMAC-SHA256 key.")
     match: dict[str, str] = Field(default_factory=dict, description="Label equality matchers; empty = all.")
     send_resolved: bool = True
+
+    @field_validator("url")
+    @classmethod
+    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
+        return check_url_in_file(url, info)  # type: ignore[return-value]
 
     @field_validator("headers")
     @classmethod

@@ -12,6 +12,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from app import latency
 from app.diagnosis import engine as diagnosis_engine
@@ -24,6 +25,8 @@ from app.store import db, repository
 from app.store.repository import SampleWriter, ScrapeRecord
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
+#: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics.
+_WRONG_PAGE = ("http_status", "parse_error", "no_engine_metrics")
 
 
 @dataclass
@@ -44,9 +47,20 @@ class OneShotResult:
             return EXIT_INSUFFICIENT
         return EXIT_HEALTHY
 
+    @property
+    def hint(self) -> str | None:
+        """``http://host:8000`` answers 404 or HTML where ``http://host:8000/metrics`` is the
+        engine's page: name the URL that was probably meant."""
+        parts = urlsplit(self.url)
+        last = self.scrapes[-1] if self.scrapes else None
+        if (self.exit_code != EXIT_UNREACHABLE or last is None or last.error_class not in _WRONG_PAGE
+                or parts.path.rstrip("/").endswith("/metrics")):
+            return None
+        return f"did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?"
+
     def to_dict(self) -> dict:
         last = self.scrapes[-1] if self.scrapes else None
-        return {"url": self.url, "engine": self.engine, "exit_code": self.exit_code,
+        return {"url": self.url, "engine": self.engine, "exit_code": self.exit_code, "hint": self.hint,
                 "scrapes": len(self.scrapes), "failed_scrapes": sum(1 for s in self.scrapes if not s.up),
                 "last_error": (last.error_class, last.error) if last and last.error_class else None,
                 "latency": self.latency, "diagnoses": [d.to_dict() for d in self.diagnoses]}
@@ -58,8 +72,8 @@ async def _scrape_window(url: str, engine: str, window: float, interval: float, 
         scraper = TargetScraper(TargetSpec(1, "target", url, engine, interval, timeout), fetcher, records.append)
         started = time.monotonic()
         await scraper.run()
-        if not records[-1].up:
-            return records  # unreachable: do not wait out the window
+        if not records[-1].up or records[-1].error_class == "no_engine_metrics":
+            return records  # unreachable or not an engine: do not wait out the window
         while True:
             remaining = window - (time.monotonic() - started)
             if remaining <= 0:
@@ -102,6 +116,8 @@ def format_text(result: OneShotResult) -> str:
     failed = [s for s in result.scrapes if s.error_class]
     if failed:
         lines.append(f"  scrape problem: {failed[-1].error_class}: {failed[-1].error}")
+    if result.hint:
+        lines.append(f"  {result.hint}")
     r = result.latency
 
     def ms(block: str, key: str) -> str:

@@ -20,19 +20,18 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.durations import parse_duration
+from app.durations import Seconds as _Seconds
 from app.probe import repository as probe_repository
 from app.probe.runner import ProbeResult, ProbeSpec, run_probe
 from app.store.models import ProbeRunRow
+from app.urls import check_url_in_file
 
 log = logging.getLogger(__name__)
-
-_Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class CanaryConfig(BaseModel):
@@ -58,10 +57,10 @@ class CanaryConfig(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, url: str | None) -> str | None:
+    def _http_url(cls, url: str | None, info: ValidationInfo) -> str | None:
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError("must be an http(s) URL")
-        return url
+        return check_url_in_file(url, info)
 
 
 class _TargetLike(Protocol):

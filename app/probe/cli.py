@@ -5,11 +5,12 @@
     llm-latency probe http://10.0.0.5:8000 --prompt-tokens 512,2048,8192 --max-tokens 16
 
 One level per concurrency, or per prompt length (in the order given), the other two factors
-fixed: only one factor may vary per sweep. A progress bar on stderr while it runs, then a
+fixed: only one factor may vary per sweep. A progress line per level on stderr while it runs, then a
 table (or ``--json``) on stdout, with the fitted TTFT-vs-prompt-length slope for a prompt
 sweep and the single-vs-load split for a concurrency sweep. The engine's ``/metrics`` page
 (``--metrics-url``, default the URL's) is read around every level so the split knows how long
-the single request waited in the engine's queue. Exits 1 when any request failed, 2 on bad
+the single request waited in the engine's queue; the table shows that engine view per level
+(mean queue time and mean TTFT as the engine measured them). Exits 1 when any request failed, 2 on bad
 arguments (click names the option).
 """
 
@@ -63,6 +64,25 @@ def _int_list(what: str, low: int, high: int) -> Callable[[click.Context, click.
             raise click.BadParameter(f"{what}s must be distinct")
         return levels
     return parse
+
+
+def _progress(plans: list[LevelPlan]) -> Callable[[LevelPlan, RequestResult], None]:
+    """Progress on stderr, where it works in a terminal and a log alike: the plan first, then
+    one line per finished level (a sweep of long prompts or high concurrency can take minutes)."""
+    total = sum(p.requests for p in plans)
+    click.echo(f"probing: {len(plans)} level(s), {total} request(s)", err=True)
+    finished = [0] * len(plans)
+    succeeded = [0] * len(plans)
+
+    def tick(plan: LevelPlan, result: RequestResult) -> None:
+        index = plans.index(plan)
+        finished[index] += 1
+        succeeded[index] += result.ok
+        if finished[index] == plan.requests:
+            click.echo(f"probing: level {index + 1}/{len(plans)} done (concurrency {plan.concurrency}, "
+                       f"prompt {plan.prompt_tokens} tokens): {succeeded[index]}/{plan.requests} ok, "
+                       f"{sum(finished)}/{total} requests", err=True)
+    return tick
 
 
 def _url(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -133,11 +153,7 @@ def probe(url: str, model: str | None, prompt_tokens: list[int], max_tokens: int
                      timeout=timeout, stall_timeout=stall_timeout, connect_timeout=min(10.0, timeout),
                      time_limit=time_limit, prompt_mode=prompt_mode, ignore_eos=ignore_eos,  # type: ignore[arg-type]
                      metrics_url=metrics_url)
-    total = sum(p.requests for p in plans)
-    with click.progressbar(length=total, label="probing", file=sys.stderr, show_pos=True) as bar:
-        def tick(plan: LevelPlan, result: RequestResult) -> None:
-            bar.update(1)
-        result = asyncio.run(run_probe(spec, plans, on_request=tick))
+    result = asyncio.run(run_probe(spec, plans, on_request=_progress(plans)))
     analysis = analyze(result)
     if as_json:
         click.echo(json.dumps({**result.summary(), "analysis": analysis}, indent=2))
@@ -146,6 +162,8 @@ def probe(url: str, model: str | None, prompt_tokens: list[int], max_tokens: int
         click.echo(f"{result.url}{result.endpoint}  model {model_text}  prompt {result.protocol['prompt_mode']}"
                    f"{'' if result.protocol['ignore_eos'] else ', no ignore_eos'}")
         click.echo(format_table(result.levels))
+        for problem in sorted({lv.server["error"] for lv in result.levels if lv.server and lv.server["error"]}):
+            click.echo(f"engine page ({metrics_url}): {problem}")
         for line in format_analysis(analysis):
             click.echo(line)
     if result.stopped_by == "time_limit":

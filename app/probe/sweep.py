@@ -242,15 +242,22 @@ def _ms(v: float | None) -> str:
 
 
 def format_table(levels: Sequence[LevelResult]) -> str:
+    """One row per level; when the engine's page was read, its own view of the level too:
+    ``engine queue`` and ``engine ttft``, the means of its queue-time and TTFT histograms over
+    the level (a slow client TTFT with a long engine queue is queueing, not slow prefill)."""
+    engine_view = any(lv.server is not None for lv in levels)
     head = ("conc", "prompt", "output", "reqs", "ok", "ttft p50", "ttft p90", "ttft p99", "itl p50", "itl p90",
-            "itl p99", "itl mean", "e2e p50", "tok/s", "errors")
+            "itl p99", "itl mean", "e2e p50", "tok/s", *(("engine queue", "engine ttft") if engine_view else ()),
+            "errors")
     rows = [head]
     for lv in levels:
         tps = lv.output_tokens_per_s
+        server = lv.server or {}
         rows.append((str(lv.concurrency), str(lv.plan.prompt_tokens), str(lv.plan.max_tokens), str(lv.issued),
                      str(lv.succeeded), _ms(lv.ttft.p50), _ms(lv.ttft.p90), _ms(lv.ttft.p99), _ms(lv.itl.p50),
                      _ms(lv.itl.p90), _ms(lv.itl.p99), _ms(lv.itl.mean), _ms(lv.e2e.p50),
                      "-" if tps is None else f"{tps:.1f}",
+                     *((_ms(server.get("queue_time_mean")), _ms(server.get("ttft_mean"))) if engine_view else ()),
                      ",".join(f"{k}={v}" for k, v in sorted(lv.errors.items())) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) if i < len(head) - 1 else c for i, (c, w) in enumerate(zip(r, widths)))

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from app.emulator.server import EmulatorFleet, TargetSpec
+from tests.support.pages import StaticPageServer
 
 pytestmark = pytest.mark.slow
 
@@ -57,3 +58,23 @@ def test_idle_engine_is_insufficient_data_and_dead_url_is_unreachable(fleet) -> 
     assert bad.returncode == 2 and "URL scheme must be http or https" in bad.stderr
     bad = diagnose(fleet.urls["idle"] + "/metrics", "--gpu", "TPU")
     assert bad.returncode == 2 and "unknown gpu 'TPU'" in bad.stderr
+
+
+def test_a_url_without_the_metrics_path_gets_the_url_it_probably_meant(fleet) -> None:
+    """``http://host:8000`` answers 404 (vLLM's API server) or an HTML page (a UI in front):
+    exit 3 at once with the ``/metrics`` URL to use instead, in text and JSON."""
+    base = fleet.urls["idle"]
+    result = diagnose(base, "--window", "30s", "--interval", "1s")
+    assert result.returncode == 3, result.stdout
+    assert result.stdout.splitlines()[1:3] == ["  scrape problem: http_status: HTTP 404 Not Found",
+                                               f"  did you mean {base}/metrics?"]
+    assert "Traceback" not in result.stderr
+    with StaticPageServer("<!doctype html><html><body>Chat UI</body></html>", content_type="text/html",
+                          path="/") as ui:
+        ui_base = ui.base_url
+        result = diagnose(ui_base + "/", "--window", "30s", "--interval", "1s", "--json")
+    body = json.loads(result.stdout)
+    assert (result.returncode, body["exit_code"], body["scrapes"]) == (3, 3, 1)  # did not wait out the window
+    assert body["hint"] == f"did you mean {ui_base}/metrics?"
+    right = diagnose(base + "/metrics", "--window", "2s", "--interval", "1s", "--json")
+    assert json.loads(right.stdout)["hint"] is None

@@ -1,0 +1,117 @@
+"""The ``llm-latency`` command in a real process: failures are one line on stderr with a
+non-zero exit, never a traceback, and the service announces itself only once it listens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.store.db import head_revision
+from tests.support.prometheus import free_port
+
+
+def llm_latency(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that another process-like listener holds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+def test_serve_on_a_busy_port_exits_1_naming_the_port_without_a_banner(busy_port: int, tmp_path: Path) -> None:
+    result = llm_latency("serve", "--port", str(busy_port), env={"LLM_LATENCY_DATA_DIR": str(tmp_path)})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"Error: cannot listen on 127.0.0.1:{busy_port}: Address already in use\n"
+
+
+def test_demo_on_a_busy_port_exits_1_before_starting_anything(busy_port: int, tmp_path: Path) -> None:
+    result = llm_latency("demo", "--port", str(busy_port), "--data-dir", str(tmp_path / "demo"))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"Error: cannot listen on 127.0.0.1:{busy_port}: Address already in use\n"
+    assert not (tmp_path / "demo").exists()  # no engines, no database: it stopped at the port
+
+
+def test_a_blank_token_does_not_open_a_public_listen_address(tmp_path: Path) -> None:
+    result = llm_latency("serve", "--host", "0.0.0.0", "--port", str(free_port()),
+                         env={"LLM_LATENCY_API_TOKEN": "", "LLM_LATENCY_DATA_DIR": str(tmp_path)})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == ("Error: refusing to listen on '0.0.0.0' without LLM_LATENCY_API_TOKEN; set a token, "
+                             "or LLM_LATENCY_ALLOW_UNAUTHENTICATED_PUBLIC=true to accept the risk\n")
+
+
+def test_serve_with_a_bad_config_lists_its_problems_and_does_not_start(tmp_path: Path) -> None:
+    config = tmp_path / "targets.yaml"
+    config.write_text("targets:\n  - name: a\n    url: http://10.0.0.5:8000/metrics\n    scrape_interval: 15\n"
+                      "alerts:\n  receivers:\n    - {name: r, url: 'gopher://hooks/x'}\n", encoding="utf-8")
+    result = llm_latency("serve", "--config", str(config), "--port", str(free_port()),
+                         env={"LLM_LATENCY_DATA_DIR": str(tmp_path)})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.splitlines() == [
+        f"{config}:4: targets[0].scrape_interval: a duration needs a unit, e.g. 15s",
+        f"{config}:7: alerts.receivers[0].url: URL scheme must be http or https, got 'gopher'",
+    ]
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["db", "downgrade", "base"]])
+def test_db_commands_with_postgresql_down_print_one_line_naming_the_database(command: list[str]) -> None:
+    port = free_port()  # nothing listens there
+    url = f"postgresql+psycopg://monitor:hunter2@127.0.0.1:{port}/llm"
+    result = llm_latency(*command, env={"LLM_LATENCY_DATABASE_URL": url})
+    assert (result.returncode, result.stdout) == (1, "")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"Error: database postgresql+psycopg://monitor:***@127.0.0.1:{port}/llm: "
+                               f"connection failed: connection to server at \"127.0.0.1\", port {port} failed: ")
+    assert "Connection refused" in lines[0]
+    assert "hunter2" not in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_prints_its_banner_once_it_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "LLM_LATENCY_DATA_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"})
+    try:
+        banner = proc.stdout.readline()  # blocks until the service printed it
+        assert banner == f"LLM Latency Monitor on http://127.0.0.1:{port}  (API docs: /docs)\n"
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10).status_code == 200  # already serving
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def test_serve_with_postgresql_down_prints_one_line_and_no_banner() -> None:
+    port = free_port()  # nothing listens there
+    result = llm_latency("serve", "--port", str(free_port()),
+                         env={"LLM_LATENCY_DATABASE_URL": f"postgresql+psycopg://monitor:hunter2@127.0.0.1:{port}/llm"})
+    assert (result.returncode, result.stdout) == (1, "")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"Error: database postgresql+psycopg://monitor:***@127.0.0.1:{port}/llm: ")
+    assert "Connection refused" in lines[0] and "hunter2" not in result.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_serve_on_an_unmigrated_postgresql_says_to_run_db_upgrade(database_url: str) -> None:
+    result = llm_latency("serve", "--port", str(free_port()), env={"LLM_LATENCY_DATABASE_URL": database_url})
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"Error: database schema is at revision none, the service needs {head_revision()}: "
+                             "run `llm-latency db upgrade` first\n")
