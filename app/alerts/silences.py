@@ -20,6 +20,8 @@ from typing import Any
 
 import re2
 
+from app.limits import MAX_LABEL_NAME_LENGTH, MAX_MATCHER_LENGTH
+
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # silences already logged as muting nothing
 
@@ -55,6 +57,9 @@ def parse_matcher(item: str | Mapping[str, Any]) -> dict[str, Any]:
                    "isEqual": bool(item.get("isEqual", True))}
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", matcher["name"]):
             raise MatcherError(f"bad matcher name {matcher['name']!r}")
+    if len(matcher["name"]) > MAX_LABEL_NAME_LENGTH or len(matcher["value"]) > MAX_MATCHER_LENGTH:
+        raise MatcherError(f"matcher {matcher['name'][:MAX_LABEL_NAME_LENGTH]!r} too long: names have at most "
+                           f"{MAX_LABEL_NAME_LENGTH} characters, values at most {MAX_MATCHER_LENGTH}")
     if matcher["isRegex"]:
         compile_regex(matcher["name"], matcher["value"])
     return matcher
