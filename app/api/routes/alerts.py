@@ -16,7 +16,7 @@ from app.api.deps import MonitorDep, SessionDep, WriteAuth
 from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
 from app.config import validate_target_url
 from app.durations import format_utc
-from app.limits import MAX_MATCHER_LENGTH, MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
+from app.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
 from app.store import repository
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
@@ -55,9 +55,9 @@ def list_alerts(session: SessionDep, state: Annotated[str | None, Query(descript
 class SilenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    matchers: list[Annotated[str, Field(max_length=MAX_MATCHER_LENGTH)] | dict[str, Any]] = Field(
-        min_length=1, max_length=MAX_MATCHERS, description='e.g. ["target=\\"vllm-a\\"", '
-                                                                            '"alertname=~\\"LLMLatency.*\\""]')
+    matchers: list[str | dict[str, Any]] = Field(min_length=1, max_length=MAX_MATCHERS,
+                                                 description='e.g. ["target=\\"vllm-a\\"", '
+                                                             '"alertname=~\\"LLMLatency.*\\""]')
     startsAt: UnixTime | None = Field(None, description="unix seconds; default now")
     endsAt: UnixTime | None = Field(None, description="unix seconds; or give duration")
     duration: str | None = Field(None, description="e.g. 2h")
