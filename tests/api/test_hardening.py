@@ -313,3 +313,20 @@ def test_database_outage_is_503(tmp_path: Path) -> None:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+# ------------------------------------------------------------------ the targets YAML obeys the same bounds
+
+def test_config_file_field_bounds(tmp_path: Path) -> None:
+    from app.config import ConfigError, load_config
+
+    path = tmp_path / "targets.yaml"
+    path.write_text("targets:\n  - name: a\n    url: http://127.0.0.1:9/metrics\n"
+                    f"    labels: {{team: {'x' * 1025}}}\n"
+                    "alerts:\n  receivers:\n    - {name: r, url: http://127.0.0.1:9/hook, match: {"
+                    + ", ".join(f"l{i}: v" for i in range(33)) + "}}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert "targets[0].labels.team: String should have at most 1024 characters" in message
+    assert "alerts.receivers[0].match: Dictionary should have at most 32 items after validation, not 33" in message
