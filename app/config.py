@@ -36,6 +36,7 @@ from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 from app.diagnosis.thresholds import Thresholds
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
+from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 from app.urls import host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
 
@@ -67,11 +68,11 @@ class TargetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    url: str
+    url: Url
     engine: EngineName = "auto"
-    labels: dict[str, str] = Field(default_factory=dict)
-    scrape_interval: Seconds | None = Field(None, gt=0)
-    scrape_timeout: Seconds | None = Field(None, gt=0)
+    labels: Labels = Field(default_factory=dict)
+    scrape_interval: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
+    scrape_timeout: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
     canary: CanaryConfig | None = Field(None, description="A periodic single-request probe (off by default)")
 
@@ -111,7 +112,7 @@ class DiagnosisConfig(BaseModel):
 class FileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    targets: list[TargetConfig] = Field(default_factory=list)
+    targets: list[TargetConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 

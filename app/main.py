@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from app.api import errors
+from app.api.guards import LimitRequestBody, RequireTokenForWrites
 from app.api.routes import alerts, diagnoses, health, probes, status, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
@@ -26,4 +28,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(alerts.router)
     app.include_router(status.router)  # the HTML status page: GET /, /targets/{name}
     app.include_router(probes.router)
+    errors.install(app)
+    # the last added runs first: the token is checked before the body is read
+    app.add_middleware(LimitRequestBody, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequireTokenForWrites, settings=settings)
     return app

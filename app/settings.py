@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.durations import Seconds
+from app.limits import MAX_REQUEST_BYTES
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES
 
 
@@ -58,6 +59,8 @@ class Settings(BaseSettings):
     connect_timeout: Seconds = Field(3.0, gt=0)
     max_page_bytes: int = Field(DEFAULT_MAX_PAGE_BYTES, gt=0, description="Larger pages are refused.")
     max_concurrent_scrapes: int = Field(64, gt=0)
+    max_request_bytes: int = Field(MAX_REQUEST_BYTES, gt=0, description="Larger request bodies are refused (413) "
+                                   "before they are read in full.")
     scrape_jitter: float = Field(0.1, ge=0, le=1, description="Fraction of the interval.")
     write_batch_interval: Seconds = Field(0.5, gt=0, description="How often scrapes are flushed.")
     latency_window: Seconds = Field(300.0, gt=0, description="Window of the /metrics quantile gauges.")

@@ -23,12 +23,14 @@ Example::
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR
 from app.durations import Seconds
+from app.limits import (MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels,
+                        Url)
 from app.urls import check_url_in_file
 
 Severity = Literal["critical", "warning", "info"]
@@ -86,7 +88,8 @@ class SloConfig(BaseModel):
     window: Seconds = Field(300.0, gt=0)
     for_: Seconds = Field(120.0, ge=0, alias="for")
     severity: Severity = "warning"
-    targets: list[str] | None = Field(None, description="Target names; omitted = every target.")
+    targets: list[Annotated[str, Field(max_length=MAX_TEXT_LENGTH)]] | None = Field(
+        None, max_length=MAX_LIST_LENGTH, description="Target names; omitted = every target.")
 
     @property
     def alertname(self) -> str:
@@ -108,12 +111,14 @@ class ReceiverConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-    url: str
+    url: Url
     kind: Literal["webhook", "alertmanager"] = "webhook"
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[Annotated[str, Field(max_length=MAX_TEXT_LENGTH)],
+                  Annotated[str, Field(max_length=MAX_HEADER_VALUE_LENGTH)]] = Field(default_factory=dict,
+                                                                                    max_length=MAX_HEADERS)
     timeout: Seconds = Field(10.0, gt=0, le=120)
-    secret_env: str | None = Field(None, description="Environment variable holding the HMAC-SHA256 key.")
-    match: dict[str, str] = Field(default_factory=dict, description="Label equality matchers; empty = all.")
+    secret_env: str | None = Field(None, max_length=MAX_TEXT_LENGTH, description="Environment variable holding the HMAC-SHA256 key.")
+    match: Labels = Field(default_factory=dict, description="Label equality matchers; empty = all.")
     send_resolved: bool = True
 
     @field_validator("url")
@@ -135,17 +140,17 @@ class ReceiverConfig(BaseModel):
 class AlertsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    external_url: str = Field("", description="This service's external URL, for links.")
-    dashboard_url: str = Field("", description="Grafana drill-down dashboard URL; ?var-target=... is appended.")
-    slos: list[SloConfig] = Field(default_factory=default_slos)
+    external_url: Url = Field("", description="This service's external URL, for links.")
+    dashboard_url: Url = Field("", description="Grafana drill-down dashboard URL; ?var-target=... is appended.")
+    slos: list[SloConfig] = Field(default_factory=default_slos, max_length=MAX_LIST_LENGTH)
     target_down_for: Seconds = Field(60.0, ge=0)
     diagnosis_for: Seconds = Field(0.0, ge=0, description="Extra hold time after a finding becomes active.")
-    group_by: list[str] = Field(default_factory=lambda: ["alertname", "target"])
+    group_by: list[LabelName] = Field(default_factory=lambda: ["alertname", "target"], max_length=MAX_LIST_LENGTH)
     group_interval: Seconds = Field(30.0, gt=0)
     repeat_interval: Seconds = Field(4 * 3600.0, gt=0, description="Re-notify webhooks of still-firing alerts.")
     resend_interval: Seconds = Field(60.0, gt=0, description=(
         "Re-post still-firing alerts to kind: alertmanager receivers this often, with endsAt = now + 4 x "
         "max(evaluation interval, resend_interval), as Prometheus does (Alertmanager resolves alerts it stops "
         "hearing about)."))
-    receivers: list[ReceiverConfig] = Field(default_factory=list)
+    receivers: list[ReceiverConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     max_delivery_age: Seconds = Field(24 * 3600.0, gt=0, description="Stop retrying a notification after this.")

@@ -1,17 +1,39 @@
 """Silence matchers, Alertmanager style: ``name="value"``, ``!=``, ``=~`` (regex), ``!~``.
 
 Accepted as strings (``'target=~"vllm-.*"'``) or as Alertmanager API objects
-(``{"name": "target", "value": "vllm-.*", "isRegex": true, "isEqual": true}``). Regexes
-are anchored, as in Alertmanager.
+(``{"name": "target", "value": "vllm-.*", "isRegex": true, "isEqual": true}``).
+
+Regexes have RE2 semantics and are anchored at both ends, as in Alertmanager (Go's
+``regexp``): ``target=~"vllm-.*"`` matches ``vllm-a`` but not ``x-vllm-a``. RE2 runs in time
+linear in the label value, so no pattern a user sends can make matching back-track for
+minutes (Python's ``re`` takes exponential time on ``(a+)+`` against ``aaaa…a-``); the
+price is RE2's syntax: backreferences and lookarounds are refused when the silence is made.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
+import re2
+
+from app.limits import MAX_LABEL_NAME_LENGTH, MAX_MATCHER_LENGTH
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # silences already logged as muting nothing
+
 _MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^"\s=~!]*))\s*$')
+_ESCAPE = re.compile(r"\\(.)", re.DOTALL)
+_ESCAPED = {"n": "\n", '"': '"', "\\": "\\"}
+
+
+def _unescape(quoted: str) -> str:
+    """Alertmanager's unescaping of a quoted value: ``\\n``, ``\\"`` and ``\\\\``; any other
+    backslash stays, so ``"vllm\\.a"`` reaches the regex as ``vllm\\.a``."""
+    return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), m.group(0)), quoted)
 
 
 class MatcherError(ValueError):
@@ -22,36 +44,67 @@ def parse_matcher(item: str | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(item, str):
         m = _MATCHER.match(item)
         if not m:
-            raise MatcherError(f"bad matcher {item!r}: expected name=\"value\", name!=\"value\", name=~\"regex\" "
+            raise MatcherError(f"bad matcher {item[:MAX_MATCHER_LENGTH]!r}: expected name=\"value\", name!=\"value\", name=~\"regex\" "
                                "or name!~\"regex\"")
         name, op, quoted, bare = m.groups()
-        value = bytes(quoted, "utf-8").decode("unicode_escape") if quoted is not None else bare
+        value = _unescape(quoted) if quoted is not None else bare
         matcher = {"name": name, "value": value, "isRegex": "~" in op, "isEqual": not op.startswith("!")}
     else:
         unknown = set(item) - {"name", "value", "isRegex", "isEqual"}
         if unknown or "name" not in item or "value" not in item:
-            raise MatcherError(f"bad matcher {dict(item)!r}: needs name and value (optional isRegex, isEqual)")
+            raise MatcherError(f"bad matcher {str(dict(item))[:MAX_MATCHER_LENGTH]}: needs name and value (optional isRegex, isEqual)")
         matcher = {"name": str(item["name"]), "value": str(item["value"]), "isRegex": bool(item.get("isRegex", False)),
                    "isEqual": bool(item.get("isEqual", True))}
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", matcher["name"]):
-            raise MatcherError(f"bad matcher name {matcher['name']!r}")
+            raise MatcherError(f"bad matcher name {matcher['name'][:MAX_LABEL_NAME_LENGTH]!r}")
+    if len(matcher["name"]) > MAX_LABEL_NAME_LENGTH or len(matcher["value"]) > MAX_MATCHER_LENGTH:
+        raise MatcherError(f"matcher {matcher['name'][:MAX_LABEL_NAME_LENGTH]!r} too long: names have at most "
+                           f"{MAX_LABEL_NAME_LENGTH} characters, values at most {MAX_MATCHER_LENGTH}")
     if matcher["isRegex"]:
-        try:
-            re.compile(matcher["value"])
-        except re.error as exc:
-            raise MatcherError(f"bad regex in matcher {matcher['name']}: {exc}") from None
+        compile_regex(matcher["name"], matcher["value"])
     return matcher
 
 
+@functools.lru_cache(maxsize=1024)
+def compile_regex(name: str, pattern: str) -> re2._Regexp:
+    """The RE2 program of matcher ``name``'s regex; MatcherError when RE2 refuses it
+    (backreferences, lookarounds, repetition counts above 1000...). Cached: every alert
+    evaluation matches every silence again."""
+    options = re2.Options()
+    options.log_errors = False  # the error is raised with the matcher's name instead
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise MatcherError(f"bad regex in matcher {name}: {reason} (regexes use RE2 syntax: no backreferences or "
+                           "lookarounds)") from None
+
+
 def matches(matcher: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Alertmanager's rule: a missing label is the empty string; a regex must match the
+    whole value."""
     value = labels.get(matcher["name"], "")
     if matcher["isRegex"]:
-        hit = re.fullmatch(matcher["value"], value) is not None
+        hit = compile_regex(matcher["name"], matcher["value"]).fullmatch(value) is not None
     else:
         hit = value == matcher["value"]
     return hit if matcher["isEqual"] else not hit
 
 
 def silenced_by(silences: list, labels: Mapping[str, str], now: float) -> list[str]:
-    """Ids of the silences (rows with .id, .matchers, .starts_at, .ends_at) muting these labels."""
-    return [s.id for s in silences if s.starts_at <= now < s.ends_at and all(matches(m, labels) for m in s.matchers)]
+    """Ids of the silences (rows with .id, .matchers, .starts_at, .ends_at) muting these labels.
+
+    A stored silence whose regex RE2 refuses (made before regexes were RE2) mutes nothing:
+    muting by a pattern that cannot be evaluated safely would hide alerts."""
+    muting = []
+    for silence in silences:
+        if not silence.starts_at <= now < silence.ends_at:
+            continue
+        try:
+            if all(matches(m, labels) for m in silence.matchers):
+                muting.append(silence.id)
+        except MatcherError as exc:
+            if silence.id not in _warned:
+                _warned.add(silence.id)
+                log.warning("silence %s mutes nothing: %s", silence.id, exc)
+    return muting

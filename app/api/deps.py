@@ -8,9 +8,11 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
 from app.lifespan import Monitor
+from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -31,25 +33,33 @@ def get_session(monitor: MonitorDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-def holds_token(monitor: MonitorDep, credentials: CredentialsDep) -> bool:
-    """Whether the request may do what the API token allows: it carries the token, or no
-    token is configured (then the service only listens on loopback unless the operator set
-    ``allow_unauthenticated_public``; see Settings.check_listen_security)."""
-    token = monitor.settings.api_token
+def token_accepted(settings: Settings, authorization: str | None) -> bool:
+    """The one check of the API token, for :func:`holds_token` and for the middleware
+    that refuses unauthenticated writes before their body is read (app.api.guards).
+    True when no token is configured: the service then only listens on loopback unless the
+    operator set ``allow_unauthenticated_public`` (see Settings.check_listen_security)."""
+    token = settings.api_token
     if token is None:
         return True
-    return credentials is not None and hmac.compare_digest(credentials.credentials.encode(),
-                                                           token.get_secret_value().encode())
+    scheme, credentials = get_authorization_scheme_param(authorization)
+    return scheme.lower() == "bearer" and hmac.compare_digest(credentials.encode(), token.get_secret_value().encode())
+
+
+UNAUTHORIZED = "missing or wrong API token"
+
+
+def holds_token(request: Request, monitor: MonitorDep,
+                _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> bool:
+    """Whether the request may do what the API token allows: write, and read fetched text
+    (``_bearer`` declares the scheme in the OpenAPI document; the header is checked by
+    :func:`token_accepted`)."""
+    return token_accepted(monitor.settings, request.headers.get("authorization"))
 
 
 def require_token(allowed: Annotated[bool, Depends(holds_token)]) -> None:
     """Every write endpoint depends on this."""
     if not allowed:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or wrong API token",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
 
 
 WriteAuth = Depends(require_token)

@@ -10,6 +10,7 @@ from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 from app.durations import parse_duration
+from app.limits import MAX_INTERVAL_SECONDS, Labels, Url
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -23,11 +24,11 @@ class TargetPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str | None = None
+    url: Url | None = None
     engine: EngineName | None = None
-    labels: dict[str, str] | None = None
-    scrape_interval: Seconds | None = Field(None, gt=0)
-    scrape_timeout: Seconds | None = Field(None, gt=0)
+    labels: Labels | None = None
+    scrape_interval: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
+    scrape_timeout: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     hardware: HardwareProfile | None = None
     canary: CanaryConfig | None = None
 

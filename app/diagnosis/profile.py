@@ -18,17 +18,18 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.hardware import GPUS, MODELS, WEIGHT_DTYPE_BYTES
+from app.limits import MAX_TEXT_LENGTH
 
 
 class HardwareProfile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    gpu: str | None = Field(None, description=f"one of {', '.join(sorted(GPUS))}")
+    gpu: str | None = Field(None, max_length=MAX_TEXT_LENGTH, description=f"one of {', '.join(sorted(GPUS))}")
     hbm_bandwidth: float | None = Field(None, gt=0, description="bytes/s per GPU; overrides the GPU preset")
     peak_flops: float | None = Field(None, gt=0, description="dense FLOP/s per GPU; overrides the GPU preset")
-    model: str | None = Field(None, description=f"one of {', '.join(sorted(MODELS))}")
+    model: str | None = Field(None, max_length=MAX_TEXT_LENGTH, description=f"one of {', '.join(sorted(MODELS))}")
     params: float | None = Field(None, gt=0, description="parameter count; overrides the model preset")
-    weight_dtype: str = Field("bf16", description=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
+    weight_dtype: str = Field("bf16", max_length=MAX_TEXT_LENGTH, description=f"one of {', '.join(WEIGHT_DTYPE_BYTES)}")
     tensor_parallel: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")

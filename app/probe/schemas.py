@@ -13,6 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from app.durations import parse_duration
+from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_URL_LENGTH
 
 MAX_CONCURRENCY = 64
 MAX_LEVELS = 8
@@ -48,7 +49,7 @@ class ProbeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target: str | None = Field(None, max_length=64)
-    url: str | None = Field(None, max_length=2048)
+    url: str | None = Field(None, max_length=MAX_URL_LENGTH)
     model: str | None = Field(None, max_length=256)
     prompt_tokens: Annotated[list[Annotated[int, Field(ge=1, le=MAX_PROMPT_TOKENS)]],
                              BeforeValidator(_int_list)] = Field(
@@ -67,7 +68,7 @@ class ProbeIn(BaseModel):
     stall_timeout: Seconds = Field(30.0, gt=0, le=MAX_REQUEST_TIMEOUT)
     time_limit: Seconds = Field(DEFAULT_TIME_LIMIT, gt=0, le=MAX_TIME_LIMIT, description="Whole run.")
     ignore_eos: bool = True
-    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer'; never stored.")
+    api_key: SecretStr | None = Field(None, max_length=MAX_HEADER_VALUE_LENGTH, description="Sent as 'Authorization: Bearer'; never stored.")
 
     @field_validator("concurrency", "prompt_tokens")
     @classmethod

@@ -16,6 +16,8 @@ from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import fetched_text, header_names
 from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
 from app.config import validate_target_url
+from app.durations import format_utc
+from app.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
 from app.store import repository
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
@@ -54,10 +56,11 @@ def list_alerts(session: SessionDep, state: Annotated[str | None, Query(descript
 class SilenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    matchers: list[str | dict[str, Any]] = Field(min_length=1, description='e.g. ["target=\\"vllm-a\\"", '
-                                                                            '"alertname=~\\"LLMLatency.*\\""]')
-    startsAt: float | None = Field(None, description="unix seconds; default now")
-    endsAt: float | None = Field(None, description="unix seconds; or give duration")
+    matchers: list[str | dict[str, Any]] = Field(min_length=1, max_length=MAX_MATCHERS,
+                                                 description='e.g. ["target=\\"vllm-a\\"", '
+                                                             '"alertname=~\\"LLMLatency.*\\""]')
+    startsAt: UnixTime | None = Field(None, description="unix seconds; default now")
+    endsAt: UnixTime | None = Field(None, description="unix seconds; or give duration")
     duration: str | None = Field(None, description="e.g. 2h")
     createdBy: str = Field(min_length=1, max_length=128)
     comment: str = Field(min_length=1, max_length=2000)
@@ -89,6 +92,9 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
         raise unprocessable("body.endsAt", "give endsAt or duration")
     if ends <= starts:
         raise unprocessable("body.endsAt", "must be after startsAt")
+    if ends > MAX_UNIX_TIME:
+        raise unprocessable("body.duration" if body.duration is not None else "body.endsAt",
+                            f"the silence would end after {format_utc(MAX_UNIX_TIME)}")
     row = repository.create_silence(session, str(uuid.uuid4()), matchers, starts, ends, body.createdBy, body.comment,
                                     now)
     session.commit()

@@ -14,6 +14,7 @@ from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.profile import HardwareProfile
+from app.limits import UnixTime
 from app.store import repository
 from app.store.models import FindingRow
 
@@ -77,9 +78,9 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
 def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
                      window: Annotated[str | None, Query(description="evaluate now over this window "
                                                                       "(no lifecycle); default: latest scheduled")] = None,
-                     start: Annotated[float | None, Query(description="unix seconds; with end, evaluate now "
+                     start: Annotated[UnixTime | None, Query(description="unix seconds; with end, evaluate now "
                                                                       "over exactly [start, end]")] = None,
-                     end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> list[dict]:
+                     end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> list[dict]:
     """The latest scheduled diagnosis, or (``window`` or ``start``) one evaluated now over that
     range without touching the finding lifecycle. ``start`` exists because a window in
     milliseconds rounds: a range meant to begin at a scrape would begin just after it and

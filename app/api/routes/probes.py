@@ -19,13 +19,14 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
+from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, status
 
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.config import validate_target_url
 from app.durations import format_utc
+from app.limits import MAX_ID, UnixTime
 from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
 from app.probe.jobs import ProbeJobs
@@ -125,7 +126,8 @@ async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> 
 
 
 @router.get("/probes/{run_id}")
-def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep,
+def get_probe(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, monitor: MonitorDep,
+              token_holder: TokenHolderDep,
               requests: Annotated[bool, Query(description="include every request")] = False) -> dict:
     """The run; for a finished run of a monitored target also ``consistency``: its client TTFT
     against the engine's TTFT histogram over the scrapes around it (``insufficient_data``
@@ -145,7 +147,7 @@ def get_probe(run_id: int, session: SessionDep, monitor: MonitorDep, token_holde
 def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
                        window: Annotated[str, Query(description="probe runs that finished in this window, "
                                                                 "e.g. 15m")] = "15m",
-                       end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
+                       end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
     """Client-side probe TTFT vs. the engine's TTFT over the same periods, for the probe runs of
     the target that finished in the window (the newest :data:`~app.probe.consistency.MAX_RUNS`),
     combined: what the ``outside_engine`` diagnosis reads. ``status`` is ``ok``, ``finding``,

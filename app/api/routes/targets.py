@@ -16,6 +16,7 @@ from app.api.schemas import ScrapeOut, TargetIn, TargetOut, TargetPatch
 from app.config import TargetConfig, validate_target_url
 from app.durations import parse_duration
 from app.lifespan import Monitor
+from app.limits import UnixTime
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Scrape, Target
@@ -164,8 +165,8 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
 @router.get("/targets/{name}/latency")
 def target_latency(name: str, session: SessionDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
-                   start: Annotated[float | None, Query(description="unix seconds; overrides window")] = None,
-                   end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> dict:
+                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
+                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max."""
@@ -181,7 +182,8 @@ def target_series(name: str, session: SessionDep,
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
                   step: str = "30s", window: str = "1h",
                   lookback: Annotated[str, Query(description="increase() range of each point")] = "5m",
-                  model: str | None = None, end: float | None = None) -> dict:
+                  model: str | None = None,
+                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
     target = get_or_404(session, name)
     if signal not in HISTOGRAM_SIGNALS:
         raise unprocessable("query.signal", f"unknown signal {signal!r}; one of {', '.join(HISTOGRAM_SIGNALS)}")
@@ -219,8 +221,9 @@ def target_config(name: str, session: SessionDep) -> dict:
 
 
 @router.get("/latency")
-def fleet_latency(session: SessionDep, window: str = "5m", start: float | None = None,
-                  end: float | None = None) -> dict:
+def fleet_latency(session: SessionDep, window: str = "5m",
+                  start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
+                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
     """Fleet-wide percentiles: every target's histograms summed by le."""
     seconds, end = time_range(window, start, end)
     targets = repository.list_targets(session)

@@ -1,0 +1,57 @@
+"""Exception handlers: errors that are the client's or the database's, answered as such
+instead of as a 500.
+
+* A validation error whose input was a non-finite number (JSON ``1e999999`` parses to
+  infinity) broke FastAPI's own 422 response, which cannot encode infinity in JSON: the
+  handler writes such numbers as text, so the 422 names the field as any other.
+* A database that cannot be reached (stopped, dropped, connections terminated, pool
+  exhausted) is a 503 with ``{"detail": ...}``, which clients and load balancers retry,
+  not a 500 or a reset connection. The driver's message stays in the log: it can name
+  hosts and SQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from app.store.repository import DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+DATABASE_ERRORS = (OperationalError, InterfaceError, PoolTimeoutError, DatabaseUnavailable)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every infinite or NaN float written as text (``"inf"``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's own 422 body, with non-finite inputs written as text."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+
+
+async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": f"database unavailable ({type(exc).__name__}); retry later"}, status_code=503,
+                        headers={"Retry-After": "5"})
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, validation_error)
+    for error in DATABASE_ERRORS:
+        app.add_exception_handler(error, database_unavailable)

@@ -1,0 +1,35 @@
+"""Size limits on everything a user can send: the HTTP API's bodies and fields, and the
+targets YAML (which shares its models with the API).
+
+Without them one request could store a 100 MB label value (every status-page render then
+carries it) or hand the scheduler an interval it cannot represent. The numbers are
+generous for real fleets and are documented in the README ("Limits"); a value past one is
+refused with a 422 (API) or a config error naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+MAX_REQUEST_BYTES = 1024 * 1024  # default of LLM_LATENCY_MAX_REQUEST_BYTES: a whole request body
+MAX_LABEL_NAME_LENGTH = 128
+MAX_LABEL_VALUE_LENGTH = 1024
+MAX_LABELS = 32  # per target, and per receiver's ``match``
+MAX_URL_LENGTH = 2048
+MAX_MATCHERS = 32  # per silence
+MAX_MATCHER_LENGTH = 1024  # a matcher as text (name, operator, quoted value)
+MAX_HEADERS = 32  # per receiver
+MAX_HEADER_VALUE_LENGTH = 4096
+MAX_TEXT_LENGTH = 256  # short free text: hardware names, environment variable names
+MAX_LIST_LENGTH = 1000  # targets, receivers, SLOs, group_by, an SLO's target list
+MAX_INTERVAL_SECONDS = 86400.0  # scrape intervals and timeouts, canary intervals: one day
+MAX_UNIX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last second datetime can show
+MAX_ID = 2**63 - 1  # a database id (BIGINT)
+
+LabelName = Annotated[str, StringConstraints(max_length=MAX_LABEL_NAME_LENGTH)]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]
+Labels = Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)]
+Url = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH)]
+UnixTime = Annotated[float, Field(ge=0, le=MAX_UNIX_TIME, allow_inf_nan=False)]
