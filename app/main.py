@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api.routes import alerts, diagnoses, health, probes, status, targets
+from app.api import docs
+from app.api.routes import alerts, diagnoses, health, probes, runbooks, status, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -17,13 +18,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="TTFT/ITL percentiles of LLM inference engines, computed exactly as Prometheus would, "
         "and why serving is slow.",
         lifespan=lifespan,
+        docs_url=None,  # served from local assets by app.api.docs
+        redoc_url=None,
     )
     app.state.monitor = Monitor(settings)
     app.include_router(health.router)
     app.include_router(targets.router)
     app.include_router(diagnoses.router)
-    app.include_router(diagnoses.runbooks)
+    app.include_router(runbooks.router)  # GET/HEAD /runbooks, /runbooks/{name}
     app.include_router(alerts.router)
     app.include_router(status.router)  # the HTML status page: GET /, /targets/{name}
     app.include_router(probes.router)
+    docs.install(app)  # /docs without a CDN
     return app

@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from app.diagnosis.findings import REGIMES, RUNBOOK_DIR
+from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
 from app.durations import parse_duration
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
@@ -69,8 +69,7 @@ def runbook_url(external_url: str, alertname: str) -> str:
     """The alert's runbook on this service when its external URL is known, else the path
     in the source tree."""
     name = ALERT_RUNBOOKS[alertname]
-    base = external_url.rstrip("/")
-    return f"{base}/runbooks/{name}" if base else f"{RUNBOOK_DIR}/{name}.md"
+    return runbook_link(name, external_url) if external_url.rstrip("/") else f"{RUNBOOK_DIR}/{name}.md"
 
 
 class SloConfig(BaseModel):

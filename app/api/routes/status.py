@@ -348,7 +348,8 @@ def html(template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
 def common(request: Request, monitor, window_text: str, window: float, end: float, live: bool) -> dict:
     return {"request_path": request.url.path, "window_text": window_text, "window_seconds": window, "end": end,
             "refresh": REFRESH_SECONDS if live else None, "now": end, "version": request.app.version,
-            "latency_window": format_duration(monitor.settings.latency_window)}
+            "latency_window": format_duration(monitor.settings.latency_window),
+            "runbook_base": monitor.external_url}  # runbook links: absolute when the external URL is known
 
 
 # --------------------------------------------------------------------------- routes
