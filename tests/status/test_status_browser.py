@@ -213,9 +213,9 @@ def test_status_page_in_headless_chromium(live, browser) -> None:
         assert page.locator('tr[data-regime="queueing"][data-state="active"]').count() == 1
         assert "Mean TTFT split: queue" in page.locator(".split svg").get_attribute("aria-label")
         page.screenshot(path=str(ARTIFACTS / "status-target.png"), full_page=True)
-        # (the plain-text runbook has no <link rel=icon>: Chromium's own /favicon.ico request may 404)
+        # (Chromium's own /favicon.ico request may 404)
         assert failed == [] and [p for p in problems if "status of 404" not in p] == []
-        assert http.get("/docs").status_code == 200  # (Swagger UI itself needs a CDN: not opened here)
+        assert http.get("/docs").status_code == 200  # (rendered in tests/api/test_docs_offline.py)
 
         missing = page.goto(server.url + "/targets/nope")
         assert missing is not None and missing.status == 404

@@ -129,7 +129,7 @@ def test_index_shows_health_numbers_and_diagnosis(service, fleet) -> None:
             continue
         answer = c.get(html.unescape(link))
         assert answer.status_code == 200, link
-    assert "**Verify the fix.**" in c.get("/runbooks/queueing").text
+    assert "<strong>Verify the fix.</strong>" in c.get("/runbooks/queueing").text
 
 
 def test_labels_and_errors_are_escaped(service, fleet) -> None:
