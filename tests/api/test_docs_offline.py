@@ -33,7 +33,7 @@ def test_docs_render_every_operation_from_local_assets_only(tmp_path: Path, brow
         page = browser.new_page()
         requests, blocked, problems = [], [], []
 
-        def route(route) -> None:  # noqa: ANN001
+        def route(route) -> None:
             url = route.request.url
             if urlsplit(url).hostname == "127.0.0.1":
                 requests.append(url.removeprefix(server.url))
