@@ -229,7 +229,8 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
     if not as_json:
         click.echo(f"watching {url} for {window_s:g} s ...", err=True)
     result = oneshot.run(url, window_s, interval_s, engine, timeout=min(10.0, interval_s), hardware=hardware)
-    click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json else oneshot.format_text(result))
+    click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json
+               else oneshot.format_text(result, runbook_base=load_settings().public_url))
     sys.exit(result.exit_code)
 
 

@@ -59,6 +59,13 @@ class Monitor:
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task | None = None
 
+    @property
+    def external_url(self) -> str:
+        """This service's external URL for links (runbooks): ``alerts.external_url`` of the
+        targets YAML, else ``LLM_LATENCY_PUBLIC_URL``; "" when neither is set (links are then
+        paths on this service)."""
+        return (self.alerts_config.external_url or self.settings.public_url).rstrip("/")
+
     # ------------------------------------------------------------------ startup
     def prepare_database(self) -> None:
         """SQLite upgrades itself; a server database must be migrated explicitly

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.api import errors
+from app.api import docs, errors
 from app.api.guards import LimitRequestBody, RequireTokenForWrites
-from app.api.routes import alerts, diagnoses, health, probes, status, targets
+from app.api.routes import alerts, diagnoses, health, probes, runbooks, status, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -19,15 +19,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="TTFT/ITL percentiles of LLM inference engines, computed exactly as Prometheus would, "
         "and why serving is slow.",
         lifespan=lifespan,
+        docs_url=None,  # served from local assets by app.api.docs
+        redoc_url=None,
     )
     app.state.monitor = Monitor(settings)
     app.include_router(health.router)
     app.include_router(targets.router)
     app.include_router(diagnoses.router)
-    app.include_router(diagnoses.runbooks)
+    app.include_router(runbooks.router)  # GET/HEAD /runbooks, /runbooks/{name}
     app.include_router(alerts.router)
     app.include_router(status.router)  # the HTML status page: GET /, /targets/{name}
     app.include_router(probes.router)
+    docs.install(app)  # /docs without a CDN
     errors.install(app)
     # the last added runs first: the token is checked before the body is read
     app.add_middleware(LimitRequestBody, max_bytes=settings.max_request_bytes)

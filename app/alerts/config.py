@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from app.diagnosis.findings import REGIMES, RUNBOOK_DIR
+from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
 from app.durations import Seconds
 from app.limits import (MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels,
                         Url)
@@ -71,8 +71,7 @@ def runbook_url(external_url: str, alertname: str) -> str:
     """The alert's runbook on this service when its external URL is known, else the path
     in the source tree."""
     name = ALERT_RUNBOOKS[alertname]
-    base = external_url.rstrip("/")
-    return f"{base}/runbooks/{name}" if base else f"{RUNBOOK_DIR}/{name}.md"
+    return runbook_link(name, external_url) if external_url.rstrip("/") else f"{RUNBOOK_DIR}/{name}.md"
 
 
 class SloConfig(BaseModel):

@@ -11,7 +11,13 @@ REGIMES = ("queueing", "prefill_compute", "prefill_interference", "bandwidth_bou
            "weights_offloaded", *PROBE_REGIMES)
 VERDICTS = (*REGIMES, "healthy", "insufficient_data")
 SEVERITIES = ("critical", "warning", "info")
-RUNBOOK_DIR = "docs/runbooks"
+RUNBOOK_DIR = "docs/runbooks"  # in the source tree
+
+
+def runbook_link(name: str, base_url: str = "") -> str:
+    """Where this service serves runbook ``name``: an absolute URL under ``base_url`` (the
+    service's external URL) when it is known, else the path ``/runbooks/<name>``."""
+    return f"{base_url.rstrip('/')}/runbooks/{name}"
 
 
 @dataclass(slots=True)
@@ -69,7 +75,8 @@ class Finding:
 
     @property
     def runbook(self) -> str:
-        return f"{RUNBOOK_DIR}/{self.regime}.md"
+        """The runbook's path on the service (``/runbooks/<regime>``)."""
+        return runbook_link(self.regime)
 
     def to_dict(self) -> dict:
         data = asdict(self)

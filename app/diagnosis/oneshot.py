@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from app import latency
 from app.diagnosis import engine as diagnosis_engine
-from app.diagnosis.findings import Diagnosis
+from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.thresholds import Thresholds
 from app.scrape.client import PageFetcher
@@ -111,7 +111,9 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
     return OneShotResult(url, detected, records, report, diagnoses)
 
 
-def format_text(result: OneShotResult) -> str:
+def format_text(result: OneShotResult, runbook_base: str = "") -> str:
+    """The human-readable report; runbooks are linked under ``runbook_base`` (the monitor's
+    external URL) when it is given, else as their path on a monitor (``/runbooks/<name>``)."""
     lines = [f"{result.url}  engine: {result.engine or 'unknown'}  scrapes: {len(result.scrapes)}"]
     failed = [s for s in result.scrapes if s.error_class]
     if failed:
@@ -144,5 +146,5 @@ def format_text(result: OneShotResult) -> str:
                 lines.append(f"      - {e.text()}")
             for remedy in f.remedies:
                 lines.append(f"      > {remedy}")
-            lines.append(f"      runbook: {f.runbook}")
+            lines.append(f"      runbook: {runbook_link(f.regime, runbook_base)}")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-ALEMBIC_DIR = Path(__file__).resolve().parents[2] / "alembic"
+from app.resources import migrations_dir
 
 
 def make_engine(url: str, echo: bool = False) -> Engine:
@@ -45,13 +45,10 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 
 
 def alembic_config(url: str) -> Config:
-    if not (ALEMBIC_DIR / "env.py").is_file():
-        # The migrations live next to the package in the source tree (alembic/), which a
-        # plain wheel install does not carry; say so instead of failing obscurely.
-        raise RuntimeError(f"database migrations not found in {ALEMBIC_DIR}: install LLM Latency Monitor from its "
-                           "source tree (`pip install -e .`, as the Dockerfile does)")
+    """Alembic's configuration without alembic.ini: the migrations wherever this
+    installation has them (app.resources), the database from ``url``."""
     config = Config()
-    config.set_main_option("script_location", str(ALEMBIC_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 

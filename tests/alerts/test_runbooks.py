@@ -2,11 +2,15 @@
 
 Covers every alert the service's engine raises (all regimes, an SLO on every signal,
 target down: produced here from stored data by the real engine) and every alert of the
-Prometheus rules export (generated, and the committed files under deploy/)."""
+Prometheus rules export (generated, and the committed files under deploy/). Runbooks are
+served as HTML pages (rendered Markdown, raw HTML escaped) under the status page's CSP,
+with an index at /runbooks; HEAD answers like GET without a body."""
 
 from __future__ import annotations
 
+import html
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,8 @@ from fastapi.testclient import TestClient
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import ALERT_RUNBOOKS, SLO_SIGNALS, AlertsConfig, SloConfig, runbook_url
+from app.api.routes import runbooks
+from app.api.routes.status import SECURITY_HEADERS
 from app.alerts.rules_export import build_rules
 from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
@@ -27,6 +33,8 @@ from app.store.repository import SampleWriter, ScrapeRecord
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "prometheus"
 SECTIONS = ("**Symptom.**", "**Evidence in the ", "**Remedies.**", "**Verify the fix.**")
+HTML_SECTIONS = ("<strong>Symptom.</strong>", "<strong>Evidence in the ", "<strong>Remedies.</strong>",
+                 "<strong>Verify the fix.</strong>")
 BOUNDS = (0.001, 0.01, 0.1, 1.0, 10.0, math.inf)
 EXTERNAL = "https://llm-latency.example.com"
 
@@ -48,13 +56,20 @@ def assert_runbook(client: TestClient, url: str) -> None:
     for section in SECTIONS:
         assert section in text, (name, section)
     served = client.get(f"/runbooks/{name}")
-    assert (served.status_code, served.text) == (200, text)
+    assert served.status_code == 200 and served.headers["content-type"] == "text/html; charset=utf-8"
+    assert served.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    assert f"<h1>Runbook: {html.escape(name)}" in served.text
+    assert '<link rel="stylesheet" href="/ui/status.css">' in served.text
+    for section in HTML_SECTIONS:
+        assert section in served.text, (name, section)
+    assert "**" not in served.text  # no Markdown left unrendered
 
 
 def test_every_runbook_is_served_and_nothing_else(client: TestClient) -> None:
     names = sorted(set(ALERT_RUNBOOKS.values()))
     assert len(ALERT_RUNBOOKS) == len(REGIMES) + len(SLO_SIGNALS) + 1
     assert {f"slo_{s}" for s in SLO_SIGNALS} | {"target_down"} | set(REGIMES) == set(names)
+    assert sorted(p.stem for p in (ROOT / "docs" / "runbooks").glob("*.md")) == names  # no runbook unserved
     for name in names:
         assert_runbook(client, f"{EXTERNAL}/runbooks/{name}")
     for bad in ("slo_nope", "README", "slo_ttft.md", "..."):
@@ -62,6 +77,38 @@ def test_every_runbook_is_served_and_nothing_else(client: TestClient) -> None:
         assert response.status_code == 404 and response.json()["detail"] == (
             f"no runbook {bad!r}; runbooks: {', '.join(names)}"), bad
     assert client.get("/runbooks/..%2F..%2FREADME.md").status_code == 404
+
+
+def test_the_index_links_every_runbook_with_its_title(client: TestClient) -> None:
+    response = client.get("/runbooks")
+    assert response.status_code == 200 and response.headers["content-type"] == "text/html; charset=utf-8"
+    assert response.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+    items = re.findall(r'<li data-runbook="([a-z0-9_]+)"><a href="/runbooks/\1">([^<]+)</a><br>'
+                       r'<span class="muted">([^<]+)</span></li>', response.text)
+    names = sorted(set(ALERT_RUNBOOKS.values()))
+    assert len(names) == 15 and [name for name, _, _ in items] == names
+    titles = {name: (title, summary) for name, title, summary in items}
+    assert titles["queueing"] == ("queueing", "Time to first token is high, and most of it is spent waiting for "
+                                  "the scheduler: the request is queued because every batch slot (or the "
+                                  "batched-token budget) is taken.")
+    assert titles["slo_ttft"][0] == "slo_ttft (LLMLatencyTTFTHigh)"
+    assert all(summary.endswith(".") for _, summary in titles.values())
+
+
+@pytest.mark.parametrize("path", ["/runbooks", "/runbooks/queueing", "/runbooks/slo_ttft"])
+def test_head_answers_like_get_without_a_body(client: TestClient, path: str) -> None:
+    get, head = client.get(path), client.head(path)
+    assert (head.status_code, head.content) == (200, b"")
+    assert head.headers["content-type"] == get.headers["content-type"] == "text/html; charset=utf-8"
+    assert int(head.headers["content-length"]) == len(get.content) > 1000
+    missing = client.head("/runbooks/nope")
+    assert (missing.status_code, missing.content) == (404, b"")
+
+
+def test_raw_html_in_a_runbook_is_escaped() -> None:
+    rendered = runbooks.MARKDOWN.render("# Runbook: x\n\n<script>alert(1)</script> and [a](javascript:alert(1))\n")
+    assert "<script>" not in rendered and "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
+    assert 'href="javascript:' not in rendered
 
 
 def test_every_alert_the_engine_raises_links_its_runbook(migrated_url: str, client: TestClient) -> None:
@@ -121,3 +168,18 @@ def test_every_exported_alert_links_its_runbook(client: TestClient) -> None:
         assert len(alerts) >= 20, committed
         for alert in alerts:
             assert_runbook(client, alert["annotations"]["runbook_url"])
+
+
+def test_with_an_external_url_every_runbook_link_the_service_serves_is_absolute(tmp_path: Path) -> None:
+    """alerts.external_url set (it wins over LLM_LATENCY_PUBLIC_URL): the status page's runbook
+    links are absolute URLs under it, as the alerts' annotations are (above) and the API's
+    finding runbook_url (built from the same Monitor.external_url)."""
+    config = tmp_path / "targets.yaml"
+    config.write_text(f"targets: []\nalerts: {{external_url: '{EXTERNAL}/'}}\n", encoding="utf-8")
+    app = create_app(Settings(data_dir=tmp_path, config_file=config, public_url="http://ignored.example"))
+    with TestClient(app) as c:
+        page = c.get("/")
+        links = re.findall(r'href="([^"]*/runbooks/[^"]*)"', page.text)
+        assert page.status_code == 200 and len(links) == len(set(ALERT_RUNBOOKS.values())) == 15
+        assert links == [f"{EXTERNAL}/runbooks/{name}" for name in sorted(set(ALERT_RUNBOOKS.values()))]
+        assert c.app.state.monitor.external_url == EXTERNAL

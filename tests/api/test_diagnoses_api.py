@@ -75,7 +75,7 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     assert backwards.status_code == 422 and backwards.json()["detail"][0]["loc"] == ["query", "start"]
     assert c.get("/api/v1/targets/nope/diagnosis").status_code == 404
     runbook = c.get("/runbooks/queueing")
-    assert runbook.status_code == 200 and "**Verify the fix.**" in runbook.text
+    assert runbook.status_code == 200 and "<strong>Verify the fix.</strong>" in runbook.text
     assert c.get("/runbooks/slow").status_code == 404
     bad = c.post("/api/v1/targets", json={"name": "x", "url": "http://127.0.0.1:1/m", "hardware": {"gpu": "TPU"}})
     assert bad.status_code == 422 and "unknown gpu 'TPU'" in bad.text

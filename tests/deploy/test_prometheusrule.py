@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from app.alerts.config import ALERT_RUNBOOKS
+from app.alerts.rules_export import build_rules
+from app.config import FileConfig
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +77,21 @@ def test_files_the_crd_cannot_carry_are_refused(text: str, message: str, tmp_pat
     result = run("--rules", str(path), "--out", str(tmp_path / "out.yaml"))
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "out.yaml").exists()
+
+
+def test_the_committed_prometheusrule_has_the_rules_exported_for_the_configmap_with_absolute_runbooks() -> None:
+    """The cluster's rules are exported for the ConfigMap's targets YAML: its hardware rules,
+    and with its alerts.external_url every runbook_url is an absolute URL of the monitor."""
+    configmap = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "configmap.yaml").read_text(encoding="utf-8"))
+    config = FileConfig.model_validate(yaml.safe_load(configmap["data"]["targets.yaml"]))
+    external = config.alerts.external_url
+    assert external == "https://llm-latency.example.com"
+    resource = yaml.safe_load(COMMITTED.read_text(encoding="utf-8"))
+    assert resource["spec"]["groups"] == build_rules(config)["groups"]
+    alerts = [rule for group in resource["spec"]["groups"] for rule in group["rules"] if "alert" in rule]
+    assert len(alerts) == 25
+    for alert in alerts:
+        assert alert["annotations"]["runbook_url"] == f"{external}/runbooks/{ALERT_RUNBOOKS[alert['alert']]}"
 
 
 def test_the_committed_prometheusrule_is_fresh() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -14,9 +15,12 @@ from tests.support.pages import StaticPageServer
 pytestmark = pytest.mark.slow
 
 
-def diagnose(*args: str) -> subprocess.CompletedProcess:
+def diagnose(*args: str, public_url: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LLM_LATENCY_PUBLIC_URL"}
+    if public_url:
+        env["LLM_LATENCY_PUBLIC_URL"] = public_url
     return subprocess.run([sys.executable, "-m", "app.cli", "diagnose", *args], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,12 @@ def test_queueing_engine_exits_1_with_the_split_and_the_remedy(fleet) -> None:
     assert "[PRIMARY] queueing" in result.stdout and "raise --max-num-seqs" in result.stdout
     queue_row = next(line for line in result.stdout.splitlines() if line.strip().startswith("queue"))
     assert float(queue_row.split()[3]) > 5000  # mean queue time in ms
+    # the runbook: its path on a monitor, or its URL when the monitor's external URL is known
+    assert "      runbook: /runbooks/queueing" in result.stdout.splitlines()
+    linked = diagnose(fleet.urls["busy"] + "/metrics", "--window", "2s", "--interval", "1s",
+                      public_url="https://monitor.example.com/")
+    assert linked.returncode == 1, linked.stderr
+    assert "      runbook: https://monitor.example.com/runbooks/queueing" in linked.stdout.splitlines()
 
 
 def test_healthy_engine_exits_0_and_json_has_the_numbers(fleet) -> None:

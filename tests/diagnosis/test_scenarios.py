@@ -31,7 +31,7 @@ def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> 
         primary = diagnosis.findings[0]
         assert primary.primary and primary.caused_by is None
         assert all(e.met for e in primary.evidence if e.op != "info")
-        assert primary.remedies and primary.runbook == f"docs/runbooks/{scenario}.md"
+        assert primary.remedies and primary.runbook == f"/runbooks/{scenario}"
 
 
 def test_legacy_vllm_page_reveals_cpu_offload_without_a_profile(tmp_path: Path) -> None:

@@ -107,7 +107,7 @@ def check_gateway_finding(o: Outcome, requests: int) -> tuple[Diagnosis, object]
     assert f"probe run(s) {o.runs['gw'].id}" in evidence(finding, "compared period").note
     assert any("proxy_buffering off" in r for r in finding.remedies)
     assert any("--api-server-count" in r for r in finding.remedies)
-    assert finding.severity == "warning" and finding.runbook == "docs/runbooks/outside_engine.md"
+    assert finding.severity == "warning" and finding.runbook == "/runbooks/outside_engine"
     assert any(n.startswith(f"client-side probe run(s) {o.runs['gw'].id} vs. the engine's TTFT: time is lost")
                for n in gw.notes), gw.notes
     assert {"regime": "outside_engine", "state": "active", "ts": o.now + 1} in gw_transitions

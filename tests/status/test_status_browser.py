@@ -270,9 +270,9 @@ def test_status_page_in_headless_chromium(live, browser) -> None:
             finding.locator("a.runbook").click()
         assert page.url == server.url + "/runbooks/queueing"
         assert "Verify the fix." in page.locator("body").inner_text()
-        # (the plain-text runbook has no <link rel=icon>: Chromium's own /favicon.ico request may 404)
+        # (Chromium's own /favicon.ico request may 404)
         assert failed == [] and [p for p in problems if "status of 404" not in p] == []
-        assert http.get("/docs").status_code == 200  # (Swagger UI itself needs a CDN: not opened here)
+        assert http.get("/docs").status_code == 200  # (rendered in tests/api/test_docs_offline.py)
 
         page.goto(server.url + "/targets/f-new")
         assert re.fullmatch(r"Not evaluated yet: first evaluation in ~\d+ min\.",

@@ -167,7 +167,7 @@ def test_target_page_shows_the_diagnosis_in_full(service, fleet) -> None:
     for remedy in finding["remedies"]:
         assert remedy in text
     assert "raise --max-num-seqs" in text and 'href="/runbooks/queueing"' in page
-    assert "**Verify the fix.**" in c.get("/runbooks/queueing").text
+    assert "<strong>Verify the fix.</strong>" in c.get("/runbooks/queueing").text
     # one window, stated once: the diagnosis was judged over it, so it says no other
     assert WINDOW_PHRASE.findall(text.split("History")[0]) == ["last 1 min"]
     assert "over its own window" not in text and "Last hour" not in text

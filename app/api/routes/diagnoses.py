@@ -1,26 +1,22 @@
-"""Diagnoses: the current verdict per target/model, the finding history, runbooks."""
+"""Diagnoses: the current verdict per target/model, the finding history."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
-from fastapi.responses import PlainTextResponse
+from fastapi import APIRouter, Query
 
-from app.alerts.config import ALERT_RUNBOOKS
 from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.limits import UnixTime
 from app.store import repository
 from app.store.models import FindingRow
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
-runbooks = APIRouter(tags=["diagnosis"])
-RUNBOOK_DIR = Path(__file__).resolve().parents[3] / "docs" / "runbooks"
 
 
 def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
@@ -29,14 +25,14 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
         "severity": row.severity, "confidence": row.confidence, "primary": row.is_primary, "summary": row.summary,
         "evidence": row.details.get("evidence", []), "remedies": row.details.get("remedies", []),
         "caused_by": row.details.get("caused_by"), "window": row.details.get("window"),
-        "runbook_url": f"{base_url}/runbooks/{row.regime}",
+        "runbook_url": runbook_link(row.regime, base_url),
         "first_seen": row.first_seen, "last_seen": row.last_seen, "activated_at": row.activated_at,
         "resolved_at": row.resolved_at,
     }
 
 
 def current(session, monitor, target_id: int | None = None) -> list[dict]:
-    base = monitor.settings.public_url.rstrip("/")
+    base = monitor.external_url
     open_rows = {(name, row.model, row.regime): row
                  for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
     out = []
@@ -47,7 +43,7 @@ def current(session, monitor, target_id: int | None = None) -> list[dict]:
             state = open_rows.get((name, row.model, finding["regime"]))
             findings.append({**finding, "state": state.state if state else "pending",
                              "active_since": state.activated_at if state else None,
-                             "runbook_url": f"{base}/runbooks/{finding['regime']}"})
+                             "runbook_url": runbook_link(finding["regime"], base)})
         out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
                     "active": [f["regime"] for f in findings if f["state"] == "active"],
                     "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
@@ -69,7 +65,7 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
     """Findings that were pending, active or resolved in the period, newest first."""
     target_id = get_or_404(session, target).id if target else None
     start = time.time() - duration_param(since, "since", maximum=366 * 86400)
-    base = monitor.settings.public_url.rstrip("/")
+    base = monitor.external_url
     return [finding_out(name, row, base) for name, row in
             repository.finding_history(session, target_id, since=start, limit=limit)]
 
@@ -95,14 +91,3 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
                                                  end, seconds,
                                                  monitor.diagnosis_config.thresholds, hardware)
     return [d.to_dict() for d in diagnoses]
-
-
-@runbooks.get("/runbooks/{name}", response_class=PlainTextResponse)
-def runbook(name: str) -> str:
-    """A runbook (Markdown): symptom, evidence, remedies, how to verify the fix. One per
-    regime, per SLO signal (``slo_ttft``, ...) and ``target_down``: every alert links one.
-    Only those names are served, never an arbitrary path."""
-    names = sorted(set(ALERT_RUNBOOKS.values()))
-    if name not in names:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no runbook {name!r}; runbooks: {', '.join(names)}")
-    return (RUNBOOK_DIR / f"{name}.md").read_text(encoding="utf-8")

@@ -384,7 +384,8 @@ def common(request: Request, monitor, window: float, end: float, live: bool) -> 
     return {"request_path": request.url.path, "window_text": fmt_window(window), "window_seconds": window,
             "diagnosis_window": monitor.diagnosis_config.window, "end": end, "now": end,
             "refresh": REFRESH_SECONDS if live else None, "version": request.app.version,
-            "countdown": fmt_countdown(monitor.next_diagnosis_at() - time.time())}
+            "countdown": fmt_countdown(monitor.next_diagnosis_at() - time.time()),
+            "runbook_base": monitor.external_url}  # runbook links: absolute when the external URL is known
 
 
 # --------------------------------------------------------------------------- routes
