@@ -25,7 +25,9 @@ from click.testing import CliRunner
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.alerts import rules_export
 from app.alerts.promql import instance_of
-from app.alerts.rules_export import VLLM_ITL_BUCKETS, build_rules, num, prom_duration, quantile_name, render_rules, rules
+from app.alerts.rules_export import (
+    VLLM_ITL_BUCKETS, build_rules, num, prom_duration, quantile_name, render_rules, rules,
+)
 from app.config import FileConfig, load_config
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import kv_cache_pressure, prefill_compute, prefill_interference, queueing

@@ -16,35 +16,36 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Iterable
 
 from app.diagnosis.rules.base import Rule
 
 
-def _collect() -> tuple[Rule, ...]:
-    """Every regime module's ``RULE``, in precedence order, checked for what the rest of
-    the product assumes of them."""
+def collect(package: str, path: Iterable[str]) -> tuple[Rule, ...]:
+    """Every regime module's ``RULE`` in package ``package`` (at ``path``), in precedence
+    order, checked for what the rest of the product assumes of them."""
     rules = []
-    for module in pkgutil.iter_modules(__path__):
+    for module in pkgutil.iter_modules(path):
         if module.name == "base":
             continue
-        rule = getattr(importlib.import_module(f"{__name__}.{module.name}"), "RULE", None)
+        rule = getattr(importlib.import_module(f"{package}.{module.name}"), "RULE", None)
         if not isinstance(rule, Rule):
-            raise ImportError(f"{__name__}.{module.name}: a regime module must end in RULE = Rule(...)")
+            raise ImportError(f"{package}.{module.name}: a regime module must end in RULE = Rule(...)")
         if rule.regime != module.name:
-            raise ImportError(f"{__name__}.{module.name}: RULE.regime is {rule.regime!r}, must be the module's name")
+            raise ImportError(f"{package}.{module.name}: RULE.regime is {rule.regime!r}, must be the module's name")
         if (rule.promql is None) == (not rule.no_promql):
-            raise ImportError(f"{__name__}.{module.name}: give either promql or no_promql (why there is none)")
+            raise ImportError(f"{package}.{module.name}: give either promql or no_promql (why there is none)")
         rules.append(rule)
     rules.sort(key=lambda r: r.precedence)
-    names = {r.regime for r in rules}
     for before, after in zip(rules, rules[1:]):
         if before.precedence == after.precedence:
             raise ImportError(f"regimes {before.regime} and {after.regime} share precedence {before.precedence}")
+    names = {r.regime for r in rules}
     for rule in rules:
         if unknown := set(rule.causes) - names:
-            raise ImportError(f"{__name__}.{rule.regime}: causes unknown regime(s) {', '.join(sorted(unknown))}")
+            raise ImportError(f"{package}.{rule.regime}: causes unknown regime(s) {', '.join(sorted(unknown))}")
     return tuple(rules)
 
 
 #: Every regime, in precedence order (causes first).
-RULES: tuple[Rule, ...] = _collect()
+RULES: tuple[Rule, ...] = collect(__name__, __path__)

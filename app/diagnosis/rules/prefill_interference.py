@@ -89,9 +89,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Lower --chunked-prefill-size (e.g. 512-2048) so prefill chunks share steps with decodes.",
         "Enable mixed chunked prefill (--enable-mixed-chunk).",
     ]
-    critical = ((s.decode_stall_share or 0) >= t.interference_critical_stall_share
-                or (itl_p99 or 0) >= t.interference_critical_itl_p99_seconds)
-    severity = "critical" if critical else "warning"
+    severity = ("critical" if (s.decode_stall_share or 0) >= t.interference_critical_stall_share
+                or (itl_p99 or 0) >= t.interference_critical_itl_p99_seconds else "warning")
     stalled = f"{s.decode_stall_share:.0%} of decode time is stalled" if s.decode_stall_share is not None \
         else f"ITL p99 is {s.itl_ratio:.1f}x p50"
     arriving = (f"{prompt_mean:.0f}-token prompts" if long_prompts is mean_long
