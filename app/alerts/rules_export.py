@@ -30,10 +30,11 @@ the window, ``runbook_url``, and ``dashboard_url`` when configured):
 
 * one per SLO and engine (``histogram_quantile > threshold`` for ``for``), limited to the
   SLO's ``targets`` by ``instance``; TGI has no decode-time histogram (skipped);
-* one per regime and engine with the thresholds of ``app/diagnosis/rules/*.py``, gated
-  like ``engine.data_problems`` (``min_requests`` or ``min_decode_steps`` in the window),
-  plus a ``critical`` twin where the built-in rule escalates severity (same alertname;
-  the header suggests inhibit_rules);
+* one per regime and engine, written by the regime's own module (``RULE.promql`` in
+  ``app/diagnosis/rules/<regime>.py``, with :class:`RegimeAlerts`), gated like
+  ``engine.data_problems`` (``min_requests`` or ``min_decode_steps`` in the window), plus a
+  ``critical`` twin where the built-in rule escalates severity (same alertname; the header
+  suggests inhibit_rules);
 * ``bandwidth_bound`` (warning) and ``weights_offloaded`` (critical) for every target
   with a ``hardware`` profile: its decode floor as a literal, matched on ``instance``
   (host:port of the target URL); for all other instances what the built-in rules say
