@@ -19,8 +19,8 @@ target name (``deploy/compose/prometheus.yml`` shows it); the service's own seri
 ``target`` already. Engine-specific expressions are joined with ``or`` so one query covers
 vLLM (current metric names) and TGI; see ``Q`` below and ``grafana/README.md``.
 
-What is read from the application rather than written here: the regime ids (the state
-timeline's value mapping and the annotation), and the default SLO objectives (the initial
+What is read from the application rather than written here: the regime ids and colours
+(the state timeline's value mapping and the annotation), and the default SLO objectives (the initial
 objective of the SLO panels). The SLO objective choices are bucket bounds of vLLM's TTFT/ITL
 histograms so the engine-side "requests under the objective" fraction is exact, not
 interpolated (``tests/grafana`` checks them against a real vLLM page).
@@ -54,17 +54,8 @@ TARGET_UID = "llm-latency-target"
 #: Verdicts the service exports in ``llm_latency_diagnosis_verdict{verdict}``: the two
 #: non-regime verdicts, then every regime rule in the order the engine evaluates them.
 VERDICTS: tuple[str, ...] = ("healthy", "insufficient_data", *(rule.regime for rule in RULES))
-VERDICT_COLORS = {
-    "healthy": "green",
-    "insufficient_data": "text",
-    "queueing": "orange",
-    "prefill_compute": "yellow",
-    "prefill_interference": "purple",
-    "bandwidth_bound": "blue",
-    "kv_cache_pressure": "red",
-    "weights_offloaded": "dark-red",
-    "outside_engine": "dark-blue",
-}
+#: Each regime's colour is declared in its rule module (``Rule.colour``).
+VERDICT_COLORS = {"healthy": "green", "insufficient_data": "text", **{rule.regime: rule.colour for rule in RULES}}
 
 # ----------------------------------------------------------------------------- SLO choices
 
@@ -406,7 +397,7 @@ def right_axis(unit: str, label: str) -> list[dict]:
 
 def verdict_mappings() -> list[dict]:
     return [{"type": "value", "options": {
-        str(i): {"text": v.replace("_", " "), "color": VERDICT_COLORS[v], "index": i}  # a new regime needs a colour
+        str(i): {"text": v.replace("_", " "), "color": VERDICT_COLORS[v], "index": i}
         for i, v in enumerate(VERDICTS)}}]
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-#: Regimes judged from client-side probes (:mod:`app.probe.consistency`), not from the engine's
-#: metrics alone: Prometheus has no client measurement, so they have no exported rule.
-PROBE_REGIMES = ("outside_engine",)
-REGIMES = ("queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
-           "weights_offloaded", *PROBE_REGIMES)
-VERDICTS = (*REGIMES, "healthy", "insufficient_data")
+if TYPE_CHECKING:
+    REGIMES: tuple[str, ...]
+    PROBE_REGIMES: tuple[str, ...]
+    VERDICTS: tuple[str, ...]
+
+#: The verdicts that are not a regime (the regimes are read from the registry: ``__getattr__``).
+NON_REGIME_VERDICTS = ("healthy", "insufficient_data")
 SEVERITIES = ("critical", "warning", "info")
 RUNBOOK_DIR = "docs/runbooks"  # in the source tree
 
@@ -18,6 +20,28 @@ def runbook_link(name: str, base_url: str = "") -> str:
     """Where this service serves runbook ``name``: an absolute URL under ``base_url`` (the
     service's external URL) when it is known, else the path ``/runbooks/<name>``."""
     return f"{base_url.rstrip('/')}/runbooks/{name}"
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    """The regime lists, derived from the regime registry (:data:`app.diagnosis.rules.RULES`):
+
+    * ``REGIMES``: every regime id, in precedence order;
+    * ``PROBE_REGIMES``: those judged from client-side probes (:mod:`app.probe.consistency`),
+      not from the engine's metrics alone (Prometheus has no client measurement, so they
+      have no exported rule);
+    * ``VERDICTS``: the regimes, then :data:`NON_REGIME_VERDICTS`.
+
+    Read on first use rather than imported at the top: the registry imports the rule
+    modules, which import this module's types.
+    """
+    if name not in ("REGIMES", "PROBE_REGIMES", "VERDICTS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from app.diagnosis.rules import RULES
+
+    regimes = tuple(rule.regime for rule in RULES)
+    globals().update(REGIMES=regimes, PROBE_REGIMES=tuple(rule.regime for rule in RULES if rule.from_probes),
+                     VERDICTS=(*regimes, *NON_REGIME_VERDICTS))
+    return globals()[name]
 
 
 @dataclass(slots=True)

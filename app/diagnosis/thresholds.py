@@ -6,6 +6,10 @@ scenarios stay quiet with margin while each regime scenario clears its threshold
 margin (``bench/diagnosis_matrix.py`` shows both), and so that it reads as a sentence an
 on-call engineer would agree with. Precision over recall: a wrong diagnosis sends
 someone tuning the wrong knob.
+
+A rule reads only these fields, never a number of its own: the ``*_critical_*`` fields
+are where a finding's severity escalates to ``critical``, and ``llm-latency rules export``
+writes the same numbers into the Prometheus rules.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ class Thresholds(BaseModel):
     queue_share: float = Field(0.5, description="Mean queue time / mean TTFT at or above this.")
     queue_seconds: float = Field(0.5, description="...and mean queue time at or above this (seconds).")
     queue_waiting: float = Field(1.0, description="...and mean waiting requests at or above this.")
+    queue_critical_factor: float = Field(5.0, description="Critical when mean queue time is at or above this "
+                                                          "multiple of queue_seconds.")
 
     # prefill_compute: the prompt's own prefill dominates a slow TTFT, without queueing
     prefill_seconds: float = Field(0.5, description="Mean prefill time (TTFT minus queue) at or above this.")
     prefill_share: float = Field(0.6, description="Prefill share of TTFT at or above this.")
     long_prompt_tokens: float = Field(2000, description="Mean prompt length at or above this (tokens).")
+    prefill_critical_factor: float = Field(4.0, description="Critical when mean prefill time is at or above this "
+                                                            "multiple of prefill_seconds.")
 
     # prefill_interference: decodes stalled behind other requests' prefills
     stall_share: float = Field(0.2, description="Share of decode time spent in stalls (steps >= 0.2 s, or TGI "
@@ -46,6 +54,10 @@ class Thresholds(BaseModel):
                                                                       "(one request in ten this long).")
     interference_running: float = Field(2.0, description="And: mean running requests at or above this "
                                                          "(decodes to interrupt).")
+    interference_critical_stall_share: float = Field(0.4, description="Critical when the stalled share of decode "
+                                                                      "time is at or above this ...")
+    interference_critical_itl_p99_seconds: float = Field(0.5, description="... or ITL p99 at or above this "
+                                                                          "(seconds).")
 
     # bandwidth_bound: decode slow even for small batches, near the HBM floor
     slow_itl_seconds: float = Field(0.035, description="ITL p50 at or above this counts as slow decode.")
@@ -56,6 +68,10 @@ class Thresholds(BaseModel):
     # kv_cache_pressure: the KV cache is full and sequences are evicted
     kv_usage: float = Field(0.9, description="Max KV-cache usage at or above this.")
     preemptions_per_second: float = Field(0.01, description="Preemption rate above this (vLLM, SGLang).")
+    kv_waiting: float = Field(1.0, description="Without a preemption metric (TGI): mean waiting requests at or "
+                                               "above this instead.")
+    kv_critical_preemptions_per_second: float = Field(1.0, description="Critical at a preemption rate at or above "
+                                                                       "this.")
 
     # weights_offloaded: decode far above the HBM floor
     offload_floor_ratio: float = Field(4.0, description="ITL at small batch / floor at or above this.")

@@ -24,10 +24,9 @@ from click.testing import CliRunner
 
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.alerts import rules_export
+from app.alerts.promql import instance_of
 from app.alerts.rules_export import (
-    INTERFERENCE_CRITICAL_ITL_P99, INTERFERENCE_CRITICAL_STALL, KV_CRITICAL_PREEMPTIONS,
-    KV_WAITING_WITHOUT_PREEMPTIONS, PREFILL_CRITICAL_FACTOR, QUEUEING_CRITICAL_FACTOR, VLLM_ITL_BUCKETS,
-    build_rules, instance_of, num, prom_duration, quantile_name, render_rules, rules,
+    VLLM_ITL_BUCKETS, build_rules, num, prom_duration, quantile_name, render_rules, rules,
 )
 from app.config import FileConfig, load_config
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
@@ -44,6 +43,15 @@ UNIT_TESTS = DEPLOY / "tests"
 HARDWARE_CONFIG = UNIT_TESTS / "hardware-targets.yaml"
 HARDWARE_RULES = UNIT_TESTS / "hardware-rules.yaml"
 PROMTOOL = "/usr/bin/promtool"
+
+# The default severity escalations and the fixed comparison of kv_cache_pressure (Thresholds fields).
+_DEFAULTS = Thresholds()
+QUEUEING_CRITICAL_FACTOR = _DEFAULTS.queue_critical_factor
+PREFILL_CRITICAL_FACTOR = _DEFAULTS.prefill_critical_factor
+INTERFERENCE_CRITICAL_STALL = _DEFAULTS.interference_critical_stall_share
+INTERFERENCE_CRITICAL_ITL_P99 = _DEFAULTS.interference_critical_itl_p99_seconds
+KV_CRITICAL_PREEMPTIONS = _DEFAULTS.kv_critical_preemptions_per_second
+KV_WAITING_WITHOUT_PREEMPTIONS = _DEFAULTS.kv_waiting
 
 
 def promtool() -> str:
@@ -215,7 +223,7 @@ def test_stall_share_bucket_literals_match_a_real_vllm_page() -> None:
     assert 'le=~"1|1\\\\.0"' in stall and 'le="+Inf"' in stall  # both "1.0" (Prometheus 2) and "1" (3)
 
 
-# ------------------------------------------------- severity escalations written in the rule code
+# ------------------------------------------------- severity escalations (Thresholds fields)
 
 
 def _signals(engine: str = "vllm", **values: object) -> Signals:
@@ -231,7 +239,7 @@ def _signals(engine: str = "vllm", **values: object) -> Signals:
 
 
 def test_escalation_constants_are_the_builtin_rules_own() -> None:
-    """The export hard-codes what the rule modules hard-code; this fails when one drifts."""
+    """The built-in rules escalate exactly at the Thresholds fields the export writes."""
     t = Thresholds()
     below = 1 - 1e-9
 

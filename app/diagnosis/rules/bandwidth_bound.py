@@ -12,10 +12,17 @@ one it can only see "slow, steady, small batch" and says so with lower confidenc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
+    from app.config import TargetConfig
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -72,4 +79,37 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("bandwidth_bound", evaluate)
+def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
+    """Warning: slow, steady, small batch and within ``floor_ratio_max`` of the target's floor."""
+    r, t, e = x.recorded, x.t, x.engine
+    assert target.hardware is not None
+    p50 = r["itl_p50"]
+    floor = target.hardware.decode_floor_seconds
+    x.add("warning",
+          x.and_(f"{p50}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
+                 f"{r['running']} <= {num(t.low_batch_running)}", f"{r['itl_ratio']} <= {num(t.steady_itl_ratio)}",
+                 f"{p50} / {num(floor)} <= {num(t.floor_ratio_max)}", x.gate),
+          f"Decode is memory-bandwidth bound on {target.name}",
+          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{human_seconds(t.slow_itl_seconds)}), at most {t.floor_ratio_max:g}x {decode_floor_text(target.hardware)}, "
+          f"steady (p99/p50 <= {t.steady_itl_ratio:g}) at a small batch (<= {t.low_batch_running:g} running).",
+          {"target": target.name})
+
+
+def promql(x: RegimeAlerts) -> None:
+    """Without a hardware profile: slow, steady and a small batch, at ``info`` (as the rule)."""
+    r, t, e = x.recorded, x.t, x.engine
+    others = instance_selector(x.hardware, negate=True)
+    x.add("info",
+          x.and_(f"{r['itl_p50']}{others} >= {num(t.slow_itl_seconds)}",
+                 f"{r['running']} <= {num(t.low_batch_running)}", f"{r['itl_ratio']} <= {num(t.steady_itl_ratio)}",
+                 x.gate),
+          f"Decode slow and steady at a small batch on {e.title}",
+          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{human_seconds(t.slow_itl_seconds)}), steady (p99/p50 <= {t.steady_itl_ratio:g}) with at most "
+          f"{t.low_batch_running:g} running: probably memory-bandwidth bound. Add a `hardware:` profile to the "
+          f"target to compare with the decode floor.")
+
+
+RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
+            promql_profiled=promql_profiled)

@@ -11,16 +11,22 @@ TGI exports no preemption counter; there the evidence is usage at the budget
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import human_share, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     conditions = [check("KV-cache usage (max)", s.kv_usage_max, ">=", t.kv_usage, "%")]
     if s.engine == "tgi" or s.preemptions_per_second is None:
-        conditions.append(check("mean waiting requests", s.waiting_mean, ">=", 1.0,
+        conditions.append(check("mean waiting requests", s.waiting_mean, ">=", t.kv_waiting,
                                 note="no preemption metric on this engine"))
     else:
         conditions.append(check("preemptions", s.preemptions_per_second, ">", t.preemptions_per_second, "/s"))
@@ -51,7 +57,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Quantize the KV cache: --kv-cache-dtype fp8_e5m2.",
     ]
     preempt = f", {s.preemptions_per_second:.2f} preemptions/s" if s.preemptions_per_second else ""
-    severity = "critical" if (s.preemptions_per_second or 0) >= 1.0 else "warning"
+    severity = "critical" if (s.preemptions_per_second or 0) >= t.kv_critical_preemptions_per_second else "warning"
     return Finding(
         "kv_cache_pressure", severity,
         confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
@@ -60,4 +66,29 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("kv_cache_pressure", evaluate, causes=("queueing", "prefill_interference"))
+def promql(x: RegimeAlerts) -> None:
+    """Usage + preemptions (or, without a preemption counter, requests waiting); critical at
+    ``kv_critical_preemptions_per_second``. TGI exports no preemption counter: warning only."""
+    r, t, e = x.recorded, x.t, x.engine
+    summary = f"KV cache full, sequences evicted on {e.title}"
+    text = (f"{e.who()}: KV-cache usage reached {{{{ $value | humanizePercentage }}}} over the last {x.w} "
+            f"(>= {human_share(t.kv_usage)}){{extra}}.")
+    if r["preemptions"] is None:
+        x.add("warning", x.and_(f"{r['kv_max']} >= {num(t.kv_usage)}", f"{r['waiting']} >= {num(t.kv_waiting)}",
+                                x.gate), summary,
+              text.replace("{extra}", f" with at least {t.kv_waiting:g} request(s) waiting "
+                                      f"(TGI exports no preemption counter)"))
+        return
+    evicting = (f"({r['preemptions']} > {num(t.preemptions_per_second)})\n"
+                f"or (({r['waiting']} >= {num(t.kv_waiting)}) "
+                f"unless on({e.labels}) {r['preemptions']})")
+    conditions = [f"{r['kv_max']} >= {num(t.kv_usage)}", evicting, x.gate]
+    x.add("warning", x.and_(*conditions), summary,
+          text.replace("{extra}", f" with more than {t.preemptions_per_second:g} preemptions/s (or, without a "
+                                  f"preemption counter, requests waiting)"))
+    x.add("critical", x.and_(*conditions, f"{r['preemptions']} >= {num(t.kv_critical_preemptions_per_second)}"),
+          summary, text.replace("{extra}", f" with at least {t.kv_critical_preemptions_per_second:g} preemption(s)/s"))
+
+
+RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
+            causes=("queueing", "prefill_interference"))

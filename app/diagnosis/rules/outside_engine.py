@@ -16,7 +16,7 @@ on a queueing engine: one probe's queue wait varies more than the gap).
 from __future__ import annotations
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
 from app.durations import format_utc
@@ -80,4 +80,6 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("outside_engine", evaluate)
+RULE = Rule("outside_engine", evaluate, precedence=90, colour="dark-blue", from_probes=True, promql=None,
+            no_promql="it compares client-side probe TTFT with the engine's; Prometheus sees only the engine's "
+                      "metrics (the service's own alerts carry it)")

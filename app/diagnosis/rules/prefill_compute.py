@@ -8,10 +8,16 @@ grows with prompt length, so the fix is fewer/shorter input tokens or reusing th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import human_seconds, human_share, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -53,7 +59,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Shorten the inputs; keep the radix cache on (do not pass --disable-radix-cache) and shared prefixes first.",
         "More compute: --tp-size 2+ on NVLink GPUs, or --quantization fp8.",
     ]
-    severity = "critical" if (prefill_mean or 0) >= 4 * t.prefill_seconds else "warning"
+    severity = "critical" if (prefill_mean or 0) >= t.prefill_critical_factor * t.prefill_seconds else "warning"
     return Finding(
         "prefill_compute", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
         f"Prefill of {prompt_mean:.0f}-token prompts takes {prefill_mean:.2f} s on average "
@@ -62,4 +68,21 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("prefill_compute", evaluate)
+def promql(x: RegimeAlerts) -> None:
+    """Warning at ``prefill_seconds``, critical at ``prefill_critical_factor`` times it."""
+    r, t, e = x.recorded, x.t, x.engine
+
+    def expr(min_prefill: float) -> str:
+        return x.and_(f"{r['prefill_mean']} >= {num(min_prefill)}", f"{r['prefill_share']} >= {num(t.prefill_share)}",
+                      f"{r['prompt_mean']} >= {num(t.long_prompt_tokens)}", x.gate)
+
+    text = (f"{e.who()}: prefill takes {{{{ $value | humanizeDuration }}}} per request on average over the "
+            f"last {x.w} (>= {{min}}), at least {human_share(t.prefill_share)} of mean TTFT, with prompts of "
+            f"at least {t.long_prompt_tokens:g} tokens on average.")
+    for severity, min_prefill in (("warning", t.prefill_seconds),
+                                  ("critical", t.prefill_critical_factor * t.prefill_seconds)):
+        x.add(severity, expr(min_prefill), f"Long prompts make the first token slow on {e.title}",
+              text.replace("{min}", human_seconds(min_prefill)))
+
+
+RULE = Rule("prefill_compute", evaluate, precedence=40, colour="yellow", promql=promql)

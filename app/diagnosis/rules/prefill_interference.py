@@ -13,11 +13,17 @@ another cause, so the budget is not the knob).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import human_seconds, human_share, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
-from app.diagnosis.signals import Signals
+from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import STALL_SECONDS, Signals
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
 
 SMALL_BUDGET = 768  # an estimated budget up to 1.5 x 512 is "already small" (the estimate is +/-50 %)
 
@@ -83,7 +89,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Lower --chunked-prefill-size (e.g. 512-2048) so prefill chunks share steps with decodes.",
         "Enable mixed chunked prefill (--enable-mixed-chunk).",
     ]
-    severity = "critical" if (s.decode_stall_share or 0) >= 0.4 or (itl_p99 or 0) >= 0.5 else "warning"
+    severity = ("critical" if (s.decode_stall_share or 0) >= t.interference_critical_stall_share
+                or (itl_p99 or 0) >= t.interference_critical_itl_p99_seconds else "warning")
     stalled = f"{s.decode_stall_share:.0%} of decode time is stalled" if s.decode_stall_share is not None \
         else f"ITL p99 is {s.itl_ratio:.1f}x p50"
     arriving = (f"{prompt_mean:.0f}-token prompts" if long_prompts is mean_long
@@ -97,4 +104,30 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("prefill_interference", evaluate)
+def promql(x: RegimeAlerts) -> None:
+    """(Stall share, or p99/p50 with a p99 floor) + long prompts + running decodes; critical
+    at ``interference_critical_stall_share`` or ``interference_critical_itl_p99_seconds``."""
+    r, t, e = x.recorded, x.t, x.engine
+    stalled = (f"({r['stall_share']} >= {num(t.stall_share)})\n"
+               f"or (({r['itl_ratio']} >= {num(t.itl_ratio)}) "
+               f"and on({e.labels}) ({r['itl_p99']} >= {num(t.itl_p99_seconds)}))")
+    long_prompts = (f"({r['prompt_mean']} >= {num(t.interference_prompt_tokens)})\n"
+                    f"or ({r['prompt_p90']} >= {num(t.interference_long_prompt_tokens)})")
+    conditions = [r["itl_p99"], stalled, long_prompts, f"{r['running']} >= {num(t.interference_running)}", x.gate]
+    stall_what = "prefill batches pausing decodes" if e.name == "tgi" else f"steps >= {human_seconds(STALL_SECONDS)}"
+    text = (f"{e.who()}: ITL p99 is {{{{ $value | humanizeDuration }}}} over the last {x.w}: at least "
+            f"{human_share(t.stall_share)} of decode time stalled ({stall_what}), or ITL p99/p50 >= "
+            f"{t.itl_ratio:g} with p99 >= {human_seconds(t.itl_p99_seconds)}; prompts average at least "
+            f"{t.interference_prompt_tokens:g} tokens (or one in ten has at least "
+            f"{t.interference_long_prompt_tokens:g}) among at least {t.interference_running:g} running "
+            f"requests{{extra}}.")
+    summary = f"Prefills stall running decodes on {e.title}"
+    x.add("warning", x.and_(*conditions), summary, text.replace("{extra}", ""))
+    escalated = (f"({r['stall_share']} >= {num(t.interference_critical_stall_share)})\n"
+                 f"or ({r['itl_p99']} >= {num(t.interference_critical_itl_p99_seconds)})")
+    x.add("critical", x.and_(*conditions, escalated), summary,
+          text.replace("{extra}", f"; stall share >= {human_share(t.interference_critical_stall_share)} or "
+                                  f"ITL p99 >= {human_seconds(t.interference_critical_itl_p99_seconds)}"))
+
+
+RULE = Rule("prefill_interference", evaluate, precedence=30, colour="purple", promql=promql)

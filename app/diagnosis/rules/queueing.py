@@ -10,10 +10,16 @@ exact although vLLM's queue histogram has no bucket below 300 ms.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import human_seconds, human_share, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -52,7 +58,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Raise --max-running-requests" + (" (the KV pool has room)" if kv_low else ""),
         "Add replicas or data-parallel workers (--dp-size).",
     ]
-    severity = "critical" if (queue_mean or 0) >= 5 * t.queue_seconds else "warning"
+    severity = "critical" if (queue_mean or 0) >= t.queue_critical_factor * t.queue_seconds else "warning"
     return Finding(
         "queueing", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
         f"Requests wait {queue_mean:.2f} s in the queue on average, {s.queue_share:.0%} of TTFT; "
@@ -61,4 +67,20 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("queueing", evaluate)
+def promql(x: RegimeAlerts) -> None:
+    """Warning at ``queue_seconds``, critical at ``queue_critical_factor`` times it."""
+    r, t, e = x.recorded, x.t, x.engine
+
+    def expr(min_queue: float) -> str:
+        return x.and_(f"{r['queue_mean']} >= {num(min_queue)}", f"{r['queue_share']} >= {num(t.queue_share)}",
+                      f"{r['waiting']} >= {num(t.queue_waiting)}", x.gate)
+
+    text = (f"{e.who()}: requests wait {{{{ $value | humanizeDuration }}}} for the scheduler on average over "
+            f"the last {x.w} (mean queue time >= {{min}}), at least {human_share(t.queue_share)} of mean TTFT, "
+            f"with at least {t.queue_waiting:g} request(s) waiting on average.")
+    for severity, min_queue in (("warning", t.queue_seconds), ("critical", t.queue_critical_factor * t.queue_seconds)):
+        x.add(severity, expr(min_queue), f"Requests queue for the scheduler on {e.title}",
+              text.replace("{min}", human_seconds(min_queue)))
+
+
+RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql)

@@ -10,10 +10,17 @@ with neither, the evidence is ITL / floor from the target's hardware profile.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from app.alerts.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
+    from app.config import TargetConfig
 
 
 def _offload_gb(s: Signals) -> float:
@@ -63,4 +70,39 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-RULE = Rule("weights_offloaded", evaluate, causes=("bandwidth_bound", "queueing", "prefill_compute"))
+def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
+    """Critical: slow decode at least ``offload_floor_ratio`` times the target's floor."""
+    r, t, e = x.recorded, x.t, x.engine
+    assert target.hardware is not None
+    p50 = r["itl_p50"]
+    floor = target.hardware.decode_floor_seconds
+    x.add("critical",
+          x.and_(f"{p50}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
+                 f"{p50} / {num(floor)} >= {num(t.offload_floor_ratio)}", x.gate),
+          f"Decode far above the bandwidth floor on {target.name}: weights offloaded?",
+          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w}, at least "
+          f"{t.offload_floor_ratio:g}x {decode_floor_text(target.hardware)}: part of the weights is read over PCIe.",
+          {"target": target.name})
+
+
+def promql(x: RegimeAlerts) -> None:
+    """Without a hardware profile (vLLM only): slow decode and the engine reports offloaded
+    weights (``cpu_offload_gb > 0`` or the ``weights_offloaded`` sleep state). TGI reports neither."""
+    r, t, e = x.recorded, x.t, x.engine
+    if e.name != "vllm":
+        return
+    offload_config = (
+        'count by (job, instance) (vllm:cache_config_info{cpu_offload_gb=~"[0-9.]+", '
+        'cpu_offload_gb!~"0*\\\\.?0*"})\n'
+        'or count by (job, instance) (vllm:engine_sleep_state{sleep_state="weights_offloaded"} > 0)')
+    others = instance_selector(x.hardware, negate=True)
+    expr = (f"({r['itl_p50']}{others} >= {num(t.slow_itl_seconds)})\nand on(job, instance) ({offload_config})\n"
+            f"and on({e.labels}) ({x.gate})")
+    x.add("critical", expr, f"Weights offloaded to CPU memory on {e.title}",
+          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{human_seconds(t.slow_itl_seconds)}) and the engine reports offloaded weights (cpu_offload_gb > 0 "
+          f"in vllm:cache_config_info, or sleep state weights_offloaded).")
+
+
+RULE = Rule("weights_offloaded", evaluate, precedence=20, colour="dark-red", promql=promql,
+            promql_profiled=promql_profiled, causes=("bandwidth_bound", "queueing", "prefill_compute"))

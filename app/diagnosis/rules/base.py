@@ -1,0 +1,104 @@
+"""What a regime module declares (:class:`Rule`) and the helpers its rule is written with.
+
+A regime is one module in this package ending in ``RULE = Rule(...)``: the rule the
+engine runs, where it ranks, its PromQL twin for ``llm-latency rules export``, its colour
+on the Grafana dashboards. Its thresholds are fields of
+:class:`app.diagnosis.thresholds.Thresholds` (the rule reads them from ``t``; no number of
+its own) and its runbook is ``docs/runbooks/<regime>.md``. :mod:`app.diagnosis.rules`
+collects every module's ``RULE``; the regime list, the alert names, the exported rules
+and the dashboards are derived from that collection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.diagnosis.findings import Evidence, Finding
+from app.diagnosis.signals import Signals
+from app.diagnosis.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.alerts.rules_export import RegimeAlerts
+    from app.config import TargetConfig
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One regime, declared once in its own module."""
+
+    #: the regime id: the module's name, ``Finding.regime``, a diagnosis verdict, the runbook's name
+    regime: str
+    #: ``(Signals, Thresholds) -> Finding | None``, pure
+    evaluate: Callable[[Signals, Thresholds], Finding | None]
+    #: the engine's order when several fire and none explains the other (lower first): causes
+    #: before symptoms. Unique; the registry sorts by it.
+    precedence: int
+    #: Grafana named colour of this verdict on the dashboards' state timeline (``grafana/generate.py``)
+    colour: str
+    #: the Prometheus alerts of ``llm-latency rules export`` that say what ``evaluate`` says,
+    #: written with :class:`app.alerts.rules_export.RegimeAlerts`. For a regime that needs a
+    #: target's hardware profile these are the alerts for the instances without one.
+    promql: Callable[[RegimeAlerts], None] | None
+    #: why there is no ``promql`` (exactly one of the two is given)
+    no_promql: str = ""
+    #: alerts against the decode floor of one target with a hardware profile
+    promql_profiled: Callable[[RegimeAlerts, TargetConfig], None] | None = None
+    #: regimes this one's condition produces as *symptoms* (a full KV cache makes requests
+    #: wait): when both fire, the engine names this one as the primary finding
+    causes: tuple[str, ...] = ()
+    #: judged from client-side probes rather than the engine's metrics: runs even when the
+    #: window has too little engine traffic for the others (``findings.PROBE_REGIMES``)
+    from_probes: bool = False
+
+
+def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:
+    """Evidence for one comparison; a missing value never meets its condition."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        met = False
+    elif op == ">=":
+        met = value >= threshold
+    elif op == ">":
+        met = value > threshold
+    elif op == "<=":
+        met = value <= threshold
+    else:
+        raise ValueError(op)
+    return Evidence(name, value, op, threshold, unit, met, note)
+
+
+def info(name: str, value: float | str | None, unit: str = "", note: str = "") -> Evidence:
+    return Evidence(name, value, "info", None, unit, True, note)
+
+
+def confidence(conditions: list[Evidence], observations: float, wanted: float) -> float:
+    """0.5 when the weakest condition is just met, rising with its margin (x2 -> 0.75,
+    x4 -> ~1), scaled down when the window holds few observations."""
+    margins = []
+    for e in conditions:
+        if not isinstance(e.value, (int, float)) or not isinstance(e.threshold, (int, float)):
+            continue
+        if e.op in (">=", ">"):
+            margins.append(e.value / e.threshold if e.threshold > 0 else 4.0)
+        else:
+            margins.append(e.threshold / e.value if e.value > 0 else 4.0)
+    weakest = max(min(margins, default=1.0), 1.0)
+    base = min(0.99, 0.5 + 0.25 * math.log2(weakest))
+    data = min(1.0, 0.5 + 0.5 * observations / max(wanted, 1.0))
+    return round(base * data, 3)
+
+
+def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:
+    """Client-side single-request numbers, when a probe or canary measured them."""
+    b = s.probe_baseline
+    value = ((b or {}).get(key) or {}).get("p50")
+    if value is None:
+        return []
+    return [info(f"single-request {label} p50 (client probe)", value, "s",
+                 f"probe run {b['run_id']}, {b['prompt_tokens']} prompt tokens, {b['age_seconds']:.0f} s ago")]
+
+
+def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str]) -> list[str]:
+    return {"vllm": vllm, "tgi": tgi, "sglang": sglang}.get(engine, vllm)
