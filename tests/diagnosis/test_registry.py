@@ -55,8 +55,9 @@ def test_every_regime_has_its_runbook_served(tmp_path: Path) -> None:
     with TestClient(create_app(Settings(data_dir=tmp_path))) as client:
         for rule in RULES:
             path = Finding(rule.regime, "warning", 0.5, "").runbook
-            assert path == f"docs/runbooks/{rule.regime}.md"
-            assert (ROOT / path).read_text(encoding="utf-8").startswith(f"# Runbook: {rule.regime}\n")
+            assert path == f"/runbooks/{rule.regime}"
+            source = ROOT / "docs" / "runbooks" / f"{rule.regime}.md"
+            assert source.read_text(encoding="utf-8").startswith(f"# Runbook: {rule.regime}\n")
             served = client.get(f"/runbooks/{rule.regime}")
             assert served.status_code == 200 and f"Runbook: {rule.regime}" in served.text, rule.regime
 
