@@ -74,6 +74,7 @@ import difflib
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import click
@@ -191,7 +192,7 @@ SLO_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E latency",
 @dataclass
 class _Group:
     engine: Engine
-    rules: list[dict] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
     recorded: set[str] = field(default_factory=set)
 
     def record(self, name: str, expr: str) -> str:
@@ -301,10 +302,10 @@ class _Group:
                 out[f"{signal}_{quantile_name(q)}"] = self.quantile(signal, q, w)
         out["ttft_mean"] = self.mean("ttft", w)
         out["itl_mean"] = self.mean("itl", w)
-        out["queue_mean"] = self.mean("queue_time", w)
-        out["prefill_mean"] = self.prefill_per_request(w)
-        out["queue_share"] = self.share("queue", out["queue_mean"], w)
-        out["prefill_share"] = self.share("prefill", out["prefill_mean"], w)
+        out["queue_mean"] = queue_mean = self.mean("queue_time", w)
+        out["prefill_mean"] = prefill_mean = self.prefill_per_request(w)
+        out["queue_share"] = self.share("queue", queue_mean, w)
+        out["prefill_share"] = self.share("prefill", prefill_mean, w)
         out["prompt_mean"] = self.mean("prompt_tokens", w)
         out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
         out["itl_ratio"] = self.itl_ratio(w)
@@ -335,7 +336,7 @@ class _Links:
         return out
 
 
-def _alert(name: str, expr: str, hold: float, labels: dict[str, str], annotations: dict[str, str]) -> dict:
+def _alert(name: str, expr: str, hold: float, labels: dict[str, str], annotations: dict[str, str]) -> dict[str, Any]:
     return {"alert": name, "expr": expr, "for": prom_duration(hold), "labels": labels, "annotations": annotations}
 
 
@@ -354,7 +355,7 @@ class RegimeAlerts:
     hold: float
     links: _Links
     hardware: list[TargetConfig]  # the targets with a hardware profile (decode floor)
-    alerts: list[dict]  # where add() appends
+    alerts: list[dict[str, Any]]  # where add() appends
 
     @property
     def gate(self) -> str:
@@ -374,30 +375,29 @@ class RegimeAlerts:
 
 
 def _regime_alerts(g: _Group, recorded: dict[str, str | None], t: Thresholds, w: str, hold: float, links: _Links,
-                   hardware: list[TargetConfig]) -> list[dict]:
+                   hardware: list[TargetConfig]) -> list[dict[str, Any]]:
     """Every regime's twin alerts for one engine, listed from symptom to cause (reverse
     precedence): first the regimes that need no hardware profile, then per profiled target
     the alerts against its decode floor, then what those regimes say without a floor."""
     exported = [rule for rule in reversed(RULES) if rule.promql is not None]
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
 
     def writer(rule: Rule) -> RegimeAlerts:
         return RegimeAlerts(rule.regime, g.engine, recorded, t, w, hold, links, hardware, out)
 
-    for rule in exported:
-        if rule.promql_profiled is None:
-            rule.promql(writer(rule))
+    plain = [(rule, rule.promql) for rule in exported if rule.promql and rule.promql_profiled is None]
+    profiled = [(rule, rule.promql, rule.promql_profiled) for rule in exported if rule.promql and rule.promql_profiled]
+    for rule, twin in plain:
+        twin(writer(rule))
     for target in hardware:
-        for rule in exported:
-            if rule.promql_profiled is not None:
-                rule.promql_profiled(writer(rule), target)
-    for rule in exported:
-        if rule.promql_profiled is not None:
-            rule.promql(writer(rule))
+        for rule, _, twin_with_floor in profiled:
+            twin_with_floor(writer(rule), target)
+    for rule, twin, _ in profiled:
+        twin(writer(rule))
     return out
 
 
-def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict]:
+def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict[str, Any]]:
     e = g.engine
     alerts = []
     for index, slo in enumerate(config.alerts.slos):
@@ -431,7 +431,7 @@ def _slo_targets(config: FileConfig, slo: SloConfig, index: int) -> list[TargetC
     return [by_name[name] for name in slo.targets]
 
 
-def _target_down(config: FileConfig, links: _Links) -> dict:
+def _target_down(config: FileConfig, links: _Links) -> dict[str, Any]:
     selector = instance_selector(config.targets)
     hold = prom_duration(config.alerts.target_down_for)
     return _alert(
@@ -442,7 +442,7 @@ def _target_down(config: FileConfig, links: _Links) -> dict:
             f"and regime alerts for it see no data."))
 
 
-def inhibit_rules() -> list[dict]:
+def inhibit_rules() -> list[dict[str, Any]]:
     """Alertmanager inhibit_rules from the regime rules' ``causes`` (+ critical over warning)."""
     out = []
     for rule in RULES:
@@ -455,7 +455,7 @@ def inhibit_rules() -> list[dict]:
     return out
 
 
-def build_rules(config: FileConfig) -> dict:
+def build_rules(config: FileConfig) -> dict[str, Any]:
     """The Prometheus rule-file document (``{"groups": [...]}``) for ``config``."""
     t = config.diagnosis.thresholds
     regime_window = prom_duration(config.diagnosis.window)

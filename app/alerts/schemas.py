@@ -15,6 +15,7 @@ import datetime as dt
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time, which Alertmanager sends for "not ended"
 _FNV_OFFSET, _FNV_PRIME, _MASK = 14695981039346656037, 1099511628211, (1 << 64) - 1
@@ -62,13 +63,13 @@ class AlertInstance:
     ends_at: float | None
     generator_url: str
 
-    def to_webhook(self) -> dict:
+    def to_webhook(self) -> dict[str, Any]:
         return {"status": self.status, "labels": dict(sorted(self.labels.items())),
                 "annotations": dict(sorted(self.annotations.items())), "startsAt": rfc3339(self.starts_at),
                 "endsAt": rfc3339(self.ends_at), "generatorURL": self.generator_url,
                 "fingerprint": fingerprint(self.labels)}
 
-    def to_alertmanager(self, valid_until: float | None = None) -> dict:
+    def to_alertmanager(self, valid_until: float | None = None) -> dict[str, Any]:
         """One element of Alertmanager's ``POST /api/v2/alerts`` body. A firing alert gets
         ``endsAt = valid_until`` when given, as Prometheus sends it: Alertmanager keeps it
         firing until then and resolves it if no re-post extends it (without ``endsAt`` it
@@ -111,7 +112,7 @@ def _common(dicts: list[dict[str, str]]) -> dict[str, str]:
 
 
 def webhook_payload(receiver: str, group_labels: Mapping[str, str], alerts: Iterable[AlertInstance],
-                    external_url: str, max_alerts: int = 0) -> dict:
+                    external_url: str, max_alerts: int = 0) -> dict[str, Any]:
     alerts = list(alerts)
     status = "firing" if any(a.status == "firing" for a in alerts) else "resolved"
     truncated = 0

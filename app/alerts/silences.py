@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import re2
 
@@ -48,7 +48,7 @@ def parse_matcher(item: str | Mapping[str, Any]) -> dict[str, Any]:
                                "or name!~\"regex\"")
         name, op, quoted, bare = m.groups()
         value = _unescape(quoted) if quoted is not None else bare
-        matcher = {"name": name, "value": value, "isRegex": "~" in op, "isEqual": not op.startswith("!")}
+        matcher: dict[str, Any] = {"name": name, "value": value, "isRegex": "~" in op, "isEqual": not op.startswith("!")}
     else:
         unknown = set(item) - {"name", "value", "isRegex", "isEqual"}
         if unknown or "name" not in item or "value" not in item:
@@ -91,8 +91,24 @@ def matches(matcher: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     return hit if matcher["isEqual"] else not hit
 
 
-def silenced_by(silences: list, labels: Mapping[str, str], now: float) -> list[str]:
-    """Ids of the silences (rows with .id, .matchers, .starts_at, .ends_at) muting these labels.
+class SilenceLike(Protocol):
+    """What :func:`silenced_by` reads of a silence (a stored row or a test double)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def matchers(self) -> Sequence[Mapping[str, Any]]: ...
+
+    @property
+    def starts_at(self) -> float: ...
+
+    @property
+    def ends_at(self) -> float: ...
+
+
+def silenced_by(silences: Iterable[SilenceLike], labels: Mapping[str, str], now: float) -> list[str]:
+    """Ids of the silences muting these labels.
 
     A stored silence whose regex RE2 refuses (made before regexes were RE2) mutes nothing:
     muting by a pattern that cannot be evaluated safely would hide alerts."""
