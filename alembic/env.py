@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from alembic import context
 from app.store.models import Base
 
 config = context.config

@@ -13,9 +13,9 @@ import click
 import yaml
 from pydantic import ValidationError
 
-from app.durations import parse_duration
-from app.config import ConfigError, FileConfig, format_validation_error, load_config
 from app.alerts.rules_export import rules
+from app.config import ConfigError, FileConfig, format_validation_error, load_config
+from app.durations import parse_duration
 from app.emulator.cli import emulate
 from app.probe.cli import probe
 from app.settings import Settings

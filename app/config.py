@@ -33,12 +33,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
-from app.probe.canary import CanaryConfig
 from app.diagnosis.thresholds import Thresholds
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
 from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
-from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
-from app.urls import host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
+from app.probe.canary import CanaryConfig
+from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file, host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -92,7 +91,7 @@ class TargetConfig(BaseModel):
         return labels
 
     @model_validator(mode="after")
-    def _timeout_fits(self) -> "TargetConfig":
+    def _timeout_fits(self) -> TargetConfig:
         if self.scrape_interval and self.scrape_timeout and self.scrape_timeout > self.scrape_interval:
             raise ValueError("scrape_timeout must not exceed scrape_interval")
         return self

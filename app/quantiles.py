@@ -32,8 +32,8 @@ Prometheus or our scraper stores) give bit-identical results.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 __all__ = [
     "Point",

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
         return hosts
 
     @model_validator(mode="after")
-    def _scrape_timeout_fits(self) -> "Settings":
+    def _scrape_timeout_fits(self) -> Settings:
         if self.default_scrape_timeout > self.default_scrape_interval:
             raise ValueError(
                 "default_scrape_timeout must not exceed default_scrape_interval "

@@ -27,7 +27,7 @@ def validate_target_url(url: str, allowed_hosts: list[str]) -> str:
     if not parts.hostname:
         raise ValueError("URL has no host")
     try:
-        parts.port
+        _ = parts.port  # urlsplit parses the port lazily: this raises on a bad one
     except ValueError as exc:
         raise ValueError(f"bad port in URL: {exc}") from None
     if allowed_hosts and not host_allowed(parts.hostname, allowed_hosts):

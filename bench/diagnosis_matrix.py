@@ -43,10 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml  # noqa: E402
+import yaml
 
-from app.config import DiagnosisConfig  # noqa: E402
-from app.emulator import scenarios  # noqa: E402
+from app.config import DiagnosisConfig
+from app.emulator import scenarios
 
 STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_interference", "bandwidth_bound",
           "kv_cache_pressure", "weights_offloaded"]

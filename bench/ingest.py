@@ -70,9 +70,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow `python bench/ingest.py`
@@ -178,7 +179,7 @@ class PageKind:
     key: str               # "1-model" / "8-model"
     variants: list[bytes]
     changed_fraction: float
-    server: "PageServer | None" = None
+    server: PageServer | None = None
 
     @property
     def body(self) -> bytes:
@@ -453,8 +454,8 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
                      pg: PostgresScratch | None = None, profile: bool = False) -> PathResult:
     """Warm-up round + ``rounds`` measured rounds of every target scraped once and written."""
     from app.scrape.client import PageFetcher
-    from app.scrape.scheduler import tune_collector
     from app.scrape.jobs import TargetScraper, TargetSpec
+    from app.scrape.scheduler import tune_collector
     from app.store import db
     from app.store.repository import SampleWriter, create_target
 
@@ -790,7 +791,7 @@ async def run_async_parts(args: argparse.Namespace, kinds: dict[str, PageKind], 
             continue
         try:
             pg = PostgresScratch(pg_admin or DEFAULT_PG_ADMIN)
-        except Exception as exc:  # noqa: BLE001 - report and go on with SQLite
+        except Exception as exc:
             pg_status = f"unreachable at {pg_admin}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
             print(f"\n!!! PostgreSQL {pg_status} -- continuing with SQLite only\n", flush=True)
             continue
@@ -871,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"(c) Prometheus 2.42 scraping the {key} page, {n} targets @1s, {args.prom_seconds:g}s measured")
                 try:
                     prom[key] = prometheus_cost(kinds[key], n, args.prom_seconds, tmp / f"prometheus-{key}")
-                except Exception as exc:  # noqa: BLE001 - keep the rest of the report
+                except Exception as exc:
                     prom[key] = PromResult(key, n, args.prom_seconds, error=f"{type(exc).__name__}: {exc}"[:300])
                     log(f"Prometheus run failed: {prom[key].error}")
     finally:

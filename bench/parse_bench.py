@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, page, repeat in pages:
         r = bench_parse(page, keep, repeat)
 
-        def cell(key: str) -> str:
+        def cell(key: str, r: dict = r) -> str:
             return f"{r[key + '_s'] * 1e3:8.3f} ms {r[key + '_speedup']:4.0f}x"
 
         print(

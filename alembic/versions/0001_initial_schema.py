@@ -1,12 +1,12 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02 17:05:14.299416
 """
-from alembic import op
 import sqlalchemy as sa
 
+from alembic import op
 
 revision = '0001'
 down_revision = None

@@ -4,9 +4,9 @@ Revision ID: 0002
 Revises: 0001
 Create Date: 2026-12-02 17:41:21.911980
 """
-from alembic import op
 import sqlalchemy as sa
 
+from alembic import op
 
 revision = '0002'
 down_revision = '0001'

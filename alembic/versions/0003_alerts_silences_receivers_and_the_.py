@@ -4,9 +4,9 @@ Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-02 17:57:41.665960
 """
-from alembic import op
 import sqlalchemy as sa
 
+from alembic import op
 
 revision = '0003'
 down_revision = '0002'

@@ -4,9 +4,9 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-09 10:00:00.000000
 """
-from alembic import op
 import sqlalchemy as sa
 
+from alembic import op
 
 revision = '0004'
 down_revision = '0003'

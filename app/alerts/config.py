@@ -29,8 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
 from app.durations import Seconds
-from app.limits import (MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels,
-                        Url)
+from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels, Url
 from app.urls import check_url_in_file
 
 Severity = Literal["critical", "warning", "info"]

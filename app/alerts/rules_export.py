@@ -74,15 +74,21 @@ import difflib
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import click
 import yaml
 
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, runbook_url
 from app.alerts.promql import (
-    and_on, human_seconds, instance_selector, le_matcher, num, prom_duration, quantile_name,
+    and_on,
+    human_seconds,
+    instance_selector,
+    le_matcher,
+    num,
+    prom_duration,
+    quantile_name,
 )
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
 from app.diagnosis.rules import RULES

@@ -39,7 +39,7 @@ def rfc3339(ts: float | None) -> str:
     """Alertmanager's timestamp format (UTC, millisecond precision); None -> Go zero time."""
     if ts is None:
         return ZERO_TIME
-    text = dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="milliseconds")
+    text = dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds")
     return text.replace("+00:00", "Z")
 
 

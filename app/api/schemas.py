@@ -8,9 +8,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.diagnosis.profile import HardwareProfile
-from app.probe.canary import CanaryConfig
 from app.durations import parse_duration
 from app.limits import MAX_INTERVAL_SECONDS, Labels, Url
+from app.probe.canary import CanaryConfig
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 

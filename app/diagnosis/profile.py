@@ -33,7 +33,7 @@ class HardwareProfile(BaseModel):
     tensor_parallel: int = Field(1, ge=1, le=64)
 
     @model_validator(mode="after")
-    def _complete(self) -> "HardwareProfile":
+    def _complete(self) -> HardwareProfile:
         if self.gpu is not None and self.gpu not in GPUS:
             raise ValueError(f"unknown gpu {self.gpu!r}; known: {', '.join(sorted(GPUS))}")
         if self.model is not None and self.model not in MODELS:

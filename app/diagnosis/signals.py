@@ -147,10 +147,12 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
         s = Signals(target, model, engine, start, end, scrapes=len(scrape_times))
         merged = {sig: loaded.merged(start, end, sig, model) for sig in DIAGNOSIS_HISTOGRAMS}
         summaries = {sig: quantiles.summarize(h) for sig, h in merged.items()}
-        present = {sig for sig in DIAGNOSIS_HISTOGRAMS if any(x.signal == sig and x.model == model for x in loaded.series)}
-        get = lambda sig: summaries[sig] if sig in present else None  # noqa: E731
-        s.ttft, s.itl, s.queue_time, s.prefill_time = get("ttft"), get("itl"), get("queue_time"), get("prefill_time")
-        s.e2e, s.prompt_tokens, s.generation_tokens = get("e2e"), get("prompt_tokens"), get("generation_tokens")
+        found = {sig: summaries[sig] for sig in DIAGNOSIS_HISTOGRAMS
+                 if any(x.signal == sig and x.model == model for x in loaded.series)}  # absent: None below
+        s.ttft, s.itl = found.get("ttft"), found.get("itl")
+        s.queue_time, s.prefill_time = found.get("queue_time"), found.get("prefill_time")
+        s.e2e, s.prompt_tokens = found.get("e2e"), found.get("prompt_tokens")
+        s.generation_tokens = found.get("generation_tokens")
         queue_mean, prefill_mean = _mean(s.queue_time), _mean(s.prefill_time)
         if s.ttft is None and queue_mean is not None and prefill_mean is not None:
             # TGI: TTFT ≈ queue + prefill. Its prefill histogram is per prefill *batch*

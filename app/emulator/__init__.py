@@ -18,7 +18,9 @@ Layers (each usable alone):
 * :mod:`~app.emulator.cli` - the ``emulate`` click command.
 """
 
-from app.emulator.scenarios import Scenario, ScenarioPlan, get as get_scenario, names as scenario_names
+from app.emulator.scenarios import Scenario, ScenarioPlan
+from app.emulator.scenarios import get as get_scenario
+from app.emulator.scenarios import names as scenario_names
 from app.emulator.server import EmulatedTarget, EmulatorFleet, TargetSpec, start_targets
 from app.emulator.simulation import RunStats, Simulation
 

@@ -38,8 +38,8 @@ counted in tokens at admission.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from app.emulator.physics import Deployment, ceil_div
 

@@ -34,8 +34,16 @@ from __future__ import annotations
 
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from app.emulator.engine import EngineConfig, Request, StepPlan
 from app.emulator.physics import Deployment

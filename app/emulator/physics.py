@@ -34,12 +34,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.hardware import (
-    GiB,
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_BYTES,
+    GiB,
     GPUSpec,
     ModelSpec,
+)
+from app.hardware import (
     gpu as _gpu,
+)
+from app.hardware import (
     model as _model,
 )
 
@@ -90,7 +94,7 @@ class Deployment:
     _cache: dict = field(default_factory=dict, init=False, compare=False, repr=False, hash=False)
 
     @classmethod
-    def of(cls, gpu: str, model: str, **kw) -> "Deployment":
+    def of(cls, gpu: str, model: str, **kw) -> Deployment:
         return cls(gpu=_gpu(gpu), model=_model(model), **kw)
 
     def __post_init__(self) -> None:

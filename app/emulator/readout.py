@@ -22,7 +22,7 @@ class Hist:
     sum: float
     count: float
 
-    def minus(self, other: "Hist | None") -> "Hist":
+    def minus(self, other: Hist | None) -> Hist:
         if other is None:
             return self
         ob = dict(other.buckets)

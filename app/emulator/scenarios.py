@@ -15,8 +15,8 @@ continue). Chains work too: ``"healthy->kv_cache_pressure@60->healthy@180"``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from app.emulator.engine import EngineConfig
 from app.emulator.physics import Deployment
@@ -92,7 +92,7 @@ def parse(spec: str) -> ScenarioPlan:
     return ScenarioPlan(spec, tuple(phases))
 
 
-def resolve(spec: "str | Scenario | ScenarioPlan") -> ScenarioPlan:
+def resolve(spec: str | Scenario | ScenarioPlan) -> ScenarioPlan:
     if isinstance(spec, ScenarioPlan):
         return spec
     if isinstance(spec, Scenario):

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from app.emulator.exposition import ENGINES
-from app.emulator.scenarios import Scenario, ScenarioPlan, resolve as resolve_scenario
+from app.emulator.scenarios import Scenario, ScenarioPlan
+from app.emulator.scenarios import resolve as resolve_scenario
 from app.emulator.simulation import Simulation
 
 TICK_S = 0.25
@@ -429,7 +430,7 @@ class EmulatorFleet:
         self._loop = loop
         try:
             loop.run_until_complete(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to start()
+        except BaseException as exc:
             if not self._ready.is_set():
                 self._error = exc
         finally:
@@ -462,7 +463,7 @@ class EmulatorFleet:
         thread.join(15)
         self._thread = None
 
-    def __enter__(self) -> "EmulatorFleet":
+    def __enter__(self) -> EmulatorFleet:
         self.start()
         return self
 

@@ -34,15 +34,15 @@ class LengthDist:
     sigma: float = 0.0
 
     @classmethod
-    def fixed(cls, n: int) -> "LengthDist":
+    def fixed(cls, n: int) -> LengthDist:
         return cls("fixed", value=int(n), low=int(n), high=int(n))
 
     @classmethod
-    def uniform(cls, low: int, high: int) -> "LengthDist":
+    def uniform(cls, low: int, high: int) -> LengthDist:
         return cls("uniform", low=int(low), high=int(high))
 
     @classmethod
-    def lognormal(cls, median: float, sigma: float, low: int = 1, high: int = 1_000_000) -> "LengthDist":
+    def lognormal(cls, median: float, sigma: float, low: int = 1, high: int = 1_000_000) -> LengthDist:
         return cls("lognormal", median=float(median), sigma=float(sigma), low=int(low), high=int(high))
 
     def __post_init__(self) -> None:

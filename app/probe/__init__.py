@@ -26,7 +26,15 @@ Modules (each usable alone):
 """
 
 from app.probe.runner import (
-    ERROR_CLASSES, LevelPlan, LevelResult, ProbeResult, ProbeSpec, RequestResult, Stats, run_probe, run_probe_sync,
+    ERROR_CLASSES,
+    LevelPlan,
+    LevelResult,
+    ProbeResult,
+    ProbeSpec,
+    RequestResult,
+    Stats,
+    run_probe,
+    run_probe_sync,
 )
 
 __all__ = [

@@ -121,7 +121,7 @@ async def run_canary_async(sessions: sessionmaker[Session], target: _TargetLike,
         result = await run_probe(canary_spec(target, config))
     except ValueError as exc:
         error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - stored on the run, the scheduler keeps going
+    except Exception as exc:
         log.exception("canary for %s failed", target.name)
         error = f"{type(exc).__name__}: {exc}"
     except asyncio.CancelledError:

@@ -50,7 +50,7 @@ class ProbeJobs:
         except asyncio.CancelledError:
             await asyncio.to_thread(self._store, run_id, "cancelled", None, "the service stopped during the probe")
             raise
-        except Exception as exc:  # noqa: BLE001 - the run row reports it
+        except Exception as exc:
             log.exception("probe %s failed", run_id)
             await asyncio.to_thread(self._store, run_id, "error", None, f"{type(exc).__name__}: {exc}"[:500])
             return
@@ -63,7 +63,7 @@ class ProbeJobs:
         if row is not None and self.on_finished is not None:
             try:
                 self.on_finished(row)
-            except Exception:  # noqa: BLE001 - telemetry must not lose the stored result
+            except Exception:
                 log.exception("probe %s: on_finished callback failed", run_id)
 
     async def wait(self, run_id: int, timeout: float | None = None) -> None:

@@ -113,7 +113,7 @@ class Stats:
     max: float | None = None
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> "Stats":
+    def of(cls, values: Sequence[float]) -> Stats:
         v = sorted(values)
         if not v:
             return cls(0)
@@ -151,7 +151,7 @@ class ProbeSpec:
     extra_body: dict = field(default_factory=dict)
     metrics_url: str | None = None  # the engine's /metrics, read around every level (LevelResult.server)
 
-    def validate(self) -> "ProbeSpec":
+    def validate(self) -> ProbeSpec:
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url: must be an http(s) URL with a host, got {self.url!r}")
@@ -191,7 +191,7 @@ class ProbeSpec:
     def effective_requests(self) -> int:
         return self.requests if self.requests is not None else 2 * self.concurrency
 
-    def plan(self) -> "LevelPlan":
+    def plan(self) -> LevelPlan:
         return LevelPlan(self.concurrency, self.prompt_tokens, self.max_tokens, self.effective_requests)
 
 
@@ -215,7 +215,7 @@ class LevelPlan:
     max_tokens: int
     requests: int
 
-    def validate(self) -> "LevelPlan":
+    def validate(self) -> LevelPlan:
         for name in ("concurrency", "prompt_tokens", "max_tokens", "requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -581,7 +581,7 @@ class Prober:
             if not done:
                 rec.error = rec.error or "incomplete"
                 rec.detail = rec.detail or f"{type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
-        except Exception as exc:  # noqa: BLE001 - one odd response must not lose the whole probe
+        except Exception as exc:
             log.warning("probe request to %s failed unexpectedly", self.url, exc_info=True)
             if not done:
                 rec.error = rec.error or "incomplete"

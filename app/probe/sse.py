@@ -55,7 +55,7 @@ class SSEParser:
             if not self._dropping:
                 buf += chunk[i:j]
                 if len(buf) > self.max_line_bytes:
-                    self.note("line longer than %d bytes" % self.max_line_bytes)
+                    self.note(f"line longer than {self.max_line_bytes} bytes")
                     buf.clear()
                     self._dropping = True
             if j == n:
@@ -99,7 +99,7 @@ class SSEParser:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
-            self.note("not UTF-8: %r" % raw[:60])
+            self.note(f"not UTF-8: {raw[:60]!r}")
             return
         if line.startswith(":"):
             return  # comment / keep-alive

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from app.diagnosis.thresholds import Thresholds
 from app.probe.runner import LevelPlan, LevelResult, ProbeResult, RequestResult
 
-
 ONE_FACTOR = ("only one factor may vary per sweep: give several prompt lengths or several concurrency "
               "levels, not both")
 

@@ -68,7 +68,7 @@ class PageFetcher:
         self._max_concurrency = max_concurrency
         self._session: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> "PageFetcher":
+    async def __aenter__(self) -> PageFetcher:
         await self.start()
         return self
 

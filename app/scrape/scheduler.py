@@ -49,7 +49,7 @@ class ScrapeService:
         self.telemetry = telemetry
         self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
         self.writer = SampleWriter(engine)
-        self.scheduler = AsyncIOScheduler(timezone=dt.timezone.utc)
+        self.scheduler = AsyncIOScheduler(timezone=dt.UTC)
         self.scrapers: dict[str, TargetScraper] = {}
         self.jitter = jitter
         self.write_interval = write_interval
@@ -102,7 +102,7 @@ class ScrapeService:
         scraper = TargetScraper(spec, self.fetcher, self._pending.append, self._on_result)
         self.scrapers[spec.name] = scraper
         offset = (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
-        first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset)
+        first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
         self.scheduler.add_job(
             self._run_job, IntervalTrigger(seconds=spec.interval, start_date=first, jitter=self.jitter * spec.interval),
             id=f"scrape:{spec.name}", name=f"scrape {spec.name}", max_instances=1, coalesce=True,

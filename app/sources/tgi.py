@@ -18,7 +18,14 @@ TGI differs from vLLM in ways the rest of the product must know about:
 from __future__ import annotations
 
 from app.scrape.parser import ParsedPage
-from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar, first_family, histogram_series, scalar_series
+from app.sources.base import (
+    Canonical,
+    CanonicalHistogram,
+    CanonicalScalar,
+    first_family,
+    histogram_series,
+    scalar_series,
+)
 
 NO_GROUP: tuple[str, ...] = ()
 HISTOGRAMS: dict[str, tuple[str, dict[str, str] | None]] = {

@@ -24,8 +24,20 @@ from sqlalchemy.orm import Session
 from app.quantiles import HistogramSnapshot
 from app.sources.base import Canonical
 from app.store.models import (
-    AlertRow, DeliveryAttemptRow, DiagnosisRow, FindingRow, HistogramSample, NotificationLogRow, NotificationRow,
-    ReceiverRow, ScalarSample, Scrape, Series, SilenceRow, Target, TargetInfo,
+    AlertRow,
+    DeliveryAttemptRow,
+    DiagnosisRow,
+    FindingRow,
+    HistogramSample,
+    NotificationLogRow,
+    NotificationRow,
+    ReceiverRow,
+    ScalarSample,
+    Scrape,
+    Series,
+    SilenceRow,
+    Target,
+    TargetInfo,
 )
 
 log = logging.getLogger(__name__)

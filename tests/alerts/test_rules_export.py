@@ -22,11 +22,17 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.alerts import rules_export
+from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.alerts.promql import instance_of
 from app.alerts.rules_export import (
-    VLLM_ITL_BUCKETS, build_rules, num, prom_duration, quantile_name, render_rules, rules,
+    VLLM_ITL_BUCKETS,
+    build_rules,
+    num,
+    prom_duration,
+    quantile_name,
+    render_rules,
+    rules,
 )
 from app.config import FileConfig, load_config
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
@@ -243,7 +249,7 @@ def test_escalation_constants_are_the_builtin_rules_own() -> None:
     t = Thresholds()
     below = 1 - 1e-9
 
-    def severity(rule, s):  # noqa: ANN001
+    def severity(rule, s):
         finding = rule.evaluate(s, t)
         return finding.severity if finding else None
 
@@ -428,7 +434,7 @@ def _rounded(value: float) -> tuple[str, float]:
     return f" * 1e{k}", float(math.floor(value * 10.0**k + 0.5))
 
 
-def _expected_alerts(findings) -> list[tuple[str, str]]:  # noqa: ANN001
+def _expected_alerts(findings) -> list[tuple[str, str]]:
     out = []
     twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure"}
     for f in findings:
@@ -455,7 +461,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
         pages: list[str] = []
         render = target.sim.render_metrics
 
-        def capture(render=render, pages=pages) -> str:  # noqa: ANN001
+        def capture(render=render, pages=pages) -> str:
             page = render()
             pages.append(page if isinstance(page, str) else page.decode())
             return page

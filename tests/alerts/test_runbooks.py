@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import ALERT_RUNBOOKS, SLO_SIGNALS, AlertsConfig, SloConfig, runbook_url
+from app.alerts.rules_export import build_rules
 from app.api.routes import runbooks
 from app.api.routes.status import SECURITY_HEADERS
-from app.alerts.rules_export import build_rules
 from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
 from app.main import create_app
@@ -144,9 +144,9 @@ def test_every_alert_the_engine_raises_links_its_runbook(migrated_url: str, clie
     engine.dispose()
     assert counts["conditions"] == len(ALERT_RUNBOOKS) == len(alerts)
     assert set(alerts) == set(ALERT_RUNBOOKS)
-    for alertname, annotations in alerts.items():
-        assert annotations["runbook_url"] == f"{EXTERNAL}/runbooks/{ALERT_RUNBOOKS[alertname]}"
-        assert_runbook(client, annotations["runbook_url"])
+    for alertname, alert_annotations in alerts.items():
+        assert alert_annotations["runbook_url"] == f"{EXTERNAL}/runbooks/{ALERT_RUNBOOKS[alertname]}"
+        assert_runbook(client, alert_annotations["runbook_url"])
 
 
 def test_every_exported_alert_links_its_runbook(client: TestClient) -> None:

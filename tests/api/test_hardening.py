@@ -30,7 +30,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TARGET = {"name": "a", "url": "http://127.0.0.1:9/metrics"}
 
 
-def detail(response) -> list:  # noqa: ANN001
+def detail(response) -> list:
     return [(e["loc"], e["msg"]) for e in response.json()["detail"]]
 
 

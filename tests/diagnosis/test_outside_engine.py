@@ -15,8 +15,8 @@ from app.diagnosis.rules import RULES, outside_engine
 from app.diagnosis.thresholds import Thresholds
 from app.probe import repository as probe_repository
 from app.probe.consistency import period_consistency
-from app.store.repository import SampleWriter, ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram
+from app.store.repository import SampleWriter, ScrapeRecord
 from tests.diagnosis.test_rules import healthy_signals, summary
 
 T = Thresholds()

@@ -158,7 +158,7 @@ def test_escalations_are_overridable_and_both_the_rules_and_the_export_follow() 
     config = FileConfig.model_validate({"diagnosis": {"thresholds": ESCALATIONS}})
     t = config.diagnosis.thresholds
 
-    def severity(rule, s):  # noqa: ANN001
+    def severity(rule, s):
         finding = rule.evaluate(s, t)
         return finding.severity if finding else None
 
@@ -206,7 +206,7 @@ RULE = Rule("{regime}", evaluate, precedence={precedence}, colour="pink", causes
 
 
 @pytest.fixture
-def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Makes a package under ``tmp_path`` with one regime module per entry of ``modules``;
     forgets its modules afterwards."""
     made: list[str] = []
@@ -231,7 +231,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
             del sys.modules[name]
 
 
-def test_a_new_regime_module_is_collected(package) -> None:  # noqa: ANN001
+def test_a_new_regime_module_is_collected(package) -> None:
     path = package("regimes_ok", {
         "replica_imbalance": {"causes": '("queueing_like",)'},
         "queueing_like": {"precedence": 80, "promql": "promql=lambda x: None"},
@@ -252,13 +252,13 @@ def test_a_new_regime_module_is_collected(package) -> None:  # noqa: ANN001
     ({"kv_transfer": {}, "spec_decode": {}}, "regimes kv_transfer and spec_decode share precedence 70"),
     ({"kv_transfer": {"causes": '("nope",)'}}, "regimes_bad.kv_transfer: causes unknown regime(s) nope"),
 ])
-def test_a_regime_module_that_breaks_an_assumption_is_refused(package, modules: dict, error: str) -> None:  # noqa: ANN001
+def test_a_regime_module_that_breaks_an_assumption_is_refused(package, modules: dict, error: str) -> None:
     path = package("regimes_bad", modules)
     with pytest.raises(ImportError, match=re.escape(error)):
         collect("regimes_bad", [path])
 
 
-def test_a_module_without_a_rule_is_refused(package) -> None:  # noqa: ANN001
+def test_a_module_without_a_rule_is_refused(package) -> None:
     path = package("regimes_norule", {})
     Path(path, "helpers.py").write_text("X = 1\n")
     with pytest.raises(ImportError, match=re.escape("regimes_norule.helpers: a regime module must end in RULE")):

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 from app.diagnosis import engine
-from app.diagnosis.rules import RULES, bandwidth_bound, kv_cache_pressure, prefill_compute, prefill_interference, \
-    queueing, weights_offloaded
+from app.diagnosis.rules import (
+    RULES,
+    bandwidth_bound,
+    kv_cache_pressure,
+    prefill_compute,
+    prefill_interference,
+    queueing,
+    weights_offloaded,
+)
 from app.diagnosis.signals import Signals
 from app.diagnosis.thresholds import Thresholds
 from app.quantiles import LatencySummary

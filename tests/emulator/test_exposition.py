@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from app.emulator.engine import EngineConfig
 from app.emulator.exposition import CONTENT_TYPE, TGI_DURATION_BUCKETS, build_1_2_5_buckets, observe_n
 from app.emulator.readout import Page, signature
-from app.scrape import parser as scrape_parser
 from app.emulator.scenarios import get
 from app.emulator.simulation import Simulation
 from app.emulator.workload import LengthDist, TrafficStream
+from app.scrape import parser as scrape_parser
 from tests.conftest import FIXTURES
 from tests.emulator.helpers import custom
 

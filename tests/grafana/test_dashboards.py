@@ -65,7 +65,7 @@ def round_trip(dashboard: dict) -> dict:
 
 
 def sdk_losses(dashboard: dict) -> list[str]:
-    allowed = re.compile(r"^\$\.annotations\.list\[\d+\]\.(%s)$" % "|".join(SDK_UNMODELLED_ANNOTATION_KEYS))
+    allowed = re.compile(r"^\$\.annotations\.list\[\d+\]\.({})$".format("|".join(SDK_UNMODELLED_ANNOTATION_KEYS)))
     return [p for p in lost_in_round_trip(dashboard, round_trip(dashboard)) if not allowed.match(p)]
 
 

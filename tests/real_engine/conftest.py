@@ -69,7 +69,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: runs a real vLLM (CPU build); opt in with {OPT_IN_ENV}=1")
 
 
-def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001 - pytest's TerminalReporter
+def pytest_terminal_summary(terminalreporter) -> None:
     if REPORT:
         terminalreporter.section("real engine (vLLM CPU) measurements")
         for key, value in REPORT.items():

@@ -116,7 +116,7 @@ class Load(threading.Thread):
     def run(self) -> None:
         try:
             self.results = run_streams(self.base_url, self.indices)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+        except BaseException as exc:
             self.exc = exc
 
 

@@ -45,7 +45,7 @@ LIGHT_BG, DARK_BG = "rgb(244, 246, 248)", "rgb(13, 17, 23)"  # --bg of status.cs
 class LiveServer:
     """The app under uvicorn on a free loopback port, in a thread with its own event loop."""
 
-    def __init__(self, app) -> None:  # noqa: ANN001
+    def __init__(self, app) -> None:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
@@ -59,7 +59,7 @@ class LiveServer:
         asyncio.set_event_loop(self.loop)
         self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + 20
         while not self.server.started:
@@ -68,7 +68,7 @@ class LiveServer:
             time.sleep(0.02)
         return self
 
-    def call(self, fn, *args):  # noqa: ANN001, ANN201
+    def call(self, fn, *args):
         """Run coroutine function ``fn(*args)`` in the server's loop (where the monitor lives)."""
         return asyncio.run_coroutine_threadsafe(fn(*args), self.loop).result(30)
 
@@ -151,7 +151,7 @@ def live(tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client]]:
         yield server, http
 
 
-def stripes(page) -> dict[str, str]:  # noqa: ANN001
+def stripes(page) -> dict[str, str]:
     """Each fleet row's stripe colour as the browser computed it, in page order."""
     return page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('table.fleet tbody tr')]
         .map(tr => [tr.dataset.target, getComputedStyle(tr.querySelector('th')).borderLeftColor]))""")

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 from app.api.routes.status import (
-    CHART_STEPS, LEVELS, Health, build_chart, chart_times, evidence_text, fmt_age, fmt_countdown, fmt_number,
-    fmt_seconds, fmt_window, triage_level, with_flags,
+    CHART_STEPS,
+    LEVELS,
+    Health,
+    build_chart,
+    chart_times,
+    evidence_text,
+    fmt_age,
+    fmt_countdown,
+    fmt_number,
+    fmt_seconds,
+    fmt_window,
+    triage_level,
+    with_flags,
 )
 from app.latency import LoadedHistograms
 from app.quantiles import HistogramSnapshot

@@ -285,7 +285,7 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
     end = float(int(time.time()))  # whole seconds: chart points fall exactly on the minute-spaced samples
     statements: list[str] = []
 
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
         statements.append(statement)
 
     def render() -> tuple[str, int, float]:

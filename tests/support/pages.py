@@ -15,8 +15,9 @@ makes every scrape see the next state, deterministically.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Union
+from typing import Union
 
 PageContent = Union[str, bytes]
 Page = Union[PageContent, Callable[[], PageContent]]
@@ -78,7 +79,7 @@ class StaticPageServer:
         self._thread: threading.Thread | None = None
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self) -> "StaticPageServer":
+    def start(self) -> StaticPageServer:
         if self._httpd is not None:
             return self
         server = self
@@ -86,7 +87,7 @@ class StaticPageServer:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 with server._lock:
                     server.requests += 1
@@ -112,7 +113,7 @@ class StaticPageServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            def log_message(self, format: str, *args: object) -> None:
                 pass  # keep test output clean
 
         self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
@@ -133,7 +134,7 @@ class StaticPageServer:
         self._httpd = None
         self._thread = None
 
-    def __enter__(self) -> "StaticPageServer":
+    def __enter__(self) -> StaticPageServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -29,9 +29,10 @@ import json
 import socket
 import subprocess
 import time as _time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Union
 from urllib.parse import urlsplit
 
 import httpx
@@ -40,7 +41,7 @@ from tests.support.components import require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
 
-Targets = Union[str, Sequence[str], Mapping[str, Union[str, Sequence[str]]]]
+Targets = Union[str, Sequence[str], Mapping[str, str | Sequence[str]]]
 
 
 class PrometheusError(RuntimeError):
@@ -135,7 +136,7 @@ class PrometheusHandle:
         try:
             body = r.json()
         except ValueError:
-            raise self._error(f"GET /api/v1/{path} {params}: HTTP {r.status_code}, not JSON: {r.text[:500]}")
+            raise self._error(f"GET /api/v1/{path} {params}: HTTP {r.status_code}, not JSON: {r.text[:500]}") from None
         if body.get("status") != "success":
             raise self._error(f"GET /api/v1/{path} {params}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]

@@ -35,7 +35,7 @@ class WebhookReceiver:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 item = Received(self.path, dict(self.headers.items()), body)
                 with owner._lock:
@@ -60,7 +60,7 @@ class WebhookReceiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
 
-    def __enter__(self) -> "WebhookReceiver":
+    def __enter__(self) -> WebhookReceiver:
         self._thread.start()
         return self
 

@@ -31,8 +31,8 @@ from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
 from app.probe.jobs import ProbeJobs
 from app.probe.runner import ProbeSpec, api_base
-from app.probe.sweep import sweep_plans
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
+from app.probe.sweep import sweep_plans
 from app.store.models import ProbeRequestRow, ProbeRunRow
 
 

@@ -40,8 +40,8 @@ from app.api.routes.targets import duration_param
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.probe import repository as probe_repository
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Scrape, Target
 
