@@ -17,10 +17,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Union
 
-PageContent = Union[str, bytes]
-Page = Union[PageContent, Callable[[], PageContent]]
+PageContent = str | bytes
+Page = PageContent | Callable[[], PageContent]
 
 #: Content type of the Prometheus text exposition format 0.0.4.
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -32,7 +32,7 @@ import time as _time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -41,7 +41,7 @@ from tests.support.components import require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
 
-Targets = Union[str, Sequence[str], Mapping[str, str | Sequence[str]]]
+Targets = str | Sequence[str] | Mapping[str, str | Sequence[str]]
 
 
 class PrometheusError(RuntimeError):
