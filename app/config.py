@@ -197,7 +197,8 @@ def _read_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_CONFIG_DEPTH:
-                    raise ConfigError([f"{path}:{event.start_mark.line + 1}: nested deeper than "
+                    line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                    raise ConfigError([f"{path}:{line}: nested deeper than "
                                        f"{MAX_CONFIG_DEPTH} levels"])
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1

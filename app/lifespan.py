@@ -245,7 +245,7 @@ class Monitor:
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
 
     @staticmethod
-    def _in_thread(func):  # type: ignore[no-untyped-def]
+    def _in_thread(func):
         async def run() -> None:
             try:
                 await asyncio.to_thread(func)

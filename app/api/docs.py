@@ -42,10 +42,10 @@ def install(app: FastAPI) -> None:
     @app.get(DOCS, include_in_schema=False)
     def swagger_ui() -> HTMLResponse:
         page = get_swagger_ui_html(
-            openapi_url=app.openapi_url, title=f"{app.title} - API docs",
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - API docs",
             swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{ASSETS}/swagger-ui.css",
             swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
             swagger_ui_parameters={**swagger_ui_default_parameters, "validatorUrl": None})
-        html = page.body.decode()
+        html = bytes(page.body).decode()
         return HTMLResponse(html, headers={"Content-Security-Policy": csp(html), "X-Content-Type-Options": "nosniff",
                                            "Referrer-Policy": "no-referrer"})

@@ -40,8 +40,9 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     """FastAPI's own 422 body, with non-finite inputs written as text."""
+    assert isinstance(exc, RequestValidationError)  # registered for that class only
     return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 

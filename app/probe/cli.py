@@ -36,7 +36,7 @@ MAX_CLI_PROMPT_TOKENS = 1_000_000
 class _Duration(click.ParamType):
     name = "duration"
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value, param, ctx):
         if isinstance(value, (int, float)):
             return float(value)
         try:

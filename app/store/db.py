@@ -27,7 +27,7 @@ def make_engine(url: str, echo: bool = False) -> Engine:
         engine = create_engine(url, echo=echo, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_connection, _record):
             # WAL lets the API read while the writer writes; NORMAL sync is durable
             # across process crashes (only an OS crash can lose the last commits).
             cursor = dbapi_connection.cursor()
