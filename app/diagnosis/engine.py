@@ -85,12 +85,13 @@ def rank(findings: list[Finding]) -> None:
     if not findings:
         return
     firing = {f.regime for f in findings}
-    causes = {rule.regime: set(rule.causes) for rule in RULES}
     for finding in findings:
-        for other in firing - {finding.regime}:
-            if finding.regime in causes.get(other, ()):
-                finding.caused_by = other
-                break
+        # The first firing cause in precedence order, so the answer does not depend on
+        # set iteration order (which changes with the interpreter's hash seed).
+        cause = next((rule.regime for rule in RULES if rule.regime in firing
+                      and rule.regime != finding.regime and finding.regime in rule.causes), None)
+        if cause is not None:
+            finding.caused_by = cause
     findings.sort(key=lambda f: (f.caused_by is not None, RULE_ORDER.get(f.regime, 99),
                                  SEVERITY_ORDER.get(f.severity, 9), -f.confidence))
     findings[0].primary = findings[0].caused_by is None
