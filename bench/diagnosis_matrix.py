@@ -205,7 +205,8 @@ def main() -> int:
         n = sum(row.values())
         total += n
         correct += row[want]
-        print(f"| {scenario} | " + " | ".join(str(row[v]) if row[v] else "." for v in VERDICTS) + f" | {row[want]}/{n} |")
+        print(f"| {scenario} | " + " | ".join(str(row[v]) if row[v] else "." for v in VERDICTS)
+              + f" | {row[want]}/{n} |")
     print(f"\nAccuracy: {correct}/{total}")
     print("\n## False findings in the healthy scenarios (every evaluation; target 0)\n")
     print("| run | evaluations | with a pending or active finding | regimes |")

@@ -245,7 +245,8 @@ class OtherProcesses:
                 with open(f"/proc/{name}/stat") as f:
                     data = f.read()
                 fields = data.rsplit(")", 1)[1].split()
-                out[int(name)] = (data[data.index("(") + 1:data.rindex(")")], (int(fields[11]) + int(fields[12])) / tick)
+                out[int(name)] = (data[data.index("(") + 1:data.rindex(")")],
+                                  (int(fields[11]) + int(fields[12])) / tick)
             except (OSError, ValueError, IndexError):
                 continue
         return out
@@ -928,8 +929,9 @@ def main(argv: list[str] | None = None) -> int:
             fails += f"; {r.note}"
         print(f"| {r.page} | {r.db} | {r.targets}×{r.rounds} | {r.rows_per_scrape:.0f} | {r.us(r.cpu_total):,.0f} | "
               f"{r.us(r.cpu_scrape):,.0f} | {r.us(r.cpu_store_thread):,.0f} (process {r.us(r.cpu_store):,.0f}) | "
-              f"{r.us(r.gc_cpu):,.0f} ({r.gc_full}) | {1e6 / r.us(r.cpu_total):,.0f} | {r.scrapes / r.wall_total:,.0f} | "
-              f"{pgcpu} | {r.us(r.server_cpu):,.0f} | {r.foreign_cores:.2f} | {fails} |")
+              f"{r.us(r.gc_cpu):,.0f} ({r.gc_full}) | {1e6 / r.us(r.cpu_total):,.0f} | "
+              f"{r.scrapes / r.wall_total:,.0f} | {pgcpu} | {r.us(r.server_cpu):,.0f} | {r.foreign_cores:.2f} | "
+              f"{fails} |")
     print("\nNot measured (one-off per target, wall time): " + "; ".join(
         f"{r.page}/{r.db}: first round {r.warmup_scrape_s:.1f} s, first write (creates every series, "
         f"one SELECT + INSERT each) {r.first_write_s:.1f} s" for r in paths) + ".")

@@ -131,10 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=300, help="parses per timing round (default 300)")
     args = parser.parse_args(argv)
     real = VLLM_PAGE.read_bytes()
-    pages = [(VLLM_PAGE.name, real, args.repeat), ("synthetic 8-model vLLM page", eight_model_page(real), max(10, args.repeat // 8))]
+    pages = [(VLLM_PAGE.name, real, args.repeat),
+             ("synthetic 8-model vLLM page", eight_model_page(real), max(10, args.repeat // 8))]
     keep = keep_prefixes("vllm:")
-    print(f"keep=keep_prefixes('vllm:'), Python {sys.version.split()[0]}; times per parse, speedup vs prometheus_client\n")
-    header = f"{'page':30s} {'kept/seen':>11s} {'prom_client':>11s} {'cold':>16s} {'warm':>16s} {'warm,new vals':>16s} {'line cache only':>16s}"
+    print(f"keep=keep_prefixes('vllm:'), Python {sys.version.split()[0]}; "
+          "times per parse, speedup vs prometheus_client\n")
+    header = (f"{'page':30s} {'kept/seen':>11s} {'prom_client':>11s} {'cold':>16s} {'warm':>16s} "
+              f"{'warm,new vals':>16s} {'line cache only':>16s}")
     print(header)
     print("-" * len(header))
     for name, page, repeat in pages:
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
 
         print(
             f"{name:30s} {r['samples_kept']:>5d}/{r['samples_seen']:<5d} {r['prometheus_client_s'] * 1e3:8.3f} ms"
-            f" {cell('cold'):>16s} {cell('warm'):>16s} {cell('warm_new_values'):>16s} {cell('warm_line_cache_only'):>16s}"
+            f" {cell('cold'):>16s} {cell('warm'):>16s} {cell('warm_new_values'):>16s}"
+            f" {cell('warm_line_cache_only'):>16s}"
         )
 
 

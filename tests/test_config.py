@@ -44,13 +44,15 @@ targets:
 @pytest.mark.parametrize(("body", "message"), [
     ("targets:\n  - name: a\n    url: ftp://x/metrics\n", "targets[0].url: URL scheme must be http or https"),
     ("targets:\n  - name: a\n    url: http://x/m\n    engine: triton\n", "targets[0].engine"),
-    ("targets:\n  - name: a\n    url: http://x/m\n    scrape_interval: soon\n", "targets[0].scrape_interval: not a duration: 'soon'"),
+    ("targets:\n  - name: a\n    url: http://x/m\n    scrape_interval: soon\n",
+     "targets[0].scrape_interval: not a duration: 'soon'"),
     ("targets:\n  - name: a\n    url: http://x/m\n    scrape_interval: 5s\n    scrape_timeout: 10s\n",
      "scrape_timeout must not exceed scrape_interval"),
     ("targets:\n  - name: a\n    url: http://x/m\n  - name: a\n    url: http://y/m\n", "duplicate target name 'a'"),
     ("targets:\n  - name: 'bad name!'\n    url: http://x/m\n", "targets[0].name"),
     ("targets:\n  - name: a\n    url: http://x/m\n    labels: {model: x}\n", "label name 'model' is reserved"),
-    ("targets:\n  - name: a\n    url: http://x/m\n    colour: red\n", "targets[0].colour: Extra inputs are not permitted"),
+    ("targets:\n  - name: a\n    url: http://x/m\n    colour: red\n",
+     "targets[0].colour: Extra inputs are not permitted"),
     ("targets: [\n", "not valid YAML"),
     ("- just a list\n", "top level must be a mapping"),
 ])

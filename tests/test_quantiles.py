@@ -338,7 +338,8 @@ def test_summarize_values_and_json_friendly_none() -> None:
 # --------------------------------------------------------------------------- property tests
 
 finite_bounds = st.lists(
-    st.floats(min_value=-1e3, max_value=1e4, allow_nan=False, allow_infinity=False), min_size=1, max_size=12, unique=True
+    st.floats(min_value=-1e3, max_value=1e4, allow_nan=False, allow_infinity=False),
+    min_size=1, max_size=12, unique=True
 )
 counts_st = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -528,7 +529,8 @@ def test_prop_window_histogram_is_per_bucket_increase(data: st.DataObject) -> No
     n = min(len(c) for c in cols)
     ts = [t for t, _ in cols[0][:n]]
     snaps = [
-        HistogramSnapshot(ts=ts[i], counts=tuple(c[i][1] for c in cols[:-1]), sum=cols[-1][i][1] / 7, count=cols[-2][i][1])
+        HistogramSnapshot(ts=ts[i], counts=tuple(c[i][1] for c in cols[:-1]), sum=cols[-1][i][1] / 7,
+                          count=cols[-2][i][1])
         for i in range(n)
     ]
     a, b = sorted((data.draw(st.integers(0, 800_000)) / 1000, data.draw(st.integers(0, 800_000)) / 1000))

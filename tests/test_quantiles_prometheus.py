@@ -389,10 +389,12 @@ def test_increase_and_rate_of_every_series_match(collected: Collected) -> None:
                     theirs = collected.ranged[(w, "bucket")].get((engine, b), {}).get(t)
                     cmp.check(f"increase bucket w={w} t={t} e={engine} le={b}", h.increases[i] if h else None, theirs)
                 for kind, ours_v in (("count", h.count if h else None), ("sum", h.sum if h else None)):
-                    cmp.check(f"increase {kind} w={w} t={t} e={engine}", ours_v, collected.ranged[(w, kind)].get((engine,), {}).get(t))
+                    cmp.check(f"increase {kind} w={w} t={t} e={engine}", ours_v,
+                              collected.ranged[(w, kind)].get((engine,), {}).get(t))
                 pts = [(s.ts, s.count) for s in snaps]
                 r = rate(pts, (t - w) / 1000, t / 1000)
-                cmp.check(f"rate count w={w} t={t} e={engine}", r, collected.ranged[(w, "rate")].get((engine,), {}).get(t))
+                cmp.check(f"rate count w={w} t={t} e={engine}", r,
+                          collected.ranged[(w, "rate")].get((engine,), {}).get(t))
                 if h is not None:
                     assert h.count >= 0 and all(x >= 0 for x in h.increases)
                     assert increase(pts, (t - w) / 1000, t / 1000) == h.count
@@ -419,7 +421,8 @@ def test_histogram_quantile_of_sum_by_le_matches(collected: Collected) -> None:
     for (w, T, q), theirs in collected.edge_quantiles.items():
         ours = our_windows(collected, w, T)
         merged = merge([ours["0"], ours["1"]])
-        cmp.check(f"instant edge q={q} w={w} T={T}", histogram_quantile(q, merged.bounds, merged.increases) if merged else None, theirs)
+        cmp.check(f"instant edge q={q} w={w} T={T}",
+                  histogram_quantile(q, merged.bounds, merged.increases) if merged else None, theirs)
     cmp.assert_ok("histogram_quantile(sum by (le) (increase)) vs Prometheus")
     assert cmp.valued > cmp.n // 2
 

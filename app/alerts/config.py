@@ -115,7 +115,8 @@ class ReceiverConfig(BaseModel):
                   Annotated[str, Field(max_length=MAX_HEADER_VALUE_LENGTH)]] = Field(default_factory=dict,
                                                                                     max_length=MAX_HEADERS)
     timeout: Seconds = Field(10.0, gt=0, le=120)
-    secret_env: str | None = Field(None, max_length=MAX_TEXT_LENGTH, description="Environment variable holding the HMAC-SHA256 key.")
+    secret_env: str | None = Field(None, max_length=MAX_TEXT_LENGTH,
+                                   description="Environment variable holding the HMAC-SHA256 key.")
     match: Labels = Field(default_factory=dict, description="Label equality matchers; empty = all.")
     send_resolved: bool = True
 

@@ -111,7 +111,8 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float) -> list[C
             annotations = {
                 "summary": f"{target.name}: {label} is {value:.3f}s, above the {slo.threshold:g}s objective",
                 "description": f"{label}{derived} over the last {slo.window:g}s is {value:.3f}s "
-                               f"(objective: at most {slo.threshold:g}s, {summary.get('count') or 0:.0f} observations).",
+                               f"(objective: at most {slo.threshold:g}s, {summary.get('count') or 0:.0f} "
+                               "observations).",
                 **_links(config, target.name, slo.alertname),
             }
             out.append(Condition(labels, annotations, slo.for_, value))

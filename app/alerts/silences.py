@@ -44,15 +44,17 @@ def parse_matcher(item: str | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(item, str):
         m = _MATCHER.match(item)
         if not m:
-            raise MatcherError(f"bad matcher {item[:MAX_MATCHER_LENGTH]!r}: expected name=\"value\", name!=\"value\", name=~\"regex\" "
-                               "or name!~\"regex\"")
+            raise MatcherError(f"bad matcher {item[:MAX_MATCHER_LENGTH]!r}: expected name=\"value\", name!=\"value\", "
+                               "name=~\"regex\" or name!~\"regex\"")
         name, op, quoted, bare = m.groups()
         value = _unescape(quoted) if quoted is not None else bare
-        matcher: dict[str, Any] = {"name": name, "value": value, "isRegex": "~" in op, "isEqual": not op.startswith("!")}
+        matcher: dict[str, Any] = {"name": name, "value": value, "isRegex": "~" in op,
+                                   "isEqual": not op.startswith("!")}
     else:
         unknown = set(item) - {"name", "value", "isRegex", "isEqual"}
         if unknown or "name" not in item or "value" not in item:
-            raise MatcherError(f"bad matcher {str(dict(item))[:MAX_MATCHER_LENGTH]}: needs name and value (optional isRegex, isEqual)")
+            raise MatcherError(f"bad matcher {str(dict(item))[:MAX_MATCHER_LENGTH]}: needs name and value "
+                               "(optional isRegex, isEqual)")
         matcher = {"name": str(item["name"]), "value": str(item["value"]), "isRegex": bool(item.get("isRegex", False)),
                    "isEqual": bool(item.get("isEqual", True))}
         if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", matcher["name"]):

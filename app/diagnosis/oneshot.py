@@ -127,7 +127,8 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
         return "      n/a" if value is None else f"{value * 1000:9.1f}"
 
     if r:
-        lines.append(f"  window {r['window_seconds']:.0f} s        {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'count':>8}")
+        lines.append(f"  window {r['window_seconds']:.0f} s        "
+                     f"{'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'count':>8}")
         for block, label in (("ttft", "TTFT"), ("queue_time", "  queue"), ("prefill_time", "  prefill"),
                              ("itl", "ITL"), ("e2e", "end-to-end")):
             if block in r:

@@ -100,28 +100,40 @@ def observe_n(child, value: float, n: int) -> None:
 
 
 HELP = {
-    "vllm:estimated_flops_per_gpu": "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
-    "vllm:estimated_read_bytes_per_gpu": "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
-    "vllm:estimated_write_bytes_per_gpu": "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
+    "vllm:estimated_flops_per_gpu": "Estimated number of floating point operations per GPU "
+                                    "(for Model Flops Utilization calculations).",
+    "vllm:estimated_read_bytes_per_gpu": "Estimated number of bytes read from memory per GPU "
+                                         "(for Model Flops Utilization calculations).",
+    "vllm:estimated_write_bytes_per_gpu": "Estimated number of bytes written to memory per GPU "
+                                          "(for Model Flops Utilization calculations).",
     "vllm:num_requests_running": "Number of requests in model execution batches.",
     "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
-    "vllm:num_requests_waiting_by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting.",
-    "vllm:engine_sleep_state": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+    "vllm:num_requests_waiting_by_reason": "Number of waiting requests by reason. Reason labels: 'capacity' = waiting "
+                                           "for scheduling capacity; 'deferred' = deferred by transient constraints "
+                                           "(LoRA budget, KV transfer, blocked status). Sum of all reasons equals "
+                                           "vllm:num_requests_waiting.",
+    "vllm:engine_sleep_state": "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is "
+                               "awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
     "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
     "vllm:gpu_cache_usage_perc": "GPU KV-cache usage. 1 means 100 percent usage.",
     "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
     "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
     "vllm:gpu_prefix_cache_queries": "GPU prefix cache queries, in terms of number of queried tokens.",
     "vllm:gpu_prefix_cache_hits": "GPU prefix cache hits, in terms of number of cached tokens.",
-    "vllm:external_prefix_cache_queries": "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
-    "vllm:external_prefix_cache_hits": "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+    "vllm:external_prefix_cache_queries": "External prefix cache queries from KV connector cross-instance cache "
+                                          "sharing, in terms of number of queried tokens.",
+    "vllm:external_prefix_cache_hits": "External prefix cache hits from KV connector cross-instance cache sharing, "
+                                       "in terms of number of cached tokens.",
     "vllm:mm_cache_queries": "Multi-modal cache queries, in terms of number of queried items.",
     "vllm:mm_cache_hits": "Multi-modal cache hits, in terms of number of cached items.",
     "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
     "vllm:prompt_tokens": "Number of prefill tokens processed.",
     "vllm:prompt_tokens_by_source": "Number of prompt tokens by source.",
     "vllm:prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
-    "vllm:prompt_tokens_cached_by_source": "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+    "vllm:prompt_tokens_cached_by_source": "Prefix-cache hit tokens by the cache tier that supplied them: device "
+                                           "(local HBM), host (offloaded to DRAM), disk, p2p (transferred from another "
+                                           "vLLM instance) or external_unspecified. Counted at admission; sums to "
+                                           "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
     "vllm:generation_tokens": "Number of generation tokens processed.",
     "vllm:request_success": "Count of successfully processed requests.",
     "vllm:admission_rejections": "Number of admission attempts rejected by a queue limit, by reason.",
@@ -141,7 +153,8 @@ HELP = {
     "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
     "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
     "vllm:request_num_preemptions": "Histogram of the number of times a request was preempted.",
-    "vllm:request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+    "vllm:request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill "
+                                               "(excluding cached tokens).",
     "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
 }
 
@@ -156,7 +169,8 @@ def _fmt_float(v: float) -> str:
     return repr(float(v))
 
 
-def cache_config_labels(flavor: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> dict[str, str]:
+def cache_config_labels(flavor: str, deployment: Deployment, config: EngineConfig,
+                        num_gpu_blocks: int) -> dict[str, str]:
     """``vllm:cache_config_info`` labels: every CacheConfig field, stringified. The current
     set is the one of the real 0.32 page; the legacy one is 0.8.x's (with ``cpu_offload_gb``,
     which later moved out of CacheConfig - so weight offload has no metric in 0.20+)."""

@@ -242,8 +242,8 @@ def _weights_offloaded() -> Scenario:
     """Llama-3.1-8B BF16 on an RTX 4090 (24 GiB) with ``--cpu-offload-gb 4``: 4 GiB of
     weights cross PCIe Gen4 (~25 GB/s) in every step. Signature: ITL ~0.19 s, about 12x the
     16 ms weight-read floor of the card and flat across batch sizes (p99/p50 ~1.3); TTFT
-    p50 ~0.36 s; no real queue (~90 ms = half a step), KV usage ~3 %, no preemptions. (vLLM >= 0.20 exposes no offload metric; the legacy page shows
-    ``cpu_offload_gb`` in ``vllm:cache_config_info``.)"""
+    p50 ~0.36 s; no real queue (~90 ms = half a step), KV usage ~3 %, no preemptions. (vLLM >= 0.20
+    exposes no offload metric; the legacy page shows ``cpu_offload_gb`` in ``vllm:cache_config_info``.)"""
     dep = Deployment.of("RTX-4090", "llama-3.1-8b", cpu_offload_gb=4)
     stream = TrafficStream(name="users", clients=4, think_time_s=2.0, prompt=L.lognormal(300, 0.5, 16, 3000),
                            output=L.lognormal(150, 0.4, 16, 1000), max_tokens=1024)

@@ -261,7 +261,8 @@ class EmulatedTarget:
             else:
                 raise _BadRequest("prompt must be a string or a list of token ids (batched prompts are not supported)")
             max_tokens = body.get("max_tokens", 16)
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                       or max_tokens < 1):
             raise _BadRequest("max_tokens must be a positive integer")
         return prompt, max_tokens
 

@@ -41,7 +41,8 @@ class CanaryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
-    interval: _Seconds = Field(300.0, ge=10, le=MAX_INTERVAL_SECONDS, description="Time between canary probes (e.g. 5m).")
+    interval: _Seconds = Field(300.0, ge=10, le=MAX_INTERVAL_SECONDS,
+                               description="Time between canary probes (e.g. 5m).")
     prompt_tokens: int = Field(512, ge=1, le=131072)
     max_tokens: int = Field(64, ge=1, le=8192)
     requests: int = Field(1, ge=1, le=16, description="Requests per canary, one at a time.")
@@ -50,7 +51,8 @@ class CanaryConfig(BaseModel):
     endpoint: str | None = Field(None, pattern=r"^/[A-Za-z0-9_./-]*$", max_length=MAX_TEXT_LENGTH,
                                  description="Path of the completions endpoint; default /v1/completions "
                                  "(or /v1/chat/completions with chat).")
-    url: str | None = Field(None, max_length=MAX_URL_LENGTH, description="Base URL of the OpenAI-compatible API when it is not at the "
+    url: str | None = Field(None, max_length=MAX_URL_LENGTH,
+                            description="Base URL of the OpenAI-compatible API when it is not at the "
                             "scheme/host/port of the metrics URL.")
     api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=MAX_TEXT_LENGTH,
                                     description="Environment variable holding the API key (Bearer).")

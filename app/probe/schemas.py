@@ -42,9 +42,10 @@ def _int_list(value: object) -> object:
 
 
 class ProbeIn(BaseModel):
-    """An ad hoc probe: ``requests`` streamed requests per level, one level per concurrency or per
-    prompt length (only one of the two may vary), output length fixed. ``target`` names a monitored target (its URL's scheme/host/port is the API),
-    ``url`` gives the API base URL directly (or overrides the target's)."""
+    ("""An ad hoc probe: ``requests`` streamed requests per level, one level per concurrency or per
+    prompt length (only one of the two may vary), output length fixed. ``target`` names a monitored target """
+     """(its URL's scheme/host/port is the API),
+    ``url`` gives the API base URL directly (or overrides the target's).""")
 
     model_config = ConfigDict(extra="forbid")
 
@@ -68,7 +69,8 @@ class ProbeIn(BaseModel):
     stall_timeout: Seconds = Field(30.0, gt=0, le=MAX_REQUEST_TIMEOUT)
     time_limit: Seconds = Field(DEFAULT_TIME_LIMIT, gt=0, le=MAX_TIME_LIMIT, description="Whole run.")
     ignore_eos: bool = True
-    api_key: SecretStr | None = Field(None, max_length=MAX_HEADER_VALUE_LENGTH, description="Sent as 'Authorization: Bearer'; never stored.")
+    api_key: SecretStr | None = Field(None, max_length=MAX_HEADER_VALUE_LENGTH,
+                                      description="Sent as 'Authorization: Bearer'; never stored.")
 
     @field_validator("concurrency", "prompt_tokens")
     @classmethod

@@ -41,9 +41,11 @@ HISTOGRAMS: dict[str, tuple[str, dict[str, str] | None]] = {
 GAUGES = {"running": "tgi_batch_current_size", "waiting": "tgi_queue_size"}
 KV_USED, KV_CAPACITY = "tgi_batch_current_max_tokens", "tgi_batch_max_total_tokens"
 REQUESTS = ("tgi_request_success", "tgi_request_success_total")
-TOKEN_COUNTERS = {"prompt_tokens_total": "tgi_request_input_length", "generation_tokens_total": "tgi_request_generated_tokens"}
+TOKEN_COUNTERS = {"prompt_tokens_total": "tgi_request_input_length",
+                  "generation_tokens_total": "tgi_request_generated_tokens"}
 
-FAMILIES = frozenset({name for name, _ in HISTOGRAMS.values()} | set(GAUGES.values()) | {KV_USED, KV_CAPACITY} | set(REQUESTS))
+FAMILIES = frozenset({name for name, _ in HISTOGRAMS.values()} | set(GAUGES.values()) | {KV_USED, KV_CAPACITY}
+                     | set(REQUESTS))
 TTFT_DERIVATION = "TTFT derived as queue_time + prefill_time (TGI exports no TTFT histogram)"
 
 

@@ -125,7 +125,8 @@ class TargetInfo(Base):
 
 class FindingRow(Base):
     __tablename__ = "findings"
-    __table_args__ = (Index("ix_findings_open", "target_id", "model", "state"), Index("ix_findings_last_seen", "last_seen"))
+    __table_args__ = (Index("ix_findings_open", "target_id", "model", "state"),
+                      Index("ix_findings_last_seen", "last_seen"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))

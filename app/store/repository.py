@@ -138,8 +138,8 @@ class DatabaseUnavailable(Exception):
     """The database could not be reached; nothing of the batch was written."""
 
 
-SeriesKey = tuple[int, str, str, str, str]
-INFO_REFRESH_SECONDS = 300.0  # an unchanged info row is rewritten (its ts refreshed) this often  # target_id, signal, model, rank, bounds
+SeriesKey = tuple[int, str, str, str, str]  # target_id, signal, model, rank, bounds
+INFO_REFRESH_SECONDS = 300.0  # an unchanged info row is rewritten (its ts refreshed) this often
 
 
 class SampleWriter:
@@ -210,7 +210,8 @@ class SampleWriter:
                     continue
                 for h in c.histograms:
                     key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
-                    sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, "histogram", new_series)
+                    sid = (self._series.get(key) or new_series.get(key)
+                           or self._resolve(conn, key, "histogram", new_series))
                     hist_rows.append((sid, r.ts, encode_floats(h.counts), None if math.isnan(h.sum) else h.sum,
                                       h.count))
                 for s in c.scalars:

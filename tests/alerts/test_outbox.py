@@ -100,7 +100,8 @@ def test_outage_retries_ordering_restart_and_signatures(migrated_url: str, tmp_p
             t = last_a.ts + 1
             assert svc.monitor.evaluate_alerts(now=t) == {"conditions": 2, "notifications": 2}
             alerts = {x["alertname"]: x for x in svc.client.get("/api/v1/alerts").json()}
-            assert alerts["LLMLatencyTTFTHigh"]["state"] == "firing" and alerts["LLMLatencyTargetDown"]["state"] == "firing"
+            assert (alerts["LLMLatencyTTFTHigh"]["state"] == "firing"
+                    and alerts["LLMLatencyTargetDown"]["state"] == "firing")
             hook.status = 503  # the receiver is down
             assert svc.client.portal.call(svc.monitor.delivery.run_once, t) == 0
             b.status, b.page = 200, slow.render()  # b comes back: its alert resolves
@@ -255,7 +256,8 @@ def test_silences_receivers_and_bad_input(migrated_url: str, tmp_path: Path, hoo
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "url"]
             bad = c.post("/api/v1/receivers", json={"name": "x", "url": "http://h/", "kind": "pager"})
             assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "kind"]
-            bad = c.post("/api/v1/receivers", json={"name": "x", "url": "http://h/", "headers": {"Idempotency-Key": "1"}})
+            bad = c.post("/api/v1/receivers",
+                         json={"name": "x", "url": "http://h/", "headers": {"Idempotency-Key": "1"}})
             assert bad.status_code == 422 and "is set by the service" in bad.json()["detail"][0]["msg"]
             assert c.post("/api/v1/receivers", json={"name": "oncall", "url": hook.url}).status_code == 409
             made = c.post("/api/v1/receivers", json={"name": "chat", "url": hook.url, "match": {"severity": "info"}})

@@ -82,8 +82,9 @@ def test_queueing_engine_alert_reaches_the_webhook_through_prometheus_and_alertm
                     break
                 time.sleep(0.2)
             else:
-                raise AssertionError(f"no LLMLatencyQueueing warning+critical at the webhook after 45s; got "
-                                     f"{[a['labels'] for b in [r.json for r in webhook.received] for a in b['alerts']]}")
+                raise AssertionError(
+                    f"no LLMLatencyQueueing warning+critical at the webhook after 45s; got "
+                    f"{[a['labels'] for b in [r.json for r in webhook.received] for a in b['alerts']]}")
             queue_mean = float(prom.query(f'llm_latency:vllm_queue_time_seconds:mean_10s{{instance="{engine}"}}')
                                ["result"][0]["value"][1])
             queue_share = float(prom.query(f'llm_latency:vllm_queue_share:ratio_10s{{instance="{engine}"}}')

@@ -53,8 +53,8 @@ def test_diagnoses_lifecycle_and_runbooks_over_http(service) -> None:
     assert calm["verdict"] == "healthy" and calm["signals"]["decode_floor_seconds"] > 0.007
 
     metrics = c.get("/metrics").text
-    assert 'llm_latency_diagnosis_verdict{model="meta-llama/Llama-3.1-8B-Instruct",target="busy",verdict="queueing"} 1.0' \
-        in metrics
+    assert 'llm_latency_diagnosis_verdict{model="meta-llama/Llama-3.1-8B-Instruct",target="busy",' \
+        'verdict="queueing"} 1.0' in metrics
     assert 'regime="queueing",severity="critical",state="active",target="busy"}' in metrics
     assert 'llm_latency_finding_threshold{evidence="queue share of TTFT",model="meta-llama/Llama-3.1-8B-Instruct",' \
            'regime="queueing",target="busy"} 0.5' in metrics

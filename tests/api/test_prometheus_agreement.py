@@ -54,7 +54,8 @@ def test_service_percentiles_equal_prometheus_over_the_same_two_scrapes(service,
         prom_b = min(sample_times(prom, 51.0, now))
         window_ms = round((prom_b - prom_a) * 1000)
         answers = {}
-        for signal, metric in (("ttft", "vllm:time_to_first_token_seconds"), ("itl", "vllm:inter_token_latency_seconds")):
+        for signal, metric in (("ttft", "vllm:time_to_first_token_seconds"),
+                               ("itl", "vllm:inter_token_latency_seconds")):
             for q in (0.5, 0.9, 0.99):
                 res = prom.query(f"histogram_quantile({q}, sum by (le) (increase({metric}_bucket[{window_ms}ms])))",
                                  time=prom_b)["result"]

@@ -193,7 +193,8 @@ def test_health_readiness_and_derived_metrics(service) -> None:
     service.monitor.refresh_summaries()
     text = c.get("/metrics").text
     line = next(row for row in text.splitlines()
-                if row.startswith('llm_latency_quantile_seconds{model="llama",quantile="0.5",signal="ttft",target="v"}'))
+                if row.startswith('llm_latency_quantile_seconds{model="llama",quantile="0.5",'
+                                  'signal="ttft",target="v"}'))
     assert 0.25 < float(line.split()[-1]) <= 0.5
     assert 'llm_latency_observations{model="llama",signal="ttft",target="v"}' in text
     assert c.get("/docs").status_code == 200

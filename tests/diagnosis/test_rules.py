@@ -79,8 +79,8 @@ def test_queueing_quiet_when_the_queue_is_short_in_absolute_terms() -> None:
 
 def test_prefill_compute_fires_on_long_prompts_and_is_quiet_on_short_ones() -> None:
     s = healthy_signals(ttft=summary(1.5, 2.4, 1.38, 30), prefill_per_request=1.37, prefill_share=0.99,
-                        queue_share=0.0, prompt_tokens=summary(12000, 25000, 12888, 30), ttft_per_1k_prompt_tokens=0.107,
-                        config={"enable_prefix_caching": "False"}, running_mean=0.7)
+                        queue_share=0.0, prompt_tokens=summary(12000, 25000, 12888, 30),
+                        ttft_per_1k_prompt_tokens=0.107, config={"enable_prefix_caching": "False"}, running_mean=0.7)
     f = prefill_compute.evaluate(s, T)
     assert f is not None
     assert evidence(f, "mean prompt length").value == 12888 and evidence(f, "mean prefill time").value == 1.37
@@ -133,7 +133,8 @@ def test_bandwidth_bound_needs_slow_steady_decode_near_the_floor() -> None:
     tgi = bandwidth_bound.evaluate(healthy_signals("tgi", **{k: getattr(s, k) for k in (
         "itl", "itl_ratio", "running_mean", "decode_floor_seconds", "itl_over_floor", "hardware")}), T)
     assert tgi is not None and evidence(tgi, "ITL / decode floor").value == 1.53
-    assert any("--quantize awq" in r for r in tgi.remedies) and any("--kv-cache-dtype fp8_e4m3" in r for r in tgi.remedies)
+    assert (any("--quantize awq" in r for r in tgi.remedies)
+            and any("--kv-cache-dtype fp8_e4m3" in r for r in tgi.remedies))
     assert any("--speculate" in r for r in tgi.remedies) and any("--num-shard" in r for r in tgi.remedies)
     assert not any("--tensor-parallel-size" in r or "--quantization fp8" in r for r in tgi.remedies)  # vLLM flags
     # without a hardware profile it can only say "slow and steady": info, lower confidence
@@ -172,7 +173,8 @@ def test_weights_offloaded_from_the_floor_or_from_the_engine_config() -> None:
     tgi = weights_offloaded.evaluate(healthy_signals("tgi", itl=s.itl, itl_over_floor=11.0), T)
     assert any("--quantize" in r for r in tgi.remedies)
     # no profile, no config: it cannot know, so it stays quiet
-    assert weights_offloaded.evaluate(healthy_signals(itl=s.itl, decode_floor_seconds=None, itl_over_floor=None), T) is None
+    assert weights_offloaded.evaluate(
+        healthy_signals(itl=s.itl, decode_floor_seconds=None, itl_over_floor=None), T) is None
 
 
 def test_cause_is_primary_and_symptoms_are_marked() -> None:

@@ -133,7 +133,8 @@ def test_the_arithmetic_of_a_chunked_window() -> None:
     assert inferred.prompt_tokens == pytest.approx(7500)                   # prompt quantile 0.9
     assert inferred.stall_seconds == pytest.approx(0.25)                   # ITL quantile 0.99
     assert inferred.prefill_seconds == pytest.approx(0.65)                 # prefill quantile 0.9
-    ratio = 0.25 / 0.65                                                     # median of 0.275/0.725, 0.25/0.65, 0.225/0.575
+    # median of 0.275/0.725, 0.25/0.65, 0.225/0.575
+    ratio = 0.25 / 0.65
     assert inferred.ratio == pytest.approx(ratio)
     assert inferred.verdict == "chunked"
     assert inferred.budget_tokens == pytest.approx(ratio * 7500 + 24)      # + the 24 decodes sharing each step

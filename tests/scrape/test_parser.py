@@ -633,7 +633,8 @@ def gen_family(draw, index: int) -> GenFamily:
     if type_ in ("histogram", "summary"):
         for labels in draw(st.lists(label_sets(2), max_size=2)):
             if type_ == "histogram":
-                for le in draw(st.lists(st.sampled_from(["0.1", "1", "2.5", "1e3"]), max_size=3, unique=True)) + ["+Inf"]:
+                for le in draw(st.lists(st.sampled_from(["0.1", "1", "2.5", "1e3"]),
+                                        max_size=3, unique=True)) + ["+Inf"]:
                     samples.append(draw(gen_sample(stem + "_bucket", [*labels, ("le", le)])))
             else:
                 for q in draw(st.lists(st.sampled_from(["0.5", "0.9", "0.99"]), max_size=3, unique=True)):

@@ -83,7 +83,8 @@ def test_vllm_0102_prefers_new_names_and_keeps_data_parallel_ranks() -> None:
     assert [scalar(c, "kv_usage", r) for r in ("0", "1")] == [0.25, 0.75]
     assert [scalar(c, "prefix_cache_hits_total", r) for r in ("0", "1")] == [400.0, 400.0]
     iteration = hist(c, "iteration_tokens")
-    assert iteration.counts[iteration.bounds.index(2048.0)] == 5.0 and iteration.counts[iteration.bounds.index(256.0)] == 3.0
+    assert (iteration.counts[iteration.bounds.index(2048.0)] == 5.0
+            and iteration.counts[iteration.bounds.index(256.0)] == 3.0)
 
 
 def test_tgi_page() -> None:

@@ -147,7 +147,8 @@ def live(tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client]]:
         now = time.time()
         monitor.evaluate_diagnoses(now=now)
         monitor.evaluate_diagnoses(now=now + 0.5)
-        assert http.post("/api/v1/targets", json={"name": "f-new", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
+        assert http.post("/api/v1/targets",
+                         json={"name": "f-new", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
         yield server, http
 
 

@@ -300,7 +300,8 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
 
     def add(names: list[str]) -> None:
         for name in names:
-            assert c.post("/api/v1/targets", json={"name": name, "url": "http://127.0.0.1:9/metrics"}).status_code == 201
+            assert c.post("/api/v1/targets",
+                          json={"name": name, "url": "http://127.0.0.1:9/metrics"}).status_code == 201
         with monitor.sessions() as session:
             target_ids = [t.id for t in repository.list_targets(session) if t.name in names]
         assert len(target_ids) == len(names)

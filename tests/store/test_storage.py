@@ -13,7 +13,9 @@ from app.store import db, repository
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
-TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses", "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests", "notification_log"}
+TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses",
+          "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests",
+          "notification_log"}
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
@@ -107,7 +109,8 @@ def test_snapshots_round_trip_exactly_and_windows_span_a_restart(store) -> None:
     assert writer.write([record(target_id, ts, tuple(map(float, c)), s, tok) for ts, c, s, tok in snapshots]) == 5
     with sessions() as session:
         series = repository.find_series(session, [target_id], ["ttft"])
-        assert [(s.signal, s.kind, s.model, s.rank, s.bounds) for s in series] == [("ttft", "histogram", "m", "0", TTFT_BOUNDS)]
+        assert ([(s.signal, s.kind, s.model, s.rank, s.bounds) for s in series]
+                == [("ttft", "histogram", "m", "0", TTFT_BOUNDS)])
         stored = repository.histogram_snapshots(session, [series[0].id], t0, t0 + 60)[series[0].id]
         assert [(p.ts, p.counts, p.sum) for p in stored] == [(ts, tuple(map(float, c)), s) for ts, c, s, _ in snapshots]
         report = latency.latency_report(session, [target_id], 60.0, t0 + 60)
@@ -140,7 +143,8 @@ def test_ranks_are_summed_and_kv_usage_averaged(store) -> None:
     records = []
     for rank, kv in (("0", 0.2), ("1", 0.8)):
         for i, ts in enumerate((t0, t0 + 10)):
-            r = record(target_id, ts, (0.0, 0.0, 0.0, 0.0, 0.0) if i == 0 else (4.0, 4.0, 4.0, 4.0, 4.0), 0.0 if i == 0 else 0.2, 0.0, kv)
+            r = record(target_id, ts, (0.0, 0.0, 0.0, 0.0, 0.0) if i == 0 else (4.0, 4.0, 4.0, 4.0, 4.0),
+                       0.0 if i == 0 else 0.2, 0.0, kv)
             for h in r.canonical.histograms:
                 h.rank = rank
             for s in r.canonical.scalars:

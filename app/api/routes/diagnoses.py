@@ -72,11 +72,12 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
 
 @router.get("/targets/{name}/diagnosis")
 def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
-                     window: Annotated[str | None, Query(description="evaluate now over this window "
-                                                                      "(no lifecycle); default: latest scheduled")] = None,
+                     window: Annotated[str | None, Query(description="evaluate now over this window (no lifecycle); "
+                                                                      "default: latest scheduled")] = None,
                      start: Annotated[UnixTime | None, Query(description="unix seconds; with end, evaluate now "
                                                                       "over exactly [start, end]")] = None,
-                     end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> list[dict]:
+                     end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
+                     ) -> list[dict]:
     """The latest scheduled diagnosis, or (``window`` or ``start``) one evaluated now over that
     range without touching the finding lifecycle. ``start`` exists because a window in
     milliseconds rounds: a range meant to begin at a scrape would begin just after it and

@@ -156,7 +156,8 @@ def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
     seconds, until = time_range(window, None, end)
     result = period_consistency(session, target.id, until - seconds, until, monitor.diagnosis_config.thresholds)
     if result is None:
-        period = f"the last {window}" if end is None else f"{format_utc(until - seconds)} .. {format_utc(until)} ({window})"
+        period = (f"the last {window}" if end is None
+                  else f"{format_utc(until - seconds)} .. {format_utc(until)} ({window})")
         return {"target": name, "window": window, "status": "no_probes",
                 "message": f"no probe run of {name!r} finished in {period}"}
     return {"target": name, "window": window, **result.to_dict()}

@@ -433,7 +433,8 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
 def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep,
-                window: Annotated[str | None, Query(description="percentile window; default the diagnosis window")] = None,
+                window: Annotated[str | None, Query(description="percentile window; "
+                                                                "default the diagnosis window")] = None,
                 end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
     """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes."""
     seconds, end, live = page_params(monitor, window, end)

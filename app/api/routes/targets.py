@@ -63,8 +63,8 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None) -> 
         name=target.name, url=target.url, engine=target.engine, detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at, updated_at=target.updated_at,
-        last_scrape=scrape_out(last),
+        source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
+        updated_at=target.updated_at, last_scrape=scrape_out(last),
     )
 
 

@@ -53,7 +53,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Quantize the KV cache: --kv-cache-dtype fp8 (recent GPUs) — halves KV bytes read per step.",
         "Speculative decoding (--speculative-config with a draft model, EAGLE or n-gram): several tokens per "
         "weight read; good at low concurrency, costs throughput at high concurrency.",
-        "More bandwidth: --tensor-parallel-size 2+ over NVLink (each GPU reads a shard), or an HBM GPU instead of GDDR.",
+        "More bandwidth: --tensor-parallel-size 2+ over NVLink (each GPU reads a shard), or an HBM GPU "
+        "instead of GDDR.",
     ]
     tgi = [
         "Quantize the weights: --quantize awq / gptq / marlin (INT4) or fp8.",

@@ -47,7 +47,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
          if caching == "False" else
          f"Prefix caching is on (hit rate {hit_rate:.0%}); put the shared part of prompts first so it is reused"
          if hit_rate is not None else "Use prefix caching for shared prompt prefixes (--enable-prefix-caching)."),
-        "More compute per request for long contexts: --tensor-parallel-size 2+ on NVLink-connected GPUs, or a faster GPU.",
+        "More compute per request for long contexts: --tensor-parallel-size 2+ on NVLink-connected GPUs, "
+        "or a faster GPU.",
         "FP8 weights/activations (--quantization fp8 on Hopper/Ada) cut prefill FLOP time.",
     ]
     tgi = [
