@@ -72,6 +72,7 @@ def test_a_prompt_sweep_reports_the_ladder_and_the_fitted_prefill_cost(fleet):
         check_lag(level["ttft"]["mean"] * SWEEP_SCALE, server["ttft_mean"], SWEEP_SCALE, f"{level['prompt_tokens']}")
     fit = body["analysis"]["ttft_vs_prompt"]
     assert fit["n"] == 6 and fit["r2"] > 0.98
+    assert 0.09 < prefill_slope_per_1k() < 0.1  # the 8B's prefill on an A100: ~95 ms per 1k tokens
     assert fit["slope_seconds_per_1k_tokens"] * SWEEP_SCALE == pytest.approx(prefill_slope_per_1k(), rel=0.1)
 
 
