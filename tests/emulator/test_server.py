@@ -16,6 +16,7 @@ from app.emulator.readout import Page, signature
 from app.emulator.server import EmulatorFleet, TargetSpec, count_text_tokens, start_targets
 from app.emulator.workload import LengthDist
 from tests.emulator.helpers import single_stream
+from tests.support.emulated_timing import CLIENT_LAG_S, check_span
 
 SOLO_SCALE = 1.0
 
@@ -61,8 +62,13 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict) -> dict:
 
 
 def test_client_timing_matches_server_histograms(fleet):
+    """Three concurrent 3-4k-token requests: the histograms hold exactly the engine's own
+    times of these requests (its records, simulated seconds), and the client sees each first
+    and last token after the engine emitted it, within the lag a busy machine adds
+    (tests/support/emulated_timing.py)."""
     url = fleet.urls["solo"]
     before = Page(httpx.get(url + "/metrics").content)
+    seen = {r.rid for r in fleet.call("solo", lambda t: list(t.sim.records))}
 
     async def main():
         async with httpx.AsyncClient(timeout=30) as client:
@@ -73,17 +79,24 @@ def test_client_timing_matches_server_histograms(fleet):
 
     results = asyncio.run(main())
     after = Page(httpx.get(url + "/metrics").content)
+    records = {r.prompt_tokens: r for r in fleet.call("solo", lambda t: list(t.sim.records)) if r.rid not in seen}
+    assert sorted(records) == [3000, 3500, 4000]
     for i, r in enumerate(results):
         assert len(r["texts"]) == 40 and r["reasons"] == ["length"]
         assert r["usage"] == {"prompt_tokens": 3000 + 500 * i, "completion_tokens": 40, "total_tokens": 3040 + 500 * i}
     ttft = after.hist("vllm:time_to_first_token_seconds").minus(before.hist("vllm:time_to_first_token_seconds"))
     itl = after.hist("vllm:inter_token_latency_seconds").minus(before.hist("vllm:inter_token_latency_seconds"))
     assert ttft.count == 3 and itl.count == 3 * 39
-    client_ttft = sum(r["ttft"] for r in results) / 3 * SOLO_SCALE
-    client_itl = sum(sum(r["gaps"]) for r in results) / (3 * 39) * SOLO_SCALE
-    assert client_ttft == pytest.approx(ttft.mean, rel=0.06, abs=0.01)
-    assert client_itl == pytest.approx(itl.mean, rel=0.05)
+    assert ttft.sum == pytest.approx(sum(r.ttft for r in records.values()), rel=1e-9)
+    assert itl.sum == pytest.approx(sum(r.finish - r.first_token for r in records.values()), rel=1e-9)
     assert 0.25 < ttft.mean < 2.0 and 0.009 < itl.mean < 0.03  # 3-4k-token prefills, 8B decode steps
+    for i, r in enumerate(results):
+        engine = records[3000 + 500 * i]
+        check_span(r["ttft"] * SOLO_SCALE, (r["ttft"] + sum(r["gaps"])) * SOLO_SCALE, engine.ttft,
+                   engine.finish - engine.arrival, SOLO_SCALE, f"request {i}")
+    # so the client's mean ITL is the engine's within one token's lag over 39 gaps
+    client_itl = sum(sum(r["gaps"]) for r in results) / (3 * 39) * SOLO_SCALE
+    assert abs(client_itl - itl.mean) <= CLIENT_LAG_S * SOLO_SCALE / 39
 
 
 def test_client_timing_on_a_busy_target(fleet):

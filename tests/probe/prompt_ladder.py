@@ -1,11 +1,13 @@
 """The prompt-length ladder the sweep tests run against the emulated healthy 8B/A100 engine,
 and the TTFT-vs-prompt slope its physics implies.
 
-The ladder spans 8k tokens, 0.78 s of prefill in simulated seconds, so wall-clock noise of a
-loaded machine barely moves the fitted slope: with 2 requests per level, a 40 ms (simulated)
-hiccup in one 8192-token request moves the least-squares slope by about 3 % (one point's
-weight is ``(x - mean x) / Sxx``; a 256..2048 ladder would move 13 %). Idle, the measured
-slope is within 1-2 % of the physics; a 10 % tolerance still fails a slope off by 2x.
+The ladder spans 8k tokens, 0.78 s of prefill in simulated seconds, so the lag a loaded
+machine adds to a client's TTFT barely moves the fitted slope: a least-squares slope moves
+by ``sum((x - mean x) * lag) / Sxx``, at most 0.127 s per 1k tokens per second of lag that
+only the longest prompts got (a 256..2048 ladder would move 0.5). The sweep target runs at
+time scale 0.5, halving the lag in simulated seconds, so a 10 % tolerance on the slope
+(9.5 ms per 1k) holds for lags that differ by up to 0.15 s of wall time between levels (10-75
+ms measured with load average 8 on 2 cores) and still fails a slope off by 2x.
 """
 
 from __future__ import annotations
@@ -13,14 +15,20 @@ from __future__ import annotations
 import statistics
 
 from app.emulator.scenarios import get as get_scenario
+from tests.support.emulated_timing import lone_ttft
 
 LADDER = (256, 4096, 8192)
 REQUESTS_PER_LEVEL = 2  # the sweep default
+CHUNK = 2048  # the healthy scenario's token budget (chunked prefill)
+
+
+def engine_ttft(prompt_tokens: int) -> float:
+    """The engine's TTFT of one ladder request alone (simulated seconds)."""
+    return lone_ttft(get_scenario("healthy").deployment, prompt_tokens, CHUNK)
 
 
 def prefill_slope_per_1k() -> float:
-    """Seconds per 1k prompt tokens (simulated): the least-squares line through the emulator's
-    prefill time of each request of the ladder (2048-token chunks), as the probe fits it."""
-    deployment = get_scenario("healthy").deployment
+    """Seconds per 1k prompt tokens (simulated): the least-squares line through the engine's
+    TTFT of each request of the ladder, as the probe fits it."""
     xs = [p for p in LADDER for _ in range(REQUESTS_PER_LEVEL)]
-    return statistics.linear_regression(xs, [deployment.prefill_s(p, 2048) for p in xs]).slope * 1000.0
+    return statistics.linear_regression(xs, [engine_ttft(p) for p in xs]).slope * 1000.0
