@@ -13,7 +13,6 @@ from tests.probe.prompt_ladder import LADDER, REQUESTS_PER_LEVEL, engine_ttft, p
 from tests.probe.servers import FakeOpenAI
 from tests.support.emulated_timing import check_lag
 
-
 #: The sweep's target runs at half speed so that a busy machine's lag stays small in simulated seconds.
 SWEEP_SCALE = 0.5
 
