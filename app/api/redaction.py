@@ -20,9 +20,26 @@ Scrape errors need nothing here: they never contain page text in the first place
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from app.probe.runner import QUOTING_ERROR_CLASSES
 
 REDACTED = "<redacted>"
+HIDDEN_PASSWORD = "***"
+
+
+def url_as_shown(url: str, token_holder: bool) -> str:
+    """A configured URL as shown: a password in it (``http://user:pass@host/metrics``, which
+    the scraper sends as basic auth) is replaced by ``***`` for readers without the token
+    (and always on the status page); token holders get the URL as stored, so a read-edit-PUT
+    round trip keeps it."""
+    if token_holder:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:{HIDDEN_PASSWORD}@{host}"))
 
 
 def header_names(headers: dict[str, str]) -> dict[str, str]:

@@ -179,3 +179,19 @@ def test_a_probed_servers_error_body_is_shown_only_with_the_token(migrated_url: 
     assert requests(holder) == [("http_status", 500, 0, quoted)] * 2
     assert {k: v for k, v in holder.json().items() if k != "requests"} == \
         {k: v for k, v in anonymous.json().items() if k != "requests"}
+
+
+def test_a_password_in_a_target_url_is_shown_only_with_the_token(migrated_url: str, tmp_path: Path) -> None:
+    url = "http://scraper:hunter2-secret@127.0.0.1:9/metrics"
+    for svc in make_service(migrated_url, tmp_path, api_token=TOKEN):
+        c = svc.client
+        assert c.post("/api/v1/targets", json={"name": "basic", "url": url}, headers=AUTH).status_code == 201
+        shown = "http://scraper:***@127.0.0.1:9/metrics"
+        assert c.get("/api/v1/targets/basic").json()["url"] == shown
+        assert [t["url"] for t in c.get("/api/v1/targets").json()] == [shown]
+        assert c.get("/api/v1/targets/basic", headers={"Authorization": "Bearer wrong"}).json()["url"] == shown
+        assert c.get("/api/v1/targets/basic", headers=AUTH).json()["url"] == url
+        assert [t["url"] for t in c.get("/api/v1/targets", headers=AUTH).json()] == [url]
+        page = c.get("/targets/basic", headers=AUTH).text  # the status page never shows it
+        assert "hunter2" not in page and "scraper:***@127.0.0.1:9" in page
+        assert "hunter2" not in c.get("/").text

@@ -35,6 +35,7 @@ from markupsafe import Markup, escape
 from app import latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.deps import MonitorDep, SessionDep
+from app.api.redaction import url_as_shown
 from app.api.routes.diagnoses import current as current_diagnoses
 from app.api.routes.targets import duration_param
 from app.diagnosis.findings import Evidence
@@ -465,7 +466,8 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                  "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     return html(
-        "target.html", target=target, engine=target.detected_engine or target.engine,
+        "target.html", target=target, target_url=url_as_shown(target.url, token_holder=False),
+        engine=target.detected_engine or target.engine,
         health=scrape_health(latest[0] if latest else None, interval, end), interval=interval,
         scrapes=latest, scrape_total=total, scrape_failed=failed, report=report,
         signals=[s for s in HISTOGRAM_SIGNALS if s in report],

@@ -11,7 +11,8 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import ValidationError
 
 from app import latency
-from app.api.deps import MonitorDep, SessionDep, WriteAuth
+from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.redaction import url_as_shown
 from app.api.schemas import ScrapeOut, TargetIn, TargetOut, TargetPatch
 from app.config import TargetConfig, validate_target_url
 from app.durations import parse_duration
@@ -56,11 +57,13 @@ def scrape_out(scrape: Scrape | None) -> ScrapeOut | None:
                      error=scrape.error)
 
 
-def target_out(monitor: Monitor, target: Target, last: Scrape | None = None) -> TargetOut:
+def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
+               token_holder: bool = True) -> TargetOut:
+    """A target as the API shows it; a password in its URL only to token holders (writers are)."""
     s = monitor.settings
     interval = target.scrape_interval or s.default_scrape_interval
     return TargetOut(
-        name=target.name, url=target.url, engine=target.engine, detected_engine=target.detected_engine,
+        name=target.name, url=url_as_shown(target.url, token_holder), engine=target.engine, detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
         source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
@@ -88,9 +91,9 @@ def reschedule(monitor: Monitor) -> None:
 
 
 @router.get("/targets", response_model=list[TargetOut])
-def list_targets(session: SessionDep, monitor: MonitorDep) -> list[TargetOut]:
+def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> list[TargetOut]:
     latest = repository.latest_scrapes(session)
-    return [target_out(monitor, t, latest.get(t.id)) for t in repository.list_targets(session)]
+    return [target_out(monitor, t, latest.get(t.id), token_holder) for t in repository.list_targets(session)]
 
 
 @router.post("/targets", response_model=TargetOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
@@ -105,9 +108,9 @@ def create_target(body: TargetIn, session: SessionDep, monitor: MonitorDep) -> T
 
 
 @router.get("/targets/{name}", response_model=TargetOut)
-def get_target(name: str, session: SessionDep, monitor: MonitorDep) -> TargetOut:
+def get_target(name: str, session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> TargetOut:
     target = get_or_404(session, name)
-    return target_out(monitor, target, repository.latest_scrapes(session).get(target.id))
+    return target_out(monitor, target, repository.latest_scrapes(session).get(target.id), token_holder)
 
 
 @router.put("/targets/{name}", response_model=TargetOut, dependencies=[WriteAuth])
