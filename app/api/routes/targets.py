@@ -63,7 +63,8 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
     s = monitor.settings
     interval = target.scrape_interval or s.default_scrape_interval
     return TargetOut(
-        name=target.name, url=url_as_shown(target.url, token_holder), engine=target.engine, detected_engine=target.detected_engine,
+        name=target.name, url=url_as_shown(target.url, token_holder), engine=target.engine,
+        detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
         source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
