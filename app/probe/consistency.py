@@ -36,6 +36,7 @@ converted before comparing (``client x time_scale``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -137,16 +138,17 @@ def _server_side(session: Session, target_id: int, start: float, end: float) -> 
 
 def _judge(t: Thresholds, target_id: int, start: float, end: float, n: int, client_mean: float | None,
            server: _Server, runs: Sequence[int] = (), models: Sequence[str] = ()) -> ConsistencyResult:
-    base = dict(target_id=target_id, probe_start=start, probe_end=end, window_start=server.window_start,
-                window_end=server.window_end, client_requests=n, client_mean=client_mean,
-                server_requests=server.requests, server_mean=server.mean, server_queue_mean=server.queue_mean,
-                threshold_seconds=t.outside_gap_seconds, threshold_share=t.outside_gap_share,
-                min_requests=t.outside_min_requests, runs=tuple(runs), models=tuple(models))
+    result = functools.partial(
+        ConsistencyResult, target_id=target_id, probe_start=start, probe_end=end,
+        window_start=server.window_start, window_end=server.window_end, client_requests=n, client_mean=client_mean,
+        server_requests=server.requests, server_mean=server.mean, server_queue_mean=server.queue_mean,
+        threshold_seconds=t.outside_gap_seconds, threshold_share=t.outside_gap_share,
+        min_requests=t.outside_min_requests, runs=tuple(runs), models=tuple(models))
 
     def unjudged(message: str, status: str = "insufficient_data", gap: float | None = None,
                  share: float | None = None, other: bool = False) -> ConsistencyResult:
-        return ConsistencyResult(**base, gap_seconds=gap, gap_share=share, finding=False, status=status,
-                                 message=message, other_traffic=other)
+        return result(gap_seconds=gap, gap_share=share, finding=False, status=status, message=message,
+                      other_traffic=other)
 
     if client_mean is None:
         return unjudged("no successful probe request")
@@ -174,8 +176,8 @@ def _judge(t: Thresholds, target_id: int, start: float, end: float, n: int, clie
                    f"than the engine records; {numbers}")
     else:
         message = f"client and engine agree: {numbers}"
-    return ConsistencyResult(**base, gap_seconds=gap, gap_share=share, finding=large,
-                             status="finding" if large else "ok", message=message, other_traffic=other)
+    return result(gap_seconds=gap, gap_share=share, finding=large, status="finding" if large else "ok",
+                  message=message, other_traffic=other)
 
 
 def check_consistency(session: Session, target_id: int,

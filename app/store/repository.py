@@ -220,11 +220,11 @@ class SampleWriter:
                     if not math.isnan(s.value):
                         scalar_rows.append((sid, r.ts, s.value))
                 for info in c.infos:
-                    key = (r.target_id, info.name, info.model, info.rank)
-                    known = new_infos.get(key) or self._infos.get(key)
+                    info_key = (r.target_id, info.name, info.model, info.rank)
+                    known = new_infos.get(info_key) or self._infos.get(info_key)
                     if known is None or known[0] != info.labels or r.ts - known[1] >= INFO_REFRESH_SECONDS:
                         infos.append((r.target_id, info, r.ts))
-                        new_infos[key] = (info.labels, r.ts)
+                        new_infos[info_key] = (info.labels, r.ts)
             conn.execute(insert(Scrape), scrape_rows)
             if conn.dialect.name == "postgresql":
                 _copy_rows(conn, hist_rows, scalar_rows)
