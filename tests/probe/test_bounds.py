@@ -52,10 +52,10 @@ def test_the_time_limit_stops_a_probe_of_a_slow_target(fake):
     result = asyncio.run(run_probe(spec))
     elapsed = time.monotonic() - t0
     level = result.levels[0]
-    assert 0.8 <= elapsed < 1.6
+    assert 0.8 <= elapsed < 5.0  # 10 s if the limit were ignored; the slack is for a loaded machine
     assert result.stopped_by == "time_limit" == level.stopped_by
     assert level.issued == 3 and level.errors == {"cancelled": 3}  # the first wave, cut off; no new requests
-    assert all(12 <= r.tokens <= 17 for r in level.requests)  # ~0.8 s / 50 ms tokens each, then cut
+    assert all(1 <= r.tokens <= 17 for r in level.requests)  # at most ~0.8 s / 50 ms tokens each, then cut
     assert all("time limit after token" in r.detail for r in level.requests)
     assert fake.requests["ok"] == 3
     deadline = time.monotonic() + 3
@@ -66,14 +66,15 @@ def test_the_time_limit_stops_a_probe_of_a_slow_target(fake):
 
 def test_levels_after_the_time_limit_are_not_started(fake):
     fake.gap = 0.05
-    spec = ProbeSpec(fake.url("ok"), prompt_tokens=16, max_tokens=4, concurrency=2, time_limit=0.7, preflight=False)
+    spec = ProbeSpec(fake.url("ok"), prompt_tokens=16, max_tokens=4, concurrency=2, time_limit=2.0, preflight=False)
     result = asyncio.run(run_probe(spec, [LevelPlan(1, 16, 4, 1), LevelPlan(2, 16, 4, 50), LevelPlan(1, 16, 4, 5)]))
     assert len(result.levels) == 2 and result.stopped_by == "time_limit"
     first, second = result.levels
     assert first.stopped_by == "done" and first.succeeded == 1
+    # each request takes at least 3 x 50 ms: 50 of them, 2 at a time, need >= 3.75 s, so level 2
+    # cannot finish within the 2 s limit however fast the machine; it runs waves until then
     assert second.stopped_by == "time_limit" and second.issued < 50
-    # each request takes 3 x 50 ms: ~0.55 s left for level 2 = 3 waves of 2, the last one cut off
-    assert second.succeeded >= 4 and second.errors == {"cancelled": second.issued - second.succeeded}
+    assert second.succeeded >= 2 and second.errors == {"cancelled": second.issued - second.succeeded}
     assert second.issued - second.succeeded <= 2
     assert fake.requests["ok"] == 1 + second.issued
 
