@@ -13,11 +13,11 @@ import click
 import yaml
 from pydantic import ValidationError
 
-from app.alerts.rules_export import rules
 from app.config import ConfigError, FileConfig, format_validation_error, load_config
 from app.durations import parse_duration
 from app.emulator.cli import emulate
 from app.probe.cli import probe
+from app.rules_export import rules
 from app.settings import Settings
 
 

@@ -13,7 +13,7 @@ Example::
     diagnosis:                  # optional; defaults shown
       interval: 30s
       window: 1m
-      thresholds: {queue_share: 0.5}   # see app/diagnosis/thresholds.py
+      thresholds: {queue_share: 0.5}   # see app/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
 
 A bad file is refused at start with every problem on its own line as
@@ -33,10 +33,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
-from app.diagnosis.thresholds import Thresholds
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
 from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
 from app.probe.canary import CanaryConfig
+from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file, host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]

@@ -311,7 +311,7 @@ class ParseResult:
 def bench_parse_page(kind: PageKind, budget: float, repeats: int) -> ParseResult:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from app.scrape.parser import PageParser
+    from app.exposition.parser import PageParser
     from app.sources import ADAPTERS
 
     adapter = ADAPTERS["vllm"]
@@ -576,7 +576,7 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
 KEY_FUNCTIONS = (  # (file suffix, function name, what)
     ("app/scrape/jobs.py", "run", "TargetScraper.run (one scrape, event-loop part)"),
     ("app/scrape/client.py", "fetch", "  PageFetcher.fetch (aiohttp)"),
-    ("app/scrape/parser.py", "parse", "  PageParser.parse"),
+    ("app/exposition/parser.py", "parse", "  PageParser.parse"),
     ("app/sources/vllm.py", "to_canonical", "  VllmAdapter.to_canonical"),
     ("app/sources/base.py", "histogram_series", "    histogram_series"),
     ("app/sources/base.py", "scalar_series", "    scalar_series"),

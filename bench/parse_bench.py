@@ -1,4 +1,4 @@
-"""Benchmark app.scrape.parser against prometheus_client's text parser.
+"""Benchmark app.exposition.parser against prometheus_client's text parser.
 
     python3 bench/parse_bench.py [--repeat N]
 
@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from app.scrape.parser import PageParser, ParsedPage, keep_prefixes  # noqa: E402
+from app.exposition.parser import PageParser, ParsedPage, keep_prefixes  # noqa: E402
 
 VLLM_PAGE = ROOT / "tests" / "fixtures" / "exposition" / "vllm-0.32-cpu-real.prom"
 ROUNDS = 3
@@ -63,7 +63,7 @@ class _LineCacheOnly(PageParser):
     """A PageParser that never uses its page plan: the per-line cache path alone."""
 
     def parse(self, page: bytes | str) -> ParsedPage:
-        from app.scrape.parser import _prepare
+        from app.exposition.parser import _prepare
 
         return self._parse_text(_prepare(page), build_plan=False)[0]
 

@@ -56,7 +56,7 @@ def slo_alertname(signal: str) -> str:
 TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
 
 #: Every alert the service (app/alerts/engine.py) or the exported Prometheus rules
-#: (app/alerts/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,
+#: (app/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,
 #: served at ``/runbooks/<name>``. Both look alerts up here, so an alert without a
 #: runbook cannot be built.
 ALERT_RUNBOOKS: dict[str, str] = {

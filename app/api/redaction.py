@@ -15,7 +15,7 @@ Read endpoints need no token, so two kinds of text are kept from them:
   :data:`REDACTED` in their place, with the status code and error class intact.
 
 Scrape errors need nothing here: they never contain page text in the first place
-(:mod:`app.scrape.parser`, :mod:`app.scrape.client`).
+(:mod:`app.exposition.parser`, :mod:`app.scrape.client`).
 """
 
 from __future__ import annotations

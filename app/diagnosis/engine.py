@@ -29,9 +29,9 @@ from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
 from app.probe.consistency import period_consistency
 from app.store import repository
+from app.thresholds import Thresholds
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 RULE_ORDER = {rule.regime: i for i, rule in enumerate(RULES)}

@@ -18,11 +18,11 @@ from app import latency
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
-from app.diagnosis.thresholds import Thresholds
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
 from app.store import db, repository
 from app.store.repository import SampleWriter, ScrapeRecord
+from app.thresholds import Thresholds
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
 #: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics.

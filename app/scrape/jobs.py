@@ -3,7 +3,7 @@
 Nothing here raises on bad targets: a down, slow, oversized or garbage-serving target
 produces a :class:`ScrapeRecord` with ``up=False`` and a classified error, and the
 other targets never notice. A record's message names the position and kind of a problem,
-never the page's text (see :mod:`app.scrape.parser`): every API reader sees it. An
+never the page's text (see :mod:`app.exposition.parser`): every API reader sees it. An
 unexpected exception is logged in full and recorded by its type only, since its message
 may quote the page.
 """
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
-from app.scrape.parser import PageParser, ParsedPage
 from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
 from app.sources.base import Canonical
 from app.store.repository import ScrapeRecord

@@ -19,6 +19,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
@@ -27,7 +28,9 @@ from sqlalchemy import Engine
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
-from app.telemetry import Telemetry
+
+if TYPE_CHECKING:  # the service's telemetry sits above the scrape path (it also collects probe results)
+    from app.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 200_000  # scrapes held in memory while the database is unreachable

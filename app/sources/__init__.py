@@ -6,7 +6,7 @@ families, detect, to_canonical) and register it in ``ADAPTERS``.
 
 from __future__ import annotations
 
-from app.scrape.parser import ParsedPage
+from app.exposition.parser import ParsedPage
 from app.sources.base import Adapter
 from app.sources.sglang import SglangAdapter
 from app.sources.tgi import TgiAdapter

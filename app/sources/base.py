@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter, gt, itemgetter
 from typing import Protocol, TypeVar
 
-from app.scrape.parser import MetricFamily, ParsedPage
+from app.exposition.parser import MetricFamily, ParsedPage
 
 # Histogram signals (seconds unless the name says tokens).
 HISTOGRAM_SIGNALS = (

@@ -8,7 +8,7 @@ so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
 
 from __future__ import annotations
 
-from app.scrape.parser import ParsedPage
+from app.exposition.parser import ParsedPage
 from app.sources.base import Canonical, map_families
 
 GROUP = ("model_name", "dp_rank")

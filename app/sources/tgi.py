@@ -17,7 +17,7 @@ TGI differs from vLLM in ways the rest of the product must know about:
 
 from __future__ import annotations
 
-from app.scrape.parser import ParsedPage
+from app.exposition.parser import ParsedPage
 from app.sources.base import (
     Canonical,
     CanonicalHistogram,

@@ -11,7 +11,7 @@ stored as "0"). Counters over ``finished_reason`` are summed.
 
 from __future__ import annotations
 
-from app.scrape.parser import ParsedPage
+from app.exposition.parser import ParsedPage
 from app.sources.base import Canonical, CanonicalInfo, map_families
 
 GROUP = ("model_name", "engine")

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.alerts.rules_export import render_rules
 from app.config import FileConfig
 from app.emulator.server import EmulatorFleet, TargetSpec
+from app.rules_export import render_rules
 from tests.support.alertmanager import running_alertmanager
 from tests.support.prometheus import running_prometheus
 from tests.support.receiver import WebhookReceiver

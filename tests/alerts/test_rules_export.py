@@ -22,10 +22,15 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from app.alerts import rules_export
+from app import rules_export
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
-from app.alerts.promql import instance_of
-from app.alerts.rules_export import (
+from app.config import FileConfig, load_config
+from app.diagnosis.findings import PROBE_REGIMES, REGIMES
+from app.diagnosis.rules import kv_cache_pressure, prefill_compute, prefill_interference, queueing
+from app.diagnosis.signals import Signals
+from app.promql import instance_of
+from app.quantiles import LatencySummary
+from app.rules_export import (
     VLLM_ITL_BUCKETS,
     build_rules,
     num,
@@ -34,12 +39,7 @@ from app.alerts.rules_export import (
     render_rules,
     rules,
 )
-from app.config import FileConfig, load_config
-from app.diagnosis.findings import PROBE_REGIMES, REGIMES
-from app.diagnosis.rules import kv_cache_pressure, prefill_compute, prefill_interference, queueing
-from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
-from app.quantiles import LatencySummary
+from app.thresholds import Thresholds
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]

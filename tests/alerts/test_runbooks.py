@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import ALERT_RUNBOOKS, SLO_SIGNALS, AlertsConfig, SloConfig, runbook_url
-from app.alerts.rules_export import build_rules
 from app.api.routes import runbooks
 from app.api.routes.status import SECURITY_HEADERS
 from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
 from app.main import create_app
+from app.rules_export import build_rules
 from app.settings import Settings
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import db, repository

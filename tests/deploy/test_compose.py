@@ -127,7 +127,7 @@ def test_prometheus_scrapes_the_monitor_loads_the_rules_and_alerts_alertmanager(
 
 
 def test_alertmanager_inhibits_symptoms_exactly_as_the_rules_export_suggests() -> None:
-    from app.alerts.rules_export import inhibit_rules
+    from app.rules_export import inhibit_rules
 
     config = yaml.safe_load(mounted_config("alertmanager", "/etc/alertmanager/alertmanager.yml").read_text())
     assert config["inhibit_rules"] == inhibit_rules()

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from app.alerts.config import ALERT_RUNBOOKS
-from app.alerts.rules_export import build_rules
 from app.config import FileConfig
+from app.rules_export import build_rules
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]

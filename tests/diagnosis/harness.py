@@ -13,12 +13,12 @@ from pathlib import Path
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
-from app.diagnosis.thresholds import Thresholds
 from app.emulator import scenarios
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
 from app.store import db, repository
 from app.store.repository import SampleWriter, ScrapeRecord
+from app.thresholds import Thresholds
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch
 

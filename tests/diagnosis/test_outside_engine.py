@@ -12,11 +12,11 @@ from app.alerts.config import regime_alertname
 from app.diagnosis import engine
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, outside_engine
-from app.diagnosis.thresholds import Thresholds
 from app.probe import repository as probe_repository
 from app.probe.consistency import period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store.repository import SampleWriter, ScrapeRecord
+from app.thresholds import Thresholds
 from tests.diagnosis.test_rules import healthy_signals, summary
 
 T = Thresholds()

@@ -19,8 +19,8 @@ from app.diagnosis.rules import (
     weights_offloaded,
 )
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
 from app.quantiles import LatencySummary
+from app.thresholds import Thresholds
 
 T = Thresholds()
 

@@ -15,9 +15,9 @@ import pytest
 from app.diagnosis import step_budget
 from app.diagnosis.rules import prefill_interference
 from app.diagnosis.step_budget import StepBudget, share_above
-from app.diagnosis.thresholds import Thresholds
 from app.emulator import scenarios
 from app.quantiles import WindowHistogram, histogram_quantile
+from app.thresholds import Thresholds
 from tests.diagnosis.harness import OfflineTarget, profile_of
 
 

@@ -14,7 +14,7 @@ from app.emulator.readout import Page, signature
 from app.emulator.scenarios import get
 from app.emulator.simulation import Simulation
 from app.emulator.workload import LengthDist, TrafficStream
-from app.scrape import parser as scrape_parser
+from app.exposition import parser as scrape_parser
 from tests.conftest import FIXTURES
 from tests.emulator.helpers import custom
 

@@ -1,4 +1,4 @@
-"""app.scrape.parser against prometheus_client's parsers (the oracle), on real pages and
+"""app.exposition.parser against prometheus_client's parsers (the oracle), on real pages and
 on generated ones, plus the cache, the keep filter, OpenMetrics and garbage input."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.scrape.parser import (
+from app.exposition.parser import (
     MetricFamily,
     PageParser,
     ParsedPage,

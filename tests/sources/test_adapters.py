@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from app import quantiles
+from app.exposition.parser import parse_page
 from app.scrape.jobs import PageProcessor
-from app.scrape.parser import parse_page
 from app.sources import ADAPTERS, detect_engine
 from app.sources.base import Canonical
 

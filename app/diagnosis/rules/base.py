@@ -3,7 +3,7 @@
 A regime is one module in this package ending in ``RULE = Rule(...)``: the rule the
 engine runs, where it ranks, its PromQL twin for ``llm-latency rules export``, its colour
 on the Grafana dashboards. Its thresholds are fields of
-:class:`app.diagnosis.thresholds.Thresholds` (the rule reads them from ``t``; no number of
+:class:`app.thresholds.Thresholds` (the rule reads them from ``t``; no number of
 its own) and its runbook is ``docs/runbooks/<regime>.md``. :mod:`app.diagnosis.rules`
 collects every module's ``RULE``; the regime list, the alert names, the exported rules
 and the dashboards are derived from that collection.
@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Evidence, Finding
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
+from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    from app.alerts.rules_export import RegimeAlerts
     from app.config import TargetConfig
+    from app.rules_export import RegimeAlerts
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Rule:
     #: Grafana named colour of this verdict on the dashboards' state timeline (``grafana/generate.py``)
     colour: str
     #: the Prometheus alerts of ``llm-latency rules export`` that say what ``evaluate`` says,
-    #: written with :class:`app.alerts.rules_export.RegimeAlerts`. For a regime that needs a
+    #: written with :class:`app.rules_export.RegimeAlerts`. For a regime that needs a
     #: target's hardware profile these are the alerts for the instances without one.
     promql: Callable[[RegimeAlerts], None] | None
     #: why there is no ``promql`` (exactly one of the two is given)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
 from app.durations import format_utc
+from app.thresholds import Thresholds
 
 
 def _utc(ts: float | None) -> str:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.alerts.promql import human_seconds, human_share, num
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
+from app.promql import human_seconds, human_share, num
+from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    from app.alerts.rules_export import RegimeAlerts
+    from app.rules_export import RegimeAlerts
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.alerts.promql import human_seconds, human_share, num
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import STALL_SECONDS, Signals
 from app.diagnosis.step_budget import StepBudget
-from app.diagnosis.thresholds import Thresholds
+from app.promql import human_seconds, human_share, num
+from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    from app.alerts.rules_export import RegimeAlerts
+    from app.rules_export import RegimeAlerts
 
 SMALL_BUDGET = 768  # an estimated budget up to 1.5 x 512 is "already small" (the estimate is +/-50 %)
 

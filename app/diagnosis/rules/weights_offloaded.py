@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.alerts.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.diagnosis.thresholds import Thresholds
+from app.promql import decode_floor_text, human_seconds, instance_selector, num
+from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
-    from app.alerts.rules_export import RegimeAlerts
     from app.config import TargetConfig
+    from app.rules_export import RegimeAlerts
 
 
 def _offload_gb(s: Signals) -> float:

@@ -1,6 +1,6 @@
 """PromQL text: number, duration and instance-selector literals, and joining conditions.
 
-Shared by ``llm-latency rules export`` (:mod:`app.alerts.rules_export`) and the PromQL
+Shared by ``llm-latency rules export`` (:mod:`app.rules_export`) and the PromQL
 twins the regime modules declare (``Rule.promql`` in :mod:`app.diagnosis.rules.base`);
 it imports nothing of the application, so a rule module can use it without importing
 the export (which imports the rule registry).
