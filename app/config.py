@@ -211,6 +211,9 @@ def _read_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark is not None else ""
+        if exc.problem and "nesting depth" in exc.problem:
+            # PyYAML >= 6.0.4 stops very deep nesting itself, before the events counted above
+            raise ConfigError([f"{path}{where}: nested deeper than {MAX_CONFIG_DEPTH} levels"]) from None
         what = " ".join(part for part in (exc.context, exc.problem) if part)
         raise ConfigError([f"{path}{where}: not valid YAML: {what}"]) from None
     except yaml.YAMLError as exc:
