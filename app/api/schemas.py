@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -60,3 +60,396 @@ class TargetOut(BaseModel):
     created_at: float
     updated_at: float
     last_scrape: ScrapeOut | None = None
+
+
+class TargetInfoOut(BaseModel):
+    """One info metric of the engine (e.g. vLLM ``cache_config_info``) as last scraped."""
+
+    name: str
+    model: str
+    rank: str
+    labels: dict[str, str]
+    ts: float
+
+
+class TargetConfigOut(BaseModel):
+    target: str
+    info: list[TargetInfoOut]
+
+
+class ScrapeHealthOut(BaseModel):
+    target: str
+    engine: str
+    scrapes: int
+    failed: int
+    success_ratio: float | None = Field(description="(scrapes - failed) / scrapes; null without scrapes")
+    last: ScrapeOut | None
+
+
+# --------------------------------------------------------------------------- health
+
+class Liveness(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    """``targets`` (the number scheduled) only when the database answers."""
+
+    status: str = Field(description="ok | unavailable")
+    database: str = Field(description="ok, or the error that reached the database")
+    targets: int | None = None
+
+
+# --------------------------------------------------------------------------- latency
+# Routes answering these models set ``response_model_exclude_unset``: a signal the target does
+# not export, or has no samples of in the window, is absent from the answer, not null.
+
+class SignalSummary(BaseModel):
+    """Percentiles, mean and count of one histogram signal over the window
+    (null where the window holds no observation)."""
+
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+    count: float = Field(description="observations in the window (increase of _count)")
+    derived: bool | None = Field(None, description="true when computed from other signals (TGI TTFT)")
+    derivation: str | None = Field(None, description="how a derived signal was computed")
+
+
+class GaugeSummary(BaseModel):
+    last: float
+    mean: float
+    max: float
+
+
+class SignalsLatency(BaseModel):
+    """Every histogram signal of :data:`app.sources.base.HISTOGRAM_SIGNALS` (seconds, or
+    tokens for the ``*_tokens`` ones), counter rates and gauges over one window."""
+
+    ttft: SignalSummary | None = None
+    itl: SignalSummary | None = None
+    tpot: SignalSummary | None = None
+    e2e: SignalSummary | None = None
+    queue_time: SignalSummary | None = None
+    prefill_time: SignalSummary | None = None
+    decode_time: SignalSummary | None = None
+    inference_time: SignalSummary | None = None
+    prompt_tokens: SignalSummary | None = None
+    generation_tokens: SignalSummary | None = None
+    iteration_tokens: SignalSummary | None = None
+    rates: dict[str, float] = Field(description="per-second rates of the counters (``<counter>_per_second``) "
+                                                "and ``prefix_cache_hit_rate``")
+    gauges: dict[str, GaugeSummary] = Field(description="per gauge signal (running, waiting, kv_usage)")
+
+
+class LatencySpan(BaseModel):
+    start: float
+    end: float
+    window_seconds: float
+
+
+class TargetLatencyHead(BaseModel):
+    target: str
+    engine: str
+    window: str
+
+
+class FleetLatencyHead(BaseModel):
+    targets: list[str]
+    window: str
+
+
+# Field order follows the bases from last to first: head, span, signals, then ``models``.
+class TargetLatencyOut(SignalsLatency, LatencySpan, TargetLatencyHead):
+    """``GET /api/v1/targets/{name}/latency``: the whole target, and per model."""
+
+    models: dict[str, SignalsLatency] = Field(description="the same numbers per served model")
+
+
+class FleetLatencyOut(SignalsLatency, LatencySpan, FleetLatencyHead):
+    """``GET /api/v1/latency``: every target's histograms summed by le, and per model."""
+
+    models: dict[str, SignalsLatency] = Field(description="the same numbers per served model")
+
+
+class SeriesPoint(BaseModel):
+    ts: float
+    value: float | None = Field(description="the quantile (or mean); null without observations")
+    count: float | None = Field(description="observations in the lookback; null without data")
+
+
+class SeriesOut(BaseModel):
+    target: str
+    signal: str
+    q: str
+    step_seconds: float
+    lookback_seconds: float
+    model: str | None
+    points: list[SeriesPoint]
+
+
+# --------------------------------------------------------------------------- diagnosis
+
+class WindowOut(BaseModel):
+    start: float
+    end: float
+    seconds: float
+
+
+class EvidenceOut(BaseModel):
+    """One number a rule looked at, the threshold it was compared with, and the outcome."""
+
+    name: str
+    value: int | float | str | None
+    op: str
+    threshold: int | float | str | None
+    unit: str
+    met: bool
+    note: str
+
+
+class FindingOut(BaseModel):
+    """A finding of a diagnosis. ``state``, ``active_since`` and ``runbook_url`` only in the
+    scheduled diagnosis (not in one evaluated on request)."""
+
+    regime: str
+    severity: str
+    confidence: float
+    summary: str
+    evidence: list[EvidenceOut]
+    remedies: list[str]
+    primary: bool
+    caused_by: str | None
+    window: WindowOut | None
+    runbook: str
+    state: str | None = Field(None, description="pending | active")
+    active_since: float | None = None
+    runbook_url: str | None = None
+
+
+class DiagnosisOut(BaseModel):
+    """The verdict for one target and model. ``active`` and ``evaluated_at`` only in the
+    scheduled diagnosis."""
+
+    target: str
+    model: str
+    engine: str | None
+    verdict: str
+    active: list[str] | None = Field(None, description="regimes of the active findings")
+    evaluated_at: float | None = None
+    window: WindowOut | None
+    findings: list[FindingOut]
+    notes: list[str]
+    signals: dict[str, Any] = Field(description="the numbers the rules read (only those known in the window)")
+
+
+class FindingRecordOut(BaseModel):
+    """A finding of the history: its lifecycle and its latest evidence."""
+
+    id: int
+    target: str
+    model: str
+    regime: str
+    state: str = Field(description="pending | active | resolved | dropped")
+    severity: str
+    confidence: float
+    primary: bool
+    summary: str
+    evidence: list[EvidenceOut]
+    remedies: list[str]
+    caused_by: str | None
+    window: WindowOut | None
+    runbook_url: str
+    first_seen: float
+    last_seen: float
+    activated_at: float | None
+    resolved_at: float | None
+
+
+# --------------------------------------------------------------------------- alerts
+
+class AlertOut(BaseModel):
+    fingerprint: str
+    alertname: str
+    state: str = Field(description="pending | firing | resolved")
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    value: float | None
+    activeSince: str
+    startsAt: str | None
+    endsAt: str | None
+    groupKey: str
+    silencedBy: list[str] = Field(description="ids of the silences muting the alert")
+    notifiedFiring: list[str] = Field(description="receivers last told the alert is firing")
+
+
+class MatcherOut(BaseModel):
+    name: str
+    value: str
+    isRegex: bool
+    isEqual: bool
+
+
+class SilenceStatus(BaseModel):
+    state: str = Field(description="pending | active | expired")
+
+
+class SilenceOut(BaseModel):
+    id: str
+    matchers: list[MatcherOut]
+    startsAt: str
+    endsAt: str
+    createdBy: str
+    comment: str
+    status: SilenceStatus
+
+
+class ReceiverOut(BaseModel):
+    """A receiver as the API shows it: header values redacted, the secret only named."""
+
+    name: str
+    url: str
+    kind: str
+    headers: dict[str, str]
+    timeout: float
+    secret_env: str | None
+    match: dict[str, str]
+    send_resolved: bool
+    has_secret: bool
+    source: str = Field(description="config | api")
+
+
+class QueuedNotification(BaseModel):
+    notification: str
+    state: str
+
+
+class DeliveryAttemptOut(BaseModel):
+    attempt: int
+    ts: float
+    statusCode: int | None
+    latency: float
+    response: str | None = Field(description="the start of the receiver's answer (token holders only)")
+    error: str | None
+
+
+class NotificationOut(BaseModel):
+    id: str
+    receiver: str
+    groupKey: str
+    seq: int
+    status: str
+    state: str = Field(description="pending | delivered | expired")
+    attempts: int
+    createdAt: float
+    deliveredAt: float | None
+    nextAttemptAt: float | None
+    lastError: str | None
+    attemptLog: list[DeliveryAttemptOut]
+
+
+# --------------------------------------------------------------------------- probes
+
+class ProbeStarted(BaseModel):
+    id: int
+    state: str
+    href: str
+
+
+class ProbeRequestOut(BaseModel):
+    level: int
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    seq: int
+    started_at: float
+    ttft: float | None
+    e2e: float | None
+    itl_mean: float | None
+    itl_p50: float | None
+    itl_p99: float | None
+    itl_max: float | None
+    tokens: int
+    prompt_tokens_seen: int | None
+    completion_tokens: int | None
+    finish_reason: str | None
+    status_code: int | None
+    error: str | None
+    detail: str | None
+
+
+class ConsistencyOut(BaseModel):
+    """Client-side probe TTFT against the engine's TTFT over the same periods (seconds)."""
+
+    target_id: int
+    probe_start: float
+    probe_end: float
+    window_start: float | None
+    window_end: float | None
+    client_requests: int
+    client_mean: float | None
+    server_requests: float | None
+    server_mean: float | None
+    server_queue_mean: float | None
+    gap_seconds: float | None
+    gap_share: float | None
+    threshold_seconds: int | float  # as configured (a default may be an int)
+    threshold_share: int | float
+    min_requests: int | float
+    finding: bool
+    status: str = Field(description="ok | finding | insufficient_data | unreliable")
+    message: str
+    other_traffic: bool
+    runs: list[int]
+    models: list[str]
+
+
+class ProbeRunOut(BaseModel):
+    """A probe run. ``params`` and ``summary`` are the stored documents of the run, whose
+    shape depends on its kind (adhoc, sweep, canary); ``requests`` only with ``?requests=true``,
+    ``consistency`` only for a finished run of a monitored target."""
+
+    id: int
+    target: str
+    target_id: int | None
+    url: str
+    kind: str
+    state: str = Field(description="running | done | error | cancelled")
+    params: dict[str, Any]
+    started_at: float
+    finished_at: float | None
+    summary: dict[str, Any] | None
+    error: str | None
+    requests: list[ProbeRequestOut] | None = None
+    consistency: ConsistencyOut | None = None
+
+
+class TargetConsistencyOut(BaseModel):
+    """``status`` ``no_probes`` (with only ``message``) when no run finished in the window;
+    otherwise every field of the comparison."""
+
+    target: str
+    window: str
+    target_id: int | None = None
+    probe_start: float | None = None
+    probe_end: float | None = None
+    window_start: float | None = None
+    window_end: float | None = None
+    client_requests: int | None = None
+    client_mean: float | None = None
+    server_requests: float | None = None
+    server_mean: float | None = None
+    server_queue_mean: float | None = None
+    gap_seconds: float | None = None
+    gap_share: float | None = None
+    threshold_seconds: int | float | None = None
+    threshold_share: int | float | None = None
+    min_requests: int | float | None = None
+    finding: bool | None = None
+    status: str = Field(description="ok | finding | insufficient_data | unreliable | no_probes")
+    message: str
+    other_traffic: bool | None = None
+    runs: list[int] | None = None
+    models: list[str] | None = None

@@ -15,6 +15,13 @@ from app.alerts.silences import MatcherError, parse_matcher, silenced_by
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import fetched_text, header_names
 from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
+from app.api.schemas import (
+    AlertOut,
+    NotificationOut,
+    QueuedNotification,
+    ReceiverOut,
+    SilenceOut,
+)
 from app.config import validate_target_url
 from app.durations import format_utc
 from app.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
@@ -35,7 +42,7 @@ def alert_out(row, silences, told: dict[str, list[str]], now: float) -> dict:
             "silencedBy": silenced_by(silences, row.labels, now), "notifiedFiring": told.get(row.fingerprint, [])}
 
 
-@router.get("/alerts")
+@router.get("/alerts", response_model=list[AlertOut])
 def list_alerts(session: SessionDep, state: Annotated[str | None, Query(description="pending|firing|resolved")] = None,
                 since: Annotated[str, Query(description="resolved alerts seen within this period")] = "1d") -> list:
     """Active alerts (pending and firing) and the recently resolved ones."""
@@ -72,7 +79,7 @@ def silence_out(row, now: float) -> dict:
             "createdBy": row.created_by, "comment": row.comment, "status": {"state": state}}
 
 
-@router.post("/silences", status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
+@router.post("/silences", response_model=SilenceOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
 def create_silence(body: SilenceIn, session: SessionDep) -> dict:
     now = time.time()
     matchers = []
@@ -101,13 +108,13 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
     return silence_out(row, now)
 
 
-@router.get("/silences")
+@router.get("/silences", response_model=list[SilenceOut])
 def list_silences(session: SessionDep) -> list:
     now = time.time()
     return [silence_out(r, now) for r in repository.list_silences(session)]
 
 
-@router.get("/silences/{silence_id}")
+@router.get("/silences/{silence_id}", response_model=SilenceOut)
 def get_silence(silence_id: str, session: SessionDep) -> dict:
     row = repository.get_silence(session, silence_id)
     if row is None:
@@ -115,7 +122,7 @@ def get_silence(silence_id: str, session: SessionDep) -> dict:
     return silence_out(row, time.time())
 
 
-@router.delete("/silences/{silence_id}", dependencies=[WriteAuth])
+@router.delete("/silences/{silence_id}", response_model=SilenceOut, dependencies=[WriteAuth])
 def expire_silence(silence_id: str, session: SessionDep) -> dict:
     """Expire a silence now (it stays listed, as in Alertmanager)."""
     row = repository.get_silence(session, silence_id)
@@ -135,12 +142,12 @@ def receiver_out(row) -> dict:
     return {**config, "source": row.source}
 
 
-@router.get("/receivers")
+@router.get("/receivers", response_model=list[ReceiverOut])
 def list_receivers(session: SessionDep) -> list:
     return [receiver_out(r) for r in repository.list_receivers(session)]
 
 
-@router.post("/receivers", status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
+@router.post("/receivers", response_model=ReceiverOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
 def create_receiver(body: dict[str, Any], session: SessionDep, monitor: MonitorDep) -> dict:
     try:
         receiver = ReceiverConfig.model_validate(body)
@@ -168,7 +175,8 @@ def delete_receiver(name: str, session: SessionDep) -> None:
     session.commit()
 
 
-@router.post("/receivers/{name}/test", status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
+@router.post("/receivers/{name}/test", response_model=QueuedNotification, status_code=status.HTTP_202_ACCEPTED,
+             dependencies=[WriteAuth])
 def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
     """Queue a test notification (a firing ``LLMLatencyTestNotification``) through the outbox."""
     row = repository.get_receiver(session, name)
@@ -189,7 +197,7 @@ def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
     return {"notification": notification.id, "state": notification.state}
 
 
-@router.get("/notifications")
+@router.get("/notifications", response_model=list[NotificationOut])
 def list_notifications(session: SessionDep, token_holder: TokenHolderDep, receiver: str | None = None,
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list:
     """The delivery log: every notification with all its attempts. An attempt's ``response``

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import MonitorDep, SessionDep
 from app.api.routes.targets import duration_param, get_or_404, time_range
+from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
@@ -51,14 +52,14 @@ def current(session, monitor, target_id: int | None = None) -> list[dict]:
     return out
 
 
-@router.get("/diagnoses")
+@router.get("/diagnoses", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
 def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> list[dict]:
     """The latest evaluation of every target and model. A finding's ``state`` is
     ``pending`` until it has held for ``activate_after`` evaluations, then ``active``."""
     return current(session, monitor)
 
 
-@router.get("/diagnoses/history")
+@router.get("/diagnoses/history", response_model=list[FindingRecordOut])
 def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | None = None,
                       since: Annotated[str, Query(description="e.g. 1h, 7d")] = "1d",
                       limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[dict]:
@@ -70,7 +71,7 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
             repository.finding_history(session, target_id, since=start, limit=limit)]
 
 
-@router.get("/targets/{name}/diagnosis")
+@router.get("/targets/{name}/diagnosis", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
 def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
                      window: Annotated[str | None, Query(description="evaluate now over this window (no lifecycle); "
                                                                       "default: latest scheduled")] = None,

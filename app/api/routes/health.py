@@ -7,18 +7,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api.deps import MonitorDep
+from app.api.schemas import Liveness, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
-def healthz() -> dict:
+@router.get("/healthz", response_model=Liveness)
+def healthz() -> dict[str, str]:
     """The process is alive (no dependencies checked)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
-def readyz(monitor: MonitorDep, response: Response) -> dict:
+@router.get("/readyz", response_model=Readiness, response_model_exclude_unset=True,
+            responses={503: {"model": Readiness, "description": "The database does not answer"}})
+def readyz(monitor: MonitorDep, response: Response) -> dict[str, str | int]:
     """Ready when the database answers."""
     try:
         with monitor.engine.connect() as connection:

@@ -24,6 +24,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, sta
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
 from app.api.routes.targets import get_or_404, time_range, unprocessable
+from app.api.schemas import ProbeRunOut, ProbeStarted, TargetConsistencyOut
 from app.config import validate_target_url
 from app.durations import format_utc
 from app.limits import MAX_ID, UnixTime
@@ -93,7 +94,7 @@ def _create_row(monitor, body: ProbeIn) -> tuple[int, str, str]:  # type: ignore
         return row.id, url, metrics_url
 
 
-@router.post("/probes", status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
+@router.post("/probes", response_model=ProbeStarted, status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
 async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> dict:
     """Start a probe in the background; 202 with its id. Bounded by :mod:`app.probe.schemas`."""
     jobs = get_jobs(request)
@@ -125,7 +126,7 @@ async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> 
     return {"id": run_id, "state": "running", "href": f"/api/v1/probes/{run_id}"}
 
 
-@router.get("/probes/{run_id}")
+@router.get("/probes/{run_id}", response_model=ProbeRunOut, response_model_exclude_unset=True)
 def get_probe(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, monitor: MonitorDep,
               token_holder: TokenHolderDep,
               requests: Annotated[bool, Query(description="include every request")] = False) -> dict:
@@ -143,7 +144,8 @@ def get_probe(run_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep
     return out
 
 
-@router.get("/targets/{name}/consistency")
+@router.get("/targets/{name}/consistency", response_model=TargetConsistencyOut,
+            response_model_exclude_unset=True)
 def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
                        window: Annotated[str, Query(description="probe runs that finished in this window, "
                                                                 "e.g. 15m")] = "15m",
@@ -163,7 +165,7 @@ def target_consistency(name: str, session: SessionDep, monitor: MonitorDep,
     return {"target": name, "window": window, **result.to_dict()}
 
 
-@router.get("/probes")
+@router.get("/probes", response_model=list[ProbeRunOut], response_model_exclude_unset=True)
 def list_probes(session: SessionDep, target: str | None = None,
                 kind: Annotated[str | None, Query(pattern="^(adhoc|canary|sweep)$")] = None,
                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, status
@@ -13,7 +13,17 @@ from pydantic import ValidationError
 from app import latency
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import url_as_shown
-from app.api.schemas import ScrapeOut, TargetIn, TargetOut, TargetPatch
+from app.api.schemas import (
+    FleetLatencyOut,
+    ScrapeHealthOut,
+    ScrapeOut,
+    SeriesOut,
+    TargetConfigOut,
+    TargetIn,
+    TargetLatencyOut,
+    TargetOut,
+    TargetPatch,
+)
 from app.config import TargetConfig, validate_target_url
 from app.durations import parse_duration
 from app.lifespan import Monitor
@@ -166,11 +176,12 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
     return end - start, end
 
 
-@router.get("/targets/{name}/latency")
+@router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True)
 def target_latency(name: str, session: SessionDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
-                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
+                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
+                   ) -> dict[str, Any]:
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max."""
@@ -180,14 +191,15 @@ def target_latency(name: str, session: SessionDep,
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
-@router.get("/targets/{name}/series")
+@router.get("/targets/{name}/series", response_model=SeriesOut)
 def target_series(name: str, session: SessionDep,
                   signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
                   step: str = "30s", window: str = "1h",
                   lookback: Annotated[str, Query(description="increase() range of each point")] = "5m",
                   model: str | None = None,
-                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
+                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
+                  ) -> dict[str, Any]:
     target = get_or_404(session, name)
     if signal not in HISTOGRAM_SIGNALS:
         raise unprocessable("query.signal", f"unknown signal {signal!r}; one of {', '.join(HISTOGRAM_SIGNALS)}")
@@ -211,23 +223,25 @@ def target_series(name: str, session: SessionDep,
 
 
 @router.get("/targets/{name}/scrapes", response_model=list[ScrapeOut])
-def target_scrapes(name: str, session: SessionDep, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list:
+def target_scrapes(name: str, session: SessionDep,
+                   limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> list[ScrapeOut | None]:
     target = get_or_404(session, name)
     return [scrape_out(s) for s in repository.scrape_log(session, target.id, limit)]
 
 
-@router.get("/targets/{name}/config")
-def target_config(name: str, session: SessionDep) -> dict:
+@router.get("/targets/{name}/config", response_model=TargetConfigOut)
+def target_config(name: str, session: SessionDep) -> dict[str, Any]:
     """Engine configuration revealed by info metrics (e.g. vLLM cache_config_info)."""
     target = get_or_404(session, name)
     return {"target": name, "info": [{"name": i.name, "model": i.model, "rank": i.rank, "labels": i.labels,
                                       "ts": i.ts} for i in repository.target_infos(session, target.id)]}
 
 
-@router.get("/latency")
+@router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
 def fleet_latency(session: SessionDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
-                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> dict:
+                  end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
+                  ) -> dict[str, Any]:
     """Fleet-wide percentiles: every target's histograms summed by le."""
     seconds, end = time_range(window, start, end)
     targets = repository.list_targets(session)
@@ -235,8 +249,8 @@ def fleet_latency(session: SessionDep, window: str = "5m",
     return {"targets": [t.name for t in targets], "window": window, **report}
 
 
-@router.get("/scrape-health")
-def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") -> list[dict]:
+@router.get("/scrape-health", response_model=list[ScrapeHealthOut])
+def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") -> list[dict[str, Any]]:
     seconds = duration_param(window, "window")
     since = time.time() - seconds
     latest = repository.latest_scrapes(session)
