@@ -208,9 +208,9 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
     """
     import json
 
-    from app.config import validate_target_url
     from app.diagnosis import oneshot
     from app.diagnosis.profile import HardwareProfile
+    from app.urls import validate_target_url
 
     try:
         validate_target_url(url, [])

@@ -37,7 +37,7 @@ from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
 from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
 from app.probe.canary import CanaryConfig
 from app.thresholds import Thresholds
-from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file, host_allowed, validate_target_url  # noqa: F401  (imported from here by the API routes)
+from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,27 +25,42 @@ POSTGRES_ADMIN_URL = os.environ.get("LLM_LATENCY_TEST_POSTGRES_URL", "postgresql
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="session")
-def postgres_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session; yields its URL."""
+@dataclass
+class ScratchDatabase:
+    url: str
+    drop: Callable[[], None]  # drops it now, its connections terminated (an outage, for a test)
+
+
+@contextmanager
+def scratch_postgres_database(prefix: str = "llm_latency_test") -> Iterator[ScratchDatabase]:
+    """A new PostgreSQL database, dropped on exit (and its connections terminated); fails,
+    or skips outside CI, when PostgreSQL is not reachable."""
     admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"llm_latency_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as connection:
             connection.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:
         admin.dispose()
         missing_component(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {type(exc).__name__}: {exc}")
-    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
-        yield url
-    finally:
+
+    def drop() -> None:
         with admin.connect() as connection:
-            connection.execute(text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n AND pid <> pg_backend_pid()"
-            ), {"n": name})
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    try:
+        yield ScratchDatabase(make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False),
+                              drop)
+    finally:
+        drop()
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for this test session; yields its URL."""
+    with scratch_postgres_database() as database:
+        yield database.url
 
 
 def _reset_postgres(url: str) -> None:

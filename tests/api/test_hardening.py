@@ -7,23 +7,19 @@ import contextlib
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from app.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_MATCHERS, MAX_REQUEST_BYTES, MAX_URL_LENGTH
 from app.main import create_app
 from app.settings import Settings
 from app.store.db import upgrade
 from tests.api.conftest import make_service
-from tests.conftest import POSTGRES_ADMIN_URL
-from tests.support.components import missing_component
+from tests.conftest import scratch_postgres_database
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -291,23 +287,13 @@ def test_limits_apply_before_the_body_is_read(tmp_path: Path) -> None:
 def test_database_outage_is_503(tmp_path: Path) -> None:
     """A real PostgreSQL database dropped under the running service (its connections
     terminated): reads and writes answer 503 with a JSON detail, /healthz still 200."""
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    name = f"llm_latency_outage_{uuid.uuid4().hex[:10]}"
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        admin.dispose()
-        missing_component(f"PostgreSQL not reachable at {POSTGRES_ADMIN_URL}: {type(exc).__name__}: {exc}")
-    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
-        app = create_app(Settings(database_url=url, data_dir=tmp_path, default_scrape_interval="1h"))
+    with scratch_postgres_database("llm_latency_outage") as database:
+        upgrade(database.url)
+        app = create_app(Settings(database_url=database.url, data_dir=tmp_path, default_scrape_interval="1h"))
         with TestClient(app) as c:
             assert c.post("/api/v1/targets", json=TARGET).status_code == 201
             assert [t["name"] for t in c.get("/api/v1/targets").json()] == ["a"]
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+            database.drop()
             for response in (c.get("/api/v1/targets"), c.get("/api/v1/targets/a/latency"),
                              c.post("/api/v1/targets", json={**TARGET, "name": "b"}), c.get("/api/v1/alerts")):
                 assert response.status_code == 503, response.text
@@ -315,10 +301,6 @@ def test_database_outage_is_503(tmp_path: Path) -> None:
                 assert response.headers["retry-after"] == "5"
             assert c.get("/healthz").json() == {"status": "ok"}
             assert c.get("/readyz").status_code == 503
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 # ------------------------------------------------------------------ the targets YAML obeys the same bounds

@@ -25,7 +25,6 @@ from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.api.schemas import ProbeRunOut, ProbeStarted, TargetConsistencyOut
-from app.config import validate_target_url
 from app.durations import format_utc
 from app.limits import MAX_ID, UnixTime
 from app.probe import repository as probe_repository
@@ -35,6 +34,7 @@ from app.probe.runner import ProbeSpec, api_base
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
 from app.probe.sweep import sweep_plans
 from app.store.models import ProbeRequestRow, ProbeRunRow
+from app.urls import validate_target_url
 
 
 @asynccontextmanager

@@ -24,13 +24,14 @@ from app.api.schemas import (
     TargetOut,
     TargetPatch,
 )
-from app.config import TargetConfig, validate_target_url
+from app.config import TargetConfig
 from app.durations import parse_duration
 from app.lifespan import Monitor
 from app.limits import UnixTime
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Scrape, Target
+from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
 
