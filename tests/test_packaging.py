@@ -75,7 +75,7 @@ def test_the_installed_wheel_migrates_and_serves(installed, database_url: str, t
     upgraded = run(bin_dir / "llm-latency", "db", "upgrade", cwd=tmp_path, env=env, timeout=120)
     assert upgraded.stdout == "database at revision head\n"
     current = run(bin_dir / "llm-latency", "db", "current", cwd=tmp_path, env=env, timeout=120)
-    assert current.stdout == "current: 0005  head: 0005\n"
+    assert current.stdout == "current: 0006  head: 0006\n"
 
     port = free_port()
     log = tmp_path / "serve.log"

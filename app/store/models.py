@@ -56,7 +56,10 @@ class Target(Base):
     labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     scrape_interval: Mapped[float | None] = mapped_column(Float, nullable=True)
     scrape_timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
-    source: Mapped[str] = mapped_column(String(8), default="api")
+    # api | config | file_sd | http_sd | prometheus (the last three are discovered)
+    source: Mapped[str] = mapped_column(String(16), default="api")
+    origin: Mapped[str | None] = mapped_column(String(128), nullable=True)  # discovery config or source name
+    gone_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # discovered target no longer present
     hardware: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # HardwareProfile fields
     canary: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # CanaryConfig fields
     created_at: Mapped[float] = mapped_column(Float)
