@@ -17,15 +17,13 @@ from sqlalchemy.orm import Session
 
 from app import quantiles
 from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import repository
 from app.store.repository import SeriesRef
+from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
-# Gauges that must be averaged, not summed, across ranks and targets: a KV usage of
-# 0.5 on each of two engines is 0.5, not 1.0 (GoogleCloudPlatform dashboards PR #1188).
-AVERAGED_GAUGES = {"kv_usage"}
 
 
 def summary_dict(summary: LatencySummary) -> dict[str, float | None]:
@@ -73,11 +71,13 @@ def _derived_ttft(queue: LatencySummary, prefill: LatencySummary) -> dict:
     return out
 
 
-def summarize_signals(loaded: LoadedHistograms, start: float, end: float, model: str | None = None) -> dict:
+def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict:
+    """The latency answer's per-signal summaries: every histogram signal with data in the
+    window, plus TGI's TTFT derived from queue + prefill when the engine has no TTFT."""
     out: dict[str, dict] = {}
     summaries: dict[str, LatencySummary] = {}
     for signal in HISTOGRAM_SIGNALS:
-        merged = loaded.merged(start, end, signal, model)
+        merged = histograms.get(signal)
         if merged is not None:
             summaries[signal] = quantiles.summarize(merged)
             out[signal] = summary_dict(summaries[signal])
@@ -86,53 +86,111 @@ def summarize_signals(loaded: LoadedHistograms, start: float, end: float, model:
     return out
 
 
-def scalar_summary(session: Session, target_ids: Sequence[int], start: float, end: float,
-                   model: str | None = None) -> dict:
-    """Counters as per-second rates (Prometheus rate()); gauges as last/mean/max over the window."""
-    series = repository.find_series(session, target_ids, (*GAUGE_SIGNALS, *COUNTER_SIGNALS), model)
-    points = repository.scalar_points(session, [s.id for s in series], start, end)
-    rates: dict[str, float] = defaultdict(float)
-    gauges: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for s in series:
+def summarize_signals(loaded: LoadedHistograms, start: float, end: float, model: str | None = None) -> dict:
+    return summarize_histograms({signal: loaded.merged(start, end, signal, model) for signal in HISTOGRAM_SIGNALS})
+
+
+def _model_window(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
+                  points: dict[int, list[tuple[float, float]]], start: float, end: float,
+                  model: str | None) -> ModelWindow:
+    """One model's (``None``: every model's) histograms, gauges and rates from stored samples."""
+    window = ModelWindow()
+    for signal in sorted({s.signal for s in loaded.series if model is None or s.model == model}):
+        window.histograms[signal] = loaded.merged(start, end, signal, model)
+    gauges: dict[str, list[GaugeStats]] = defaultdict(list)
+    rates: dict[str, float] = {}
+    for s in scalar_series:
+        if model is not None and s.model != model:
+            continue
         pts = points.get(s.id, [])
         if s.kind == "counter":
             value = quantiles.rate(pts, start, end)
             if value is not None:
-                rates[s.signal] += value
+                rates[s.signal] = rates.get(s.signal, 0.0) + value
         elif pts:
             values = [v for _, v in pts]
-            gauges[s.signal].append((values[-1], sum(values) / len(values), max(values)))
-    gauge_out = {}
-    for signal, per_series in gauges.items():
-        combine = (lambda xs: sum(xs) / len(xs)) if signal in AVERAGED_GAUGES else sum
-        gauge_out[signal] = {
-            "last": combine([p[0] for p in per_series]),
-            "mean": combine([p[1] for p in per_series]),
-            "max": combine([p[2] for p in per_series]),
-        }
-    rate_out = {f"{signal.removesuffix('_total')}_per_second": value for signal, value in rates.items()}
-    queries, hits = rates.get("prefix_cache_queries_total"), rates.get("prefix_cache_hits_total")
+            gauges[s.signal].append(GaugeStats(values[-1], sum(values) / len(values), max(values)))
+    window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
+    window.rates = rates
+    return window
+
+
+def _itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
+                   points: dict[int, list[tuple[float, float]]], model: str, start: float,
+                   end: float) -> list[ItlInterval]:
+    """ITL added between consecutive scrapes of each rank, next to that rank's running batch."""
+    running: dict[str, dict[float, float]] = {}
+    for ref in scalar_series:
+        if ref.model == model and ref.signal == "running":
+            running[ref.rank] = dict(points.get(ref.id, []))
+    out = []
+    for ref in loaded.series:
+        if ref.model != model or ref.signal != "itl":
+            continue
+        snaps = loaded.snapshots.get(ref.id, [])
+        gauge = running.get(ref.rank, {})
+        for a, b in zip(snaps, snaps[1:]):
+            d_count, d_sum = b.count - a.count, b.sum - a.sum
+            if d_count <= 0 or d_sum < 0 or math.isnan(d_sum) or a.ts < start or b.ts > end:
+                continue
+            batch_values = [gauge[t] for t in (a.ts, b.ts) if t in gauge]
+            if batch_values:
+                out.append(ItlInterval(d_sum, d_count, sum(batch_values) / len(batch_values)))
+    return out
+
+
+def store_window(session: Session, target_ids: Sequence[int], start: float, end: float,
+                 signals: Sequence[str] = HISTOGRAM_SIGNALS, *, per_model: bool = True,
+                 diagnosis: bool = False) -> TargetWindow:
+    """A :class:`TargetWindow` from the built-in store: one or more targets summed by ``le``.
+
+    ``diagnosis`` adds what only the regime rules read, for a single target: the number
+    of successful scrapes, the engine's info metrics and the per-interval ITL by batch.
+    """
+    loaded = load_histograms(session, target_ids, signals, start, end)
+    scalar_series = repository.find_series(session, target_ids, (*GAUGE_SIGNALS, *COUNTER_SIGNALS))
+    points = repository.scalar_points(session, [s.id for s in scalar_series], start, end)
+    window = TargetWindow(start, end, overall=_model_window(loaded, scalar_series, points, start, end, None))
+    if per_model:
+        for model in sorted({s.model for s in loaded.series} | {s.model for s in scalar_series}):
+            window.models[model] = _model_window(loaded, scalar_series, points, start, end, model)
+            if diagnosis:
+                window.models[model].itl_intervals = _itl_intervals(loaded, scalar_series, points, model,
+                                                                    start, end)
+    if diagnosis:
+        (target_id,) = target_ids
+        window.scrapes = len(repository.scrape_times(session, target_id, start, end))
+        window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
+                        for i in repository.target_infos(session, target_id)]
+    return window
+
+
+def _scalars(window: ModelWindow) -> dict:
+    """Counters as per-second rates (Prometheus rate()); gauges as last/mean/max over the window."""
+    rate_out = {f"{signal.removesuffix('_total')}_per_second": value for signal, value in window.rates.items()}
+    queries, hits = window.rates.get("prefix_cache_queries_total"), window.rates.get("prefix_cache_hits_total")
     if queries:
         rate_out["prefix_cache_hit_rate"] = (hits or 0.0) / queries
-    return {"rates": rate_out, "gauges": gauge_out}
+    gauges = {signal: {"last": g.last, "mean": g.mean, "max": g.max} for signal, g in window.gauges.items()}
+    return {"rates": rate_out, "gauges": gauges}
+
+
+def report_from_window(window: TargetWindow, per_model: bool = True) -> dict:
+    """The body of ``GET /api/v1/targets/{name}/latency`` (and the fleet variant)."""
+    report: dict = {"start": window.start, "end": window.end, "window_seconds": window.seconds}
+    report.update(summarize_histograms(window.overall.histograms))
+    report.update(_scalars(window.overall))
+    if per_model:
+        report["models"] = {model: {**summarize_histograms(m.histograms), **_scalars(m)}
+                            for model, m in window.models.items() if m.histograms}
+    return report
 
 
 def latency_report(session: Session, target_ids: Sequence[int], window: float, end: float,
                    per_model: bool = True) -> dict:
-    """The body of ``GET /api/v1/targets/{name}/latency`` (and the fleet variant)."""
-    start = end - window
-    loaded = load_histograms(session, target_ids, HISTOGRAM_SIGNALS, start, end)
-    report = {"start": start, "end": end, "window_seconds": window}
-    report.update(summarize_signals(loaded, start, end))
-    report.update(scalar_summary(session, target_ids, start, end))
-    if per_model:
-        models = sorted({s.model for s in loaded.series})
-        report["models"] = {
-            model: {**summarize_signals(loaded, start, end, model),
-                    **scalar_summary(session, target_ids, start, end, model)}
-            for model in models
-        }
-    return report
+    """The latency answer from the built-in store."""
+    return report_from_window(store_window(session, target_ids, end - window, end, per_model=per_model),
+                              per_model)
 
 
 def quantile_series(session: Session, target_ids: Sequence[int], signal: str, q: float | None, span: float,

@@ -9,7 +9,6 @@ no bucket below 300 ms), so shares of TTFT are computed from means, not quantile
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from sqlalchemy.orm import Session
@@ -19,8 +18,8 @@ from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
 from app.quantiles import LatencySummary, WindowHistogram
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
-from app.store import repository
+from app.sources.base import CanonicalInfo
+from app.window import ItlInterval, ModelWindow, TargetWindow
 
 DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
                         "generation_tokens", "iteration_tokens")
@@ -135,32 +134,34 @@ def _stall_share(engine: str, itl: WindowHistogram | None, prefill: WindowHistog
 
 def compute(session: Session, target_id: int, target: str, engine: str, start: float, end: float,
             hardware: HardwareProfile | None = None) -> list[Signals]:
-    """Signals for every model the target served in the window."""
-    loaded = latency.load_histograms(session, [target_id], DIAGNOSIS_HISTOGRAMS, start, end)
-    scalar_series = repository.find_series(session, [target_id], (*GAUGE_SIGNALS, *COUNTER_SIGNALS))
-    points = repository.scalar_points(session, [s.id for s in scalar_series], start, end)
-    infos = repository.target_infos(session, target_id)
-    scrape_times = repository.scrape_times(session, target_id, start, end)
-    models = sorted({s.model for s in loaded.series} | {s.model for s in scalar_series})
+    """Signals for every model the target served in the window, from the built-in store."""
+    window = latency.store_window(session, [target_id], start, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    return from_window(window, target, engine, hardware)
+
+
+def from_window(window: TargetWindow, target: str, engine: str,
+                hardware: HardwareProfile | None = None) -> list[Signals]:
+    """Signals for every model of a :class:`TargetWindow`, whichever source filled it."""
+    start, end = window.start, window.end
     out = []
-    for model in models:
-        s = Signals(target, model, engine, start, end, scrapes=len(scrape_times))
-        merged = {sig: loaded.merged(start, end, sig, model) for sig in DIAGNOSIS_HISTOGRAMS}
-        summaries = {sig: quantiles.summarize(h) for sig, h in merged.items()}
-        found = {sig: summaries[sig] for sig in DIAGNOSIS_HISTOGRAMS
-                 if any(x.signal == sig and x.model == model for x in loaded.series)}  # absent: None below
+    for model, m in window.models.items():
+        s = Signals(target, model, engine, start, end, scrapes=window.scrapes)
+        merged = {sig: m.histograms.get(sig) for sig in DIAGNOSIS_HISTOGRAMS}
+        found = {sig: quantiles.summarize(m.histograms[sig]) for sig in DIAGNOSIS_HISTOGRAMS
+                 if sig in m.histograms}  # absent: None below
         s.ttft, s.itl = found.get("ttft"), found.get("itl")
         s.queue_time, s.prefill_time = found.get("queue_time"), found.get("prefill_time")
         s.e2e, s.prompt_tokens = found.get("e2e"), found.get("prompt_tokens")
         s.generation_tokens = found.get("generation_tokens")
         queue_mean, prefill_mean = _mean(s.queue_time), _mean(s.prefill_time)
-        if s.ttft is None and queue_mean is not None and prefill_mean is not None:
+        if s.ttft is None and s.queue_time is not None and s.prefill_time is not None \
+                and queue_mean is not None and prefill_mean is not None:
             # TGI: TTFT ≈ queue + prefill. Its prefill histogram is per prefill *batch*
             # (a chunk of a long prompt is one batch), so the prefill a request sees is
             # the total prefill batch time per admitted request, not the batch mean.
             s.ttft_derived = True
             if s.queue_time.count:
-                prefill_mean = s.prefill_time.mean * s.prefill_time.count / s.queue_time.count
+                prefill_mean = prefill_mean * s.prefill_time.count / s.queue_time.count
             s.ttft = LatencySummary(None, None, None, None, queue_mean + prefill_mean, s.queue_time.count)
         ttft_mean = _mean(s.ttft)
         s.queue_share = _ratio(queue_mean, ttft_mean)
@@ -173,13 +174,12 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
         if s.itl is not None and s.itl.p50:
             s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
         s.decode_stall_share = _stall_share(engine, merged["itl"], merged["prefill_time"])
-        s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(
-            merged["iteration_tokens"])
-        _gauges_and_rates(s, scalar_series, points, model, start, end)
+        s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(merged["iteration_tokens"])
+        _gauges_and_rates(s, m)
         s.step_budget = infer_step_budget(merged["iteration_tokens"], merged["prompt_tokens"], merged["itl"],
                                           merged["prefill_time"], s.running_mean, s.preemptions_per_second)
-        _itl_by_batch(s, loaded, scalar_series, points, model, start, end)
-        s.config = _config(infos, model)
+        _itl_by_batch(s, m.itl_intervals)
+        s.config = _config(window.infos, model)
         if hardware is not None:
             s.hardware = hardware.describe()
             s.decode_floor_seconds = hardware.decode_floor_seconds
@@ -189,79 +189,49 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
     return out
 
 
-def _gauges_and_rates(s: Signals, series, points, model: str, start: float, end: float) -> None:
-    per_signal: dict[str, list[list[tuple[float, float]]]] = defaultdict(list)
-    for ref in series:
-        if ref.model == model:
-            per_signal[ref.signal].append(points.get(ref.id, []))
-    def gauge(signal: str, average_ranks: bool) -> tuple[float | None, float | None]:
-        per_rank = [p for p in per_signal.get(signal, []) if p]
-        if not per_rank:
-            return None, None
-        means = [sum(v for _, v in p) / len(p) for p in per_rank]
-        maxes = [max(v for _, v in p) for p in per_rank]
-        if average_ranks:
-            return sum(means) / len(means), sum(maxes) / len(maxes)
-        return sum(means), sum(maxes)
-    s.running_mean, s.running_max = gauge("running", False)
-    s.waiting_mean, s.waiting_max = gauge("waiting", False)
-    s.kv_usage_mean, s.kv_usage_max = gauge("kv_usage", True)
-    def rate(signal: str) -> float | None:
-        rates = [quantiles.rate(p, start, end) for p in per_signal.get(signal, [])]
-        rates = [r for r in rates if r is not None]
-        return sum(rates) if rates else None
-    s.preemptions_per_second = rate("preemptions_total")
-    s.requests_per_second = rate("requests_total")
-    s.generation_tokens_per_second = rate("generation_tokens_total")
-    queries, hits = rate("prefix_cache_queries_total"), rate("prefix_cache_hits_total")
+def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
+    def gauge(signal: str) -> tuple[float | None, float | None]:
+        g = m.gauges.get(signal)
+        return (None, None) if g is None else (g.mean, g.max)
+    s.running_mean, s.running_max = gauge("running")
+    s.waiting_mean, s.waiting_max = gauge("waiting")
+    s.kv_usage_mean, s.kv_usage_max = gauge("kv_usage")
+    s.preemptions_per_second = m.rates.get("preemptions_total")
+    s.requests_per_second = m.rates.get("requests_total")
+    s.generation_tokens_per_second = m.rates.get("generation_tokens_total")
+    queries, hits = m.rates.get("prefix_cache_queries_total"), m.rates.get("prefix_cache_hits_total")
     if queries:
         s.prefix_cache_hit_rate = (hits or 0.0) / queries
 
 
-def _itl_by_batch(s: Signals, loaded, series, points, model: str, start: float, end: float,
-                  small: float = 2.0) -> None:
+def _itl_by_batch(s: Signals, intervals: list[ItlInterval], small: float = 2.0) -> None:
     """ITL per scrape interval next to the running batch size in that interval.
 
     This is the "single request vs. under load" split from server metrics: intervals in
     which at most ``small`` requests were running show what decode costs with
     (almost) no batching, which is what the bandwidth floor predicts.
     """
-    running: dict[str, dict[float, float]] = {}
-    for ref in series:
-        if ref.model == model and ref.signal == "running":
-            running[ref.rank] = dict(points.get(ref.id, []))
     groups = {"1-2": [0.0, 0.0, 0.0, 0], "3-8": [0.0, 0.0, 0.0, 0], "9-32": [0.0, 0.0, 0.0, 0],
               "33+": [0.0, 0.0, 0.0, 0]}
-    for ref in loaded.series:
-        if ref.model != model or ref.signal != "itl":
-            continue
-        snaps = loaded.snapshots.get(ref.id, [])
-        gauge = running.get(ref.rank, {})
-        for a, b in zip(snaps, snaps[1:]):
-            d_count, d_sum = b.count - a.count, b.sum - a.sum
-            if d_count <= 0 or d_sum < 0 or math.isnan(d_sum) or a.ts < start or b.ts > end:
-                continue
-            batch_values = [gauge[t] for t in (a.ts, b.ts) if t in gauge]
-            if not batch_values:
-                continue
-            batch = sum(batch_values) / len(batch_values)
-            key = "1-2" if batch <= small else "3-8" if batch <= 8 else "9-32" if batch <= 32 else "33+"
-            g = groups[key]
-            g[0] += d_sum
-            g[1] += d_count
-            g[2] += batch
-            g[3] += 1
-    for key, (total, count, batch_total, intervals) in groups.items():
+    for interval in intervals:
+        batch = interval.running
+        key = "1-2" if batch <= small else "3-8" if batch <= 8 else "9-32" if batch <= 32 else "33+"
+        g = groups[key]
+        g[0] += interval.itl_sum
+        g[1] += interval.itl_count
+        g[2] += batch
+        g[3] += 1
+    for key, (total, count, batch_total, n) in groups.items():
         if count > 0:
             s.itl_by_batch.append({"running": key, "itl_mean": total / count, "steps": count,
-                                   "intervals": intervals, "running_mean": batch_total / intervals})
+                                   "intervals": n, "running_mean": batch_total / n})
     low = groups["1-2"]
     if low[1] >= 20:
         s.itl_low_batch = low[0] / low[1]
         s.itl_low_batch_running = low[2] / low[3]
 
 
-def _config(infos, model: str) -> dict[str, str]:
+def _config(infos: list[CanonicalInfo], model: str) -> dict[str, str]:
     config: dict[str, str] = {}
     for info in infos:
         if info.model not in (model, ""):

@@ -1,0 +1,87 @@
+"""What one target served over a window, independent of where the samples live.
+
+The built-in store (:func:`app.latency.store_window`) and a Prometheus source
+(:mod:`app.promsource.reader`) each fill a :class:`TargetWindow`; everything downstream -
+the latency report (:func:`app.latency.report_from_window`), the diagnosis signals
+(:func:`app.diagnosis.signals.from_window`), the SLO conditions - reads only this type, so
+a regime is judged by one computation whichever source the numbers came from.
+
+Conventions shared by both producers:
+
+* a histogram is ``sum by (le) (increase(x_bucket[w]))`` over the target's data-parallel
+  ranks (plus ``_sum``/``_count``), per model and over all models;
+* a gauge is the per-series mean/max/last over the window's samples, summed across ranks
+  (averaged for :data:`AVERAGED_GAUGES`, a share such as KV usage);
+* a counter is ``sum(rate(x[w]))`` across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from app.quantiles import WindowHistogram
+from app.sources.base import CanonicalInfo
+
+# Gauges that must be averaged, not summed, across ranks and targets: a KV usage of
+# 0.5 on each of two engines is 0.5, not 1.0 (GoogleCloudPlatform dashboards PR #1188).
+AVERAGED_GAUGES = frozenset({"kv_usage"})
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeStats:
+    """A gauge over the window: last sample, sample mean and maximum (combined across ranks)."""
+
+    last: float
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True, slots=True)
+class ItlInterval:
+    """Decode steps between two consecutive samples and the running batch around them:
+    the raw material of the "ITL by batch size" split (single request vs. under load)."""
+
+    itl_sum: float    # seconds of inter-token time added in the interval
+    itl_count: float  # decode steps (tokens) added in the interval
+    running: float    # running requests, mean of the interval's two ends
+
+
+@dataclass(slots=True)
+class ModelWindow:
+    """One model's (or all models') numbers over the window.
+
+    ``histograms`` holds every signal whose series exist, mapped to its window histogram,
+    or to None when the series exist but had fewer than two samples in the window (no
+    ``increase``): a present-but-empty signal differs from an engine that never exports it.
+    """
+
+    histograms: dict[str, WindowHistogram | None] = field(default_factory=dict)
+    gauges: dict[str, GaugeStats] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)  # counter signal -> per second
+    itl_intervals: list[ItlInterval] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TargetWindow:
+    """One target (or a group of targets summed by ``le``) over ``[start, end]``."""
+
+    start: float
+    end: float
+    overall: ModelWindow = field(default_factory=ModelWindow)
+    models: dict[str, ModelWindow] = field(default_factory=dict)
+    scrapes: int = 0  # successful scrapes in the window
+    infos: list[CanonicalInfo] = field(default_factory=list)  # engine configuration (info metrics)
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def combine_gauges(signal: str, per_series: list[GaugeStats]) -> GaugeStats:
+    """Ranks (or targets) of one gauge combined: summed, or averaged for a share."""
+    n = len(per_series)
+    if signal in AVERAGED_GAUGES:
+        return GaugeStats(sum(g.last for g in per_series) / n, sum(g.mean for g in per_series) / n,
+                          sum(g.max for g in per_series) / n)
+    return GaugeStats(sum(g.last for g in per_series), sum(g.mean for g in per_series),
+                      sum(g.max for g in per_series))
