@@ -36,6 +36,7 @@ from app.diagnosis.profile import HardwareProfile
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
 from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
 from app.probe.canary import CanaryConfig
+from app.promsource.config import PrometheusSourceConfig, check_unique_sources
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
@@ -114,6 +115,12 @@ class FileConfig(BaseModel):
     targets: list[TargetConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    sources: list[PrometheusSourceConfig] = Field(default_factory=list, max_length=64)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_sources(cls, sources: list[PrometheusSourceConfig]) -> list[PrometheusSourceConfig]:
+        return check_unique_sources(sources)
 
     @field_validator("targets")
     @classmethod

@@ -24,14 +24,17 @@ from app.alerts.delivery import DeliveryWorker
 from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig, latest_single_request_baseline, run_canary
+from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
 from app.sources.base import TIME_SIGNALS
 from app.store import db, repository
 from app.telemetry import Telemetry
+from app.window import TargetWindow
 
 log = logging.getLogger(__name__)
 PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
@@ -58,6 +61,7 @@ class Monitor:
         self.delivery = DeliveryWorker(self.sessions, self.receivers, settings.secret,
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task | None = None
+        self.sources = SourceService()
 
     @property
     def external_url(self) -> str:
@@ -89,6 +93,7 @@ class Monitor:
         self.diagnosis_config = config.diagnosis
         self.alerts_config = config.alerts
         self.delivery.max_age = config.alerts.max_delivery_age
+        self.sources.configure(config.sources)
         with self.sessions.begin() as session:
             repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
             repository.sync_config_receivers(session, [r.model_dump(mode="json") for r in config.alerts.receivers],
@@ -101,7 +106,7 @@ class Monitor:
                 TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
                                t.scrape_interval or s.default_scrape_interval), dict(t.labels))
-                for t in repository.list_targets(session)
+                for t in repository.list_targets(session) if t.source not in DISCOVERED_BY_SOURCES
             ]
 
     async def reload_targets(self) -> None:
@@ -160,14 +165,24 @@ class Monitor:
         now = time.time() if now is None else now
         config = self.diagnosis_config
         results = []
+        # Prometheus sources first, outside any transaction. A target of a source that could not be
+        # read has no window: it keeps its last verdict and no finding moves (nothing is missing-data).
+        source_windows: dict[int, TargetWindow] = {}
+        for source_round in self.sources.round(self.sessions, now, config.window, DIAGNOSIS_HISTOGRAMS):
+            for source_target in source_round.targets:
+                if source_target.window is not None:  # None: down now; its TargetDown alert says so
+                    source_windows[source_target.id] = source_target.window
         with self.sessions.begin() as session:
             for target in repository.list_targets(session):
+                if target.source in DISCOVERED_BY_SOURCES and target.id not in source_windows:
+                    continue  # gone, or its source is failing: no evaluation, no lifecycle step
                 hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
                 engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
                 baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE)
                 for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
                                                                   config.window, config.thresholds, hardware,
-                                                                  probe_baseline=baseline):
+                                                                  probe_baseline=baseline,
+                                                                  data=source_windows.get(target.id)):
                     transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
                                                                    config.thresholds, now)
                     repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
@@ -262,6 +277,7 @@ class Monitor:
             except asyncio.CancelledError:
                 pass
         await self.delivery.close()
+        self.sources.close()
         await self.scraping.stop()
         self.engine.dispose()
 

@@ -8,6 +8,7 @@ the export (which imports the rule registry).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from decimal import Decimal
@@ -100,3 +101,86 @@ def and_on(*parts: str, on: str) -> str:
 def decode_floor_text(profile: HardwareProfile) -> str:
     """``the 3.2ms decode floor (<profile>)``, as the alerts against a target's floor say it."""
     return f"the {human_seconds(float(f'{profile.decode_floor_seconds:.3g}'))} decode floor ({profile.describe()})"
+
+
+# ---------------------------------------------------------------- label selectors
+_SELECTOR_NAME = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "a": "\a", "b": "\b", "f": "\f",
+            "v": "\v"}
+MAX_SELECTOR_LENGTH = 4096
+
+
+def _string_literal(text: str, i: int) -> tuple[str, int]:
+    """A PromQL string at ``text[i]`` (double, single or back quotes) -> (value, index after)."""
+    quote = text[i] if i < len(text) else ""
+    if quote not in ('"', "'", "`"):
+        raise ValueError(f"expected a quoted label value at character {i + 1}")
+    out = []
+    j = i + 1
+    while j < len(text):
+        c = text[j]
+        if c == quote:
+            return "".join(out), j + 1
+        if c == "\\" and quote != "`":
+            nxt = text[j + 1] if j + 1 < len(text) else ""
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                j += 2
+                continue
+            if nxt in ("u", "x"):
+                width = 4 if nxt == "u" else 2
+                digits = text[j + 2:j + 2 + width]
+                if len(digits) != width or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                    raise ValueError(f"invalid escape at character {j + 1}")
+                out.append(chr(int(digits, 16)))
+                j += 2 + width
+                continue
+            raise ValueError(f"invalid escape at character {j + 1}")
+        if c == "\n" and quote != "`":
+            raise ValueError(f"unterminated string at character {i + 1}")
+        out.append(c)
+        j += 1
+    raise ValueError(f"unterminated string at character {i + 1}")
+
+
+def parse_selector(text: str) -> list[tuple[str, str, str]]:
+    """``{a="x", b=~"y|z"}`` -> ``[("a", "=", "x"), ("b", "=~", "y|z")]``.
+
+    The label-matcher part of a PromQL vector selector, as a user writes it in a source's
+    ``selector`` (braces optional, empty allowed). No metric name: the source adds its own.
+    Raises ValueError naming the position of the first problem; regular expressions are
+    checked by the Prometheus server itself (RE2, linear time) when it is reachable.
+    """
+    if len(text) > MAX_SELECTOR_LENGTH:
+        raise ValueError(f"selector longer than {MAX_SELECTOR_LENGTH} characters")
+    body = text.strip()
+    if body.startswith("{"):
+        if not body.endswith("}"):
+            raise ValueError("selector opens '{' but does not end with '}'")
+        body = body[1:-1]
+    matchers: list[tuple[str, str, str]] = []
+    i = 0
+    while body[i:].strip():
+        m = _SELECTOR_NAME.match(body, i)
+        if m is None:
+            raise ValueError(f"expected label=\"value\" at character {i + 1} of the matchers")
+        name, op = m.group(1), m.group(2)
+        if name == "__name__":
+            raise ValueError("the selector must not choose a metric name (__name__): the source queries "
+                             "every engine metric itself")
+        value, i = _string_literal(body, m.end())
+        matchers.append((name, op, value))
+        rest = body[i:].lstrip()
+        if rest.startswith(","):
+            i = len(body) - len(rest) + 1
+        elif rest:
+            raise ValueError(f"expected ',' or the end at character {len(body) - len(rest) + 1} of the matchers")
+        else:
+            break
+    return matchers
+
+
+def format_matchers(matchers: list[tuple[str, str, str]]) -> str:
+    """Matchers back to PromQL (no braces): ``a="x",b=~"y|z"``; values JSON-quoted, which is a
+    valid PromQL double-quoted string."""
+    return ",".join(f"{name}{op}{json.dumps(value, ensure_ascii=False)}" for name, op, value in matchers)

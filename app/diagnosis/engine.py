@@ -24,6 +24,7 @@ import time
 
 from sqlalchemy.orm import Session
 
+from app import latency
 from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
@@ -32,6 +33,7 @@ from app.diagnosis.signals import Signals
 from app.probe.consistency import period_consistency
 from app.store import repository
 from app.thresholds import Thresholds
+from app.window import TargetWindow
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 RULE_ORDER = {rule.regime: i for i, rule in enumerate(RULES)}
@@ -99,7 +101,7 @@ def rank(findings: list[Finding]) -> None:
 
 def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
                     thresholds: Thresholds, hardware: HardwareProfile | None = None,
-                    probe_baseline: dict | None = None) -> list[Diagnosis]:
+                    probe_baseline: dict | None = None, data: TargetWindow | None = None) -> list[Diagnosis]:
     """Diagnoses for every model of one target over ``[end - window, end]``.
 
     ``probe_baseline`` is the latest client-side single-request measurement (a canary or
@@ -107,10 +109,15 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     evidence next to the load-dependent server numbers, and the diagnosis says so. Probe runs
     that finished within ``thresholds.outside_lookback`` (or the window, if longer) are
     compared with the engine's TTFT over their own periods
-    (:func:`app.probe.consistency.period_consistency`) for the ``outside_engine`` rule."""
-    all_signals = signals_module.compute(session, target_id, target, engine, end - window, end, hardware) or [
-        Signals(target, "", engine, end - window, end,
-                scrapes=len(repository.scrape_times(session, target_id, end - window, end)))]
+    (:func:`app.probe.consistency.period_consistency`) for the ``outside_engine`` rule.
+
+    ``data`` is the target's window when another source (a Prometheus) already read it;
+    without it the window comes from the built-in store."""
+    if data is None:
+        data = latency.store_window(session, [target_id], end - window, end, signals_module.DIAGNOSIS_HISTOGRAMS,
+                                    diagnosis=True)
+    all_signals = signals_module.from_window(data, target, engine, hardware) or [
+        Signals(target, "", engine, end - window, end, scrapes=data.scrapes)]
     for s in all_signals:
         s.probe_baseline = probe_baseline
     consistency = period_consistency(session, target_id, end - max(window, thresholds.outside_lookback), end,

@@ -110,6 +110,46 @@ def sync_config_targets(session: Session, targets: Sequence[dict]) -> None:
         create_target(session, source="config", **fields)
 
 
+def sync_discovered_targets(session: Session, source: str, origin: str, wanted: dict[str, dict],
+                            now: float) -> dict[str, Target]:
+    """Make the targets discovered by one origin (a Prometheus source, a discovery config) match
+    ``wanted`` (name -> column values): create the new, update the changed, bring back the
+    returned, and mark the missing ``gone_at`` - kept for their history, never deleted here
+    (retention does that). A name held by a target of another origin is left alone and
+    skipped (the file and the API win). Returns the live targets of the origin by name."""
+    live: dict[str, Target] = {}
+    rows = {t.name: t for t in session.scalars(select(Target).where(Target.name.in_(list(wanted))))}
+    for name, fields in wanted.items():
+        row = rows.get(name)
+        if row is None:
+            live[name] = create_target(session, source=source, origin=origin, name=name, **fields)
+        elif row.source == source and row.origin == origin:
+            changed = {k: v for k, v in fields.items() if getattr(row, k) != v}
+            if row.gone_at is not None:
+                changed["gone_at"] = None
+            if changed:
+                update_target(session, row, **changed)
+            live[name] = row
+    for row in session.scalars(select(Target).where(Target.source == source, Target.origin == origin,
+                                                    Target.gone_at.is_(None))):
+        if row.name not in live:
+            row.gone_at = now
+    session.flush()
+    return live
+
+
+def record_source_view(session: Session, records: Sequence[ScrapeRecord]) -> None:
+    """A discovered target's up/down as its source reported it: one scrapes row per change."""
+    latest = latest_scrapes(session)
+    for r in records:
+        last = latest.get(r.target_id)
+        if last is None or last.up != r.up or last.error_class != r.error_class:
+            session.add(Scrape(target_id=r.target_id, ts=r.ts, up=r.up, duration=r.duration, bytes=0,
+                               samples_seen=0, samples_kept=0, malformed=0, engine=r.engine,
+                               error_class=r.error_class, error=r.error))
+    session.flush()
+
+
 def set_detected_engine(session: Session, target_id: int, engine: str) -> None:
     session.execute(update(Target).where(Target.id == target_id).values(detected_engine=engine))
 

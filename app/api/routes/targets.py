@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import anyio.from_thread
@@ -28,6 +30,8 @@ from app.config import TargetConfig
 from app.durations import parse_duration
 from app.lifespan import Monitor
 from app.limits import UnixTime
+from app.promapi import PromAPIError
+from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Scrape, Target
@@ -88,6 +92,19 @@ def get_or_404(session: SessionDep, name: str) -> Target:
     if target is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
     return target
+
+
+@contextmanager
+def source_errors(target: Target) -> Iterator[None]:
+    """A discovered target's numbers come from its Prometheus: when that cannot answer, say
+    so as 502 with the source's classified error (never the server's text)."""
+    try:
+        yield
+    except PromAPIError as exc:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY,
+                            f"source {target.origin!r} could not answer: {exc.kind}: {exc.message}") from None
+    except SourceMissing as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
 
 
 def check_url(monitor: Monitor, url: str) -> None:
@@ -178,7 +195,7 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
 
 
 @router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True)
-def target_latency(name: str, session: SessionDep,
+def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                    end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
@@ -188,12 +205,16 @@ def target_latency(name: str, session: SessionDep,
     overall and per model; counter rates; gauge last/mean/max."""
     target = get_or_404(session, name)
     seconds, end = time_range(window, start, end)
-    report = latency.latency_report(session, [target.id], seconds, end)
+    if target.source in DISCOVERED_BY_SOURCES:
+        with source_errors(target):
+            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+    else:
+        report = latency.latency_report(session, [target.id], seconds, end)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
 @router.get("/targets/{name}/series", response_model=SeriesOut)
-def target_series(name: str, session: SessionDep,
+def target_series(name: str, session: SessionDep, monitor: MonitorDep,
                   signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
                   step: str = "30s", window: str = "1h",
@@ -217,8 +238,13 @@ def target_series(name: str, session: SessionDep,
     if span / step_s > 11_000:
         raise unprocessable("query.step", "too many points (more than 11000); use a larger step")
     lookback_s = duration_param(lookback, "lookback")
-    points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s,
-                                     end if end is not None else time.time(), model)
+    end = end if end is not None else time.time()
+    if target.source in DISCOVERED_BY_SOURCES:
+        with source_errors(target):
+            points = monitor.sources.quantile_series(target, signal, quantile, span, step_s, lookback_s, end, model)
+    else:
+        points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
+                                         model)
     return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
             "model": model, "points": points}
 

@@ -1,0 +1,151 @@
+"""``sources:`` in the targets YAML: where a cluster's Prometheus is and which series are engines.
+
+Example::
+
+    sources:
+      - name: prod
+        kind: prometheus                 # any Prometheus HTTP API
+        url: http://prometheus-operated.monitoring:9090
+        selector: '{namespace="llm"}'    # added to every engine query
+        target_labels: [namespace, pod]  # one target per distinct value set
+        service_labels: [namespace, service]
+        headers: {X-Scope-OrgID: tenant-a}
+        bearer_token_env: PROM_TOKEN     # or basic_auth: {username, password_env}
+        tls: {ca_file: /etc/ssl/prom-ca.pem, insecure_skip_verify: false}
+        query_timeout: 20s
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+
+from app.durations import Seconds
+from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LABEL_NAME_LENGTH, MAX_TEXT_LENGTH, Url
+from app.promql import parse_selector
+from app.urls import check_url_in_file
+
+SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$"  # short: it prefixes every target name
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Labels the source's queries group or match by themselves: a target label of that name would
+# be ambiguous (``le`` buckets, the engines' model and data-parallel-rank labels).
+RESERVED_TARGET_LABELS = frozenset({"le", "model_name", "engine", "dp_rank", "quantile", "__name__",
+                                    "llm_latency_family", "llm_latency_stat"})
+MAX_GROUP_LABELS = 8
+
+LabelName = Annotated[str, StringConstraints(max_length=MAX_LABEL_NAME_LENGTH)]
+EnvName = Annotated[str, StringConstraints(max_length=MAX_TEXT_LENGTH)]
+
+
+class BasicAuth(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    username: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_LENGTH)]
+    password_env: EnvName = Field(description="Environment variable holding the password")
+
+
+class TlsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ca_file: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    insecure_skip_verify: bool = False
+
+
+def _label_list(names: list[str], field: str) -> list[str]:
+    seen = set()
+    for name in names:
+        if not _LABEL_NAME.match(name):
+            raise ValueError(f"invalid label name {name!r}")
+        if name in RESERVED_TARGET_LABELS:
+            raise ValueError(f"label {name!r} cannot be one of the {field}: the engine queries group by it "
+                             "themselves")
+        if name in seen:
+            raise ValueError(f"label {name!r} listed twice")
+        seen.add(name)
+    return names
+
+
+class PrometheusSourceConfig(BaseModel):
+    """One Prometheus-compatible HTTP API whose engine series become targets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, description="Unique; prefixes the names of its targets")
+    kind: Literal["prometheus"] = "prometheus"
+    url: Url
+    selector: Annotated[str, StringConstraints(max_length=4096)] = ""
+    target_labels: list[LabelName] = Field(min_length=1, max_length=MAX_GROUP_LABELS)
+    service_labels: list[LabelName] = Field(default_factory=list, max_length=MAX_GROUP_LABELS)
+    headers: dict[Annotated[str, StringConstraints(min_length=1, max_length=MAX_LABEL_NAME_LENGTH)],
+                  Annotated[str, StringConstraints(max_length=MAX_HEADER_VALUE_LENGTH)]] = Field(
+        default_factory=dict, max_length=MAX_HEADERS)
+    bearer_token_env: EnvName | None = None
+    basic_auth: BasicAuth | None = None
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    query_timeout: Seconds = Field(20.0, gt=0, le=300)
+    max_concurrency: int = Field(8, ge=1, le=64, description="Queries in flight at once")
+
+    @field_validator("url")
+    @classmethod
+    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
+        checked = check_url_in_file(url, info)
+        assert checked is not None
+        if not re.match(r"^https?://[^/?#]+", checked):
+            raise ValueError("must be an http:// or https:// URL")
+        return checked
+
+    @field_validator("selector")
+    @classmethod
+    def _selector_syntax(cls, selector: str) -> str:
+        parse_selector(selector)  # ValueError names the position
+        return selector
+
+    @field_validator("target_labels")
+    @classmethod
+    def _target_labels(cls, names: list[str]) -> list[str]:
+        return _label_list(names, "target_labels")
+
+    @field_validator("service_labels")
+    @classmethod
+    def _service_labels(cls, names: list[str]) -> list[str]:
+        return _label_list(names, "service_labels")
+
+    @field_validator("bearer_token_env")
+    @classmethod
+    def _env_name(cls, name: str | None) -> str | None:
+        if name is not None and not _ENV_NAME.match(name):
+            raise ValueError(f"invalid environment variable name {name!r}")
+        return name
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> PrometheusSourceConfig:
+        if self.bearer_token_env and self.basic_auth:
+            raise ValueError("set bearer_token_env or basic_auth, not both")
+        lowered = {h.lower() for h in self.headers}
+        if "authorization" in lowered:
+            raise ValueError("headers: put credentials in bearer_token_env or basic_auth, not an "
+                             "Authorization header (headers are shown to API readers)")
+        return self
+
+    def bearer_token(self) -> str | None:
+        """The token from the environment at the time of use (a rotated Secret is picked up)."""
+        return os.environ.get(self.bearer_token_env) if self.bearer_token_env else None
+
+    def basic_credentials(self) -> tuple[str, str] | None:
+        if self.basic_auth is None:
+            return None
+        return self.basic_auth.username, os.environ.get(self.basic_auth.password_env, "")
+
+
+def check_unique_sources(sources: list[PrometheusSourceConfig]) -> list[PrometheusSourceConfig]:
+    first: dict[str, int] = {}
+    for index, source in enumerate(sources):
+        if source.name in first:
+            raise ValueError(f"duplicate source name {source.name!r} (sources[{first[source.name]}] and "
+                             f"sources[{index}])")
+        first[source.name] = index
+    return sources

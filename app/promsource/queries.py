@@ -1,0 +1,173 @@
+"""The PromQL a Prometheus source runs: one query per signal for every target of the source.
+
+Each query groups ``by`` the source's target labels (plus the engines' model label and, for
+histograms, ``le``), so the number of queries in a round does not grow with the number of
+targets. Engines and releases name the same signal differently (the adapters' tables in
+:mod:`app.sources`); every candidate family of every engine goes into the same query, each
+branch tagged with ``llm_latency_family="<index>"`` by ``label_replace``, and the reader keeps,
+per target, the first candidate present - the same "newest name wins" rule the scraper's
+adapters apply to a page, so a vLLM 0.11 target exporting both ITL names is not counted twice.
+
+A histogram's ``_sum`` and ``_count`` ride in the same answer as its buckets, tagged
+``le="sum"`` and ``le="count"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.promql import format_matchers, prom_duration
+from app.sources import sglang, tgi, vllm
+
+FAMILY_LABEL = "llm_latency_family"
+STAT_LABEL = "llm_latency_stat"
+MODEL_LABEL = "model_name"  # vLLM and SGLang; TGI serves one unnamed model
+ENGINE_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_"}
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One engine's metric family for a signal, with the matchers that select it."""
+
+    engine: str
+    name: str
+    matchers: tuple[tuple[str, str, str], ...] = ()
+
+
+def _families(signal: str, tables: list[tuple[str, dict[str, tuple[str, ...]]]]) -> list[Family]:
+    return [Family(engine, name) for engine, table in tables for name in table.get(signal, ())]
+
+
+def _histogram_families() -> dict[str, list[Family]]:
+    out: dict[str, list[Family]] = {}
+    for signal in {*vllm.HISTOGRAMS, *sglang.HISTOGRAMS, *tgi.HISTOGRAMS}:
+        families = _families(signal, [("vllm", vllm.HISTOGRAMS), ("sglang", sglang.HISTOGRAMS)])
+        if signal in tgi.HISTOGRAMS:
+            name, label_filter = tgi.HISTOGRAMS[signal]
+            families.append(Family("tgi", name, tuple((k, "=", v) for k, v in (label_filter or {}).items())))
+        out[signal] = families
+    return out
+
+
+def _gauge_families() -> dict[str, list[Family]]:
+    out: dict[str, list[Family]] = {}
+    for signal in {*vllm.GAUGES, *sglang.GAUGES}:
+        out[signal] = _families(signal, [("vllm", vllm.GAUGES), ("sglang", sglang.GAUGES)])
+        if signal in tgi.GAUGES:
+            out[signal].append(Family("tgi", tgi.GAUGES[signal]))
+    return out
+
+
+def _counter_families() -> dict[str, list[Family]]:
+    out: dict[str, list[Family]] = {}
+    for signal in {*vllm.COUNTERS, *sglang.COUNTERS}:
+        out[signal] = _families(signal, [("vllm", vllm.COUNTERS), ("sglang", sglang.COUNTERS)])
+    out["requests_total"] += [Family("tgi", name) for name in tgi.REQUESTS]
+    for signal, histogram in tgi.TOKEN_COUNTERS.items():  # TGI counts tokens in its length histograms
+        out[signal].append(Family("tgi", f"{histogram}_sum"))
+    return out
+
+
+HISTOGRAM_FAMILIES = _histogram_families()
+GAUGE_FAMILIES = _gauge_families()
+COUNTER_FAMILIES = _counter_families()
+# One always-present gauge per engine: a target is an engine whose running-requests gauge exists.
+PRESENCE_FAMILIES = GAUGE_FAMILIES["running"]
+INFO_FAMILIES = tuple(vllm.INFOS.items())  # (canonical name, metric)
+
+
+def _selector(name: str, matchers: tuple[tuple[str, str, str], ...], source_matchers: list[tuple[str, str, str]]
+              ) -> str:
+    inner = format_matchers([*matchers, *source_matchers])
+    return f"{name}{{{inner}}}" if inner else name
+
+
+def _tag(expr: str, label: str, value: str) -> str:
+    return f'label_replace({expr}, "{label}", "{value}", "", "")'
+
+
+def _by(*labels: str) -> str:
+    return ", ".join(dict.fromkeys(labels))
+
+
+@dataclass(frozen=True, slots=True)
+class SourceQueries:
+    """PromQL text for one source: its target labels and selector fixed, window given per call."""
+
+    target_labels: tuple[str, ...]
+    matchers: tuple[tuple[str, str, str], ...] = ()
+    service_labels: tuple[str, ...] = ()
+
+    def histogram(self, signal: str, window: float) -> str:
+        w = prom_duration(window)
+        parts = []
+        for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
+            sel = list(self.matchers)
+            by = _by(*self.target_labels, MODEL_LABEL)
+            buckets = f"sum by ({by}, le) (increase({_selector(f.name + '_bucket', f.matchers, sel)}[{w}]))"
+            total = _tag(f"sum by ({by}) (increase({_selector(f.name + '_sum', f.matchers, sel)}[{w}]))", "le", "sum")
+            count = _tag(f"sum by ({by}) (increase({_selector(f.name + '_count', f.matchers, sel)}[{w}]))",
+                         "le", "count")
+            parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (buckets, total, count)]
+        return " or ".join(parts)
+
+    def gauge(self, signal: str, window: float) -> str:
+        w = prom_duration(window)
+        combine = "avg" if signal == "kv_usage" else "sum"
+        parts = []
+        for i, f in enumerate(GAUGE_FAMILIES[signal]):
+            sel = _selector(f.name, f.matchers, list(self.matchers))
+            by = _by(*self.target_labels, MODEL_LABEL)
+            for stat in ("last", "avg", "max"):
+                expr = f"{combine} by ({by}) ({stat}_over_time({sel}[{w}]))"
+                parts.append(_tag(_tag(expr, STAT_LABEL, stat), FAMILY_LABEL, str(i)))
+        return " or ".join(parts)
+
+    def counter(self, signal: str, window: float) -> str:
+        w = prom_duration(window)
+        by = _by(*self.target_labels, MODEL_LABEL)
+        return " or ".join(
+            _tag(f"sum by ({by}) (rate({_selector(f.name, f.matchers, list(self.matchers))}[{w}]))", FAMILY_LABEL,
+                 str(i))
+            for i, f in enumerate(COUNTER_FAMILIES[signal]))
+
+    def presence(self) -> str:
+        """Which targets run which engine now: one series per target and engine metric name, with
+        the service labels that group replicas into a service."""
+        names = "|".join(f.name for f in PRESENCE_FAMILIES)
+        inner = format_matchers([("__name__", "=~", names), *self.matchers])
+        return f"group by ({_by(*self.target_labels, *self.service_labels, '__name__')}) ({{{inner}}})"
+
+    def up(self) -> str:
+        inner = format_matchers(list(self.matchers))
+        return f"max by ({_by(*self.target_labels)}) (up{{{inner}}})" if inner else \
+            f"max by ({_by(*self.target_labels)}) (up)"
+
+    def scrapes(self, window: float) -> str:
+        """Successful scrapes per target in the window (``up`` is 1 for each)."""
+        inner = format_matchers(list(self.matchers))
+        sel = f"up{{{inner}}}" if inner else "up"
+        return f"sum by ({_by(*self.target_labels)}) (sum_over_time({sel}[{prom_duration(window)}]))"
+
+    def infos(self) -> str:
+        names = "|".join(metric for _, metric in INFO_FAMILIES)
+        return "{" + format_matchers([("__name__", "=~", names), *self.matchers]) + "}"
+
+    def itl_intervals(self, step: float) -> str:
+        """For a range query at ``step``: per target, model and rank, the ITL time and steps added in
+        each step and the mean running batch - the "ITL by batch size" split."""
+        w = prom_duration(step)
+        parts = []
+        for i, f in enumerate(HISTOGRAM_FAMILIES["itl"]):
+            if f.engine == "tgi":
+                continue  # TGI's decode histogram is per batch step already judged by the rules' means
+            rank = "engine" if f.engine == "vllm" else "dp_rank"
+            by = _by(*self.target_labels, MODEL_LABEL, rank)
+            sel = list(self.matchers)
+            for stat, metric in (("sum", f.name + "_sum"), ("count", f.name + "_count")):
+                expr = f"sum by ({by}) (increase({_selector(metric, f.matchers, sel)}[{w}]))"
+                parts.append(_tag(_tag(expr, STAT_LABEL, stat), FAMILY_LABEL, str(i)))
+            running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
+            expr = f"sum by ({by}) (avg_over_time({_selector(running.name, running.matchers, sel)}[{w}]))"
+            parts.append(_tag(_tag(expr, STAT_LABEL, "running"), FAMILY_LABEL, str(i)))
+        return " or ".join(parts)

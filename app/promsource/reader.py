@@ -1,0 +1,287 @@
+"""Answers of a Prometheus source's queries -> one :class:`app.window.TargetWindow` per target.
+
+A round runs a fixed set of queries (:mod:`app.promsource.queries`), each answering for
+every target of the source at once, through the client's bounded concurrency; this
+module only regroups the answers by target. Percentiles are then computed from the
+per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
+(:mod:`app.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
+Prometheus' own ``histogram_quantile`` answers over the same range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app import quantiles
+from app.promql import parse_selector
+from app.promsource.queries import (
+    FAMILY_LABEL,
+    GAUGE_FAMILIES,
+    HISTOGRAM_FAMILIES,
+    INFO_FAMILIES,
+    MODEL_LABEL,
+    PRESENCE_FAMILIES,
+    STAT_LABEL,
+    SourceQueries,
+)
+from app.quantiles import WindowHistogram
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
+from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+
+TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
+INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
+
+
+class _Sample(Protocol):
+    labels: dict[str, str]
+    value: float
+
+
+class _Series(Protocol):
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+class QueryClient(Protocol):
+    """What the reader needs of :class:`app.promapi.PrometheusClient`."""
+
+    def query(self, promql: str, time: float) -> Any: ...
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> Any: ...
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+
+@dataclass(slots=True)
+class Discovered:
+    """The targets of a source at one instant: engine per target, and ``up`` where known."""
+
+    engines: dict[TargetKey, str] = field(default_factory=dict)
+    up: dict[TargetKey, float] = field(default_factory=dict)
+    service: dict[TargetKey, dict[str, str]] = field(default_factory=dict)  # service label values
+
+
+def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
+    return tuple(labels.get(name, "") for name in target_labels)
+
+
+def _bound(le: str) -> float:
+    return math.inf if le in ("+Inf", "Inf", "+inf", "inf") else float(le)
+
+
+def _first_family(by_family: dict[int, Any]) -> Any:
+    return by_family[min(by_family)]
+
+
+def _histogram(buckets: dict[str, float]) -> WindowHistogram:
+    bounds = sorted((_bound(le), v) for le, v in buckets.items() if le not in ("sum", "count"))
+    count = buckets.get("count")
+    if count is None:
+        count = bounds[-1][1] if bounds and bounds[-1][0] == math.inf else math.nan
+    return WindowHistogram(tuple(b for b, _ in bounds), tuple(v for _, v in bounds), buckets.get("sum", math.nan),
+                           count)
+
+
+class SourceReader:
+    """Reads windows and the current target set of one source through a query client."""
+
+    def __init__(self, client: QueryClient, target_labels: Sequence[str], selector: str = "",
+                 service_labels: Sequence[str] = ()) -> None:
+        self.client = client
+        self.target_labels = tuple(target_labels)
+        self.service_labels = tuple(service_labels)
+        self.matchers = tuple(parse_selector(selector))
+
+    def _queries(self, only: TargetKey | None) -> SourceQueries:
+        extra = () if only is None else tuple((name, "=", value) for name, value in zip(self.target_labels, only))
+        return SourceQueries(self.target_labels, (*self.matchers, *extra), self.service_labels)
+
+    # ------------------------------------------------------------------ discovery
+    def discover(self, now: float) -> Discovered:
+        """Targets whose engine series exist at ``now`` (Prometheus' 5-minute lookback, ended early
+        by staleness markers when a pod goes away), and the ``up`` of every target it scrapes."""
+        q = self._queries(None)
+        presence, up = self.client.map(lambda text: self.client.query(text, now), [q.presence(), q.up()])
+        engines = {f.name: f.engine for f in PRESENCE_FAMILIES}
+        found = Discovered()
+        for sample in presence.data:
+            engine = engines.get(sample.labels.get("__name__", ""))
+            if engine is not None:
+                key = _key(sample.labels, self.target_labels)
+                found.engines.setdefault(key, engine)
+                found.service.setdefault(key, {name: sample.labels.get(name, "") for name in self.service_labels})
+        for sample in up.data:
+            found.up[_key(sample.labels, self.target_labels)] = sample.value
+        return found
+
+    # ------------------------------------------------------------------ windows
+    def windows(self, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS, *,
+                only: TargetKey | None = None, diagnosis: bool = False) -> dict[TargetKey, TargetWindow]:
+        """Every target's window ``[start, end]`` (``only``: one target's), in one query per signal.
+
+        ``diagnosis`` adds the successful scrapes, the engine's info metrics and the ITL by
+        running batch size, which only the regime rules read."""
+        q = self._queries(only)
+        w = end - start
+        jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
+                                            if s in HISTOGRAM_FAMILIES]
+        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS]
+        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS]
+        step = max(15.0, w / 20)
+        if diagnosis:
+            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos())]
+            if w >= 2 * step:
+                jobs.append(("itl_intervals", "", q.itl_intervals(step)))
+
+        def run(job: tuple[str, str, str]) -> Any:
+            kind, _, text = job
+            if kind == "itl_intervals":
+                return self.client.query_range(text, start + step, end, step)
+            return self.client.query(text, end)
+
+        answers = self.client.map(run, jobs)
+        out: dict[TargetKey, TargetWindow] = {}
+
+        def window(key: TargetKey) -> TargetWindow:
+            tw = out.get(key)
+            if tw is None:
+                tw = out[key] = TargetWindow(start, end)
+            return tw
+
+        def model(key: TargetKey, name: str) -> ModelWindow:
+            tw = window(key)
+            m = tw.models.get(name)
+            if m is None:
+                m = tw.models[name] = ModelWindow()
+            return m
+
+        for (kind, signal, _), answer in zip(jobs, answers, strict=True):
+            if kind == "histogram":
+                for key, per_model in self._pick(answer.data, "le").items():
+                    for name, buckets in per_model.items():
+                        model(key, name).histograms[signal] = _histogram(buckets)
+            elif kind == "gauge":
+                for key, per_model in self._pick(answer.data, STAT_LABEL).items():
+                    for name, stats in per_model.items():
+                        if {"last", "avg", "max"} <= stats.keys():
+                            model(key, name).gauges[signal] = GaugeStats(stats["last"], stats["avg"], stats["max"])
+            elif kind == "counter":
+                for key, per_model in self._pick(answer.data, None).items():
+                    for name, values in per_model.items():
+                        if not math.isnan(values[""]):
+                            model(key, name).rates[signal] = values[""]
+            elif kind == "scrapes":
+                for sample in answer.data:
+                    window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
+            elif kind == "infos":
+                for key, infos in self._infos(answer.data).items():
+                    window(key).infos = infos
+            else:
+                for key, per_model in self._intervals(answer.data).items():
+                    for name, intervals in per_model.items():
+                        if name in window(key).models:
+                            model(key, name).itl_intervals = intervals
+        for tw in out.values():
+            tw.overall = _overall(tw.models)
+        return out
+
+    def quantile_series(self, signal: str, q: float | None, first: float, end: float, step: float,
+                        lookback: float, only: TargetKey, model: str | None = None) -> list[dict]:
+        """``histogram_quantile(q, sum by (le) (increase(x_bucket[lookback])))`` every ``step`` from
+        ``first`` to ``end`` for one target, from one range query of the buckets (``q=None``: the
+        mean). Same points as the built-in store's :func:`app.latency.quantile_series`."""
+        q_text = self._queries(only).histogram(signal, lookback)
+        answer = self.client.query_range(q_text, first, end, step)
+        # family -> t -> model -> {le: value}
+        by_family: dict[int, dict[float, dict[str, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
+        for series in answer.data:
+            family = int(series.labels.get(FAMILY_LABEL, "0"))
+            name, le = series.labels.get(MODEL_LABEL, ""), series.labels.get("le", "")
+            for t, value in series.points:
+                by_family[family][round(t, 3)].setdefault(name, {})[le] = value
+        chosen = by_family[min(by_family)] if by_family else {}
+        points = []
+        n = int(math.floor((end - first) / step + 1e-9)) + 1
+        for i in range(n):
+            t = first + i * step
+            per_model = chosen.get(round(t, 3), {})
+            merged = quantiles.merge(_histogram(b) for m, b in sorted(per_model.items()) if model in (None, m))
+            value = None
+            if merged is not None:
+                if q is None:
+                    value = merged.sum / merged.count if merged.count > 0 else None
+                else:
+                    result = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
+                    value = None if math.isnan(result) else result
+            points.append({"ts": t, "value": value, "count": None if merged is None else merged.count})
+        return points
+
+    def _pick(self, samples: Sequence[_Sample], sub_label: str | None) -> dict[TargetKey, dict[str, dict[str, float]]]:
+        """Samples -> target -> model -> {sub label value: value}, from the first family (engine
+        name, newest first) that answered for the target."""
+        grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = defaultdict(dict)
+        for sample in samples:
+            family = int(sample.labels.get(FAMILY_LABEL, "0"))
+            per_model = grouped[_key(sample.labels, self.target_labels)].setdefault(family, {})
+            sub = sample.labels.get(sub_label, "") if sub_label else ""
+            per_model.setdefault(sample.labels.get(MODEL_LABEL, ""), {})[sub] = sample.value
+        return {key: _first_family(by_family) for key, by_family in grouped.items()}
+
+    def _infos(self, samples: Sequence[_Sample]) -> dict[TargetKey, list[CanonicalInfo]]:
+        out: dict[TargetKey, list[CanonicalInfo]] = defaultdict(list)
+        skip = {"__name__", MODEL_LABEL, "engine", *self.target_labels}
+        for sample in samples:
+            name = INFO_NAMES.get(sample.labels.get("__name__", ""))
+            if name is None:
+                continue
+            labels = {k: v for k, v in sample.labels.items() if k not in skip}
+            if name == "sleep_state":
+                if not sample.value:
+                    continue
+                labels = {"sleep_state": sample.labels.get("sleep_state", "")}
+            out[_key(sample.labels, self.target_labels)].append(
+                CanonicalInfo(name, sample.labels.get(MODEL_LABEL, ""), sample.labels.get("engine", "0"), labels))
+        return out
+
+    def _intervals(self, series: Sequence[_Series]) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
+        # target -> family -> (model, rank) -> stat -> {t: value}
+        grouped: dict[TargetKey, dict[int, dict[tuple[str, str], dict[str, dict[float, float]]]]] = \
+            defaultdict(dict)
+        for s in series:
+            family = int(s.labels.get(FAMILY_LABEL, "0"))
+            rank = s.labels.get("engine", s.labels.get("dp_rank", ""))
+            ranks = grouped[_key(s.labels, self.target_labels)].setdefault(family, {})
+            ranks.setdefault((s.labels.get(MODEL_LABEL, ""), rank), {})[s.labels.get(STAT_LABEL, "")] = \
+                dict(s.points)
+        out: dict[TargetKey, dict[str, list[ItlInterval]]] = {}
+        for key, by_family in grouped.items():
+            per_model: dict[str, list[ItlInterval]] = defaultdict(list)
+            for (model_name, _), stats in sorted(_first_family(by_family).items()):
+                sums, counts, running = stats.get("sum", {}), stats.get("count", {}), stats.get("running", {})
+                for t in sorted(counts):
+                    d_count, d_sum, batch = counts[t], sums.get(t), running.get(t)
+                    if d_count > 0 and d_sum is not None and d_sum >= 0 and batch is not None:
+                        per_model[model_name].append(ItlInterval(d_sum, d_count, batch))
+            out[key] = dict(per_model)
+        return out
+
+
+def _overall(models: dict[str, ModelWindow]) -> ModelWindow:
+    """All models of a target: histograms summed by ``le``, gauges combined, rates summed."""
+    overall = ModelWindow()
+    names = sorted(models)
+    for signal in sorted({s for m in models.values() for s in m.histograms}):
+        overall.histograms[signal] = quantiles.merge(models[n].histograms.get(signal) for n in names)
+    for signal in sorted({s for m in models.values() for s in m.gauges}):
+        overall.gauges[signal] = combine_gauges(signal, [models[n].gauges[signal] for n in names
+                                                         if signal in models[n].gauges])
+    for signal in sorted({s for m in models.values() for s in m.rates}):
+        overall.rates[signal] = sum(models[n].rates[signal] for n in names if signal in models[n].rates)
+    return overall
+
+
+__all__ = ["Discovered", "GAUGE_FAMILIES", "SourceReader", "TargetKey"]

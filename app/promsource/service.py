@@ -1,0 +1,238 @@
+"""The running Prometheus sources: their clients, their targets, their status.
+
+Each diagnosis round asks every source for its current targets (``discover``) and for all
+their windows at once (``windows``), then keeps the targets table in step: a new replica
+gets a row within one round, a replica whose series stopped is marked gone (no "target down"
+for it), a replica Prometheus scrapes with ``up == 0`` is down. A source that cannot be read
+changes nothing: its targets keep their last verdict (stale), no finding resolves or fires
+for lack of data, and its status says why (``GET /api/v1/sources``, ``/readyz``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import logging
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.promapi import PromAPIError, PrometheusClient
+from app.promsource.config import PrometheusSourceConfig
+from app.promsource.reader import Discovered, SourceReader, TargetKey
+from app.sources.base import HISTOGRAM_SIGNALS
+from app.store import repository
+from app.store.models import Target
+from app.store.repository import ScrapeRecord
+from app.window import TargetWindow
+
+log = logging.getLogger(__name__)
+SOURCE_KIND = "prometheus"
+DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND})  # targets the scraper never scrapes itself
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+MAX_NAME = 63
+
+
+def target_name(source: str, key: TargetKey) -> str:
+    """A stable, URL-safe target name from the source name and the target label values, e.g.
+    ``prod.llm.vllm-0``; names past 63 characters keep a prefix and a hash of the full name."""
+    full = ".".join([source, *(_UNSAFE.sub("_", v) or "_" for v in key)])
+    if len(full) <= MAX_NAME:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:10]
+    return f"{full[:MAX_NAME - 11]}.{digest}"
+
+
+def public_url(url: str) -> str:
+    """The source URL without user info: it is shown to every API reader."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class SourceMissing(LookupError):
+    """A discovered target whose source is no longer in the configuration."""
+
+
+@dataclass(slots=True)
+class SourceStatus:
+    """What ``GET /api/v1/sources`` reports about one source."""
+
+    name: str
+    kind: str
+    url: str
+    target_labels: list[str]
+    last_success: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    queries_last_round: int = 0
+    last_round_seconds: float | None = None
+    targets: int = 0
+    down: int = 0
+    gone: int = 0
+
+    @property
+    def failing(self) -> bool:
+        return self.last_error_at is not None and (self.last_success is None or
+                                                   self.last_error_at >= self.last_success)
+
+
+@dataclass(slots=True)
+class SourceTarget:
+    """One discovered target in a round: its row id and name, engine, and its window (None
+    when its series stopped within the window and it is now down)."""
+
+    id: int
+    name: str
+    engine: str
+    window: TargetWindow | None
+
+
+@dataclass(slots=True)
+class SourceRound:
+    source: str
+    ok: bool
+    targets: list[SourceTarget] = field(default_factory=list)
+
+
+class PrometheusSource:
+    """One configured source: a client, a reader and the source's status."""
+
+    def __init__(self, config: PrometheusSourceConfig) -> None:
+        self.config = config
+        self.client = PrometheusClient(
+            config.url, headers=dict(config.headers), bearer_token=config.bearer_token(),
+            basic_auth=config.basic_credentials(), ca_file=config.tls.ca_file,
+            insecure_skip_verify=config.tls.insecure_skip_verify, timeout=config.query_timeout,
+            max_concurrency=config.max_concurrency)
+        self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels)
+        self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
+        self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
+
+    def key_of(self, target: Target) -> TargetKey:
+        key = self.keys.get(target.name)
+        if key is None:
+            key = tuple(target.labels.get(name, "") for name in self.config.target_labels)
+        return key
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class SourceService:
+    """All configured sources; thread-safe for the round thread and API threads."""
+
+    def __init__(self) -> None:
+        self.sources: dict[str, PrometheusSource] = {}
+        self._lock = threading.Lock()
+
+    def configure(self, configs: Sequence[PrometheusSourceConfig]) -> None:
+        with self._lock:
+            wanted = {c.name: c for c in configs}
+            for name in list(self.sources):
+                if name not in wanted or wanted[name] != self.sources[name].config:
+                    self.sources.pop(name).close()
+            for name, config in wanted.items():
+                if name not in self.sources:
+                    self.sources[name] = PrometheusSource(config)
+
+    def get(self, name: str | None) -> PrometheusSource | None:
+        return None if name is None else self.sources.get(name)
+
+    def statuses(self) -> list[SourceStatus]:
+        return [s.status for s in self.sources.values()]
+
+    def close(self) -> None:
+        with self._lock:
+            for source in self.sources.values():
+                source.close()
+            self.sources.clear()
+
+    # ------------------------------------------------------------------ the round
+    def round(self, sessions: sessionmaker[Session], now: float, window: float,
+              signals: Sequence[str]) -> list[SourceRound]:
+        """Discover and read every source once; update targets; a failing source changes nothing."""
+        return [self._round_one(source, sessions, now, window, signals) for source in list(self.sources.values())]
+
+    def _round_one(self, source: PrometheusSource, sessions: sessionmaker[Session], now: float, window: float,
+                   signals: Sequence[str]) -> SourceRound:
+        status = source.status
+        started, queries_before = time.monotonic(), source.client.queries
+        try:
+            found = source.reader.discover(now)
+            windows = source.reader.windows(now - window, now, signals, diagnosis=True)
+        except PromAPIError as exc:
+            status.last_error, status.last_error_at = f"{exc.kind}: {exc.message}", now
+            status.queries_last_round = source.client.queries - queries_before
+            status.last_round_seconds = time.monotonic() - started
+            log.warning("source %s: %s", source.config.name, status.last_error)
+            return SourceRound(source.config.name, False)
+        result = SourceRound(source.config.name, True)
+        with sessions.begin() as session:
+            result.targets = self._sync(source, session, found, windows, now)
+        status.last_success, status.queries_last_round = now, source.client.queries - queries_before
+        status.last_round_seconds = time.monotonic() - started
+        status.targets = len(result.targets)
+        status.down = sum(1 for key in found.up if found.up[key] == 0 and key in source.keys.values())
+        return result
+
+    def _sync(self, source: PrometheusSource, session: Session, found: Discovered,
+              windows: dict[TargetKey, TargetWindow], now: float) -> list[SourceTarget]:
+        config = source.config
+        known = {t.name: t for t in repository.list_targets(session)
+                 if t.source == SOURCE_KIND and t.origin == config.name}
+        keys: dict[str, TargetKey] = {target_name(config.name, key): key for key in found.engines}
+        # A known replica that Prometheus still scrapes but that answers up == 0 is down, not gone.
+        for name, row in known.items():
+            key = source.key_of(row)
+            if name not in keys and found.up.get(key) == 0:
+                keys[name] = key
+        wanted: dict[str, dict] = {}
+        for name, key in keys.items():
+            engine = found.engines.get(key) or (known[name].detected_engine if name in known else None) or "vllm"
+            labels = dict(zip(config.target_labels, key))
+            service = found.service.get(key)
+            if service is None and name in known:  # down: keep the service it had
+                service = {k: known[name].labels.get(k, "") for k in config.service_labels}
+            labels.update(service or {})
+            wanted[name] = {"url": public_url(config.url), "engine": engine, "detected_engine": engine,
+                            "labels": labels}
+        live = repository.sync_discovered_targets(session, SOURCE_KIND, config.name, wanted, now)
+        source.keys = {name: keys[name] for name in live}
+        source.status.gone = sum(1 for t in known.values() if t.name not in live)
+        views, out = [], []
+        for name, row in live.items():
+            key = keys[name]
+            down = found.up.get(key) == 0
+            views.append(ScrapeRecord(row.id, now, not down, 0.0, engine=row.detected_engine,
+                                      error_class="down" if down else None,
+                                      error="the source's Prometheus reports up == 0 for this target" if down
+                                      else None))
+            out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", windows.get(key)))
+        repository.record_source_view(session, views)
+        return out
+
+    # ------------------------------------------------------------------ on demand
+    def window(self, target: Target, start: float, end: float,
+               signals: Sequence[str] = HISTOGRAM_SIGNALS) -> TargetWindow:
+        """One discovered target's window, for the latency API (raises PromAPIError)."""
+        source = self.get(target.origin)
+        if source is None:
+            raise SourceMissing(f"source {target.origin!r} is not configured")
+        key = source.key_of(target)
+        return source.reader.windows(start, end, signals, only=key).get(key) or TargetWindow(start, end)
+
+    def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,
+                        lookback: float, end: float, model: str | None = None) -> list[dict]:
+        """Points of a quantile over time for one discovered target (raises PromAPIError)."""
+        source = self.get(target.origin)
+        if source is None:
+            raise SourceMissing(f"source {target.origin!r} is not configured")
+        first = math.ceil((end - span) / step) * step
+        return source.reader.quantile_series(signal, q, first, end, step, lookback, source.key_of(target), model)
