@@ -53,7 +53,7 @@ ERROR_KINDS = frozenset(
 _ERROR_TYPES = frozenset(
     {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found"}
 )
-_PARSE_POSITION = re.compile(r"^(\d{1,6}):(\d{1,6}): parse error")
+_PARSE_POSITION = re.compile(r"\b(\d{1,6}):(\d{1,6}): parse error")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -302,7 +302,8 @@ class PrometheusClient:
             raise
         if not isinstance(data, dict):
             raise _not_prometheus("no build information")
-        return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+        info = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+        return info or None  # VictoriaMetrics answers an empty stub
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """``[fn(x) for x in items]`` with at most ``max_concurrency`` calls running at once.
@@ -433,7 +434,7 @@ class PrometheusClient:
             if status in (400, 422) or known in ("bad_data", "execution"):
                 detail = f" ({known})" if known else ""
                 error = doc.get("error")
-                where = _PARSE_POSITION.match(error) if isinstance(error, str) else None
+                where = _PARSE_POSITION.search(error) if isinstance(error, str) else None
                 if where:
                     detail += f": parse error at line {where[1]}, column {where[2]}"
                 raise PromAPIError("bad_query", f"query rejected{detail}")

@@ -16,7 +16,11 @@ needs, not like a production node:
 * ``-search.disableCache``: no answer comes from a cache filled before the data arrived;
 * ``-promscrape.fileSDCheckInterval=1s``: a rewritten target file is seen within a second
   (VictoriaMetrics ignores ``refresh_interval`` in ``file_sd_configs``);
-* ``-promscrape.config.strictParse=false``: fields it does not know are skipped.
+* ``-promscrape.config.strictParse=false``: fields it does not know are skipped;
+* ``-maxLabelsPerTimeseries=100``: the default 30 drops labels (``pod`` too) of vLLM's info series.
+
+Newly scraped series become visible to queries after up to ~10 s (its ingestion buffers):
+wait with :meth:`wait_for_samples` and a generous timeout.
 
 Readiness is ``/health``. Stopped by PID; a missing binary follows
 :func:`tests.support.components.require_binary` (skip locally, fail under ``CI=true``).
@@ -71,6 +75,7 @@ def running_victoria_metrics(
             "-search.latencyOffset=0s",
             "-search.disableCache",
             "-retentionPeriod=1d",
+            "-maxLabelsPerTimeseries=100",  # vLLM's cache_config_info has ~40 labels
             *extra_args,
         ],
         ready_path="/health", ready_timeout=ready_timeout,
