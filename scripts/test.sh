@@ -7,11 +7,14 @@ cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # Debian packages: Prometheus/promtool are the PromQL oracle and rule checker,
+# VictoriaMetrics a second server of the same query API (Prometheus sources),
 # Alertmanager the real receiver of exported alerts, Chromium the status page's browser,
 # Node.js runs the Prometheus Operator's resource validators.
 missing=()
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
+[ -x /usr/bin/victoria-metrics ] || missing+=(victoria-metrics)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v pg_isready >/dev/null 2>&1 || missing+=(postgresql-client)
 command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)

@@ -6,6 +6,13 @@
         prom.wait_for_samples("my_metric_total", 5, timeout=20)
         data = prom.query("increase(my_metric_total[5s])", time=1700000000.5)
 
+    # targets discovered from a file the test rewrites (Prometheus' file_sd_configs):
+    sd = FileSD(tmp_path / "targets.json")
+    sd.set({"a": fleet.urls["a"]}, namespace="llm")          # series get namespace="llm", pod="a"
+    with running_prometheus(tmp_path, sd.scrape_configs()) as prom:
+        sd.set({"a": fleet.urls["a"], "b": fleet.urls["b"]}, namespace="llm")  # b discovered
+        prom.stop(); prom.start()                              # an outage: same port, same data
+
 What it does:
 
 * picks a free port on 127.0.0.1 (and retries with another one if Prometheus
@@ -26,10 +33,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import time as _time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +115,60 @@ def _scrape_configs(targets: Targets, scrape_interval: str) -> str:
     return "scrape_configs: " + json.dumps(configs, indent=2)
 
 
+class FileSD:
+    """A target-group file for ``file_sd_configs`` that a test rewrites to add or remove targets.
+
+    ::
+
+        sd = FileSD(tmp_path / "targets.json")
+        sd.set({"a": fleet.urls["a"], "b": fleet.urls["b"]}, namespace="llm")  # pod="a", pod="b"
+        with running_prometheus(tmp_path, sd.scrape_configs()) as prom: ...
+        sd.set({"a": fleet.urls["a"]}, namespace="llm")   # b removed: its series go stale
+
+    Each target is its own group, so its labels (``namespace``, ``pod`` = its name, ...) are
+    plain target-group labels: Prometheus and VictoriaMetrics attach them to every series
+    scraped from it. Writes are atomic (temp file + rename): a server never reads half a file.
+    """
+
+    def __init__(self, path: Path, name_label: str = "pod") -> None:
+        self.path = Path(path)
+        self.name_label = name_label
+        self.groups: list[dict[str, Any]] = []
+        self.write([])
+
+    def write(self, groups: list[dict[str, Any]]) -> None:
+        """Replace the file with these target groups (``[{"targets": [...], "labels": {...}}]``)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(groups, indent=1))
+        os.replace(tmp, self.path)
+        self.groups = groups
+
+    def set(self, targets: Mapping[str, str], **labels: str) -> None:
+        """One group per ``name -> URL`` (``http://host:port/metrics``; a bare base URL means
+        ``/metrics``) labelled ``{name_label: name, **labels}``."""
+        groups = []
+        for name, url in targets.items():
+            parts = urlsplit(url if "://" in url else f"http://{url}")
+            group_labels = {**labels, self.name_label: name}
+            if parts.path not in ("", "/", "/metrics"):
+                group_labels["__metrics_path__"] = parts.path
+            if parts.scheme != "http":
+                group_labels["__scheme__"] = parts.scheme
+            groups.append({"targets": [parts.netloc], "labels": group_labels})
+        self.write(groups)
+
+    def scrape_configs(self, job_name: str = "engines", scrape_interval: str = "1s",
+                       refresh_interval: str | None = "1s") -> str:
+        """``scrape_configs:`` YAML with one job reading this file. ``refresh_interval`` None
+        leaves it out (VictoriaMetrics takes it from ``-promscrape.fileSDCheckInterval``)."""
+        sd: dict[str, Any] = {"files": [str(self.path)]}
+        if refresh_interval is not None:
+            sd["refresh_interval"] = refresh_interval
+        job = {"job_name": job_name, "scrape_interval": scrape_interval, "scrape_timeout": scrape_interval,
+               "file_sd_configs": [sd]}
+        return "scrape_configs: " + json.dumps([job], indent=2)
+
+
 @dataclass
 class PrometheusHandle:
     """A running Prometheus. ``url`` is its base URL (``http://127.0.0.1:PORT``)."""
@@ -116,6 +179,10 @@ class PrometheusHandle:
     config_path: Path
     process: subprocess.Popen[bytes] = field(repr=False)
     client: httpx.Client = field(repr=False)
+    #: the command line, so :meth:`start` runs the same server (port, data dir) again
+    argv: list[str] = field(default_factory=list, repr=False)
+    ready_path: str = "/-/ready"
+    ready_timeout: float = 30.0
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -191,18 +258,98 @@ class PrometheusHandle:
                 self.process.kill()
                 self.process.wait(timeout=grace)
 
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
 
-def _wait_ready(proc: subprocess.Popen[bytes], url: str, client: httpx.Client, timeout: float) -> bool:
-    """True once /-/ready is 200; False if the process died first; TimeoutError otherwise."""
+    def start(self) -> None:
+        """Start the same server again after :meth:`stop`: same port, config and data dir
+        (an outage test stops it for a while, then expects its history back).
+
+        Raises if it is still running or does not become ready (e.g. the port was taken
+        while it was down).
+        """
+        if self.running:
+            raise self._error(f"pid {self.pid} is still running")
+        self.process = _spawn(self.argv, self.log_path)
+        self.pid = self.process.pid
+        try:
+            ready = _wait_ready(self.process, self.url, self.client, self.ready_timeout, self.ready_path)
+        except TimeoutError as e:
+            self.stop()
+            raise self._error(str(e)) from None
+        if not ready:
+            raise self._error(f"exited with {self.process.returncode} while restarting")
+
+    def reload(self) -> None:
+        """Re-read the config file now (SIGHUP to this PID)."""
+        self.process.send_signal(signal.SIGHUP)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, client: httpx.Client, timeout: float,
+                path: str = "/-/ready") -> bool:
+    """True once ``path`` answers 200; False if the process died first; TimeoutError otherwise."""
     deadline = _time.monotonic() + timeout
     while _time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         with contextlib.suppress(httpx.HTTPError):
-            if client.get(f"{url}/-/ready").status_code == 200:
+            if client.get(f"{url}{path}").status_code == 200:
                 return True
         _time.sleep(0.05)
-    raise TimeoutError(f"prometheus not ready after {timeout}s")
+    raise TimeoutError(f"{Path(proc.args[0]).name} not ready after {timeout}s")  # type: ignore[index]
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in the log's directory, appending its output to ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=log_path.parent)
+
+
+@contextlib.contextmanager
+def serving(
+    name: str,
+    log_path: Path,
+    config_path: Path,
+    argv_for_port: Callable[[int], list[str]],
+    *,
+    ready_path: str,
+    ready_timeout: float,
+    handle_type: type[PrometheusHandle] | None = None,
+) -> Iterator[PrometheusHandle]:
+    """Start ``argv_for_port(port)`` on a free port (another port if it loses the race for
+    it), wait for ``ready_path``, yield the handle, stop it by PID on exit."""
+    client = httpx.Client(timeout=10.0)
+    handle: PrometheusHandle | None = None
+    try:
+        for attempt in range(3):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            argv = argv_for_port(port)
+            proc = _spawn(argv, log_path)
+            handle = (handle_type or PrometheusHandle)(url, proc.pid, log_path, config_path, proc, client, argv,
+                                                       ready_path, ready_timeout)
+            try:
+                ready = _wait_ready(proc, url, client, ready_timeout, ready_path)
+            except TimeoutError as e:
+                raise handle._error(str(e)) from None
+            if ready:
+                break
+            proc.wait()
+            if "address already in use" in handle.log_tail(200) and attempt < 2:
+                continue  # lost the race for the port; try another one
+            raise handle._error(f"{name} exited with {proc.returncode} during startup")
+        assert handle is not None
+        try:
+            yield handle
+        except BaseException as e:
+            e.add_note(f"--- {log_path} (tail) ---\n{handle.log_tail()}")
+            raise
+    finally:
+        if handle is not None:
+            handle.stop()
+        client.close()
 
 
 @contextlib.contextmanager
@@ -236,47 +383,11 @@ def running_prometheus(
         + _scrape_configs(scrape_configs_yaml_or_targets, scrape_interval)
         + "\n"
     )
-    client = httpx.Client(timeout=10.0)
-    handle: PrometheusHandle | None = None
-    try:
-        for attempt in range(3):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            log = open(log_path, "ab")
-            try:
-                proc = subprocess.Popen(
-                    [
-                        exe,
-                        f"--config.file={config_path}",
-                        f"--storage.tsdb.path={base / 'prometheus-data'}",
-                        f"--web.listen-address=127.0.0.1:{port}",
-                        *extra_args,
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=base,
-                )
-            finally:
-                log.close()
-            handle = PrometheusHandle(url, proc.pid, log_path, config_path, proc, client)
-            try:
-                ready = _wait_ready(proc, url, client, ready_timeout)
-            except TimeoutError as e:
-                raise handle._error(str(e)) from None
-            if ready:
-                break
-            proc.wait()
-            if "address already in use" in handle.log_tail(200) and attempt < 2:
-                continue  # lost the race for the port; try another one
-            raise handle._error(f"prometheus exited with {proc.returncode} during startup")
-        assert handle is not None
-        try:
-            yield handle
-        except BaseException as e:
-            e.add_note(f"--- {log_path} (tail) ---\n{handle.log_tail()}")
-            raise
-    finally:
-        if handle is not None:
-            handle.stop()
-        client.close()
+    data_path = base / "prometheus-data"
+    with serving(
+        "prometheus", log_path, config_path,
+        lambda port: [exe, f"--config.file={config_path}", f"--storage.tsdb.path={data_path}",
+                      f"--web.listen-address=127.0.0.1:{port}", *extra_args],
+        ready_path="/-/ready", ready_timeout=ready_timeout,
+    ) as handle:
+        yield handle

@@ -1,0 +1,445 @@
+"""A client for the Prometheus HTTP API (Prometheus, Thanos Query, Mimir, VictoriaMetrics).
+
+Synchronous over one ``httpx.Client`` and safe to share between threads: a Prometheus
+source issues one query per signal and runs them side by side with :meth:`PrometheusClient.map`,
+which keeps at most ``max_concurrency`` requests in flight so a diagnosis round can never
+flood the server.
+
+Queries are sent as POST forms, as Grafana does (long PromQL does not fit in a URL); a
+server or proxy that answers 405 gets GET from then on. ``time``/``start``/``end`` are sent
+exact to the millisecond (Prometheus evaluates in milliseconds, so a float formatted with
+more digits could move the evaluation time). The query timeout is also sent to the server
+(``timeout=20s``), so a slow query is abandoned there too instead of running on unobserved.
+
+Every failure is a :class:`PromAPIError` whose ``kind`` comes from a small fixed set and
+whose message is safe to show on an unauthenticated page: it names the kind of fault and
+never quotes what the server sent (body, reason phrase, header values, its ``error`` text,
+certificate names) nor a secret we sent. A ``bad_query`` may carry Prometheus'
+``errorType`` (a fixed vocabulary) and the parse position (digits only).
+
+Warnings of a partial answer are not an error: they come back in
+:attr:`QueryResult.warnings`, verbatim. They are the server's text; show them to
+authenticated readers only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import socket
+import ssl
+import threading
+import time as _time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from app.scrape.client import USER_AGENT, http_status_message
+
+#: Answers larger than this are refused (``too_large``): a round's largest answer is one
+#: query over every replica's buckets (~1,000 targets x ~30 buckets), a few MiB.
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+#: The ``kind`` of every :class:`PromAPIError`.
+ERROR_KINDS = frozenset(
+    {"unreachable", "timeout", "http_error", "bad_query", "not_prometheus", "auth", "too_large"}
+)
+#: Prometheus' own ``errorType`` values (``web/api/v1``); any other value is not repeated.
+_ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found"}
+)
+_PARSE_POSITION = re.compile(r"\b(\d{1,6}):(\d{1,6}): parse error")
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def format_time(t: float) -> str:
+    """Unix seconds as the API's ``time``/``start``/``end``/``step``, exact to the millisecond.
+
+    Formats from integer milliseconds, so no float formatting can move the evaluation
+    time by a millisecond.
+    """
+    ms = int(round(float(t) * 1000.0))
+    sign = "-" if ms < 0 else ""
+    ms = abs(ms)
+    return f"{sign}{ms // 1000}.{ms % 1000:03d}"
+
+
+def format_duration(seconds: float) -> str:
+    """``20s`` or ``2500ms``: a duration both Prometheus and VictoriaMetrics parse."""
+    ms = max(1, int(round(seconds * 1000.0)))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One element of an instant vector (a scalar answer is one Sample with no labels)."""
+
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class RangeSeries:
+    """One series of a range query: ``(unix seconds, value)`` points in time order."""
+
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class QueryResult(Generic[T]):
+    """An answer and the server's warnings (a partial answer from Thanos/Mimir says so there)."""
+
+    data: list[T]
+    warnings: list[str]
+
+
+class PromAPIError(Exception):
+    """A failed API call. ``kind`` is one of :data:`ERROR_KINDS`; ``message`` is safe to show anyone."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in ERROR_KINDS, kind
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"PromAPIError({self.kind!r}, {self.message!r})"
+
+
+def _not_prometheus(what: str) -> PromAPIError:
+    return PromAPIError("not_prometheus", f"not a Prometheus API answer: {what}")
+
+
+def _connect_failure(exc: BaseException) -> str:
+    """Why a connection failed, classified from the cause chain (never the text of a TLS
+    error: it can carry names from the server's certificate)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return "TLS certificate verification failed (set a CA file, or skip verification)"
+        if isinstance(seen, ssl.SSLError):
+            return "TLS handshake failed"
+        if isinstance(seen, socket.gaierror):
+            return "host name not resolved"
+        if isinstance(seen, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return f"cannot connect (errno {seen.errno})"
+        seen = seen.__cause__ or seen.__context__
+    return "cannot connect"
+
+
+def _labels(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _not_prometheus("malformed label set")
+    return value
+
+
+def _point(value: Any) -> tuple[float, float]:
+    """``[1700000000.123, "0.25"]`` -> floats; the value may be "NaN", "+Inf" or "-Inf"."""
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
+        raise _not_prometheus("malformed sample")
+    t = value[0]
+    if isinstance(t, bool) or not isinstance(t, int | float):
+        raise _not_prometheus("malformed sample time")
+    try:
+        return float(t), float(value[1])
+    except ValueError:
+        raise _not_prometheus("malformed sample value") from None
+
+
+def _vector(data: Any) -> list[Sample]:
+    if not isinstance(data, dict):
+        raise _not_prometheus("no result data")
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        return [Sample({}, _point(result)[1])]
+    if kind == "matrix":
+        raise PromAPIError("bad_query", "query rejected: an instant query must return an instant vector, not a range")
+    if kind == "string":
+        raise PromAPIError("bad_query", "query rejected: the result is a string, not numbers")
+    if kind != "vector" or not isinstance(result, list):
+        raise _not_prometheus("unknown result type")
+    out = []
+    for item in result:
+        if not isinstance(item, dict):
+            raise _not_prometheus("malformed result")
+        out.append(Sample(_labels(item.get("metric", {})), _point(item.get("value"))[1]))
+    return out
+
+
+def _matrix(data: Any) -> list[RangeSeries]:
+    if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+        raise _not_prometheus("no range result")
+    out = []
+    for item in data["result"]:
+        if not isinstance(item, dict) or not isinstance(item.get("values", []), list):
+            raise _not_prometheus("malformed result")
+        out.append(RangeSeries(_labels(item.get("metric", {})), [_point(p) for p in item.get("values", [])]))
+    return out
+
+
+class PrometheusClient:
+    """One Prometheus HTTP API endpoint. ``url`` is its base (``http://prometheus:9090``, or
+    ``http://mimir/prometheus`` behind a path prefix). Thread-safe; call :meth:`close` when done.
+
+    Credentials (``bearer_token``, ``basic_auth``, ``headers`` such as ``X-Scope-OrgID``) are
+    sent on every request and appear in no message, log line or ``repr``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        bearer_token: str | None = None,
+        basic_auth: tuple[str, str] | None = None,
+        ca_file: str | None = None,
+        insecure_skip_verify: bool = False,
+        timeout: float = 20.0,
+        max_concurrency: int = 8,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("url: must be an http:// or https:// URL with a host")
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError("timeout: must be a positive number of seconds")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency: must be at least 1")
+        self.url = url.rstrip("/")
+        self.timeout = float(timeout)
+        self.max_concurrency = max_concurrency
+        self.max_response_bytes = max_response_bytes
+        sent = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
+        if bearer_token is not None:
+            sent["Authorization"] = f"Bearer {bearer_token}"
+        verify: ssl.SSLContext | bool = True
+        if insecure_skip_verify:
+            verify = False
+        elif ca_file is not None:
+            try:
+                verify = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError):
+                raise ValueError("ca_file: cannot be read as PEM certificates") from None
+        self._client = httpx.Client(
+            headers=sent,
+            auth=httpx.BasicAuth(*basic_auth) if basic_auth is not None else None,
+            verify=verify,
+            timeout=httpx.Timeout(self.timeout),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            follow_redirects=False,
+        )
+        self._lock = threading.Lock()
+        self._in_flight = threading.BoundedSemaphore(max_concurrency)
+        self._queries = 0
+        self._use_get = False  # set once a POST got 405 (a proxy that only lets GET through)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        parts = urlsplit(self.url)
+        return f"PrometheusClient({parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''})"
+
+    @property
+    def queries(self) -> int:
+        """HTTP API calls made so far (every request sent, retries and fallbacks included)."""
+        with self._lock:
+            return self._queries
+
+    # ---- API -------------------------------------------------------------------------------
+    def query(self, promql: str, time: float) -> QueryResult[Sample]:
+        """``/api/v1/query`` at ``time`` (unix seconds)."""
+        data, warnings = self._call("query", {"query": promql, "time": format_time(time)})
+        return QueryResult(_vector(data), warnings)
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult[RangeSeries]:
+        """``/api/v1/query_range`` over ``[start, end]`` every ``step`` seconds."""
+        form = {"query": promql, "start": format_time(start), "end": format_time(end), "step": format_time(step)}
+        data, warnings = self._call("query_range", form)
+        return QueryResult(_matrix(data), warnings)
+
+    def series(self, matchers: list[str], start: float, end: float) -> list[dict[str, str]]:
+        """``/api/v1/series``: label sets of the series matching any of ``matchers`` in the range."""
+        data, _ = self._call("series", {"match[]": list(matchers), "start": format_time(start),
+                                        "end": format_time(end)})
+        if not isinstance(data, list):
+            raise _not_prometheus("no series list")
+        return [_labels(item) for item in data]
+
+    def check_selector(self, selector: str) -> str | None:
+        """The server's own parser on a series selector: None if accepted, else a clean reason.
+
+        Asks ``/api/v1/series`` over the last second: it reads the index only, never samples,
+        so it is cheap on any server. Faults other than a rejected selector raise PromAPIError.
+        """
+        now = _time.time()
+        try:
+            self.series([selector], now - 1.0, now)
+        except PromAPIError as exc:
+            if exc.kind == "bad_query":
+                return exc.message.replace("query rejected", "selector rejected", 1)
+            raise
+        return None
+
+    def build_info(self) -> dict[str, str] | None:
+        """``/api/v1/status/buildinfo`` (version, revision, ...), or None where the server
+        has no such endpoint (VictoriaMetrics, some proxies)."""
+        try:
+            data, _ = self._call("status/buildinfo", None)
+        except PromAPIError as exc:
+            if exc.kind in ("http_error", "bad_query") and exc.message.startswith(
+                ("HTTP 404", "HTTP 405", "HTTP 501", "query rejected")
+            ):
+                return None
+            raise
+        if not isinstance(data, dict):
+            raise _not_prometheus("no build information")
+        info = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+        return info or None  # VictoriaMetrics answers an empty stub
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """``[fn(x) for x in items]`` with at most ``max_concurrency`` calls running at once.
+
+        Results keep the order of ``items``. Every call runs to its end; then the error of
+        the first failed item (in item order) is raised. ``fn`` must not call :meth:`map`
+        itself (the pool is shared and bounded).
+        """
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="promapi")
+            executor = self._executor
+        futures: list[Future[R]] = [executor.submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]  # waits for every call
+        for error in errors:
+            if error is not None:
+                raise error
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)
+        self._client.close()
+
+    def __enter__(self) -> PrometheusClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- transport -------------------------------------------------------------------------
+    def _call(self, endpoint: str, form: dict[str, Any] | None) -> tuple[Any, list[str]]:
+        """One API call: ``data`` and ``warnings`` of a success envelope, else PromAPIError.
+
+        ``form`` None means a GET without parameters; otherwise a POST form (GET with the
+        same parameters after a 405). The query timeout goes to the server as well.
+        """
+        url = f"{self.url}/api/v1/{endpoint}"
+        if form is not None:
+            form = {**form, "timeout": format_duration(self.timeout)}
+        with self._in_flight:
+            status, body = self._send(url, form)
+            if status == 405 and form is not None and not self._use_get:
+                self._use_get = True
+                status, body = self._send(url, form)
+        return self._envelope(status, body)
+
+    def _send(self, url: str, form: dict[str, Any] | None) -> tuple[int, bytes]:
+        """Send one request (retried once if a kept-alive connection was closed under us)."""
+        deadline = _time.monotonic() + self.timeout
+        if form is None:
+            request = self._client.build_request("GET", url)
+        elif self._use_get:
+            request = self._client.build_request("GET", url, params=form)
+        else:
+            request = self._client.build_request("POST", url, data=form)
+        for attempt in (1, 2):
+            with self._lock:
+                self._queries += 1
+            try:
+                response = self._client.send(request, stream=True)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                if attempt == 1:
+                    continue
+                raise PromAPIError("http_error", "the server closed the connection without answering") from None
+            except httpx.ConnectTimeout:
+                raise PromAPIError("unreachable", f"no connection within {self.timeout:g}s") from None
+            except httpx.TimeoutException:
+                raise PromAPIError("timeout", f"no answer within {self.timeout:g}s") from None
+            except httpx.ConnectError as exc:
+                raise PromAPIError("unreachable", _connect_failure(exc)) from None
+            except httpx.HTTPError:
+                raise PromAPIError("http_error", "the request failed before an answer arrived") from None
+            try:
+                return response.status_code, self._read(response, deadline)
+            finally:
+                response.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, response: httpx.Response, deadline: float) -> bytes:
+        """The (decompressed) body, bounded in size and by the overall deadline."""
+        limit = self.max_response_bytes
+        too_large = PromAPIError("too_large", f"answer larger than {limit} bytes")
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
+            raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                if _time.monotonic() > deadline:
+                    raise PromAPIError("timeout", f"no complete answer within {self.timeout:g}s")
+                chunks.append(chunk)
+        except httpx.TimeoutException:
+            raise PromAPIError("timeout", f"no complete answer within {self.timeout:g}s") from None
+        except httpx.DecodingError:
+            raise PromAPIError("http_error", "the answer's compressed body is broken") from None
+        except httpx.HTTPError:
+            raise PromAPIError("http_error", "the connection broke before the answer was complete") from None
+        return b"".join(chunks)
+
+    @staticmethod
+    def _envelope(status: int, body: bytes) -> tuple[Any, list[str]]:
+        """Classify an answer: the ``data`` and ``warnings`` of a success, else PromAPIError."""
+        if status in (401, 403):
+            raise PromAPIError("auth", f"{http_status_message(status)}: the credentials were refused")
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        is_envelope = isinstance(doc, dict) and doc.get("status") in ("success", "error")
+        if not is_envelope:
+            if 200 <= status < 300:
+                looks_html = body.lstrip()[:1] == b"<"
+                raise _not_prometheus("an HTML page" if looks_html else "a body that is not the API's JSON")
+            raise PromAPIError("http_error", http_status_message(status))
+        assert isinstance(doc, dict)
+        if doc["status"] == "error" or not 200 <= status < 300:
+            error_type = doc.get("errorType")
+            known = error_type if isinstance(error_type, str) and error_type in _ERROR_TYPES else None
+            if known in ("timeout", "canceled"):
+                raise PromAPIError("timeout", f"the server gave up on the query ({known})")
+            if status in (400, 422) or known in ("bad_data", "execution"):
+                detail = f" ({known})" if known else ""
+                error = doc.get("error")
+                where = _PARSE_POSITION.search(error) if isinstance(error, str) else None
+                if where:
+                    detail += f": parse error at line {where[1]}, column {where[2]}"
+                raise PromAPIError("bad_query", f"query rejected{detail}")
+            detail = f" ({known})" if known else ""
+            raise PromAPIError("http_error", f"{http_status_message(status)}{detail}")
+        warnings = doc.get("warnings")
+        clean = [w for w in warnings if isinstance(w, str)] if isinstance(warnings, list) else []
+        return doc.get("data"), clean
