@@ -260,6 +260,12 @@ class PrometheusClient:
         data, warnings = self._call("query", {"query": promql, "time": format_time(time)})
         return QueryResult(_vector(data), warnings)
 
+    def query_samples(self, selector: str, time: float) -> QueryResult[RangeSeries]:
+        """``/api/v1/query`` of a range selector (``x[5m]``) at ``time``: the raw samples, for the
+        few numbers no PromQL function gives exactly (a ratio of two gauges sample by sample)."""
+        data, warnings = self._call("query", {"query": selector, "time": format_time(time)})
+        return QueryResult(_matrix(data), warnings)
+
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult[RangeSeries]:
         """``/api/v1/query_range`` over ``[start, end]`` every ``step`` seconds."""
         form = {"query": promql, "start": format_time(start), "end": format_time(end), "step": format_time(step)}

@@ -171,3 +171,10 @@ class SourceQueries:
             expr = f"sum by ({by}) (avg_over_time({_selector(running.name, running.matchers, sel)}[{w}]))"
             parts.append(_tag(_tag(expr, STAT_LABEL, "running"), FAMILY_LABEL, str(i)))
         return " or ".join(parts)
+
+    def tgi_kv_samples(self, window: float) -> str:
+        """TGI has no KV-usage gauge: its raw used/capacity samples, divided sample by sample
+        as the scraper's adapter does (no PromQL function averages a ratio of two series)."""
+        names = f"{tgi.KV_USED}|{tgi.KV_CAPACITY}"
+        inner = format_matchers([("__name__", "=~", names), *self.matchers])
+        return f"{{{inner}}}[{prom_duration(window)}]"

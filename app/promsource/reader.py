@@ -29,6 +29,7 @@ from app.promsource.queries import (
     SourceQueries,
 )
 from app.quantiles import WindowHistogram
+from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
@@ -132,6 +133,7 @@ class SourceReader:
         jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS]
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS]
         step = max(15.0, w / 20)
+        jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         if diagnosis:
             jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos())]
             if w >= 2 * step:
@@ -141,6 +143,8 @@ class SourceReader:
             kind, _, text = job
             if kind == "itl_intervals":
                 return self.client.query_range(text, start + step, end, step)
+            if kind == "tgi_kv":
+                return self.client.query_samples(text, end)
             return self.client.query(text, end)
 
         answers = self.client.map(run, jobs)
@@ -177,6 +181,9 @@ class SourceReader:
             elif kind == "scrapes":
                 for sample in answer.data:
                     window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
+            elif kind == "tgi_kv":
+                for key, stats in self._tgi_kv(answer.data).items():
+                    model(key, "").gauges.setdefault("kv_usage", stats)
             elif kind == "infos":
                 for key, infos in self._infos(answer.data).items():
                     window(key).infos = infos
@@ -230,6 +237,20 @@ class SourceReader:
             sub = sample.labels.get(sub_label, "") if sub_label else ""
             per_model.setdefault(sample.labels.get(MODEL_LABEL, ""), {})[sub] = sample.value
         return {key: _first_family(by_family) for key, by_family in grouped.items()}
+
+    def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
+        used: dict[TargetKey, dict[float, float]] = {}
+        capacity: dict[TargetKey, dict[float, float]] = {}
+        for s in series:
+            side = used if s.labels.get("__name__") == tgi.KV_USED else capacity
+            side.setdefault(_key(s.labels, self.target_labels), {}).update(s.points)
+        out = {}
+        for key, used_points in used.items():
+            cap = capacity.get(key, {})
+            ratios = [min(u / cap[t], 1.0) for t, u in sorted(used_points.items()) if cap.get(t)]
+            if ratios:
+                out[key] = GaugeStats(ratios[-1], sum(ratios) / len(ratios), max(ratios))
+        return out
 
     def _infos(self, samples: Sequence[_Sample]) -> dict[TargetKey, list[CanonicalInfo]]:
         out: dict[TargetKey, list[CanonicalInfo]] = defaultdict(list)

@@ -1,0 +1,152 @@
+"""The diagnosis matrix in both modes: every regime scenario (and healthy) gets the same verdict
+and the same numbers whether its samples are read from the built-in store or, through a
+Prometheus source, from a real Prometheus 2.42 holding the very same samples.
+
+Each scenario runs offline on the emulator's clock (tests/diagnosis/harness.py); its pages are
+written to the store and backfilled, with their timestamps, into a Prometheus TSDB
+(tests/support/backfill.py), one ``pod`` per scenario. The Prometheus side is the production
+path: :class:`app.promsource.reader.SourceReader` over :class:`app.promapi.PrometheusClient`,
+one query per signal for all pods at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from app import latency
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.promapi import PrometheusClient
+from app.promsource.reader import SourceReader
+from app.sources.base import HISTOGRAM_SIGNALS
+from app.store.repository import ScrapeRecord
+from app.thresholds import Thresholds
+from tests.diagnosis.harness import T0, OfflineTarget, profile_of
+from tests.support.backfill import Backfill
+from tests.support.prometheus import running_prometheus
+
+REGIMES = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
+           "weights_offloaded"]
+CASES = [(s, "vllm") for s in ["healthy", "healthy_bursty", *REGIMES]] + [("healthy", "tgi"), ("queueing", "tgi")]
+RUN_S, WINDOW_S, SCRAPE_S = 180.0, 120.0, 5.0
+
+
+@dataclass
+class Case:
+    scenario: str
+    engine: str
+    target: OfflineTarget
+    end: float
+
+    @property
+    def pod(self) -> str:
+        return f"{self.scenario}-{self.engine}"
+
+
+def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
+    """OfflineTarget.run, keeping each page for the backfill as well."""
+    end = target.sim.clock + RUN_S
+    while target.sim.clock + 1e-9 < end:
+        target.sim.run_for(min(SCRAPE_S, end - target.sim.clock))
+        text = target.sim.render_metrics()
+        page, canonical, error = target.processor.process(text)
+        assert error is None
+        ts = round(T0 + target.sim.clock, 3)
+        target.writer.write([ScrapeRecord(target.target_id, ts, True, 0.001, 0, page.samples_seen,
+                                          page.samples_kept, page.malformed, target.processor.engine, None, None,
+                                          canonical)])
+        backfill.add({"namespace": "llm", "pod": pod}, ts, text if isinstance(text, str) else text.decode())
+    return round(T0 + target.sim.clock, 3)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Case], PrometheusClient]]:
+    tmp = tmp_path_factory.mktemp("matrix")
+    backfill = Backfill()
+    cases: dict[str, Case] = {}
+    for scenario, engine in CASES:
+        target = OfflineTarget(tmp, scenario, engine=engine, seed=1, hardware=profile_of(scenario),
+                               name=f"{scenario}-{engine}")
+        case = Case(scenario, engine, target, 0.0)
+        case.end = _run(target, backfill, case.pod)
+        cases[case.pod] = case
+    backfill.write_tsdb(tmp, tmp / "prom" / "prometheus-data")
+    with running_prometheus(tmp / "prom", "scrape_configs: []") as prom:
+        client = PrometheusClient(prom.url, timeout=60)
+        try:
+            yield cases, client
+        finally:
+            client.close()
+            for case in cases.values():
+                case.target.close()
+
+
+def _close(a: float | None, b: float | None, rel: float = 1e-9) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+
+
+@pytest.mark.parametrize(("scenario", "engine"), CASES)
+def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], PrometheusClient],
+                                                scenario: str, engine: str) -> None:
+    cases, client = matrix
+    case = cases[f"{scenario}-{engine}"]
+    end = case.end
+    thresholds = Thresholds()
+    with case.target.sessions() as session:
+        (store_diagnosis,) = diagnosis_engine.evaluate_target(
+            session, case.target.target_id, case.pod, engine, end, WINDOW_S, thresholds, case.target.hardware)
+        reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+        windows = reader.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+        (prom_diagnosis,) = diagnosis_engine.evaluate_target(
+            session, case.target.target_id, case.pod, engine, end, WINDOW_S, thresholds, case.target.hardware,
+            data=windows[("llm", case.pod)])
+    expected = "healthy" if scenario.startswith("healthy") else scenario
+    assert store_diagnosis.verdict == expected
+    assert prom_diagnosis.verdict == store_diagnosis.verdict, [(f.regime, f.summary) for f in prom_diagnosis.findings]
+    assert [f.regime for f in prom_diagnosis.findings] == [f.regime for f in store_diagnosis.findings]
+    store_signals, prom_signals = store_diagnosis.signals, prom_diagnosis.signals
+    # Every histogram-derived number agrees to 1e-9: same samples, same increase(), same quantile.
+    for name in ("ttft", "itl", "queue_time", "prefill_time", "e2e", "prompt_tokens", "generation_tokens"):
+        assert (name in store_signals) == (name in prom_signals), name
+        if name in store_signals:
+            for key, value in store_signals[name].items():
+                assert _close(prom_signals[name][key], value), (name, key, prom_signals[name][key], value)
+    for name in ("queue_share", "prefill_share", "itl_ratio", "decode_stall_share", "max_step_tokens",
+                 "large_step_fraction", "running_mean", "running_max", "waiting_mean", "waiting_max",
+                 "kv_usage_mean", "kv_usage_max", "preemptions_per_second", "requests_per_second",
+                 "generation_tokens_per_second", "scrapes"):
+        assert _close(prom_signals.get(name), store_signals.get(name)), (name, prom_signals.get(name),
+                                                                         store_signals.get(name))
+    assert prom_signals.get("config") == store_signals.get("config")
+
+
+def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """/latency of a source target is Prometheus' own histogram_quantile over the same range."""
+    cases, client = matrix
+    case = cases["queueing-vllm"]
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    window = reader.windows(case.end - WINDOW_S, case.end, HISTOGRAM_SIGNALS, only=("llm", case.pod))
+    report = latency.report_from_window(window[("llm", case.pod)])
+    checked = 0
+    for signal, metric in (("ttft", "vllm:time_to_first_token_seconds"), ("itl", "vllm:inter_token_latency_seconds"),
+                           ("e2e", "vllm:e2e_request_latency_seconds"),
+                           ("queue_time", "vllm:request_queue_time_seconds")):
+        for key, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            promql = (f'histogram_quantile({q}, sum by (le) (increase({metric}_bucket{{pod="{case.pod}"}}'
+                      f'[{int(WINDOW_S)}s])))')
+            (sample,) = client.query(promql, case.end).data
+            assert math.isclose(report[signal][key], sample.value, rel_tol=1e-9), (signal, key)
+            checked += 1
+    assert checked == 12
+    with case.target.sessions() as session:
+        store_report = latency.latency_report(session, [case.target.target_id], WINDOW_S, case.end)
+    assert math.isclose(store_report["ttft"]["p99"], report["ttft"]["p99"], rel_tol=1e-9)
+    assert math.isclose(store_report["rates"]["requests_per_second"], report["rates"]["requests_per_second"],
+                        rel_tol=1e-9)
