@@ -54,7 +54,9 @@ class TargetOut(BaseModel):
     labels: dict[str, str]
     scrape_interval_seconds: float
     scrape_timeout_seconds: float
-    source: str
+    source: str = Field(description="config | api | file_sd | http_sd | prometheus")
+    origin: str | None = Field(None, description="For a discovered target: its discovery config or Prometheus source")
+    gone_at: float | None = Field(None, description="When a discovered target disappeared (kept for its history)")
     hardware: dict | None = None
     canary: dict | None = None
     created_at: float
@@ -98,6 +100,26 @@ class Readiness(BaseModel):
     status: str = Field(description="ok | unavailable")
     database: str = Field(description="ok, or the error that reached the database")
     targets: int | None = None
+    sources: dict[str, str] | None = Field(None, description="Per Prometheus source: ok, not read yet, or "
+                                           "its last error (the service stays ready: its other targets work)")
+
+
+class SourceOut(BaseModel):
+    """A Prometheus source and how its last rounds went."""
+
+    name: str
+    kind: str
+    url: str = Field(description="Without credentials")
+    target_labels: list[str]
+    state: str = Field(description="ok | failing | pending (not read yet)")
+    last_success: float | None = Field(description="Unix time of the last round that read it")
+    last_error: str | None = Field(description="Classified error of the last failed round (kind: message)")
+    last_error_at: float | None
+    queries_last_round: int
+    last_round_seconds: float | None
+    targets: int = Field(description="Live targets it reported last round")
+    down: int = Field(description="Of those, scraped with up == 0")
+    gone: int = Field(description="Targets whose series stopped (kept for their history)")
 
 
 # --------------------------------------------------------------------------- latency

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response, status
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api.deps import MonitorDep
-from app.api.schemas import Liveness, Readiness
+from app.api.schemas import Liveness, Readiness, SourceOut
+from app.promsource.service import SourceStatus
 
 router = APIRouter(tags=["health"])
 
@@ -20,7 +23,7 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", response_model=Readiness, response_model_exclude_unset=True,
             responses={503: {"model": Readiness, "description": "The database does not answer"}})
-def readyz(monitor: MonitorDep, response: Response) -> dict[str, str | int]:
+def readyz(monitor: MonitorDep, response: Response) -> dict[str, Any]:
     """Ready when the database answers."""
     try:
         with monitor.engine.connect() as connection:
@@ -28,9 +31,31 @@ def readyz(monitor: MonitorDep, response: Response) -> dict[str, str | int]:
     except Exception as exc:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unavailable", "database": f"{type(exc).__name__}: {exc}"[:300]}
-    return {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers)}
+    out: dict[str, Any] = {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers)}
+    statuses = monitor.sources.statuses()
+    if statuses:
+        out["sources"] = {s.name: source_state(s) for s in statuses}
+    return out
+
+
+def source_state(s: SourceStatus) -> str:
+    if s.failing:
+        return f"failing: {s.last_error}"
+    return "ok" if s.last_success is not None else "pending"
 
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(monitor: MonitorDep) -> Response:
     return Response(generate_latest(monitor.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/api/v1/sources", response_model=list[SourceOut], tags=["sources"])
+def list_sources(monitor: MonitorDep) -> list[SourceOut]:
+    """Every Prometheus source of the targets YAML: URL (no credentials), last success, last error,
+    queries and duration of the last round, and how many targets it has."""
+    return [SourceOut(name=s.name, kind=s.kind, url=s.url, target_labels=s.target_labels,
+                      state="failing" if s.failing else source_state(s), last_success=s.last_success,
+                      last_error=s.last_error, last_error_at=s.last_error_at,
+                      queries_last_round=s.queries_last_round, last_round_seconds=s.last_round_seconds,
+                      targets=s.targets, down=s.down, gone=s.gone)
+            for s in monitor.sources.statuses()]

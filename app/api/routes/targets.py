@@ -32,6 +32,7 @@ from app.lifespan import Monitor
 from app.limits import UnixTime
 from app.promapi import PromAPIError
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
+from app.store.models import DISCOVERED_SOURCES
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Scrape, Target
@@ -82,9 +83,17 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
         detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
+        source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
         updated_at=target.updated_at, last_scrape=scrape_out(last),
     )
+
+
+def refuse_discovered(target: Target, what: str) -> None:
+    """A discovered target belongs to its discovery: the next round would undo an edit."""
+    if target.source in DISCOVERED_SOURCES:
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"target {target.name!r} is discovered ({target.source} {target.origin!r}) and cannot be "
+                            f"{what}; change the discovery instead")
 
 
 def get_or_404(session: SessionDep, name: str) -> Target:
@@ -148,6 +157,7 @@ def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: Moni
         raise unprocessable("body.name", f"must equal the name in the path ({name!r}); targets cannot be renamed")
     check_url(monitor, body.url)
     target = get_or_404(session, name)
+    refuse_discovered(target, "replaced")
     repository.update_target(session, target, **body.model_dump(mode="json", exclude={"name"}))
     session.commit()
     reschedule(monitor)
@@ -158,6 +168,8 @@ def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: Moni
 def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: MonitorDep) -> TargetOut:
     target = get_or_404(session, name)
     changes = body.model_dump(mode="json", exclude_unset=True)
+    if set(changes) - {"hardware"}:
+        refuse_discovered(target, "changed except for its hardware profile")
     if "url" in changes:
         if changes["url"] is None:
             raise unprocessable("body.url", "cannot be null")
@@ -178,6 +190,8 @@ def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: Mon
 @router.delete("/targets/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
 def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     target = get_or_404(session, name)
+    if target.gone_at is None:  # a gone discovered target may be deleted with its history
+        refuse_discovered(target, "deleted while its discovery still lists it")
     monitor.scraping.writer.forget_target(target.id)
     repository.delete_target(session, target)
     session.commit()

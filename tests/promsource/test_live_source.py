@@ -1,0 +1,119 @@
+"""A running service reading its engines from a real Prometheus 2.42 that scrapes emulated vLLM
+replicas through file-based service discovery: replicas discovered, added, removed (gone, never
+"down"), a replica that stops answering (down), and Prometheus itself stopped and restarted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from app.emulator.server import EmulatorFleet, TargetSpec
+from tests.api.conftest import make_service
+from tests.support.pages import StaticPageServer
+from tests.support.prometheus import FileSD, running_prometheus
+
+WINDOW = 20.0
+
+
+def _config(path: Path, prometheus_url: str) -> Path:
+    path.write_text(f"""
+targets: []
+diagnosis: {{interval: 1h, window: {int(WINDOW)}s}}
+sources:
+  - name: prod
+    url: {prometheus_url}
+    selector: '{{namespace="llm"}}'
+    target_labels: [namespace, pod]
+    service_labels: [namespace, service]
+    query_timeout: 10s
+""")
+    return path
+
+
+def _targets(client) -> dict[str, dict]:
+    return {t["name"]: t for t in client.get("/api/v1/targets").json()}
+
+
+def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp_path: Path) -> None:
+    specs = [TargetSpec("a", "healthy", time_scale=10.0, warmup_s=60, seed=1),
+             TargetSpec("b", "queueing", time_scale=10.0, warmup_s=60, seed=2),
+             TargetSpec("c", "healthy", time_scale=10.0, warmup_s=60, seed=3)]
+    with EmulatorFleet(specs) as fleet, StaticPageServer(lambda: fleet_page(fleet)) as flaky:
+        sd = FileSD(tmp_path / "targets.json")
+        sd.set({"a": fleet.urls["a"], "b": fleet.urls["b"], "d": flaky.url}, namespace="llm", service="chat")
+        with running_prometheus(tmp_path / "prom", sd.scrape_configs(scrape_interval="1s")) as prom:
+            prom.wait_for_samples('vllm:num_requests_running{namespace="llm"}', int(WINDOW) + 2, timeout=60)
+            for svc in make_service(migrated_url, tmp_path, config_file=_config(tmp_path / "t.yaml", prom.url)):
+                c, monitor = svc.client, svc.monitor
+                now = time.time()
+                results = monitor.evaluate_diagnoses(now=now)
+                targets = _targets(c)
+                assert {"prod.llm.a", "prod.llm.b", "prod.llm.d"} <= set(targets)
+                a = targets["prod.llm.a"]
+                assert a["source"] == "prometheus" and a["origin"] == "prod" and a["gone_at"] is None
+                assert a["labels"] == {"namespace": "llm", "pod": "a", "service": "chat"}
+                assert a["detected_engine"] == "vllm" and a["url"] == prom.url
+                verdicts = {d.target: d.verdict for d, _ in results}
+                assert verdicts["prod.llm.b"] == "queueing", verdicts
+
+                # /latency is Prometheus' own histogram_quantile over the same range (1e-9).
+                body = c.get("/api/v1/targets/prod.llm.b/latency", params={"window": "20s", "end": now}).json()
+                expected = prom.query('histogram_quantile(0.99, sum by (le) (increase('
+                                      'vllm:time_to_first_token_seconds_bucket{pod="b"}[20s])))', time=now)
+                assert math.isclose(body["ttft"]["p99"], float(expected["result"][0]["value"][1]), rel_tol=1e-9)
+                assert body["rates"]["requests_per_second"] > 0
+
+                (source,) = c.get("/api/v1/sources").json()
+                assert source["state"] == "ok" and source["targets"] == 3 and source["url"] == prom.url
+                assert 0 < source["queries_last_round"] <= 40
+                assert c.get("/readyz").json()["sources"] == {"prod": "ok"}
+                # A discovered target belongs to its discovery.
+                assert c.delete("/api/v1/targets/prod.llm.a").status_code == 409
+
+                # Scale: c added, a removed; d stops answering (Prometheus scrapes it with up == 0).
+                sd.set({"b": fleet.urls["b"], "c": fleet.urls["c"], "d": flaky.url}, namespace="llm",
+                       service="chat")
+                prom.wait_for_samples('vllm:num_requests_running{pod="c"}', 3, timeout=60)
+                flaky.status = 503  # Prometheus now scrapes it with up == 0
+                deadline = time.monotonic() + 60
+                while not prom.query('up{pod="d"} == 0')["result"] or \
+                        prom.query('vllm:num_requests_running{pod="a"}')["result"]:
+                    assert time.monotonic() < deadline, "Prometheus did not see a removed and d down"
+                    time.sleep(0.5)
+                monitor.evaluate_diagnoses(now=time.time())
+                targets = _targets(c)
+                assert targets["prod.llm.c"]["gone_at"] is None
+                assert targets["prod.llm.a"]["gone_at"] is not None
+                assert targets["prod.llm.d"]["gone_at"] is None and targets["prod.llm.d"]["last_scrape"]["up"] is False
+                monitor.evaluate_alerts(now=time.time())
+                down = {a["labels"]["target"] for a in c.get("/api/v1/alerts").json()
+                        if a["labels"]["alertname"] == "LLMLatencyTargetDown"}
+                assert down == {"prod.llm.d"}  # the gone replica a raises nothing
+                (source,) = c.get("/api/v1/sources").json()
+                assert source["gone"] == 1 and source["down"] == 1
+
+                # Prometheus down: nothing changes, the source says why, and comes back after.
+                before = c.get("/api/v1/diagnoses").json()
+                prom.stop()
+                monitor.evaluate_diagnoses(now=time.time())
+                (source,) = c.get("/api/v1/sources").json()
+                assert source["state"] == "failing" and source["last_error"].startswith("unreachable")
+                assert c.get("/readyz").json()["sources"]["prod"].startswith("failing: unreachable")
+                after = c.get("/api/v1/diagnoses").json()
+                assert [(d["target"], d["verdict"], d["evaluated_at"]) for d in after] == \
+                    [(d["target"], d["verdict"], d["evaluated_at"]) for d in before]
+                r = c.get("/api/v1/targets/prod.llm.b/latency")
+                assert r.status_code == 502 and "unreachable" in r.json()["detail"]
+                prom.start()
+                monitor.evaluate_diagnoses(now=time.time())
+                (source,) = c.get("/api/v1/sources").json()
+                assert source["state"] == "ok"
+
+
+def fleet_page(fleet: EmulatorFleet) -> bytes:
+    """A fourth replica serving a copy of a's page (its own labels come from discovery)."""
+    import httpx
+
+    return httpx.get(fleet.urls["a"] + "/metrics", timeout=5).content
