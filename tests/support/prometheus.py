@@ -297,7 +297,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, client: httpx.Client, t
             if client.get(f"{url}{path}").status_code == 200:
                 return True
         _time.sleep(0.05)
-    raise TimeoutError(f"{Path(proc.args[0]).name} not ready after {timeout}s")  # type: ignore[index]
+    raise TimeoutError(f"{url}{path} not ready after {timeout}s")
 
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
