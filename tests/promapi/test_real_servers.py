@@ -209,16 +209,17 @@ def test_file_sd_adds_and_removes_targets(stack: Stack) -> None:
             c.close()
 
 
-def test_prometheus_stopped_and_restarted_keeps_port_and_history(stack: Stack) -> None:
-    prom = stack.servers["prometheus"]
-    url = prom.url
+@pytest.mark.parametrize("name", ["prometheus", "victoria-metrics"])
+def test_stopped_and_restarted_keeps_port_and_history(stack: Stack, name: str) -> None:
+    server = stack.servers[name]
+    url, selector = server.url, f'{TTFT}{{pod="a",le="+Inf"}}'
     with PrometheusClient(url, timeout=5) as client:
-        before = client.query(f'count_over_time({TTFT}{{pod="a",le="+Inf"}}[1h])', time.time()).data[0].value
-        prom.stop()
+        before = client.query(f"count_over_time({selector}[1h])", time.time()).data[0].value
+        server.stop()
         with pytest.raises(PromAPIError) as info:
             client.query("up", time.time())
         assert (info.value.kind, info.value.message) == ("unreachable", "connection refused")
-        prom.start()
-        assert prom.url == url and prom.running
-        after = client.query(f'count_over_time({TTFT}{{pod="a",le="+Inf"}}[1h])', time.time()).data[0].value
+        server.start()
+        assert server.url == url and server.running
+        after = client.query(f"count_over_time({selector}[1h])", time.time()).data[0].value
     assert after >= before >= 5  # the same data dir: nothing scraped before the outage is lost

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from app.promapi import format_time  # one formatting of API times, shared with the client
 from tests.support.components import require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
@@ -62,18 +63,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def format_time(t: float) -> str:
-    """Unix seconds as the API's ``time`` parameter, exact to the millisecond.
-
-    Formats from integer milliseconds so no float formatting can move the
-    evaluation time by a millisecond (Prometheus stores and evaluates in ms).
-    """
-    ms = int(round(float(t) * 1000.0))
-    sign = "-" if ms < 0 else ""
-    ms = abs(ms)
-    return f"{sign}{ms // 1000}.{ms % 1000:03d}"
 
 
 def _scrape_configs(targets: Targets, scrape_interval: str) -> str:
