@@ -15,7 +15,15 @@ Every failure is a :class:`PromAPIError` whose ``kind`` comes from a small fixed
 whose message is safe to show on an unauthenticated page: it names the kind of fault and
 never quotes what the server sent (body, reason phrase, header values, its ``error`` text,
 certificate names) nor a secret we sent. A ``bad_query`` may carry Prometheus'
-``errorType`` (a fixed vocabulary) and the parse position (digits only).
+``errorType`` (a fixed vocabulary) and the parse position (digits only). The kinds:
+
+* ``unreachable``: no connection (refused, DNS, TLS verification, no connection in time);
+* ``timeout``: connected but no complete answer in time, or the server gave up (``timeout``);
+* ``http_error``: any other non-2xx status (its standard phrase), a broken connection;
+* ``bad_query``: 400/422 from the API, the query or selector was rejected;
+* ``not_prometheus``: a 2xx that is not the API's JSON envelope (an HTML page, other JSON);
+* ``auth``: 401/403;
+* ``too_large``: the answer exceeds ``max_response_bytes`` (read streaming, decompressed).
 
 Warnings of a partial answer are not an error: they come back in
 :attr:`QueryResult.warnings`, verbatim. They are the server's text; show them to

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from app.promapi import format_time  # one formatting of API times, shared with the client
 from tests.support.components import require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"
@@ -62,18 +63,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def format_time(t: float) -> str:
-    """Unix seconds as the API's ``time`` parameter, exact to the millisecond.
-
-    Formats from integer milliseconds so no float formatting can move the
-    evaluation time by a millisecond (Prometheus stores and evaluates in ms).
-    """
-    ms = int(round(float(t) * 1000.0))
-    sign = "-" if ms < 0 else ""
-    ms = abs(ms)
-    return f"{sign}{ms // 1000}.{ms % 1000:03d}"
 
 
 def _scrape_configs(targets: Targets, scrape_interval: str) -> str:
@@ -297,7 +286,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, client: httpx.Client, t
             if client.get(f"{url}{path}").status_code == 200:
                 return True
         _time.sleep(0.05)
-    raise TimeoutError(f"{Path(proc.args[0]).name} not ready after {timeout}s")  # type: ignore[index]
+    raise TimeoutError(f"{url}{path} not ready after {timeout}s")
 
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
