@@ -115,7 +115,7 @@ def _string_literal(text: str, i: int) -> tuple[str, int]:
     quote = text[i] if i < len(text) else ""
     if quote not in ('"', "'", "`"):
         raise ValueError(f"expected a quoted label value at character {i + 1}")
-    out = []
+    out: list[str] = []
     j = i + 1
     while j < len(text):
         c = text[j]

@@ -54,6 +54,8 @@ class QueryClient(Protocol):
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> Any: ...
 
+    def query_samples(self, selector: str, time: float) -> Any: ...
+
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
 
 
@@ -182,14 +184,14 @@ class SourceReader:
                 for sample in answer.data:
                     window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
             elif kind == "tgi_kv":
-                for key, stats in self._tgi_kv(answer.data).items():
-                    model(key, "").gauges.setdefault("kv_usage", stats)
+                for key, kv in self._tgi_kv(answer.data).items():
+                    model(key, "").gauges.setdefault("kv_usage", kv)
             elif kind == "infos":
                 for key, infos in self._infos(answer.data).items():
                     window(key).infos = infos
             else:
-                for key, per_model in self._intervals(answer.data).items():
-                    for name, intervals in per_model.items():
+                for key, by_model in self._intervals(answer.data).items():
+                    for name, intervals in by_model.items():
                         if name in window(key).models:
                             model(key, name).itl_intervals = intervals
         for tw in out.values():

@@ -11,8 +11,8 @@ for lack of data, and its status says why (``GET /api/v1/sources``, ``/readyz``)
 from __future__ import annotations
 
 import hashlib
-import math
 import logging
+import math
 import re
 import threading
 import time

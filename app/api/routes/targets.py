@@ -32,10 +32,9 @@ from app.lifespan import Monitor
 from app.limits import UnixTime
 from app.promapi import PromAPIError
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
-from app.store.models import DISCOVERED_SOURCES
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
-from app.store.models import Scrape, Target
+from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
@@ -83,7 +82,8 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
         detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
+        source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware,
+        canary=target.canary, created_at=target.created_at,
         updated_at=target.updated_at, last_scrape=scrape_out(last),
     )
 
