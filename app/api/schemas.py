@@ -117,7 +117,8 @@ class SourceOut(BaseModel):
     last_error_at: float | None
     queries_last_round: int
     last_round_seconds: float | None
-    targets: int = Field(description="Live targets it reported last round")
+    targets: int = Field(description="Live targets (replicas) it reported last round")
+    services: int = Field(description="Services its service_labels grouped those into")
     down: int = Field(description="Of those, scraped with up == 0")
     gone: int = Field(description="Targets whose series stopped (kept for their history)")
 
