@@ -18,6 +18,8 @@ from app import latency, quantiles
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
+from app.probe.canary import ProbeBaseline
+from app.probe.consistency import ConsistencyResult
 from app.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
 from app.store import repository
@@ -68,8 +70,8 @@ class Signals:
     hardware: str | None = None
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
-    probe_baseline: dict | None = None        # latest client-side single-request probe (canary), if any
-    probe_consistency: dict | None = None     # client vs. engine TTFT over recent probe runs (app.probe.consistency)
+    probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
+    probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
 
     @property
     def window_seconds(self) -> float:

@@ -5,6 +5,7 @@ the rule reads (on a real database, from stored scrapes and probe runs)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +14,7 @@ from app.diagnosis import engine
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, outside_engine
 from app.probe import repository as probe_repository
-from app.probe.consistency import period_consistency
+from app.probe.consistency import ConsistencyResult, period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store.repository import SampleWriter, ScrapeRecord
 from app.thresholds import Thresholds
@@ -22,13 +23,14 @@ from tests.diagnosis.test_rules import healthy_signals, summary
 T = Thresholds()
 
 
-def consistency(gap: float, client: float, n: int = 4, status: str | None = None, other: bool = True) -> dict:
+def consistency(gap: float, client: float, n: int = 4, status: str | None = None,
+                other: bool = True) -> ConsistencyResult:
     server = client - gap
-    return {"target_id": 1, "probe_start": 1000.0, "probe_end": 1010.0, "window_start": 995.0, "window_end": 1015.0,
-            "client_requests": n, "client_mean": client, "server_requests": 40.0, "server_mean": server,
-            "server_queue_mean": 0.01, "gap_seconds": gap, "gap_share": gap / client, "threshold_seconds": 0.25,
-            "threshold_share": 0.3, "min_requests": 3, "finding": False, "status": status or "ok",
-            "message": "m", "other_traffic": other, "runs": [7, 9], "models": ["m"]}
+    return ConsistencyResult(
+        target_id=1, probe_start=1000.0, probe_end=1010.0, window_start=995.0, window_end=1015.0,
+        client_requests=n, client_mean=client, server_requests=40.0, server_mean=server, server_queue_mean=0.01,
+        gap_seconds=gap, gap_share=gap / client, threshold_seconds=0.25, threshold_share=0.3, min_requests=3,
+        finding=False, status=status or "ok", message="m", other_traffic=other, runs=(7, 9), models=("m",))
 
 
 def evidence(finding, name: str):
@@ -89,10 +91,10 @@ def test_outside_engine_is_judged_when_the_engine_side_has_too_little_traffic(qu
     (consistency(0.3, 3.0), "0.3 s of a 3 s TTFT is 10 %: the engine is the place to look"),
     (consistency(0.3, 0.4, n=2), "two probe requests are too few"),
     (consistency(2.0, 2.5, status="unreliable"), "other traffic on a queueing engine"),
-    ({**consistency(0.3, 0.4), "gap_seconds": None, "gap_share": None, "status": "insufficient_data"},
+    (replace(consistency(0.3, 0.4), gap_seconds=None, gap_share=None, status="insufficient_data"),
      "no scrape after the probe yet"),
 ])
-def test_outside_engine_is_quiet(probe: dict | None, why: str) -> None:
+def test_outside_engine_is_quiet(probe: ConsistencyResult | None, why: str) -> None:
     assert outside_engine.evaluate(healthy_signals(probe_consistency=probe), T) is None, why
 
 

@@ -161,7 +161,7 @@ def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: Mon
 @router.delete("/targets/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
 def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     target = get_or_404(session, name)
-    monitor.scraping.writer.forget_target(target.id)
+    monitor.forget_target(target.id)
     repository.delete_target(session, target)
     session.commit()
     reschedule(monitor)
