@@ -4,6 +4,7 @@ the rule reads (on a real database, from stored scrapes and probe runs)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -14,6 +15,7 @@ from app.diagnosis import engine
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, outside_engine
 from app.probe import repository as probe_repository
+from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult, period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store.repository import SampleWriter, ScrapeRecord
@@ -186,3 +188,21 @@ def test_runs_between_the_same_scrapes_count_the_engine_requests_once(store) -> 
     # a window that only touches the merged one at a scrape adds its own count: 8 + 1
     assert with_separate.runs == (*runs, separate) and with_separate.client_requests == 9
     assert with_separate.server_requests == pytest.approx(9.0) and not with_separate.other_traffic
+
+
+def test_the_probe_seams_are_typed_and_the_diagnosis_json_keeps_its_shape() -> None:
+    """Signals carry a ProbeBaseline and a ConsistencyResult; the JSON of the diagnosis
+    (``signals.probe_baseline`` / ``signals.probe_consistency``) is what it was as plain dicts."""
+    stats = {"count": 2, "p50": 0.05, "p90": 0.06, "p99": 0.07, "mean": 0.055, "min": 0.05, "max": 0.07}
+    baseline = ProbeBaseline(run_id=3, target="t", kind="canary", measured_at=990.0, age_seconds=30.0,
+                             prompt_tokens=64, max_tokens=16, requests=2, succeeded=2, errors={}, ttft=stats,
+                             itl=None, e2e=stats, tpot=None, prompt_tokens_seen={"min": 64, "max": 64, "mean": 64.0})
+    s = healthy_signals(probe_baseline=baseline, probe_consistency=consistency(0.31, 0.42, status="finding"))
+    signals = json.loads(json.dumps(engine.diagnose(s, T).to_dict()["signals"]))
+    assert list(signals["probe_baseline"]) == [
+        "run_id", "target", "kind", "measured_at", "age_seconds", "prompt_tokens", "max_tokens", "requests",
+        "succeeded", "errors", "ttft", "itl", "e2e", "tpot", "prompt_tokens_seen"]
+    assert signals["probe_baseline"]["ttft"] == stats and signals["probe_baseline"]["itl"] is None
+    assert signals["probe_consistency"] == consistency(0.31, 0.42, status="finding").to_dict()
+    assert signals["probe_consistency"]["runs"] == [7, 9] and signals["probe_consistency"]["gap_seconds"] == 0.31
+    assert baseline.p50("ttft") == 0.05 and baseline.p50("itl") is None
