@@ -17,6 +17,8 @@ from app import latency, quantiles
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
+from app.probe.canary import ProbeBaseline
+from app.probe.consistency import ConsistencyResult
 from app.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import CanonicalInfo
 from app.window import ItlInterval, ModelWindow, TargetWindow
@@ -85,8 +87,8 @@ class Signals:
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
     replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
-    probe_baseline: dict | None = None        # latest client-side single-request probe (canary), if any
-    probe_consistency: dict | None = None     # client vs. engine TTFT over recent probe runs (app.probe.consistency)
+    probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
+    probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
 
     @property
     def window_seconds(self) -> float:

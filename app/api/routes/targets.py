@@ -192,7 +192,7 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     target = get_or_404(session, name)
     if target.gone_at is None:  # a gone discovered target may be deleted with its history
         refuse_discovered(target, "deleted while its discovery still lists it")
-    monitor.scraping.writer.forget_target(target.id)
+    monitor.forget_target(target.id)
     repository.delete_target(session, target)
     session.commit()
     reschedule(monitor)
