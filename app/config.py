@@ -15,6 +15,12 @@ Example::
       window: 1m
       thresholds: {queue_share: 0.5}   # see app/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
+    file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
+      - files: [/etc/llm-latency/targets/*.json]
+        refresh_interval: 1m
+    http_sd_configs:            # optional: Prometheus' HTTP discovery
+      - url: http://inventory.internal/sd
+        refresh_interval: 1m
 
 A bad file is refused at start with every problem on its own line as
 ``file:line: field.path: reason``, so nobody has to guess which of forty targets has the
@@ -26,15 +32,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
-from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
+from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, MAX_URL_LENGTH, Labels, Url
 from app.probe.canary import CanaryConfig
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
@@ -108,12 +115,53 @@ class DiagnosisConfig(BaseModel):
     thresholds: Thresholds = Field(default_factory=Thresholds)
 
 
+#: What Prometheus' file SD reads: JSON or YAML target-group files (it refuses other names too).
+SD_FILE_SUFFIXES = (".json", ".yml", ".yaml")
+
+
+class FileSDConfig(BaseModel):
+    """Prometheus' ``file_sd_configs`` entry: target-group files (globs allowed in the file
+    name), re-read when one of them changes; relative paths are relative to the targets YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_LENGTH)]] = Field(
+        min_length=1, max_length=MAX_LIST_LENGTH)
+    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
+
+    @field_validator("files")
+    @classmethod
+    def _suffixes(cls, files: list[str]) -> list[str]:
+        for index, pattern in enumerate(files):
+            if not pattern.endswith(SD_FILE_SUFFIXES):
+                raise ValueError(f"files[{index}]: must end in .json, .yml or .yaml (as Prometheus requires)")
+            if any(c in part for part in Path(pattern).parent.parts for c in "*?["):
+                raise ValueError(f"files[{index}]: a glob is allowed only in the file name, not in directories")
+        return files
+
+
+class HttpSDConfig(BaseModel):
+    """Prometheus' ``http_sd_configs`` entry: a URL answering the target-group JSON list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Url
+    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
+
+    @field_validator("url")
+    @classmethod
+    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
+        return check_url_in_file(url, info)  # type: ignore[return-value]
+
+
 class FileConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     targets: list[TargetConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    file_sd_configs: list[FileSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+    http_sd_configs: list[HttpSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
 
     @field_validator("targets")
     @classmethod

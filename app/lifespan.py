@@ -26,6 +26,7 @@ from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.profile import HardwareProfile
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig, latest_single_request_baseline, run_canary
+from app.scrape.discovery import DiscoveryService
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
@@ -58,6 +59,7 @@ class Monitor:
         self.delivery = DeliveryWorker(self.sessions, self.receivers, settings.secret,
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task | None = None
+        self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
 
     @property
     def external_url(self) -> str:
@@ -89,6 +91,7 @@ class Monitor:
         self.diagnosis_config = config.diagnosis
         self.alerts_config = config.alerts
         self.delivery.max_age = config.alerts.max_delivery_age
+        self.discovery.configure(config, self.settings.config_file.parent)
         with self.sessions.begin() as session:
             repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
             repository.sync_config_receivers(session, [r.model_dump(mode="json") for r in config.alerts.receivers],
@@ -101,7 +104,7 @@ class Monitor:
                 TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
                                t.scrape_interval or s.default_scrape_interval), dict(t.labels))
-                for t in repository.list_targets(session)
+                for t in repository.list_targets(session) if t.gone_at is None
             ]
 
     async def reload_targets(self) -> None:
@@ -232,6 +235,7 @@ class Monitor:
             raise
         await self.scraping.start(await asyncio.to_thread(self.target_specs))
         scheduler = self.scraping.scheduler
+        await self.discovery.start(scheduler)
         scheduler.add_job(self._in_thread(self.prune), "interval", seconds=self.settings.prune_interval,
                           id="prune", max_instances=1, coalesce=True)
         scheduler.add_job(self._in_thread(self.refresh_summaries), "interval",
@@ -263,6 +267,7 @@ class Monitor:
                 pass
         await self.delivery.close()
         await self.scraping.stop()
+        await self.discovery.close()
         self.engine.dispose()
 
 

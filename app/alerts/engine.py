@@ -124,7 +124,7 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
     latest = repository.latest_scrapes(session)
     for target in repository.list_targets(session):
         scrape = latest.get(target.id)
-        if scrape is None or scrape.up:
+        if scrape is None or scrape.up or target.gone_at is not None:  # a gone target left discovery: not down
             continue
         labels = {**dict(target.labels), "alertname": TARGET_DOWN, "target": target.name, "severity": "critical"}
         annotations = {"summary": f"{target.name}: scrapes fail ({scrape.error_class})",
