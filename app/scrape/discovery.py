@@ -41,7 +41,15 @@ import aiohttp
 import yaml
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.config import _LABEL_NAME, MAX_CONFIG_BYTES, NAME_PATTERN, RESERVED_LABELS, FileConfig, FileSDConfig, HttpSDConfig
+from app.config import (
+    _LABEL_NAME,
+    MAX_CONFIG_BYTES,
+    NAME_PATTERN,
+    RESERVED_LABELS,
+    FileConfig,
+    FileSDConfig,
+    HttpSDConfig,
+)
 from app.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_LIST_LENGTH, MAX_URL_LENGTH
 from app.scrape.client import USER_AGENT, http_status_message
 from app.store import repository
@@ -152,7 +160,7 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
     return out, problems
 
 
-def _group_labels(labels: dict) -> tuple[tuple[tuple[str, str], ...], dict[str, str], str | None]:
+def _group_labels(labels: dict[Any, Any]) -> tuple[tuple[tuple[str, str], ...], dict[str, str], str | None]:
     """(plain labels, the kept ``__`` labels, problem suffix or None). ``__meta_*`` and other
     ``__`` labels are dropped, as Prometheus drops them after relabelling."""
     plain: dict[str, str] = {}
@@ -279,7 +287,7 @@ class FileSD:
         self.config = config
         self.patterns = [str(base_dir / pattern) for pattern in config.files]
         self.allowed_hosts = allowed_hosts
-        self._seen: tuple | None = None
+        self._seen: tuple[tuple[str, int, int], ...] | None = None
         self._per_file: dict[str, list[Discovered]] = {}
         self._items: list[Discovered] = []
         self._problems: list[str] = []

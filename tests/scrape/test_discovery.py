@@ -24,7 +24,6 @@ from app.scrape.discovery import Discovered, assign_names, base_name, parse_targ
 from app.settings import Settings
 from tests.support.aiohttp_servers import SDServer
 
-
 # --------------------------------------------------------------------------- pure parts
 
 def test_target_groups_honour_metrics_path_scheme_and_plain_labels() -> None:

@@ -79,7 +79,8 @@ def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
         detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
-        source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware, canary=target.canary, created_at=target.created_at,
+        source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware,
+        canary=target.canary, created_at=target.created_at,
         updated_at=target.updated_at, last_scrape=scrape_out(last),
     )
 
@@ -108,8 +109,9 @@ def refuse_load_balanced(session: SessionDep, target: Target) -> None:
                                                        "message": scrape.error or ""})
 
 
-LOAD_BALANCED_RESPONSE = {409: {"description": "The target is load_balanced: its URL is answered by several "
-                                               "engine processes, so no numbers are given (scrape the pods)"}}
+LOAD_BALANCED_RESPONSE: dict[int | str, dict[str, Any]] = {409: {"description": (
+    "The target is load_balanced: its URL is answered by several engine processes, so no numbers "
+    "are given (scrape the pods)")}}
 
 
 def reschedule(monitor: Monitor) -> None:
@@ -266,7 +268,8 @@ def fleet_latency(session: SessionDep, window: str = "5m",
     ``load_balanced`` now are left out and named in ``excluded_load_balanced``."""
     seconds, end = time_range(window, start, end)
     latest = repository.latest_scrapes(session)
-    targets, excluded = [], []
+    targets: list[Target] = []
+    excluded: list[Target] = []
     for target in repository.list_targets(session):
         scrape = latest.get(target.id)
         (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
