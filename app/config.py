@@ -30,16 +30,14 @@ is how to say "no targets from the file").
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StringConstraints,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -49,15 +47,14 @@ from pydantic import (
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
-from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, MAX_URL_LENGTH, Labels, Url
+from app.limits import LABEL_NAME, MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, NAME_PATTERN, RESERVED_LABELS, Labels, Url
 from app.probe.canary import CanaryConfig
+from app.scrape.discovery import FileSDConfig, HttpSDConfig
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-RESERVED_LABELS = {"target", "model", "engine", "le", "quantile", "signal"}
+_LABEL_NAME = LABEL_NAME
 #: A targets file is a few kB per hundred targets; past this it is the wrong file (or an attack
 #: on the YAML parser), refused before parsing.
 MAX_CONFIG_BYTES = 1 << 20
@@ -121,45 +118,6 @@ class DiagnosisConfig(BaseModel):
     window: Seconds = Field(60.0, gt=0, description="Window each evaluation looks at. Keep it at most ~2.5 "
                             "intervals: a regime is detected once it fills most of the window.")
     thresholds: Thresholds = Field(default_factory=Thresholds)
-
-
-#: What Prometheus' file SD reads: JSON or YAML target-group files (it refuses other names too).
-SD_FILE_SUFFIXES = (".json", ".yml", ".yaml")
-
-
-class FileSDConfig(BaseModel):
-    """Prometheus' ``file_sd_configs`` entry: target-group files (globs allowed in the file
-    name), re-read when one of them changes; relative paths are relative to the targets YAML."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    files: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_LENGTH)]] = Field(
-        min_length=1, max_length=MAX_LIST_LENGTH)
-    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
-
-    @field_validator("files")
-    @classmethod
-    def _suffixes(cls, files: list[str]) -> list[str]:
-        for index, pattern in enumerate(files):
-            if not pattern.endswith(SD_FILE_SUFFIXES):
-                raise ValueError(f"files[{index}]: must end in .json, .yml or .yaml (as Prometheus requires)")
-            if any(c in part for part in Path(pattern).parent.parts for c in "*?["):
-                raise ValueError(f"files[{index}]: a glob is allowed only in the file name, not in directories")
-        return files
-
-
-class HttpSDConfig(BaseModel):
-    """Prometheus' ``http_sd_configs`` entry: a URL answering the target-group JSON list."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: Url
-    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
-
-    @field_validator("url")
-    @classmethod
-    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
-        return check_url_in_file(url, info)  # type: ignore[return-value]
 
 
 class FileConfig(BaseModel):

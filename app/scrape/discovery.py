@@ -35,31 +35,37 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import aiohttp
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.config import (
-    _LABEL_NAME,
-    MAX_CONFIG_BYTES,
+from app.durations import Seconds
+from app.limits import (
+    LABEL_NAME,
+    MAX_INTERVAL_SECONDS,
+    MAX_LABEL_VALUE_LENGTH,
+    MAX_LABELS,
+    MAX_LIST_LENGTH,
+    MAX_URL_LENGTH,
     NAME_PATTERN,
     RESERVED_LABELS,
-    FileConfig,
-    FileSDConfig,
-    HttpSDConfig,
+    Url,
 )
-from app.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_LIST_LENGTH, MAX_URL_LENGTH
 from app.scrape.client import USER_AGENT, http_status_message
 from app.store import repository
-from app.urls import validate_target_url
+from app.urls import check_url_in_file, validate_target_url
+
+if TYPE_CHECKING:  # the targets file sits above the scrape layer; it holds these configs
+    from app.config import FileConfig
 
 log = logging.getLogger(__name__)
 DISCOVERED_SOURCES = ("file_sd", "http_sd")
 #: An HTTP SD answer larger than this is refused (Prometheus' own file SD lists are a few kB
 #: per hundred targets; the same bound as the targets YAML).
-MAX_SD_BYTES = MAX_CONFIG_BYTES
+MAX_SD_BYTES = 1 << 20
 HTTP_SD_TIMEOUT = 30.0  # or the refresh interval, when shorter
 _NAME = re.compile(NAME_PATTERN)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -101,6 +107,47 @@ class OriginStatus:
 
 class SDError(Exception):
     """A whole refresh failed (HTTP SD unreachable, wrong status or type, not JSON)."""
+
+
+# --------------------------------------------------------------------------- config
+
+#: What Prometheus' file SD reads: JSON or YAML target-group files (it refuses other names too).
+SD_FILE_SUFFIXES = (".json", ".yml", ".yaml")
+
+
+class FileSDConfig(BaseModel):
+    """Prometheus' ``file_sd_configs`` entry: target-group files (globs allowed in the file
+    name), re-read when one of them changes; relative paths are relative to the targets YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    files: list[Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL_LENGTH)]] = Field(
+        min_length=1, max_length=MAX_LIST_LENGTH)
+    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
+
+    @field_validator("files")
+    @classmethod
+    def _suffixes(cls, files: list[str]) -> list[str]:
+        for index, pattern in enumerate(files):
+            if not pattern.endswith(SD_FILE_SUFFIXES):
+                raise ValueError(f"files[{index}]: must end in .json, .yml or .yaml (as Prometheus requires)")
+            if any(c in part for part in Path(pattern).parent.parts for c in "*?["):
+                raise ValueError(f"files[{index}]: a glob is allowed only in the file name, not in directories")
+        return files
+
+
+class HttpSDConfig(BaseModel):
+    """Prometheus' ``http_sd_configs`` entry: a URL answering the target-group JSON list."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Url
+    refresh_interval: Seconds = Field(60.0, gt=0, le=MAX_INTERVAL_SECONDS)
+
+    @field_validator("url")
+    @classmethod
+    def _url_allowed(cls, url: str, info: ValidationInfo) -> str:
+        return check_url_in_file(url, info)  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- target groups
@@ -172,7 +219,7 @@ def _group_labels(labels: dict[Any, Any]) -> tuple[tuple[tuple[str, str], ...], 
             if key in _KEPT_META:
                 meta[key] = value
             continue
-        if not _LABEL_NAME.match(key) or len(key) > 128:
+        if not LABEL_NAME.match(key) or len(key) > 128:
             return (), {}, f": label #{index}: invalid label name"
         if key in RESERVED_LABELS:
             return (), {}, f".{key}: label name is reserved"
