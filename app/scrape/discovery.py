@@ -155,7 +155,10 @@ class HttpSDConfig(BaseModel):
 def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: list[str]
                         ) -> tuple[list[Discovered], list[str]]:
     """Prometheus' target-group list -> targets, and one problem per bad group or entry
-    (``groups[i]...: reason``, never quoting a value). Bad entries are skipped, the rest used."""
+    (``groups[i]...: reason``). Bad entries are skipped, the rest used. Problems with an
+    HTTP SD list never quote it (every API reader sees them): keys and hosts are named only
+    in problems of files, which the operator wrote."""
+    quote = source == "file_sd"
     if not isinstance(data, list):
         return [], ["not a list of target groups"]
     out: list[Discovered] = []
@@ -167,7 +170,8 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
             continue
         unknown = set(group) - {"targets", "labels"}
         if unknown:
-            problems.append(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))[:200]}")
+            keys = f" {', '.join(sorted(map(str, unknown)))[:200]}" if quote else ""
+            problems.append(f"{where}: unknown key(s){keys}; a group has only 'targets' and 'labels'")
             continue
         addresses = group.get("targets") or []
         labels = group.get("labels") or {}
@@ -177,7 +181,7 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
         if not isinstance(labels, dict):
             problems.append(f"{where}.labels: not a mapping")
             continue
-        plain, meta, problem = _group_labels(labels)
+        plain, meta, problem = _group_labels(labels, quote)
         if problem:
             problems.append(f"{where}.labels{problem}")
             continue
@@ -198,7 +202,8 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
             try:
                 validate_target_url(url, allowed_hosts)
             except ValueError as exc:
-                problems.append(f"{at}: {exc}")
+                problems.append(f"{at}: {exc}" if quote else f"{at}: refused by the URL policy (http(s) "
+                                                              "with a valid port, LLM_LATENCY_ALLOWED_TARGET_HOSTS)")
                 continue
             out.append(Discovered(origin, source, address, url, plain))
         if len(out) > MAX_LIST_LENGTH:
@@ -207,7 +212,8 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
     return out, problems
 
 
-def _group_labels(labels: dict[Any, Any]) -> tuple[tuple[tuple[str, str], ...], dict[str, str], str | None]:
+def _group_labels(labels: dict[Any, Any], quote: bool
+                  ) -> tuple[tuple[tuple[str, str], ...], dict[str, str], str | None]:
     """(plain labels, the kept ``__`` labels, problem suffix or None). ``__meta_*`` and other
     ``__`` labels are dropped, as Prometheus drops them after relabelling."""
     plain: dict[str, str] = {}
@@ -221,10 +227,11 @@ def _group_labels(labels: dict[Any, Any]) -> tuple[tuple[tuple[str, str], ...], 
             continue
         if not LABEL_NAME.match(key) or len(key) > 128:
             return (), {}, f": label #{index}: invalid label name"
+        named = f".{key}" if quote or key in RESERVED_LABELS else f": label #{index}"
         if key in RESERVED_LABELS:
-            return (), {}, f".{key}: label name is reserved"
+            return (), {}, f"{named}: label name is reserved"
         if len(value) > MAX_LABEL_VALUE_LENGTH:
-            return (), {}, f".{key}: value longer than {MAX_LABEL_VALUE_LENGTH} characters"
+            return (), {}, f"{named}: value longer than {MAX_LABEL_VALUE_LENGTH} characters"
         plain[key] = value
     if len(plain) > MAX_LABELS:
         return (), {}, f": more than {MAX_LABELS} labels"

@@ -63,8 +63,15 @@ def test_bad_entries_are_named_and_skipped_the_rest_is_used() -> None:
         "groups[4].labels.__metrics_path__: must start with '/'",
         "groups[5].labels.k: value longer than 1024 characters",
         "groups[6]: not a mapping with 'targets' and 'labels'",
-        "groups[7]: unknown key(s) extra",
+        "groups[7]: unknown key(s) extra; a group has only 'targets' and 'labels'",
     ]
+    items, problems = parse_target_groups(groups, "o", "http_sd", ["10.0.0.0/8"])  # an HTTP SD list: never quoted
+    assert [i.address for i in items] == ["10.0.0.5:8000"]
+    assert problems[2] == ("groups[0].targets[3]: refused by the URL policy (http(s) with a valid port, "
+                           "LLM_LATENCY_ALLOWED_TARGET_HOSTS)")
+    assert problems[7] == "groups[5].labels: label #0: value longer than 1024 characters"
+    assert problems[9] == "groups[7]: unknown key(s); a group has only 'targets' and 'labels'"
+    assert not any("evil" in p or "extra" in p for p in problems)
     assert parse_target_groups({"targets": []}, "o", "file_sd", []) == ([], ["not a list of target groups"])
 
 
@@ -293,3 +300,20 @@ def test_check_config_validates_discovery_keys_and_files(tmp_path: Path) -> None
     result = runner.invoke(main, ["check-config", str(good)])
     assert result.exit_code == 0
     assert "1 discovery config(s) (2 target(s) in the files now)" in result.output
+
+
+def test_a_removed_discovery_config_leaves_its_targets_gone(tmp_path: Path) -> None:
+    (tmp_path / "sd.json").write_text(json.dumps([{"targets": ["127.0.0.1:9", "127.0.0.1:10"]}]))
+    service = start_service(tmp_path, "targets: []\nfile_sd_configs:\n  - files: [sd.json]\n")
+    client, monitor = next(service)
+    assert [t["gone_at"] for t in targets(client).values()] == [None, None]
+    next(service, None)
+    service = start_service(tmp_path, "targets: []\n")  # same database, the config dropped
+    client, monitor = next(service)
+    try:
+        found = targets(client)
+        assert sorted(found) == ["127.0.0.1-10", "127.0.0.1-9"]
+        assert all(t["gone_at"] is not None and t["source"] == "file_sd" for t in found.values())
+        assert monitor.scraping.scrapers == {} and client.get("/api/v1/discovery").json() == []
+    finally:
+        next(service, None)
