@@ -308,12 +308,15 @@ def test_a_removed_discovery_config_leaves_its_targets_gone(tmp_path: Path) -> N
     client, monitor = next(service)
     assert [t["gone_at"] for t in targets(client).values()] == [None, None]
     next(service, None)
-    service = start_service(tmp_path, "targets: []\n")  # same database, the config dropped
+    # same database, the discovery config dropped; the file now names one of the addresses itself
+    service = start_service(tmp_path, "targets:\n  - {name: 127.0.0.1-9, url: 'http://127.0.0.1:9/metrics'}\n")
     client, monitor = next(service)
     try:
         found = targets(client)
         assert sorted(found) == ["127.0.0.1-10", "127.0.0.1-9"]
-        assert all(t["gone_at"] is not None and t["source"] == "file_sd" for t in found.values())
-        assert monitor.scraping.scrapers == {} and client.get("/api/v1/discovery").json() == []
+        assert found["127.0.0.1-10"]["gone_at"] is not None and found["127.0.0.1-10"]["source"] == "file_sd"
+        assert found["127.0.0.1-9"]["gone_at"] is None and found["127.0.0.1-9"]["source"] == "config"
+        assert found["127.0.0.1-9"]["origin"] is None
+        assert sorted(monitor.scraping.scrapers) == ["127.0.0.1-9"] and client.get("/api/v1/discovery").json() == []
     finally:
         next(service, None)
