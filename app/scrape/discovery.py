@@ -512,11 +512,13 @@ class DiscoveryService:
             def write() -> bool:
                 with self.sessions.begin() as session:
                     return sync_discovered(session, results, time.time())
-            if await asyncio.to_thread(write):
+            try:
+                changed = await asyncio.to_thread(write)
+            except Exception:  # the database is away: the next refresh writes the lists again
+                log.exception("writing discovered targets failed")
+                return
+            if changed:
                 await self.on_change()
-
-    def problems(self) -> list[str]:
-        return [p for s in self.status.values() for p in ([s.error] if s.error else []) + s.problems]
 
 
 def check_discovery(config: FileConfig, base_dir: Path, allowed_hosts: list[str]) -> tuple[int, list[str]]:
@@ -525,9 +527,7 @@ def check_discovery(config: FileConfig, base_dir: Path, allowed_hosts: list[str]
     count, problems = 0, []
     for discoverer in make_discoverers(config, base_dir, allowed_hosts):
         if isinstance(discoverer, FileSD):
-            items, bad = discoverer.read()
-            if not discoverer.files():
-                bad = [f"{discoverer.origin}: no file matches {', '.join(discoverer.config.files)}"]
+            items, bad = discoverer.read()  # no matching file is no targets, as for Prometheus
             count += len(items)
             problems += bad
     return count, problems
