@@ -38,6 +38,7 @@ from app.probe import canary
 from app.probe import repository as probe_repository
 from app.probe.jobs import ProbeJobs
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
+from app.scrape.discovery import DiscoveryService
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
@@ -71,6 +72,7 @@ class Monitor:
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService()
+        self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
 
     @property
     def external_url(self) -> str:
@@ -103,6 +105,7 @@ class Monitor:
         self.alerts_config = config.alerts
         self.delivery.max_age = config.alerts.max_delivery_age
         self.sources.configure(config.sources)
+        self.discovery.configure(config, self.settings.config_file.parent)
         with self.sessions.begin() as session:
             repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
             repository.sync_config_receivers(session, [r.model_dump(mode="json") for r in config.alerts.receivers],
@@ -115,7 +118,8 @@ class Monitor:
                 TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
                                t.scrape_interval or s.default_scrape_interval), dict(t.labels))
-                for t in repository.list_targets(session) if t.source not in DISCOVERED_BY_SOURCES
+                for t in repository.list_targets(session)
+                if t.source not in DISCOVERED_BY_SOURCES and t.gone_at is None
             ]
 
     async def reload_targets(self) -> None:
@@ -181,6 +185,7 @@ class Monitor:
             raise
         self.scheduler.start()
         await self.scraping.start(await asyncio.to_thread(self.target_specs))
+        await self.discovery.start(self.scheduler)
         s = self.settings
         prune = functools.partial(retention.prune, self.sessions, s.retention,
                                   also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
@@ -206,6 +211,7 @@ class Monitor:
         await self.delivery.close()
         self.sources.close()
         await self.scraping.stop()
+        await self.discovery.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
         self.engine.dispose()
