@@ -449,10 +449,11 @@ def _target_down(config: FileConfig, links: _Links) -> dict[str, Any]:
 
 
 def inhibit_rules() -> list[dict[str, Any]]:
-    """Alertmanager inhibit_rules from the regime rules' ``causes`` (+ critical over warning)."""
+    """Alertmanager inhibit_rules from the regime rules' ``causes`` (+ critical over warning), for
+    the regimes these rules export (a regime without a PromQL twin raises no exported alert)."""
     out = []
     for rule in RULES:
-        if rule.causes:
+        if rule.causes and rule.promql is not None:
             out.append({"source_matchers": [f'alertname="{regime_alertname(rule.regime)}"'],
                         "target_matchers": ['alertname=~"' + "|".join(regime_alertname(c) for c in rule.causes) + '"'],
                         "equal": ["instance"]})

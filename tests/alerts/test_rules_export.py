@@ -25,8 +25,7 @@ from click.testing import CliRunner
 from app import rules_export
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.config import FileConfig, load_config
-from app.diagnosis.findings import PROBE_REGIMES, REGIMES
-from app.diagnosis.rules import kv_cache_pressure, prefill_compute, prefill_interference, queueing
+from app.diagnosis.rules import RULES, kv_cache_pressure, prefill_compute, prefill_interference, queueing
 from app.diagnosis.signals import Signals
 from app.promql import instance_of
 from app.quantiles import LatencySummary
@@ -107,7 +106,7 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
     alerts = alerts_of(build_rules(config))
     names = {a["alert"] for a in alerts}
     assert names == {slo_alertname("ttft"), slo_alertname("itl"), TARGET_DOWN,
-                     *map(regime_alertname, set(REGIMES) - set(PROBE_REGIMES))}
+                     *(regime_alertname(r.regime) for r in RULES if r.promql is not None)}
     assert {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
             "LLMLatencyTargetDown"} <= names
     for alert in alerts:
@@ -510,7 +509,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
     assert result.returncode == 0, f"{summary}\n{result.stdout[-8000:]}{result.stderr[-2000:]}"
     # the comparison was not vacuous: every regime fired somewhere, each at its built-in severity
     fired = {regime for _, _, findings in summary for regime, _ in findings}
-    assert fired == set(REGIMES) - set(PROBE_REGIMES)
+    assert fired == {r.regime for r in RULES if r.promql is not None}
     assert len(expr_tests) > 12 * len(EQUIVALENCE_CASES)
 
 
