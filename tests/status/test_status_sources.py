@@ -5,13 +5,14 @@ names it and its (classified) error, and every target of it says its verdict is 
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from pathlib import Path
 
 from app.emulator.server import EmulatorFleet, TargetSpec
 from tests.api.conftest import make_service
-from tests.status.helpers import levels, rows, text_of
+from tests.status.helpers import levels, rows, stat, text_of
 from tests.support.prometheus import FileSD, running_prometheus
 
 WINDOW = 20.0
@@ -70,6 +71,21 @@ def test_sources_on_the_status_page(migrated_url: str, tmp_path: Path) -> None:
                 assert '<dd data-origin="prod">Prometheus source prod</dd>' in detail
                 assert "source failing" not in detail
 
+                # Their numbers are the source's: Prometheus' own histogram_quantile over the page's window.
+                end = round(time.time(), 3)
+                row = rows(c.get("/", params={"end": end}).text)["prod.llm.b"]
+                detail = c.get("/targets/prod.llm.b", params={"end": end}).text
+                for signal, metric in (("ttft", "vllm:time_to_first_token_seconds"),
+                                       ("itl", "vllm:inter_token_latency_seconds")):
+                    for q in ("p50", "p99"):
+                        expected = prom.query(f'histogram_quantile({int(q[1:]) / 100}, sum by (le) (increase('
+                                              f'{metric}_bucket{{pod="b"}}[{int(WINDOW)}s])))', time=end)
+                        value = float(expected["result"][0]["value"][1])
+                        assert math.isclose(float(stat(row, f"{signal}-{q}")[0]), value, rel_tol=1e-9), (signal, q)
+                        cell = re.search(rf'<tr data-signal="{signal}">.*?data-key="{q}" data-value="([^"]+)"',
+                                         detail, re.S)
+                        assert cell and math.isclose(float(cell.group(1)), value, rel_tol=1e-9), (signal, q)
+
                 # b scaled away: its series stop, it is gone - not a live row, listed apart.
                 sd.set({"a": fleet.urls["a"]}, namespace="llm")
                 deadline = time.monotonic() + 60
@@ -102,6 +118,7 @@ def test_sources_on_the_status_page(migrated_url: str, tmp_path: Path) -> None:
                 assert f"last verdict from {stamp}, source failing" in text_of(row)
                 assert 'data-stale="prod"' in row
                 assert '<span class="badge warning">stale</span>' in row
+                assert stat(row, "ttft-p99") == ("", "–")  # no numbers while it cannot be read
                 assert set(rows(page)) == {"prod.llm.a"} and _gone(page) == ["prod.llm.b"]  # gone stays gone
                 detail = c.get("/targets/prod.llm.a").text
                 assert _banner(detail) == banner

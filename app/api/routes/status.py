@@ -21,7 +21,9 @@ Discovered targets (a Prometheus source, file/http discovery) name where they co
 their labels. A Prometheus source that cannot be read gets a banner naming it and its error
 (the classified text of :class:`app.promsource.service.SourceStatus`, never the server's),
 and each of its targets says its verdict is the last one, from when. Gone targets (their
-series stopped) are not live: they are listed apart, collapsed.
+series stopped) are not live: they are listed apart, collapsed. A source's targets get their
+percentiles from the source (one set of queries per source for the whole table), so they equal
+their ``/latency`` answer; the charts are the built-in store's and stay empty for them.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
-from app.promsource.service import SOURCE_KIND, SourceStatus
+from app.promapi import PromAPIError
+from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMissing, SourceStatus
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
@@ -443,11 +446,19 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     for s in wanted:
         by_target.setdefault(s.target_id, []).append(s)
     diagnoses = diagnoses_by_target(session, monitor)
+    # a Prometheus source's targets: their numbers from the source, one set of queries per source
+    # (none for a failing source: its banner says why its rows have none)
+    read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing]
+    source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
+        if read else {}
 
     rows: list[dict[str, Any]] = []
     for target in targets:
-        summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
-                                            end - seconds, end)
+        if target.id in source_windows:
+            summary = latency.summarize_histograms(source_windows[target.id].overall.histograms)
+        else:
+            summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
+                                                end - seconds, end)
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
         health = scrape_health(latest.get(target.id), interval, end)
         stale = stale_source(target, failing)
@@ -478,7 +489,13 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
     if target is None:
         return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
                     **context)
+    stale = stale_source(target, failing_sources(monitor))
     report = latency.latency_report(session, [target.id], seconds, end)
+    if target.source in DISCOVERED_BY_SOURCES and stale is None:
+        try:  # the same numbers as its /latency answer; no charts (they are the store's)
+            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+        except (PromAPIError, SourceMissing):
+            pass  # no numbers; its source's status says why
     chart_signals = ("ttft", "itl", "queue_time", "e2e")
     series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
     loaded = LoadedHistograms(series, repository.histogram_snapshots(
@@ -500,7 +517,6 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                  "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     health = scrape_health(latest[0] if latest else None, interval, end)
-    stale = stale_source(target, failing_sources(monitor))
     if stale is not None:
         health.stale = True
     return html(
