@@ -13,7 +13,7 @@ from pathlib import Path
 from app.emulator.server import EmulatorFleet, TargetSpec
 from tests.api.conftest import make_service
 from tests.status.helpers import levels, rows, stat, text_of
-from tests.support.prometheus import FileSD, running_prometheus
+from tests.support.prometheus import FileSD, free_port, running_prometheus
 
 WINDOW = 20.0
 
@@ -129,3 +129,33 @@ def test_sources_on_the_status_page(migrated_url: str, tmp_path: Path) -> None:
                 monitor.evaluate_diagnoses(now=time.time())
                 page = c.get("/").text
                 assert _banner(page) is None and "data-stale" not in rows(page)["prod.llm.a"]
+
+
+def test_a_failing_source_banner_shows_no_credentials(migrated_url: str, tmp_path: Path) -> None:
+    """The banner is on the page readers without the token see: the URL without its user info,
+    the classified error only; a source that never answered says so."""
+    port = free_port()  # nothing listens there
+    config = tmp_path / "t.yaml"
+    config.write_text(f"""
+targets: []
+sources:
+  - name: prod
+    url: http://monitor:hunter2@127.0.0.1:{port}/prom
+    target_labels: [pod]
+    headers: {{X-Scope-OrgID: tenant-a}}
+""")
+    for svc in make_service(migrated_url, tmp_path, config_file=config):
+        svc.monitor.evaluate_diagnoses(now=time.time())
+        page = svc.client.get("/").text
+        assert _banner(page) == (f"Source prod is failing (http://127.0.0.1:{port}/prom): unreachable: connection "
+                                 "refused. Its targets show their last verdict, marked stale; no finding resolves and "
+                                 "no alert fires or resolves for lack of data until it answers again. Last success: "
+                                 f"never; last attempt: {_stamp(page)}.")
+        assert "hunter2" not in page and "monitor:" not in page
+        assert rows(page) == {} and _gone(page) == []
+
+
+def _stamp(page: str) -> str:
+    match = re.search(r'last attempt: <time datetime="[^"]+">([^<]+)</time>', page)
+    assert match
+    return match.group(1)
