@@ -118,20 +118,37 @@ def serve(config_file: Path | None, host: str | None, port: int | None) -> None:
 
 @main.command("check-config")
 @click.argument("config_file", type=click.Path(path_type=Path))
-def check_config(config_file: Path) -> None:
+@click.option("--offline", is_flag=True, help="Do not ask the sources' servers (syntax checks only).")
+def check_config(config_file: Path, offline: bool) -> None:
     """Validate a targets file; exit 1 listing every problem on stderr, one per line
-    (``file:line: field.path: reason``)."""
+    (``file:line: field.path: reason``).
+
+    Discovery files are read as the service would read them. Each Prometheus source's
+    server, when it answers, checks that its URL is a Prometheus HTTP API and parses its
+    selector; an unreachable server and unset credential variables are warnings
+    (``file:line: warning: field.path: reason``), not errors.
+    """
+    from app.config import field_line
+    from app.promsource.check import check_source, missing_credentials
     from app.scrape.discovery import check_discovery
 
     allowed_hosts = load_settings().allowed_target_hosts
     config = config_or_exit(config_file, allowed_hosts)
-    discovered, problems = check_discovery(config, config_file.parent, allowed_hosts)
+    discovered, sd_problems = check_discovery(config, config_file.parent, allowed_hosts)
+    for sd_problem in sd_problems:
+        click.echo(sd_problem, err=True)
+    problems = [p for index, source in enumerate(config.sources)
+                for p in (missing_credentials(source, index) if offline else check_source(source, index))]
     for problem in problems:
-        click.echo(problem, err=True)
-    if problems:
+        kind = "" if problem.error else "warning: "
+        click.echo(f"{config_file}:{field_line(config_file, problem.loc)}: {kind}{problem.field}: {problem.message}",
+                   err=True)
+    if sd_problems or any(p.error for p in problems):
         sys.exit(1)
     sd = len(config.file_sd_configs) + len(config.http_sd_configs)
-    click.echo(f"{config_file}: OK, {len(config.targets)} target(s), {len(config.alerts.receivers)} receiver(s)"
+    sources = f", {len(config.sources)} source(s)" if config.sources else ""
+    receivers = len(config.alerts.receivers)
+    click.echo(f"{config_file}: OK, {len(config.targets)} target(s){sources}, {receivers} receiver(s)"
                + (f", {sd} discovery config(s) ({discovered} target(s) in the files now)" if sd else ""))
 
 

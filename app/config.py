@@ -193,6 +193,12 @@ def load_config(path: Path, allowed_hosts: list[str] | None = None) -> FileConfi
     raise ConfigError([f"{path}:{line}: {message}" for line, message in sorted(problems, key=lambda p: p[0])])
 
 
+def field_line(path: Path, loc: tuple) -> int:
+    """The line of a field of a file :func:`load_config` accepted (for problems found later)."""
+    _, lines = _read_yaml(path)
+    return _line_of(loc, lines)
+
+
 def _read_yaml(path: Path) -> tuple[object, dict[tuple, int]]:
     """The file's data and the line of every mapping key and list item, by field path.
 

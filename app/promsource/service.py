@@ -269,6 +269,30 @@ class SourceService:
         key = source.key_of(target)
         return source.reader.windows(start, end, signals, only=key).get(key) or TargetWindow(start, end)
 
+    def windows_of(self, targets: Sequence[Target], start: float, end: float,
+                   signals: Sequence[str]) -> dict[int, TargetWindow]:
+        """Windows of many discovered targets (the status page's fleet table), by target id: one
+        set of queries per source, not per target. A source that cannot answer (or is no longer
+        configured) contributes nothing; its targets simply have no numbers."""
+        by_source: dict[str, list[Target]] = {}
+        for target in targets:
+            by_source.setdefault(target.origin or "", []).append(target)
+        out: dict[int, TargetWindow] = {}
+        for name, members in by_source.items():
+            source = self.get(name)
+            if source is None:
+                continue
+            try:
+                windows = source.reader.windows(start, end, signals)
+            except PromAPIError as exc:
+                log.info("source %s: no windows for the status page (%s: %s)", name, exc.kind, exc.message)
+                continue
+            for target in members:
+                window = windows.get(source.key_of(target))
+                if window is not None:
+                    out[target.id] = window
+        return out
+
     def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,
                         lookback: float, end: float, model: str | None = None) -> list[dict]:
         """Points of a quantile over time for one discovered target (raises PromAPIError)."""

@@ -7,11 +7,18 @@ written to the store and backfilled, with their timestamps, into a Prometheus TS
 (tests/support/backfill.py), one ``pod`` per scenario. The Prometheus side is the production
 path: :class:`app.promsource.reader.SourceReader` over :class:`app.promapi.PrometheusClient`,
 one query per signal for all pods at once.
+
+The same recording is also imported, with its timestamps, into a real VictoriaMetrics single
+node (``/api/v1/import/prometheus``): there the verdicts and findings must be the store's too,
+but only the numbers that must agree are compared (its ``increase`` never extrapolates and its
+range windows are left-open).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +39,7 @@ from app.thresholds import Thresholds
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
+from tests.support.victoria_metrics import running_victoria_metrics
 
 REGIMES = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
            "weights_offloaded"]
@@ -71,26 +79,61 @@ def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
     return round(T0 + target.sim.clock, 3)
 
 
+@dataclass
+class Recording:
+    cases: dict[str, Case]
+    backfill: Backfill
+    tmp: Path
+
+
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, Case], PrometheusClient]]:
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recording]:
+    """Every case run once on the emulator's clock: pages in each case's store and in one backfill."""
     tmp = tmp_path_factory.mktemp("matrix")
     backfill = Backfill()
     cases: dict[str, Case] = {}
-    for scenario, engine in CASES:
-        target = OfflineTarget(tmp, scenario, engine=engine, seed=1, hardware=profile_of(scenario),
-                               name=f"{scenario}-{engine}")
-        case = Case(scenario, engine, target, 0.0)
-        case.end = _run(target, backfill, case.pod)
-        cases[case.pod] = case
-    backfill.write_tsdb(tmp, tmp / "prom" / "prometheus-data")
-    with running_prometheus(tmp / "prom", "scrape_configs: []") as prom:
+    try:
+        for scenario, engine in CASES:
+            target = OfflineTarget(tmp, scenario, engine=engine, seed=1, hardware=profile_of(scenario),
+                                   name=f"{scenario}-{engine}")
+            case = Case(scenario, engine, target, 0.0)
+            cases[case.pod] = case
+            case.end = _run(target, backfill, case.pod)
+        yield Recording(cases, backfill, tmp)
+    finally:
+        for case in cases.values():
+            case.target.close()
+
+
+@pytest.fixture(scope="module")
+def matrix(recording: Recording) -> Iterator[tuple[dict[str, Case], PrometheusClient]]:
+    """A real Prometheus 2.42 on a TSDB backfilled with the recording (promtool)."""
+    recording.backfill.write_tsdb(recording.tmp, recording.tmp / "prom" / "prometheus-data")
+    with running_prometheus(recording.tmp / "prom", "scrape_configs: []") as prom:
         client = PrometheusClient(prom.url, timeout=60)
         try:
-            yield cases, client
+            yield recording.cases, client
         finally:
             client.close()
-            for case in cases.values():
-                case.target.close()
+
+
+@pytest.fixture(scope="module")
+def vm_matrix(recording: Recording) -> Iterator[tuple[dict[str, Case], PrometheusClient, float]]:
+    """A real VictoriaMetrics single node holding the recording, imported with its timestamps moved
+    ``shift`` whole seconds into the present (it refuses samples outside its retention)."""
+    shift = float(math.floor(time.time() - 3600 - T0))
+    with running_victoria_metrics(recording.tmp / "vm", "scrape_configs: []") as vm:
+        imported = recording.backfill.import_victoria_metrics(vm.url, shift)
+        assert imported == len(recording.backfill.lines) > 10_000
+        client = PrometheusClient(vm.url, timeout=60)
+        try:
+            # every imported series answers (force_flush made them searchable)
+            (count,) = client.query('count(up{namespace="llm"})', max(c.end for c in recording.cases.values())
+                                    + shift).data
+            assert count.value == len(CASES)
+            yield recording.cases, client, shift
+        finally:
+            client.close()
 
 
 def _close(a: float | None, b: float | None, rel: float = 1e-9) -> bool:
@@ -204,3 +247,54 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
     finally:
         service.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize(("scenario", "engine"), CASES)
+def test_same_verdict_from_victoria_metrics(vm_matrix: tuple[dict[str, Case], PrometheusClient, float],
+                                            scenario: str, engine: str) -> None:
+    """VictoriaMetrics gives every regime (and healthy) the verdict and findings the store gives.
+
+    Its numbers differ from Prometheus' by design, so only those that must agree are compared:
+    its range ``[w]`` is left-open, ``(end - w, end]``, where Prometheus 2.42's is closed, so its
+    gauges and scrape count are the store's over ``(start, end]``; and a histogram's count is the
+    same, since samples lie on both window edges (no extrapolation either way, VM never does).
+    """
+    cases, client, shift = vm_matrix
+    case = cases[f"{scenario}-{engine}"]
+    end, start = case.end, case.end - WINDOW_S
+    thresholds = Thresholds()
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    windows = reader.windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    # back on the recording's clock, so the store's other evidence (consistency) lines up
+    vm_window = dataclasses.replace(windows[("llm", case.pod)], start=start, end=end)
+    with case.target.sessions() as session:
+        (store_diagnosis,) = diagnosis_engine.evaluate_target(
+            session, case.target.target_id, case.pod, engine, end, WINDOW_S, thresholds, case.target.hardware)
+        (vm_diagnosis,) = diagnosis_engine.evaluate_target(
+            session, case.target.target_id, case.pod, engine, end, WINDOW_S, thresholds, case.target.hardware,
+            data=vm_window)
+        left_open = latency.store_window(session, [case.target.target_id], start + 0.001, end, DIAGNOSIS_HISTOGRAMS,
+                                         diagnosis=True)
+    expected = "healthy" if scenario.startswith("healthy") else scenario
+    assert store_diagnosis.verdict == expected
+    assert vm_diagnosis.verdict == store_diagnosis.verdict, [(f.regime, f.summary) for f in vm_diagnosis.findings]
+    assert [f.regime for f in vm_diagnosis.findings] == [f.regime for f in store_diagnosis.findings]
+    assert [f.severity for f in vm_diagnosis.findings] == [f.severity for f in store_diagnosis.findings]
+
+    assert vm_window.scrapes == left_open.scrapes == store_diagnosis.signals["scrapes"] - 1 == 24
+    compared = 0
+    assert vm_window.models.keys() == left_open.models.keys()
+    for model, vm_model in vm_window.models.items():
+        store_gauges = left_open.models[model].gauges
+        assert vm_model.gauges.keys() == store_gauges.keys(), model
+        for signal, stats in vm_model.gauges.items():
+            for stat in ("last", "mean", "max"):
+                assert _close(getattr(stats, stat), getattr(store_gauges[signal], stat)), (model, signal, stat)
+                compared += 1
+    assert compared >= 9  # running, waiting and KV usage at least, three numbers each
+    store_signals, vm_signals = store_diagnosis.signals, vm_diagnosis.signals
+    for name in ("ttft", "itl", "queue_time", "prefill_time", "e2e", "prompt_tokens", "generation_tokens"):
+        assert (name in store_signals) == (name in vm_signals), name
+        if name in store_signals:
+            assert store_signals[name]["count"] > 0
+            assert _close(vm_signals[name]["count"], store_signals[name]["count"]), name

@@ -18,6 +18,8 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import httpx
+
 from tests.support.components import require_binary
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
@@ -45,7 +47,8 @@ def page_lines(page: str, labels: Mapping[str, str], ts: float) -> Iterable[str]
 
 
 class Backfill:
-    """Collects scrapes (labels, timestamp, page text), then writes a Prometheus data directory."""
+    """Collects scrapes (labels, timestamp, page text), then writes a Prometheus data directory
+    (:meth:`write_tsdb`) or imports them into a running VictoriaMetrics (:meth:`import_victoria_metrics`)."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -68,3 +71,26 @@ class Backfill:
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"promtool failed ({done.returncode}): {done.stderr[-2000:]}")
+
+    def import_victoria_metrics(self, url: str, shift: float = 0.0, chunk: int = 20_000) -> int:
+        """Send every sample, ``shift`` seconds later, to VictoriaMetrics' ``/api/v1/import/prometheus``
+        (text format, millisecond timestamps), then flush so queries see them; returns the count.
+
+        VictoriaMetrics refuses samples outside its retention (and far in the future): a whole
+        number of seconds of ``shift`` moves the recording to the present without changing any
+        interval between samples.
+        """
+        shift_ms = int(round(shift * 1000))
+        if shift_ms % 1000:
+            raise ValueError("shift must be a whole number of seconds")
+        out = []
+        for line in self.lines:
+            series, stamp = line.rsplit(" ", 1)
+            out.append(f"{series} {int(round(float(stamp) * 1000)) + shift_ms}")
+        with httpx.Client(timeout=120) as client:
+            for i in range(0, len(out), chunk):
+                answer = client.post(f"{url}/api/v1/import/prometheus", content="\n".join(out[i:i + chunk]) + "\n")
+                if answer.status_code != 204:
+                    raise RuntimeError(f"import failed: HTTP {answer.status_code}: {answer.text[:500]}")
+            client.get(f"{url}/internal/force_flush").raise_for_status()
+        return len(out)

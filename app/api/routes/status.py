@@ -16,6 +16,14 @@ Every number comes from the same functions as the JSON API
 :func:`app.api.routes.diagnoses.current`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
 the number of targets (one session; all histogram snapshots of the window in one query).
+
+Discovered targets (a Prometheus source, file/http discovery) name where they come from and
+their labels. A Prometheus source that cannot be read gets a banner naming it and its error
+(the classified text of :class:`app.promsource.service.SourceStatus`, never the server's),
+and each of its targets says its verdict is the last one, from when. Gone targets (their
+series stopped) are not live: they are listed apart, collapsed. A source's targets get their
+percentiles from the source (one set of queries per source for the whole table), so they equal
+their ``/latency`` answer; the charts are the built-in store's and stay empty for them.
 """
 
 from __future__ import annotations
@@ -42,9 +50,11 @@ from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
+from app.promapi import PromAPIError
+from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMissing, SourceStatus
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
-from app.store.models import Scrape, Target
+from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 
 router = APIRouter(include_in_schema=False)
 
@@ -328,6 +338,24 @@ def scrape_health(scrape: Scrape | None, interval: float, now: float) -> Health:
                   stale, scrape.duration)
 
 
+def failing_sources(monitor) -> dict[str, SourceStatus]:
+    """The Prometheus sources whose last round failed, by name (in memory: no query)."""
+    return {s.name: s for s in monitor.sources.statuses() if s.failing}
+
+
+def stale_source(target: Target, failing: dict[str, SourceStatus]) -> SourceStatus | None:
+    """The failing source a target is read from: its verdicts are the last ones, not current."""
+    return failing.get(target.origin or "") if target.source == SOURCE_KIND else None
+
+
+def discovered_by(target: Target) -> str | None:
+    """``Prometheus source prod``, ``file_sd targets.json``: where a discovered target comes from."""
+    if target.source not in DISCOVERED_SOURCES:
+        return None
+    kind = "Prometheus source" if target.source == SOURCE_KIND else target.source
+    return f"{kind} {target.origin}" if target.origin else kind
+
+
 def diagnosis_view(diagnosis: dict) -> dict:
     findings = diagnosis["findings"]
     primary = next((f for f in findings if f.get("primary")), findings[0] if findings else None)
@@ -404,7 +432,10 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     """The fleet table: one row per target, most severe first, with its verdict and
     TTFT/ITL p50/p99 over one window; details on the target's own page."""
     seconds, end, live = page_params(monitor, window, end)
-    targets = [t for t in repository.list_targets(session) if t.gone_at is None]  # gone: left discovery
+    everything = repository.list_targets(session)
+    targets = [t for t in everything if t.gone_at is None]
+    gone = sorted((t for t in everything if t.gone_at is not None), key=lambda t: t.name)
+    failing = failing_sources(monitor)
     latest = repository.latest_scrapes(session)
     ids = [t.id for t in targets]
     series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
@@ -415,20 +446,34 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     for s in wanted:
         by_target.setdefault(s.target_id, []).append(s)
     diagnoses = diagnoses_by_target(session, monitor)
+    # a Prometheus source's targets: their numbers from the source, one set of queries per source
+    # (none for a failing source: its banner says why its rows have none)
+    read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing]
+    source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
+        if read else {}
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for target in targets:
-        summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
-                                            end - seconds, end)
+        if target.id in source_windows:
+            summary = latency.summarize_histograms(source_windows[target.id].overall.histograms)
+        else:
+            summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
+                                                end - seconds, end)
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
         health = scrape_health(latest.get(target.id), interval, end)
+        stale = stale_source(target, failing)
+        if stale is not None:
+            health.stale = True
         views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
         rows.append({"target": target, "health": health, "level": triage_level(health, views),
-                     "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl")})
+                     "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl"),
+                     "discovered_by": discovered_by(target), "stale_source": stale})
     rows.sort(key=lambda r: (LEVELS.index(r["level"]), r["target"].name))
     counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
     down = sum(r["health"].state == "down" for r in rows)
     return html("index.html", rows=rows, counts=counts, down=down, levels=LEVELS, level_text=LEVEL_TEXT,
+                gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
+                                                                                  key=lambda s: s.name),
                 **common(request, monitor, seconds, end, live))
 
 
@@ -444,7 +489,13 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
     if target is None:
         return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
                     **context)
+    stale = stale_source(target, failing_sources(monitor))
     report = latency.latency_report(session, [target.id], seconds, end)
+    if target.source in DISCOVERED_BY_SOURCES and stale is None:
+        try:  # the same numbers as its /latency answer; no charts (they are the store's)
+            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+        except (PromAPIError, SourceMissing):
+            pass  # no numbers; its source's status says why
     chart_signals = ("ttft", "itl", "queue_time", "e2e")
     series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
     loaded = LoadedHistograms(series, repository.histogram_snapshots(
@@ -465,10 +516,14 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         split = {"queue": queue, "prefill": prefill, "ttft": ttft,
                  "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
+    health = scrape_health(latest[0] if latest else None, interval, end)
+    if stale is not None:
+        health.stale = True
     return html(
         "target.html", target=target, target_url=url_as_shown(target.url, token_holder=False),
-        engine=target.detected_engine or target.engine,
-        health=scrape_health(latest[0] if latest else None, interval, end), interval=interval,
+        engine=target.detected_engine or target.engine, discovered_by=discovered_by(target),
+        stale_source=stale, failing_sources=[stale] if stale is not None else [],
+        health=health, interval=interval,
         scrapes=latest, scrape_total=total, scrape_failed=failed, report=report,
         signals=[s for s in HISTOGRAM_SIGNALS if s in report],
         model_tables=[(m, [s for s in HISTOGRAM_SIGNALS if s in body], body) for m, body in models.items()]
