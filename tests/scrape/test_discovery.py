@@ -163,7 +163,8 @@ def test_file_sd_adds_changes_and_removes_targets(tmp_path: Path, engines: Emula
         assert sorted(monitor.scraping.scrapers) == [name_a]
         assert monitor.scraping.scrapers[name_a].spec.url == f"http://{a}/metrics/"
         assert monitor.scraping.scrapers[name_a].spec.labels == {"pool": "green"}
-        assert name_b not in client.get("/").text  # not on the status page as a live target
+        page = client.get("/").text  # on the status page only in the collapsed list of gone targets
+        assert f'data-target="{name_b}"' not in page and f'data-gone-target="{name_b}"' in page
         scrapes_of_a = client.get(f"/api/v1/targets/{name_a}/scrapes").json()
         assert len(scrapes_of_a) == 1  # the same target: its history is kept
 
