@@ -43,6 +43,16 @@ the window, ``runbook_url``, and ``dashboard_url`` when configured):
 * ``LLMLatencyTargetDown`` on ``up == 0`` for ``alerts.target_down_for`` (limited to the
   configured targets' instances when there are any).
 
+For a Prometheus source (the config has ``sources:``; ``--source NAME`` when there are
+several): the rules are for that source's Prometheus and see its replicas as the service
+does. Every engine series carries the source's ``selector``; everything is grouped by its
+``target_labels`` (plus ``model_name``) instead of ``job, instance``; alert texts, the
+``dashboard_url`` variables and the suggested inhibit_rules name a target by those labels;
+``LLMLatencyTargetDown`` is ``max by (<target labels>) (up{<selector>}) == 0`` (a pod whose
+every scrape endpoint fails). Static targets of the file are not this Prometheus' series: their
+hardware profiles and SLOs limited to them are left out (an SLO limited to discovered target
+names is refused: narrow the selector instead).
+
 Every alert links its runbook (``<external_url>/runbooks/<name>``, else
 ``docs/runbooks/<name>.md``; names from ``app.alerts.config.ALERT_RUNBOOKS``: the regime
 for regime alerts, ``slo_<signal>`` for SLOs, ``target_down``).
@@ -82,7 +92,6 @@ import yaml
 
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, runbook_url
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
-from app.promsource.config import PrometheusSourceConfig
 from app.diagnosis.rules import RULES
 from app.diagnosis.rules.base import Rule
 from app.diagnosis.signals import STALL_SECONDS
@@ -97,6 +106,7 @@ from app.promql import (
     prom_duration,
     quantile_name,
 )
+from app.promsource.config import PrometheusSourceConfig
 from app.thresholds import Thresholds
 
 PREFIX = "llm_latency"

@@ -285,8 +285,8 @@ class Q:
         """Averaged over vLLM's data-parallel engines (a usage fraction must not be summed);
         TGI: tokens reserved by the running batch / the KV capacity in tokens."""
         e = ENGINE
-        return either(f"avg by ({e.by}) (vllm:kv_cache_usage_perc{{{e.vllm}}})",
-                      f"avg by ({e.by}) (tgi_batch_current_max_tokens{{{e.tgi}}} / tgi_batch_max_total_tokens{{{e.tgi}}})")
+        tgi = f"tgi_batch_current_max_tokens{{{e.tgi}}} / tgi_batch_max_total_tokens{{{e.tgi}}}"
+        return either(f"avg by ({e.by}) (vllm:kv_cache_usage_perc{{{e.vllm}}})", f"avg by ({e.by}) ({tgi})")
 
     @staticmethod
     def preemptions() -> str:

@@ -233,8 +233,8 @@ def test_prometheus_alertmanager_and_grafana_get_the_source_modes_files() -> Non
 
     merged = merged_compose()
     config = load_config(SOURCE_DIR / "targets.yaml")
-    volumes = {v.split(":")[1]: (DEPLOY / v.split(":")[0]).resolve() for v in merged["services"]["prometheus"]["volumes"]
-               if v.startswith(".")}
+    volumes = {v.split(":")[1]: (DEPLOY / v.split(":")[0]).resolve()
+               for v in merged["services"]["prometheus"]["volumes"] if v.startswith(".")}
     rules_dir = volumes["/etc/prometheus/rules"]
     assert rules_dir == (SOURCE_DIR / "rules").resolve()
     assert [p.name for p in rules_dir.glob("*.yaml")] == ["llm-latency-rules.yaml"]  # what rule_files loads
