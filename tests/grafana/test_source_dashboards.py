@@ -6,15 +6,28 @@ dashboards are untouched. The committed pair is the compose demo's Prometheus-so
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.grafana.queries import GRAFANA, ROOT, all_queries, load_dashboards, load_generator, metric_names, substitute
+from tests.grafana.queries import (
+    GRAFANA,
+    ROOT,
+    Query,
+    all_queries,
+    load_dashboards,
+    load_generator,
+    metric_names,
+    substitute,
+    variable_queries,
+)
 from tests.grafana.test_dashboards import panels, sdk_losses
 from tests.support.components import require_binary
 
@@ -171,3 +184,60 @@ def test_every_expression_parses_and_target_names_split_into_the_labels(tmp_path
     result = subprocess.run([promtool, "test", "rules", "split.test.yaml"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------- against a real Prometheus
+
+ENGINE_QUERIES = [q for q in QUERIES if reads_engine(q.expr)]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from tests.grafana.stack import running_stack
+
+    with running_stack(tmp_path_factory.mktemp("stack")) as running:
+        yield running
+
+
+def engine_kinds(query: Query) -> set[str]:
+    names = metric_names(substitute(query.expr, **SOURCE_VALUES))
+    return {"vllm" for n in names if n.startswith("vllm:")} | {"tgi" for n in names if n.startswith("tgi_")} \
+        or {"vllm", "tgi"}  # up: every engine
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_the_label_variables_list_the_engines_namespace_and_pods(stack) -> None:
+    from tests.grafana.stack import ENGINES
+
+    for dashboard, name, query in variable_queries(DASHBOARDS):
+        if name not in ("namespace", "pod"):
+            continue
+        selector = query.removeprefix("label_values(").rsplit(",", 1)[0]
+        values = stack.prometheus.api(f"label/{name}/values", **{"match[]": substitute(selector, **SOURCE_VALUES)})
+        assert set(values) == ({"demo"} if name == "namespace" else {f"{n}-0" for n in ENGINES}), dashboard
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.parametrize("query", ENGINE_QUERIES, ids=[q.id for q in ENGINE_QUERIES])
+def test_engine_queries_return_data_for_one_chosen_pod_and_only_its(stack, query: Query) -> None:
+    """Each engine query with one pod chosen (Grafana puts the regex-escaped value in place of
+    ``$pod``) answers for that pod of every engine kind it reads, labelled with it."""
+    from tests.grafana.stack import ENGINE_KIND
+
+    for name, kind in ENGINE_KIND.items():
+        if kind not in engine_kinds(query):
+            continue
+        values = {"namespace": "demo", "pod": f"{name}-0", "target": ".*"}
+        expr = substitute(query.expr, **values)
+        if query.instant:
+            result = stack.prometheus.query(expr)["result"]
+        else:
+            end = time.time()
+            result = stack.prometheus.query_range(expr, end - 30, end, 1.0)["result"]
+        assert result, f"no data for pod {name}-0: {expr}"
+        numbers = [float(v) for series in result
+                   for v in ([series["value"][1]] if "value" in series else [p[1] for p in series["values"]])]
+        assert any(math.isfinite(v) for v in numbers), result
+        assert {s["metric"].get("pod") for s in result} <= {f"{name}-0", None}
