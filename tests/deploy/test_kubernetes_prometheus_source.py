@@ -33,9 +33,54 @@ def kustomize(directory: Path) -> list[dict]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def _merge(base: object, patch: object, by_name: bool) -> object:
+    """A strategic merge as kustomize does it for these files: mappings key by key, lists of
+    named items (containers, env) item by item when ``by_name`` (built-in kinds), other lists
+    replaced (custom resources get a JSON merge patch)."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        return {**base, **{k: _merge(base[k], v, by_name) if k in base else v for k, v in patch.items()}}
+    if (by_name and isinstance(base, list) and isinstance(patch, list)
+            and all(isinstance(i, dict) and "name" in i for i in [*base, *patch])):
+        patched = {i["name"]: i for i in patch}
+        merged = [_merge(i, patched.pop(i["name"]), by_name) if i["name"] in patched else i for i in base]
+        return merged + list(patched.values())
+    return patch
+
+
+def kustomize_in_python(directory: Path) -> list[dict]:
+    """The variant built without kubectl (a fresh Debian machine has none recent enough):
+    the base's resources with its namespace and labels, each patch merged into the resource
+    of the same kind and name. Where kubectl exists, a test checks both builds agree."""
+    base_kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    labels = {k: v for entry in base_kustomization["labels"] for k, v in entry["pairs"].items()}
+    docs = []
+    for name in base_kustomization["resources"]:
+        for doc in yaml.safe_load_all((BASE / name).read_text()):
+            doc["metadata"].setdefault("labels", {}).update(labels)
+            if doc["kind"] != "Namespace":
+                doc["metadata"]["namespace"] = base_kustomization["namespace"]
+            docs.append(doc)
+    for patch_file in yaml.safe_load((directory / "kustomization.yaml").read_text())["patches"]:
+        patch = yaml.safe_load((directory / patch_file["path"]).read_text())
+        index = next(i for i, d in enumerate(docs)
+                     if (d["kind"], d["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"]))
+        docs[index] = _merge(docs[index], patch, by_name=patch["kind"] not in CRD_KINDS)
+    return docs
+
+
+def _normalized(docs: list[dict]) -> dict[str, dict]:
+    out = {}
+    for doc in docs:
+        doc = yaml.safe_load(yaml.safe_dump(doc))
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            container["env"] = sorted(container.get("env", []), key=lambda e: e["name"])
+        out[doc["kind"]] = doc
+    return out
+
+
 @pytest.fixture(scope="module")
 def built() -> dict[str, dict]:
-    docs = kustomize(VARIANT)
+    docs = kustomize_in_python(VARIANT)
     by_kind = {doc["kind"]: doc for doc in docs}
     assert len(by_kind) == len(docs)  # one resource of each kind
     return by_kind
@@ -52,18 +97,26 @@ def monitor_env(built: dict[str, dict]) -> dict[str, dict]:
     return {e["name"]: e for e in container["env"]}
 
 
+def test_kubectl_kustomize_builds_the_same_resources() -> None:
+    assert _normalized(kustomize(VARIANT)) == _normalized(kustomize_in_python(VARIANT))
+
+
 def test_the_variant_is_the_base_with_three_resources_replaced(built: dict[str, dict]) -> None:
-    base = {doc["kind"]: doc for doc in kustomize(BASE)}
+    base_kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    base = {doc["kind"]: doc for name in base_kustomization["resources"]
+            for doc in yaml.safe_load_all((BASE / name).read_text())}
     assert set(built) == set(base) == {"Namespace", "ConfigMap", "Service", "Deployment", "Job", "PrometheusRule",
                                        "ServiceMonitor"}
-    for kind in ("Namespace", "Service", "Job", "ServiceMonitor"):
-        assert built[kind] == base[kind], kind
-    assert built["ConfigMap"]["metadata"] == base["ConfigMap"]["metadata"]  # same name: the Deployment mounts it
-    # the Deployment differs only in its environment
-    strip = yaml.safe_load(yaml.safe_dump(built["Deployment"]))
-    plain = yaml.safe_load(yaml.safe_dump(base["Deployment"]))
-    for doc in (strip, plain):
-        del doc["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert built["Namespace"]["metadata"]["name"] == base["Namespace"]["metadata"]["name"]
+    for kind in ("Service", "Job", "ServiceMonitor"):
+        assert built[kind]["spec"] == base[kind]["spec"], kind
+    assert built["ConfigMap"]["metadata"]["name"] == base["ConfigMap"]["metadata"]["name"]  # the Deployment mounts it
+    assert {d["metadata"]["namespace"] for k, d in built.items() if k != "Namespace"} == {"llm-latency"}
+    # the Deployment's spec differs only in the monitor's environment
+    strip = yaml.safe_load(yaml.safe_dump(built["Deployment"]["spec"]))
+    plain = yaml.safe_load(yaml.safe_dump(base["Deployment"]["spec"]))
+    for spec in (strip, plain):
+        del spec["template"]["spec"]["containers"][0]["env"]
     assert strip == plain
     kustomization = yaml.safe_load((VARIANT / "kustomization.yaml").read_text())
     assert kustomization["resources"] == ["../kubernetes"]
