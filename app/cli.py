@@ -121,8 +121,18 @@ def serve(config_file: Path | None, host: str | None, port: int | None) -> None:
 def check_config(config_file: Path) -> None:
     """Validate a targets file; exit 1 listing every problem on stderr, one per line
     (``file:line: field.path: reason``)."""
-    config = config_or_exit(config_file, load_settings().allowed_target_hosts)
-    click.echo(f"{config_file}: OK, {len(config.targets)} target(s), {len(config.alerts.receivers)} receiver(s)")
+    from app.scrape.discovery import check_discovery
+
+    allowed_hosts = load_settings().allowed_target_hosts
+    config = config_or_exit(config_file, allowed_hosts)
+    discovered, problems = check_discovery(config, config_file.parent, allowed_hosts)
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        sys.exit(1)
+    sd = len(config.file_sd_configs) + len(config.http_sd_configs)
+    click.echo(f"{config_file}: OK, {len(config.targets)} target(s), {len(config.alerts.receivers)} receiver(s)"
+               + (f", {sd} discovery config(s) ({discovered} target(s) in the files now)" if sd else ""))
 
 
 @main.group()

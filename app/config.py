@@ -15,6 +15,12 @@ Example::
       window: 1m
       thresholds: {queue_share: 0.5}   # see app/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
+    file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
+      - files: [/etc/llm-latency/targets/*.json]
+        refresh_interval: 1m
+    http_sd_configs:            # optional: Prometheus' HTTP discovery
+      - url: http://inventory.internal/sd
+        refresh_interval: 1m
 
 A bad file is refused at start with every problem on its own line as
 ``file:line: field.path: reason``, so nobody has to guess which of forty targets has the
@@ -24,26 +30,32 @@ is how to say "no targets from the file").
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
-from app.limits import MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, Labels, Url
+from app.limits import LABEL_NAME, MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, NAME_PATTERN, RESERVED_LABELS, Labels, Url
 from app.probe.canary import CanaryConfig
 from app.promsource.config import PrometheusSourceConfig, check_unique_sources
+from app.scrape.discovery import FileSDConfig, HttpSDConfig
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang"]
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-RESERVED_LABELS = {"target", "model", "engine", "le", "quantile", "signal"}
+_LABEL_NAME = LABEL_NAME
 #: A targets file is a few kB per hundred targets; past this it is the wrong file (or an attack
 #: on the YAML parser), refused before parsing.
 MAX_CONFIG_BYTES = 1 << 20
@@ -121,6 +133,8 @@ class FileConfig(BaseModel):
     @classmethod
     def _unique_sources(cls, sources: list[PrometheusSourceConfig]) -> list[PrometheusSourceConfig]:
         return check_unique_sources(sources)
+    file_sd_configs: list[FileSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+    http_sd_configs: list[HttpSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
 
     @field_validator("targets")
     @classmethod

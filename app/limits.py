@@ -9,6 +9,7 @@ refused with a 422 (API) or a config error naming the field.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import Field, StringConstraints
@@ -27,6 +28,12 @@ MAX_LIST_LENGTH = 1000  # targets, receivers, SLOs, group_by, an SLO's target li
 MAX_INTERVAL_SECONDS = 86400.0  # scrape intervals and timeouts, canary intervals: one day
 MAX_UNIX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z, the last second datetime can show
 MAX_ID = 2**63 - 1  # a database id (BIGINT)
+
+#: Target (and receiver) names: safe in URLs, file names and metric labels.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+#: Target label names: Prometheus' label-name rule, minus the labels the service sets itself.
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+RESERVED_LABELS = frozenset({"target", "model", "engine", "le", "quantile", "signal"})
 
 LabelName = Annotated[str, StringConstraints(max_length=MAX_LABEL_NAME_LENGTH)]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)]

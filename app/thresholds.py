@@ -32,6 +32,16 @@ class Thresholds(BaseModel):
     queue_critical_factor: float = Field(5.0, description="Critical when mean queue time is at or above this "
                                                           "multiple of queue_seconds.")
 
+    # replica_imbalance: replicas of one service unevenly loaded (one queueing, another idle)
+    imbalance_waiting: float = Field(1.0, description="Mean waiting requests on the busiest replica at or above "
+                                                      "this ...")
+    imbalance_idle_waiting: float = Field(0.1, description="... while the least busy replica has at most this "
+                                                           "many waiting (it had room) ...")
+    imbalance_load_ratio: float = Field(2.0, description="... and the busiest replica holds at least this many "
+                                                         "times the requests (running + waiting) of the least busy.")
+    imbalance_critical_factor: float = Field(2.5, description="Critical when the load ratio is at or above this "
+                                                              "multiple of imbalance_load_ratio.")
+
     # prefill_compute: the prompt's own prefill dominates a slow TTFT, without queueing
     prefill_seconds: float = Field(0.5, description="Mean prefill time (TTFT minus queue) at or above this.")
     prefill_share: float = Field(0.6, description="Prefill share of TTFT at or above this.")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from app import quantiles
 from app.quantiles import WindowHistogram
 from app.sources.base import CanonicalInfo
 
@@ -71,6 +72,7 @@ class TargetWindow:
     models: dict[str, ModelWindow] = field(default_factory=dict)
     scrapes: int = 0  # successful scrapes in the window
     infos: list[CanonicalInfo] = field(default_factory=list)  # engine configuration (info metrics)
+    replicas: dict[str, TargetWindow] = field(default_factory=dict)  # a service's replicas, by target name
 
     @property
     def seconds(self) -> float:
@@ -85,3 +87,27 @@ def combine_gauges(signal: str, per_series: list[GaugeStats]) -> GaugeStats:
                           sum(g.max for g in per_series) / n)
     return GaugeStats(sum(g.last for g in per_series), sum(g.mean for g in per_series),
                       sum(g.max for g in per_series))
+
+
+def _merge_models(models: list[ModelWindow]) -> ModelWindow:
+    merged = ModelWindow()
+    for signal in sorted({s for m in models for s in m.histograms}):
+        merged.histograms[signal] = quantiles.merge(m.histograms.get(signal) for m in models)
+    for signal in sorted({s for m in models for s in m.gauges}):
+        merged.gauges[signal] = combine_gauges(signal, [m.gauges[signal] for m in models if signal in m.gauges])
+    for signal in sorted({s for m in models for s in m.rates}):
+        merged.rates[signal] = sum(m.rates[signal] for m in models if signal in m.rates)
+    merged.itl_intervals = [i for m in models for i in m.itl_intervals]
+    return merged
+
+
+def merge_windows(replicas: dict[str, TargetWindow], start: float, end: float) -> TargetWindow:
+    """A service: its replicas summed by ``le`` (gauges summed, KV usage averaged, rates
+    summed), keeping each replica's own window for the comparison between them."""
+    names = sorted(replicas)
+    windows = [replicas[n] for n in names]
+    merged = TargetWindow(start, end, overall=_merge_models([w.overall for w in windows]),
+                          scrapes=max((w.scrapes for w in windows), default=0), replicas=dict(replicas))
+    for model in sorted({m for w in windows for m in w.models}):
+        merged.models[model] = _merge_models([w.models[model] for w in windows if model in w.models])
+    return merged

@@ -1,4 +1,4 @@
-"""Dependencies shared by the routes: the monitor, a database session, auth."""
+"""Dependencies shared by the routes: the monitor, a database session, the probe jobs, auth."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
 from app.lifespan import Monitor
+from app.probe.jobs import ProbeJobs
 from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)
@@ -31,6 +32,14 @@ def get_session(monitor: MonitorDep) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_probe_jobs(monitor: MonitorDep) -> ProbeJobs:
+    """The probes running in the background of this service (owned by the Monitor)."""
+    return monitor.probe_jobs
+
+
+ProbeJobsDep = Annotated[ProbeJobs, Depends(get_probe_jobs)]
 
 
 def token_accepted(settings: Settings, authorization: str | None) -> bool:

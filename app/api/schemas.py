@@ -54,9 +54,12 @@ class TargetOut(BaseModel):
     labels: dict[str, str]
     scrape_interval_seconds: float
     scrape_timeout_seconds: float
-    source: str = Field(description="config | api | file_sd | http_sd | prometheus")
-    origin: str | None = Field(None, description="For a discovered target: its discovery config or Prometheus source")
-    gone_at: float | None = Field(None, description="When a discovered target disappeared (kept for its history)")
+    source: str = Field(description="config | api | file_sd | http_sd | prometheus | service (the last four "
+                                    "discovered)")
+    origin: str | None = Field(None, description="For a discovered target: its discovery config (e.g. "
+                                                 "file_sd_configs[0]) or Prometheus source")
+    gone_at: float | None = Field(None, description="When a discovered target disappeared (kept for its history, "
+                                                    "no longer scraped or evaluated); null while present")
     hardware: dict | None = None
     canary: dict | None = None
     created_at: float
@@ -117,7 +120,8 @@ class SourceOut(BaseModel):
     last_error_at: float | None
     queries_last_round: int
     last_round_seconds: float | None
-    targets: int = Field(description="Live targets it reported last round")
+    targets: int = Field(description="Live targets (replicas) it reported last round")
+    services: int = Field(description="Services its service_labels grouped those into")
     down: int = Field(description="Of those, scraped with up == 0")
     gone: int = Field(description="Targets whose series stopped (kept for their history)")
 
@@ -181,6 +185,22 @@ class TargetLatencyHead(BaseModel):
 class FleetLatencyHead(BaseModel):
     targets: list[str]
     window: str
+    excluded_load_balanced: list[str] = Field(default_factory=list, description=(
+        "targets left out because their URL is answered by several engine processes (load_balanced)"))
+
+
+class DiscoveryOut(BaseModel):
+    """One ``file_sd_configs`` / ``http_sd_configs`` entry of the targets file."""
+
+    origin: str = Field(description="e.g. file_sd_configs[0]; the targets it found carry it as origin")
+    kind: str = Field(description="file_sd | http_sd")
+    where: list[str] = Field(description="the file patterns, or the URL")
+    refresh_interval_seconds: float
+    last_refresh: float | None
+    last_success: float | None
+    targets: int = Field(description="targets in the last good list")
+    problems: list[str] = Field(description="bad files and entries of the last refresh, each named; skipped")
+    error: str | None = Field(description="why the last refresh failed as a whole; the last good list is kept")
 
 
 # Field order follows the bases from last to first: head, span, signals, then ``models``.

@@ -30,6 +30,7 @@ from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import Signals
+from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
 from app.store import repository
 from app.thresholds import Thresholds
@@ -60,13 +61,13 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
     if s.probe_baseline:
         b = s.probe_baseline
         diagnosis.notes.append(
-            f"single-request baseline from client-side probe run {b['run_id']} ({b['kind']}, "
-            f"{b['age_seconds']:.0f} s old): TTFT p50 {b['ttft']['p50']:.3f} s, ITL p50 "
-            f"{(b['itl'] or {}).get('p50') or 0:.4f} s with {b['prompt_tokens']} prompt tokens")
+            f"single-request baseline from client-side probe run {b.run_id} ({b.kind}, "
+            f"{b.age_seconds:.0f} s old): TTFT p50 {b.ttft['p50']:.3f} s, ITL p50 "
+            f"{b.p50('itl') or 0:.4f} s with {b.prompt_tokens} prompt tokens")
     if s.probe_consistency:
         c = s.probe_consistency
-        diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c['runs']))} vs. the engine's TTFT: "
-                               f"{c['message']}")
+        diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c.runs))} vs. the engine's TTFT: "
+                               f"{c.message}")
     problems = data_problems(s, t)
     diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
     rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES
@@ -101,7 +102,8 @@ def rank(findings: list[Finding]) -> None:
 
 def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
                     thresholds: Thresholds, hardware: HardwareProfile | None = None,
-                    probe_baseline: dict | None = None, data: TargetWindow | None = None) -> list[Diagnosis]:
+                    probe_baseline: ProbeBaseline | None = None, data: TargetWindow | None = None
+                    ) -> list[Diagnosis]:
     """Diagnoses for every model of one target over ``[end - window, end]``.
 
     ``probe_baseline`` is the latest client-side single-request measurement (a canary or
@@ -124,7 +126,7 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
                                      thresholds)
     if consistency is not None:  # the probed model's diagnosis (all when the engine labels no model by name)
         for s in [s for s in all_signals if s.model in consistency.models] or all_signals:
-            s.probe_consistency = consistency.to_dict()
+            s.probe_consistency = consistency
     return [diagnose(s, thresholds) for s in all_signals]
 
 

@@ -17,12 +17,31 @@ from app import latency, quantiles
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
+from app.probe.canary import ProbeBaseline
+from app.probe.consistency import ConsistencyResult
 from app.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import CanonicalInfo
 from app.window import ItlInterval, ModelWindow, TargetWindow
 
 DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
                         "generation_tokens", "iteration_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One replica of a service over the window, for the comparison between replicas."""
+
+    target: str
+    running_mean: float
+    waiting_mean: float
+    requests_per_second: float | None
+    ttft_mean: float | None
+    queue_mean: float | None
+
+    @property
+    def load(self) -> float:
+        """Requests in the replica: running + waiting."""
+        return self.running_mean + self.waiting_mean
 
 
 @dataclass(slots=True)
@@ -67,8 +86,9 @@ class Signals:
     hardware: str | None = None
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
-    probe_baseline: dict | None = None        # latest client-side single-request probe (canary), if any
-    probe_consistency: dict | None = None     # client vs. engine TTFT over recent probe runs (app.probe.consistency)
+    replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
+    probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
+    probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
 
     @property
     def window_seconds(self) -> float:
@@ -179,6 +199,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         s.step_budget = infer_step_budget(merged["iteration_tokens"], merged["prompt_tokens"], merged["itl"],
                                           merged["prefill_time"], s.running_mean, s.preemptions_per_second)
         _itl_by_batch(s, m.itl_intervals)
+        s.replicas = _replicas(window, model)
         s.config = _config(window.infos, model)
         if hardware is not None:
             s.hardware = hardware.describe()
@@ -187,6 +208,21 @@ def from_window(window: TargetWindow, target: str, engine: str,
             s.itl_over_floor = _ratio(itl_small, s.decode_floor_seconds)
         out.append(s)
     return out
+
+
+def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:
+    """Each replica's load for this model (a service's window only), busiest first."""
+    out = []
+    for name, replica in sorted(window.replicas.items()):
+        m = replica.models.get(model)
+        if m is None or "running" not in m.gauges:
+            continue
+        waiting = m.gauges.get("waiting")
+        ttft, queue = m.histograms.get("ttft"), m.histograms.get("queue_time")
+        out.append(ReplicaLoad(name, m.gauges["running"].mean, waiting.mean if waiting else 0.0,
+                               m.rates.get("requests_total"), quantiles.summarize(ttft).mean if ttft else None,
+                               quantiles.summarize(queue).mean if queue else None))
+    return sorted(out, key=lambda r: -r.load)
 
 
 def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:

@@ -6,8 +6,9 @@ fixed prompt and output length every few minutes. Its stored results are the
 (:func:`latest_single_request_baseline`).
 
 Off by default (:class:`CanaryConfig` ``enabled=False``): a canary sends real requests to a
-production engine. The scheduler calls :func:`run_canary` (synchronous, for a worker
-thread) or :func:`run_canary_async` every ``interval`` for targets that enable it.
+production engine. :func:`sync_canaries` keeps one ``canary:<target>`` job on the service's
+scheduler per target that enables it; the job calls :func:`run_canary` (synchronous, in a
+worker thread) every ``interval``. :func:`run_canary_async` is the same for an event loop.
 
 The API key, when the endpoint needs one, is read from the environment variable named by
 ``api_key_env`` at run time, so keys never sit in the config file or the database.
@@ -20,8 +21,10 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +32,9 @@ from app.durations import Seconds as _Seconds
 from app.limits import MAX_INTERVAL_SECONDS, MAX_TEXT_LENGTH, MAX_URL_LENGTH
 from app.probe import repository as probe_repository
 from app.probe.runner import ProbeResult, ProbeSpec, run_probe
+from app.scheduling import in_thread
+from app.scrape.jobs import TargetSpec
+from app.store import repository
 from app.store.models import ProbeRunRow
 from app.urls import check_url_in_file
 
@@ -146,23 +152,76 @@ def run_canary(sessions: sessionmaker[Session], target: _TargetLike, config: Can
     return asyncio.run(run_canary_async(sessions, target, config, on_result=on_result))
 
 
-def latest_single_request_baseline(session: Session, target: int | str, since: float) -> dict | None:
+@dataclass(frozen=True)
+class ProbeBaseline:
+    """The newest single-request measurement of a target (client seconds): what the
+    diagnosis shows next to the load-dependent server numbers. ``ttft``/``itl``/``e2e``/
+    ``tpot`` are the stored level statistics (``count, p50, p90, p99, mean, min, max``);
+    ``itl`` and ``tpot`` are None when no request produced a second token. The field order
+    is the order of the diagnosis JSON (``signals.probe_baseline``)."""
+
+    run_id: int
+    target: str
+    kind: str
+    measured_at: float | None
+    age_seconds: float
+    prompt_tokens: int
+    max_tokens: int
+    requests: int
+    succeeded: int
+    errors: dict[str, int]
+    ttft: dict[str, Any]
+    itl: dict[str, Any] | None
+    e2e: dict[str, Any]
+    tpot: dict[str, Any] | None
+    prompt_tokens_seen: dict[str, Any] | None
+
+    def p50(self, stat: str) -> float | None:
+        """The median of ``ttft``, ``itl``, ``e2e`` or ``tpot``; None when not measured."""
+        stats: dict[str, Any] | None = getattr(self, stat)
+        return (stats or {}).get("p50")
+
+
+def latest_single_request_baseline(session: Session, target: int | str, since: float) -> ProbeBaseline | None:
     """The newest single-request measurement of ``target`` (id, or name) since ``since``:
     the concurrency-1 level of the latest finished canary, ad hoc probe or sweep with at least
-    one successful request. None when there is none.
-
-    Keys: ``run_id``, ``kind``, ``measured_at``, ``prompt_tokens``, ``max_tokens``,
-    ``requests``, ``succeeded``, ``errors``, ``ttft``/``itl``/``e2e``/``tpot`` (each
-    ``count, p50, p90, p99, mean, min, max`` in client seconds), ``age_seconds``."""
+    one successful request. None when there is none."""
     for run in probe_repository.finished_runs(session, target, since):
         for level in (run.summary or {}).get("levels", []):
             if level.get("concurrency") == 1 and level.get("succeeded", 0) > 0:
-                return {
-                    "run_id": run.id, "target": run.target, "kind": run.kind, "measured_at": run.finished_at,
-                    "age_seconds": max(0.0, time.time() - (run.finished_at or run.started_at)),
-                    "prompt_tokens": level["prompt_tokens"], "max_tokens": level["max_tokens"],
-                    "requests": level["requests"], "succeeded": level["succeeded"], "errors": level["errors"],
-                    "ttft": level["ttft"], "itl": level["itl"], "e2e": level["e2e"], "tpot": level.get("tpot"),
-                    "prompt_tokens_seen": level.get("prompt_tokens_seen"),
-                }
+                return ProbeBaseline(
+                    run_id=run.id, target=run.target, kind=run.kind, measured_at=run.finished_at,
+                    age_seconds=max(0.0, time.time() - (run.finished_at or run.started_at)),
+                    prompt_tokens=level["prompt_tokens"], max_tokens=level["max_tokens"],
+                    requests=level["requests"], succeeded=level["succeeded"], errors=level["errors"],
+                    ttft=level["ttft"], itl=level["itl"], e2e=level["e2e"], tpot=level.get("tpot"),
+                    prompt_tokens_seen=level.get("prompt_tokens_seen"),
+                )
     return None
+
+
+# --------------------------------------------------------------------------- scheduling
+
+CANARY_JOB_PREFIX = "canary:"
+
+
+def canary_configs(sessions: sessionmaker[Session]) -> dict[str, tuple[TargetSpec, CanaryConfig]]:
+    """Target name -> (target, canary settings) of every target whose canary is enabled."""
+    with sessions() as session:
+        return {t.name: (TargetSpec(t.id, t.name, t.url), CanaryConfig.model_validate(t.canary))
+                for t in repository.list_targets(session) if t.canary and t.canary.get("enabled")}
+
+
+def sync_canaries(scheduler: AsyncIOScheduler, sessions: sessionmaker[Session],
+                  wanted: dict[str, tuple[TargetSpec, CanaryConfig]], *,
+                  on_result: Callable[[ProbeRunRow], None] | None = None) -> None:
+    """Make the ``canary:<target>`` jobs match ``wanted`` (:func:`canary_configs`): one
+    periodic single-request probe job per target that enables it, none for the others."""
+    for job in scheduler.get_jobs():
+        if job.id.startswith(CANARY_JOB_PREFIX) and job.id.removeprefix(CANARY_JOB_PREFIX) not in wanted:
+            job.remove()
+    for name, (spec, config) in wanted.items():
+        def run(spec: TargetSpec = spec, config: CanaryConfig = config) -> None:
+            run_canary(sessions, spec, config, on_result=on_result)
+        scheduler.add_job(in_thread(run, f"canary_{name}"), "interval", seconds=config.interval,
+                          id=f"{CANARY_JOB_PREFIX}{name}", max_instances=1, coalesce=True, replace_existing=True)

@@ -1,5 +1,8 @@
 """Probes running in the background of the service (started by ``POST /api/v1/probes``).
 
+The service has one :class:`ProbeJobs`, built and shut down by the Monitor
+(:mod:`app.lifespan`); routes reach it through ``app.api.deps.ProbeJobsDep``.
+
 Each probe is an asyncio task on the service's event loop; the database work around it runs
 in worker threads. The outcome is stored on the run row: ``done`` with the summary (failed
 requests are part of a result, not a failure of the run), ``error`` when the probe could not

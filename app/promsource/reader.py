@@ -99,8 +99,9 @@ class SourceReader:
         self.service_labels = tuple(service_labels)
         self.matchers = tuple(parse_selector(selector))
 
-    def _queries(self, only: TargetKey | None) -> SourceQueries:
+    def _queries(self, only: TargetKey | None, where: dict[str, str] | None = None) -> SourceQueries:
         extra = () if only is None else tuple((name, "=", value) for name, value in zip(self.target_labels, only))
+        extra += tuple((name, "=", value) for name, value in (where or {}).items())
         return SourceQueries(self.target_labels, (*self.matchers, *extra), self.service_labels)
 
     # ------------------------------------------------------------------ discovery
@@ -123,12 +124,14 @@ class SourceReader:
 
     # ------------------------------------------------------------------ windows
     def windows(self, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS, *,
-                only: TargetKey | None = None, diagnosis: bool = False) -> dict[TargetKey, TargetWindow]:
-        """Every target's window ``[start, end]`` (``only``: one target's), in one query per signal.
+                only: TargetKey | None = None, where: dict[str, str] | None = None,
+                diagnosis: bool = False) -> dict[TargetKey, TargetWindow]:
+        """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
+        these label values, e.g. one service's), in one query per signal.
 
         ``diagnosis`` adds the successful scrapes, the engine's info metrics and the ITL by
         running batch size, which only the regime rules read."""
-        q = self._queries(only)
+        q = self._queries(only, where)
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
@@ -199,26 +202,28 @@ class SourceReader:
         return out
 
     def quantile_series(self, signal: str, q: float | None, first: float, end: float, step: float,
-                        lookback: float, only: TargetKey, model: str | None = None) -> list[dict]:
+                        lookback: float, only: TargetKey | None, model: str | None = None,
+                        where: dict[str, str] | None = None) -> list[dict]:
         """``histogram_quantile(q, sum by (le) (increase(x_bucket[lookback])))`` every ``step`` from
         ``first`` to ``end`` for one target, from one range query of the buckets (``q=None``: the
         mean). Same points as the built-in store's :func:`app.latency.quantile_series`."""
-        q_text = self._queries(only).histogram(signal, lookback)
+        q_text = self._queries(only, where).histogram(signal, lookback)
         answer = self.client.query_range(q_text, first, end, step)
-        # family -> t -> model -> {le: value}
-        by_family: dict[int, dict[float, dict[str, dict[str, float]]]] = defaultdict(lambda: defaultdict(dict))
+        # target -> family -> t -> model -> {le: value}; per target its first family, then summed
+        grouped: dict[TargetKey, dict[int, dict[float, dict[str, dict[str, float]]]]] = defaultdict(dict)
         for series in answer.data:
             family = int(series.labels.get(FAMILY_LABEL, "0"))
+            by_time = grouped[_key(series.labels, self.target_labels)].setdefault(family, defaultdict(dict))
             name, le = series.labels.get(MODEL_LABEL, ""), series.labels.get("le", "")
             for t, value in series.points:
-                by_family[family][round(t, 3)].setdefault(name, {})[le] = value
-        chosen = by_family[min(by_family)] if by_family else {}
+                by_time[round(t, 3)].setdefault(name, {})[le] = value
+        chosen = [_first_family(by_family) for _, by_family in sorted(grouped.items())]
         points = []
         n = int(math.floor((end - first) / step + 1e-9)) + 1
         for i in range(n):
             t = first + i * step
-            per_model = chosen.get(round(t, 3), {})
-            merged = quantiles.merge(_histogram(b) for m, b in sorted(per_model.items()) if model in (None, m))
+            merged = quantiles.merge(_histogram(b) for by_time in chosen
+                                     for m, b in sorted(by_time.get(round(t, 3), {}).items()) if model in (None, m))
             value = None
             if merged is not None:
                 if q is None:

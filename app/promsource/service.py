@@ -29,11 +29,12 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Target
 from app.store.repository import ScrapeRecord
-from app.window import TargetWindow
+from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
-SOURCE_KIND = "prometheus"
-DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND})  # targets the scraper never scrapes itself
+SOURCE_KIND = "prometheus"  # Target.source of a replica a Prometheus source discovered
+SERVICE_KIND = "service"  # Target.source of a group of those replicas (the source's service_labels)
+DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 MAX_NAME = 63
 
@@ -74,6 +75,7 @@ class SourceStatus:
     queries_last_round: int = 0
     last_round_seconds: float | None = None
     targets: int = 0
+    services: int = 0
     down: int = 0
     gone: int = 0
 
@@ -92,6 +94,7 @@ class SourceTarget:
     name: str
     engine: str
     window: TargetWindow | None
+    kind: str = SOURCE_KIND  # or SERVICE_KIND
 
 
 @dataclass(slots=True)
@@ -131,6 +134,7 @@ class SourceService:
     def __init__(self) -> None:
         self.sources: dict[str, PrometheusSource] = {}
         self._lock = threading.Lock()
+        self._window = 60.0
 
     def configure(self, configs: Sequence[PrometheusSourceConfig]) -> None:
         with self._lock:
@@ -164,6 +168,7 @@ class SourceService:
                    signals: Sequence[str]) -> SourceRound:
         status = source.status
         started, queries_before = time.monotonic(), source.client.queries
+        self._window = window
         try:
             found = source.reader.discover(now)
             windows = source.reader.windows(now - window, now, signals, diagnosis=True)
@@ -178,7 +183,7 @@ class SourceService:
             result.targets = self._sync(source, session, found, windows, now)
         status.last_success, status.queries_last_round = now, source.client.queries - queries_before
         status.last_round_seconds = time.monotonic() - started
-        status.targets = len(result.targets)
+        status.targets = sum(1 for t in result.targets if t.kind == SOURCE_KIND)
         status.down = sum(1 for key in found.up if found.up[key] == 0 and key in source.keys.values())
         return result
 
@@ -216,6 +221,38 @@ class SourceService:
                                       else None))
             out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", windows.get(key)))
         repository.record_source_view(session, views)
+        if config.service_labels:
+            out += self._sync_services(source, session, out, now)
+        return out
+
+    def _sync_services(self, source: PrometheusSource, session: Session, replicas: list[SourceTarget],
+                       now: float) -> list[SourceTarget]:
+        """One target per distinct ``service_labels`` value set of the live replicas: their windows
+        merged (:func:`app.window.merge_windows`), each replica's kept for the comparison."""
+        config = source.config
+        rows = {t.id: t for t in repository.list_targets(session) if t.id in {r.id for r in replicas}}
+        groups: dict[TargetKey, list[SourceTarget]] = {}
+        for replica in replicas:
+            labels = rows[replica.id].labels
+            values = tuple(labels.get(name, "") for name in config.service_labels)
+            groups.setdefault(values, []).append(replica)
+        wanted = {}
+        for values, members in groups.items():
+            engines = sorted({m.engine for m in members})
+            wanted[target_name(f"{config.name}.svc", values)] = {
+                "url": public_url(config.url), "engine": engines[0], "detected_engine": engines[0],
+                "labels": dict(zip(config.service_labels, values))}
+        live = repository.sync_discovered_targets(session, SERVICE_KIND, config.name, wanted, now)
+        out = []
+        for values, members in groups.items():
+            name = target_name(f"{config.name}.svc", values)
+            row = live.get(name)
+            if row is None:
+                continue
+            windows = {m.name: m.window for m in members if m.window is not None}
+            merged = merge_windows(windows, now - self._window, now) if windows else None
+            out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", merged, SERVICE_KIND))
+        source.status.services = len(out)
         return out
 
     # ------------------------------------------------------------------ on demand
@@ -225,6 +262,10 @@ class SourceService:
         source = self.get(target.origin)
         if source is None:
             raise SourceMissing(f"source {target.origin!r} is not configured")
+        if target.source == SERVICE_KIND:
+            where = {name: target.labels.get(name, "") for name in source.config.service_labels}
+            windows = source.reader.windows(start, end, signals, where=where)
+            return merge_windows({target_name(source.config.name, key): w for key, w in windows.items()}, start, end)
         key = source.key_of(target)
         return source.reader.windows(start, end, signals, only=key).get(key) or TargetWindow(start, end)
 
@@ -235,4 +276,7 @@ class SourceService:
         if source is None:
             raise SourceMissing(f"source {target.origin!r} is not configured")
         first = math.ceil((end - span) / step) * step
+        if target.source == SERVICE_KIND:
+            where = {name: target.labels.get(name, "") for name in source.config.service_labels}
+            return source.reader.quantile_series(signal, q, first, end, step, lookback, None, model, where)
         return source.reader.quantile_series(signal, q, first, end, step, lookback, source.key_of(target), model)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
+from app.scrape.replicas import MESSAGE as LOAD_BALANCED
+from app.scrape.replicas import ReplicaDetector, counter_values, process_start_time
 from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
 from app.sources.base import Canonical
 from app.store.repository import ScrapeRecord
@@ -90,6 +92,7 @@ class TargetScraper:
         self.sink = sink
         self.on_result = on_result
         self.processor = PageProcessor(spec.engine)
+        self.replicas = ReplicaDetector()
         self.last: ScrapeRecord | None = None
 
     async def run(self) -> ScrapeRecord:
@@ -129,6 +132,12 @@ class TargetScraper:
             errors.insert(0, "page has no vLLM, TGI or SGLang metrics; this target cannot be diagnosed from metrics")
         elif error_class is None and (page.malformed or (canonical and canonical.problems)):
             error_class = "partial"
+        if canonical is not None:
+            evidence = self.replicas.observe(process_start_time(body), counter_values(canonical))
+            if evidence is not None:  # mixed replicas: no sample of this page may be used
+                return ScrapeRecord(spec.id, started, True, time.perf_counter() - t0, len(body), page.samples_seen,
+                                    0, page.malformed, self.processor.engine, "load_balanced",
+                                    LOAD_BALANCED.format(evidence=evidence)[:1000])
         return ScrapeRecord(
             spec.id, started, up, time.perf_counter() - t0, len(body), page.samples_seen, page.samples_kept,
             page.malformed, self.processor.engine, error_class, "; ".join(errors)[:1000] or None, canonical,

@@ -1,4 +1,7 @@
-"""Scheduling: one APScheduler interval job per target, plus the batch writer.
+"""Scraping jobs: one APScheduler interval job per target, plus the batch writer.
+
+The scheduler itself belongs to the service (:mod:`app.scheduling`); the scrape service adds,
+replaces and removes its ``scrape:<target>`` jobs on it.
 
 Each target's first run is offset by a stable fraction of its interval derived from its
 name (as Prometheus spreads its scrapes), so 500 targets with a 15 s interval do not
@@ -45,14 +48,14 @@ def tune_collector() -> None:
 
 
 class ScrapeService:
-    def __init__(self, engine: Engine, telemetry: Telemetry, *, max_concurrency: int = 64,
+    def __init__(self, engine: Engine, telemetry: Telemetry, scheduler: AsyncIOScheduler, *, max_concurrency: int = 64,
                  max_bytes: int = DEFAULT_MAX_PAGE_BYTES, connect_timeout: float = 3.0, jitter: float = 0.05,
                  write_interval: float = 0.5,
                  on_engine_detected: Callable[[int, str], None] | None = None) -> None:
         self.telemetry = telemetry
         self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
         self.writer = SampleWriter(engine)
-        self.scheduler = AsyncIOScheduler(timezone=dt.UTC)
+        self.scheduler = scheduler  # the service's (app.scheduling); started and shut down by its owner
         self.scrapers: dict[str, TargetScraper] = {}
         self.jitter = jitter
         self.write_interval = write_interval
@@ -69,18 +72,17 @@ class ScrapeService:
     async def start(self, targets: list[TargetSpec]) -> None:
         tune_collector()
         await self.fetcher.start()
-        self.scheduler.start()
         self.sync_targets(targets)
         self._flush_task = asyncio.create_task(self._flush_loop(), name="scrape-writer")
 
     async def stop(self, grace: float = 5.0) -> None:
-        """Stop scheduling, let in-flight scrapes finish (up to ``grace`` s), write everything."""
+        """Stop scheduling scrapes, let in-flight ones finish (up to ``grace`` s), write everything."""
         self._stopping = True
-        self.scheduler.pause()
+        for name in list(self.scrapers):
+            self._unschedule(name)
         deadline = time.monotonic() + grace
         while self._inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        self.scheduler.shutdown(wait=False)
         if self._flush_task is not None:
             self._flush_task.cancel()
             try:
@@ -123,12 +125,20 @@ class ScrapeService:
     def _remove(self, name: str) -> None:
         scraper = self.scrapers.pop(name, None)
         self._reported_engines.pop(name, None)
-        try:
-            self.scheduler.remove_job(f"scrape:{name}")
-        except Exception:
-            pass
+        self._unschedule(name)
         if scraper is not None:
             self.telemetry.forget_target(name)
+
+    def _unschedule(self, name: str) -> None:
+        try:
+            self.scheduler.remove_job(f"scrape:{name}")
+        except Exception:  # JobLookupError: not scheduled, or the scheduler is shut down already
+            pass
+
+    def forget_target(self, target_id: int) -> None:
+        """Drop what the writer caches about a deleted target (its series ids), so a new
+        target that reuses the id starts clean."""
+        self.writer.forget_target(target_id)
 
     def _on_result(self, spec: TargetSpec, record: ScrapeRecord) -> None:
         self.telemetry.record_scrape(spec.name, record.up, record.error_class, record.duration, record.bytes,

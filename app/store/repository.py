@@ -96,14 +96,15 @@ def delete_target(session: Session, target: Target) -> None:
 def sync_config_targets(session: Session, targets: Sequence[dict]) -> None:
     """Make config-file targets match the file: create, update, and drop removed ones.
 
-    Targets created through the API are left alone; a config target of the same name
-    takes it over (the file is the source of truth for what it names).
+    Targets created through the API or discovered are left alone; a config target of the
+    same name takes it over (the file is the source of truth for what it names).
     """
     wanted = {t["name"]: t for t in targets}
     for target in list_targets(session):
         if target.name in wanted:
             fields = wanted.pop(target.name)
-            update_target(session, target, source="config", **{k: v for k, v in fields.items() if k != "name"})
+            update_target(session, target, source="config", origin=None, gone_at=None,  # a discovered one too
+                          **{k: v for k, v in fields.items() if k != "name"})
         elif target.source == "config":
             delete_target(session, target)
     for fields in wanted.values():

@@ -166,7 +166,7 @@ def test_alertmanager_sinks_get_reposts_with_ends_at_independent_of_repeat_inter
     with alerting(migrated_url, tmp_path, {"a": {}}, {"am": {"kind": "alertmanager"}, "hook": {}},
                   service={"alert_interval": "15s"}, group_interval="30s", repeat_interval="4h",
                   resend_interval="1m") as h:
-        h.svc.monitor.scraping.scheduler.pause_job("alerts")  # the test drives the rounds itself
+        h.svc.monitor.scheduler.pause_job("alerts")  # the test drives the rounds itself
         h.down("a")
         valid = 4 * 60.0  # 4 x max(15 s, 60 s)
         assert h.at(0) == {"am": [("alertmanager", [("a", h.ts(valid))])], "hook": [("firing", [("a", "firing")])]}
@@ -207,7 +207,7 @@ def test_an_alertmanager_post_delivered_after_an_outage_is_valid_from_its_delive
     with alerting(migrated_url, tmp_path, {"a": {}, "b": {}},
                   {"am": {"kind": "alertmanager", "secret_env": "TEST_AM_SECRET"}}, group_by=["alertname"],
                   service={"alert_interval": "15s"}, group_interval="30s", resend_interval="1m") as h:
-        h.svc.monitor.scraping.scheduler.pause_job("alerts")  # the test drives the rounds itself
+        h.svc.monitor.scheduler.pause_job("alerts")  # the test drives the rounds itself
         valid = 4 * 60.0  # 4 x max(15 s, 60 s)
         am = h.hooks["am"]
         am.status = 503  # down from t=0 to t=600

@@ -4,7 +4,9 @@ the rule reads (on a real database, from stored scrapes and probe runs)."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +15,8 @@ from app.diagnosis import engine
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, outside_engine
 from app.probe import repository as probe_repository
-from app.probe.consistency import period_consistency
+from app.probe.canary import ProbeBaseline
+from app.probe.consistency import ConsistencyResult, period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store.repository import SampleWriter, ScrapeRecord
 from app.thresholds import Thresholds
@@ -22,13 +25,14 @@ from tests.diagnosis.test_rules import healthy_signals, summary
 T = Thresholds()
 
 
-def consistency(gap: float, client: float, n: int = 4, status: str | None = None, other: bool = True) -> dict:
+def consistency(gap: float, client: float, n: int = 4, status: str | None = None,
+                other: bool = True) -> ConsistencyResult:
     server = client - gap
-    return {"target_id": 1, "probe_start": 1000.0, "probe_end": 1010.0, "window_start": 995.0, "window_end": 1015.0,
-            "client_requests": n, "client_mean": client, "server_requests": 40.0, "server_mean": server,
-            "server_queue_mean": 0.01, "gap_seconds": gap, "gap_share": gap / client, "threshold_seconds": 0.25,
-            "threshold_share": 0.3, "min_requests": 3, "finding": False, "status": status or "ok",
-            "message": "m", "other_traffic": other, "runs": [7, 9], "models": ["m"]}
+    return ConsistencyResult(
+        target_id=1, probe_start=1000.0, probe_end=1010.0, window_start=995.0, window_end=1015.0,
+        client_requests=n, client_mean=client, server_requests=40.0, server_mean=server, server_queue_mean=0.01,
+        gap_seconds=gap, gap_share=gap / client, threshold_seconds=0.25, threshold_share=0.3, min_requests=3,
+        finding=False, status=status or "ok", message="m", other_traffic=other, runs=(7, 9), models=("m",))
 
 
 def evidence(finding, name: str):
@@ -89,10 +93,10 @@ def test_outside_engine_is_judged_when_the_engine_side_has_too_little_traffic(qu
     (consistency(0.3, 3.0), "0.3 s of a 3 s TTFT is 10 %: the engine is the place to look"),
     (consistency(0.3, 0.4, n=2), "two probe requests are too few"),
     (consistency(2.0, 2.5, status="unreliable"), "other traffic on a queueing engine"),
-    ({**consistency(0.3, 0.4), "gap_seconds": None, "gap_share": None, "status": "insufficient_data"},
+    (replace(consistency(0.3, 0.4), gap_seconds=None, gap_share=None, status="insufficient_data"),
      "no scrape after the probe yet"),
 ])
-def test_outside_engine_is_quiet(probe: dict | None, why: str) -> None:
+def test_outside_engine_is_quiet(probe: ConsistencyResult | None, why: str) -> None:
     assert outside_engine.evaluate(healthy_signals(probe_consistency=probe), T) is None, why
 
 
@@ -184,3 +188,21 @@ def test_runs_between_the_same_scrapes_count_the_engine_requests_once(store) -> 
     # a window that only touches the merged one at a scrape adds its own count: 8 + 1
     assert with_separate.runs == (*runs, separate) and with_separate.client_requests == 9
     assert with_separate.server_requests == pytest.approx(9.0) and not with_separate.other_traffic
+
+
+def test_the_probe_seams_are_typed_and_the_diagnosis_json_keeps_its_shape() -> None:
+    """Signals carry a ProbeBaseline and a ConsistencyResult; the JSON of the diagnosis
+    (``signals.probe_baseline`` / ``signals.probe_consistency``) is what it was as plain dicts."""
+    stats = {"count": 2, "p50": 0.05, "p90": 0.06, "p99": 0.07, "mean": 0.055, "min": 0.05, "max": 0.07}
+    baseline = ProbeBaseline(run_id=3, target="t", kind="canary", measured_at=990.0, age_seconds=30.0,
+                             prompt_tokens=64, max_tokens=16, requests=2, succeeded=2, errors={}, ttft=stats,
+                             itl=None, e2e=stats, tpot=None, prompt_tokens_seen={"min": 64, "max": 64, "mean": 64.0})
+    s = healthy_signals(probe_baseline=baseline, probe_consistency=consistency(0.31, 0.42, status="finding"))
+    signals = json.loads(json.dumps(engine.diagnose(s, T).to_dict()["signals"]))
+    assert list(signals["probe_baseline"]) == [
+        "run_id", "target", "kind", "measured_at", "age_seconds", "prompt_tokens", "max_tokens", "requests",
+        "succeeded", "errors", "ttft", "itl", "e2e", "tpot", "prompt_tokens_seen"]
+    assert signals["probe_baseline"]["ttft"] == stats and signals["probe_baseline"]["itl"] is None
+    assert signals["probe_consistency"] == consistency(0.31, 0.42, status="finding").to_dict()
+    assert signals["probe_consistency"]["runs"] == [7, 9] and signals["probe_consistency"]["gap_seconds"] == 0.31
+    assert baseline.p50("ttft") == 0.05 and baseline.p50("itl") is None

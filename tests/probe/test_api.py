@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,19 +188,21 @@ def test_canary_is_stored_and_is_the_single_request_baseline(migrated_url: str, 
             stored = probe_repository.requests_of(session, row.id)
             assert latest_single_request_baseline(session, target.id, since=time.time() + 60) is None
             assert latest_single_request_baseline(session, "other", since=0) is None
-        assert by_id == {**by_name, "age_seconds": by_id["age_seconds"]}
-        assert by_id["run_id"] == row.id and by_id["kind"] == "canary" and by_id["prompt_tokens"] == 300
-        assert by_id["prompt_tokens_seen"] == {"min": 300, "max": 300, "mean": 300.0}
-        assert by_id["itl"]["mean"] == pytest.approx(floor, rel=0.1) and by_id["itl"]["count"] == 2 * 11
-        assert by_id["ttft"]["mean"] == pytest.approx(sum(r.ttft for r in stored) / 2, rel=1e-12)
-        assert 0.01 < by_id["ttft"]["mean"] < 0.2 and by_id["errors"] == {}
+        assert by_id is not None and by_name is not None
+        assert by_id == replace(by_name, age_seconds=by_id.age_seconds)
+        assert by_id.run_id == row.id and by_id.kind == "canary" and by_id.prompt_tokens == 300
+        assert by_id.prompt_tokens_seen == {"min": 300, "max": 300, "mean": 300.0}
+        assert by_id.itl is not None
+        assert by_id.itl["mean"] == pytest.approx(floor, rel=0.1) and by_id.itl["count"] == 2 * 11
+        assert by_id.ttft["mean"] == pytest.approx(sum(r.ttft for r in stored) / 2, rel=1e-12)
+        assert 0.01 < by_id.ttft["mean"] < 0.2 and by_id.errors == {}
 
         # a canary that cannot run (its key is missing) is stored as an error, and is no baseline
         monkeypatch.delenv("PROBE_TEST_KEY", raising=False)
         bad = run_canary(sessions, target, config.model_copy(update={"api_key_env": "PROBE_TEST_KEY"}))
         assert bad.state == "error" and "PROBE_TEST_KEY" in bad.error
         with sessions() as session:
-            assert latest_single_request_baseline(session, target.id, since=t0)["run_id"] == row.id
+            assert latest_single_request_baseline(session, target.id, since=t0).run_id == row.id
 
         collector = ProbeCollector()
         registry = CollectorRegistry()
@@ -242,7 +245,7 @@ def test_runs_outlive_their_target_and_are_pruned_by_age(service, fleet) -> None
     kept = c.get(f"/api/v1/probes/{row.id}", params={"requests": True}).json()
     assert kept["target_id"] is None and kept["target"] == "gone" and len(kept["requests"]) == 1
     with sessions() as session:
-        assert latest_single_request_baseline(session, "gone", since=0)["run_id"] == row.id
+        assert latest_single_request_baseline(session, "gone", since=0).run_id == row.id
     with sessions.begin() as session:
         assert probe_repository.prune(session, before=row.started_at) == 0
         assert probe_repository.prune(session, before=row.started_at + 0.001) == 1
@@ -327,16 +330,16 @@ def test_migration_creates_the_probe_tables_as_the_models_say(database_url: str)
 
 
 def test_api_probes_feed_a_collector_wired_on_the_telemetry(migrated_url: str, tmp_path: Path) -> None:
-    """When the service's Telemetry carries a ProbeCollector as ``probes``, finished API probes
-    reach it without a database round trip."""
+    """Finished API probes reach the service's ProbeCollector (``Telemetry.probes``, given to
+    the probe jobs by the Monitor) without a database round trip."""
     from fastapi.testclient import TestClient
 
     from app.main import create_app
     from app.settings import Settings
 
     app = create_app(Settings(database_url=migrated_url, data_dir=tmp_path, default_scrape_interval="1h"))
-    collector = ProbeCollector()
-    app.state.monitor.telemetry.probes = collector
+    collector = app.state.monitor.telemetry.probes
+    assert isinstance(collector, ProbeCollector) and app.state.monitor.probe_jobs.on_finished == collector.observe
     registry = CollectorRegistry()
     registry.register(collector)
     with FakeOpenAI() as fake, TestClient(app) as c:

@@ -27,7 +27,7 @@ def test_canary_is_scheduled_stored_exported_and_cited_by_the_diagnosis(migrated
             {"name": "h", "url": fleet.urls["h"] + "/metrics"},
         ], "diagnosis": {"window": "30s"}}))
         for svc in make_service(migrated_url, tmp_path, config_file=config):
-            scheduler = svc.monitor.scraping.scheduler
+            scheduler = svc.monitor.scheduler
             assert scheduler.get_job("canary:q") is not None and scheduler.get_job("canary:h") is None
             target = svc.client.get("/api/v1/targets/q").json()
             assert target["canary"]["enabled"] is True and target["canary"]["prompt_tokens"] == 64

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +22,11 @@ from app import latency
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.promapi import PrometheusClient
+from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
+from app.promsource.service import SourceService
 from app.sources.base import HISTOGRAM_SIGNALS
+from app.store import db
 from app.store.repository import ScrapeRecord
 from app.thresholds import Thresholds
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
@@ -33,6 +37,9 @@ REGIMES = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bou
            "weights_offloaded"]
 CASES = [(s, "vllm") for s in ["healthy", "healthy_bursty", *REGIMES]] + [("healthy", "tgi"), ("queueing", "tgi")]
 RUN_S, WINDOW_S, SCRAPE_S = 180.0, 120.0, 5.0
+# Two services of two replicas each: one queueing next to an idle one, and two without a queue.
+SERVICES = {"queueing-vllm": "imbalanced", "healthy-vllm": "imbalanced",
+            "healthy_bursty-vllm": "balanced", "prefill_compute-vllm": "balanced"}
 
 
 @dataclass
@@ -59,7 +66,8 @@ def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
         target.writer.write([ScrapeRecord(target.target_id, ts, True, 0.001, 0, page.samples_seen,
                                           page.samples_kept, page.malformed, target.processor.engine, None, None,
                                           canonical)])
-        backfill.add({"namespace": "llm", "pod": pod}, ts, text if isinstance(text, str) else text.decode())
+        labels = {"namespace": "llm", "pod": pod, "service": SERVICES.get(pod, pod)}
+        backfill.add(labels, ts, text if isinstance(text, str) else text.decode())
     return round(T0 + target.sim.clock, 3)
 
 
@@ -149,3 +157,50 @@ def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Ca
     assert math.isclose(store_report["ttft"]["p99"], report["ttft"]["p99"], rel_tol=1e-9)
     assert math.isclose(store_report["rates"]["requests_per_second"], report["rates"]["requests_per_second"],
                         rel_tol=1e-9)
+
+
+def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
+        matrix: tuple[dict[str, Case], PrometheusClient], tmp_path: Path) -> None:
+    """The production round: replicas grouped by ``service_labels``, each service diagnosed with its
+    replicas summed by ``le``; one replica queueing while the other idles is ``replica_imbalance``."""
+    cases, client = matrix
+    end = cases["queueing-vllm"].end
+    url = f"sqlite:///{tmp_path / 'services.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    service = SourceService()
+    service.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
+                                              target_labels=["namespace", "pod"], service_labels=["service"])])
+    try:
+        (round_,) = service.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS)
+        assert round_.ok
+        by_name = {t.name: t for t in round_.targets}
+        assert {"m.svc.imbalanced", "m.svc.balanced", "m.llm.queueing-vllm"} <= set(by_name)
+        (status,) = service.statuses()
+        assert status.targets == len(CASES) and status.services == len(CASES) - 2
+        imbalanced = by_name["m.svc.imbalanced"].window
+        assert imbalanced is not None and set(imbalanced.replicas) == {"m.llm.queueing-vllm", "m.llm.healthy-vllm"}
+        # The service's histograms are its replicas' summed by le: the request counts add up.
+        parts = [by_name[f"m.llm.{p}"].window for p in ("queueing-vllm", "healthy-vllm")]
+        assert math.isclose(imbalanced.overall.histograms["ttft"].count,
+                            sum(w.overall.histograms["ttft"].count for w in parts if w is not None), rel_tol=1e-12)
+        with sessions() as session:
+            verdicts = {}
+            for name in ("m.svc.imbalanced", "m.svc.balanced"):
+                (d,) = diagnosis_engine.evaluate_target(session, by_name[name].id, name, "vllm", end, WINDOW_S,
+                                                        Thresholds(), data=by_name[name].window)
+                verdicts[name] = d
+        imbalance = verdicts["m.svc.imbalanced"]
+        assert imbalance.verdict == "replica_imbalance", [(f.regime, f.summary) for f in imbalance.findings]
+        finding = imbalance.findings[0]
+        assert finding.primary and all(e.met for e in finding.evidence if e.op != "info")
+        replicas = [e for e in finding.evidence if e.name.startswith("replica ")]
+        assert [e.name for e in replicas] == ["replica m.llm.queueing-vllm", "replica m.llm.healthy-vllm"]
+        queued = next(f for f in imbalance.findings if f.regime == "queueing") if any(
+            f.regime == "queueing" for f in imbalance.findings) else None
+        assert queued is None or queued.caused_by == "replica_imbalance"
+        assert "replica_imbalance" not in [f.regime for f in verdicts["m.svc.balanced"].findings]
+    finally:
+        service.close()
+        engine.dispose()

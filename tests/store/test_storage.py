@@ -9,7 +9,7 @@ from sqlalchemy import inspect
 
 from app import latency, quantiles
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
-from app.store import db, repository
+from app.store import db, repository, retention
 from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
@@ -180,6 +180,25 @@ def test_prune_removes_only_old_rows(store) -> None:
     with sessions.begin() as session:
         deleted = repository.prune(session, t0 + 150)
     assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2, "findings": 0}
+    with sessions() as session:
+        assert len(repository.scrape_log(session, target_id)) == 2
+
+
+def test_the_retention_round_prunes_the_store_and_the_tables_features_pass_in(store) -> None:
+    """One transaction: the store's tables and each feature's pruner (probe runs in the
+    service) get the same cut-off, ``now - retention``; rows deleted per table and name."""
+    engine, sessions, target_id = store
+    t0 = 1_700_000_000.0
+    SampleWriter(engine).write([record(target_id, t0 + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(4)])
+    cutoffs: list[float] = []
+
+    def prune_extra(session, before: float) -> int:
+        cutoffs.append(before)
+        return 7
+
+    deleted = retention.prune(sessions, 250.0, now=t0 + 400, also={"extra": prune_extra})
+    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2, "findings": 0, "extra": 7}
+    assert cutoffs == [t0 + 150]
     with sessions() as session:
         assert len(repository.scrape_log(session, target_id)) == 2
 

@@ -7,21 +7,19 @@ state and, once done, the summary (``?requests=true`` adds every request);
 ``GET /api/v1/targets/{name}/consistency`` compares recent probes' client TTFT with the
 engine's own TTFT over the same periods (:mod:`app.probe.consistency`).
 
-The router brings its own lifespan (FastAPI nests it inside the app's): it owns the
-:class:`~app.probe.jobs.ProbeJobs` of the app and cancels running probes at shutdown.
+Running probes belong to the service's :class:`~app.probe.jobs.ProbeJobs` (built and shut
+down by the Monitor), reached through :data:`app.api.deps.ProbeJobsDep`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Annotated
 
-from fastapi import APIRouter, FastAPI, HTTPException, Path, Query, Request, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
-from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.deps import MonitorDep, ProbeJobsDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
 from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.api.schemas import ProbeRunOut, ProbeStarted, TargetConsistencyOut
@@ -29,35 +27,13 @@ from app.durations import format_utc
 from app.limits import MAX_ID, UnixTime
 from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
-from app.probe.jobs import ProbeJobs
 from app.probe.runner import ProbeSpec, api_base
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
 from app.probe.sweep import sweep_plans
 from app.store.models import ProbeRequestRow, ProbeRunRow
 from app.urls import validate_target_url
 
-
-@asynccontextmanager
-async def probes_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    monitor = app.state.monitor
-    # a ProbeCollector on the service's telemetry (``Telemetry.probes``), when one is wired in
-    collector = getattr(monitor.telemetry, "probes", None)
-    jobs = ProbeJobs(monitor.sessions, on_finished=getattr(collector, "observe", None))
-    app.state.probe_jobs = jobs
-    try:
-        yield
-    finally:
-        await jobs.shutdown()
-
-
-router = APIRouter(prefix="/api/v1", tags=["probes"], lifespan=probes_lifespan)
-
-
-def get_jobs(request: Request) -> ProbeJobs:
-    jobs = getattr(request.app.state, "probe_jobs", None)
-    if jobs is None:  # the app was built without this router's lifespan
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "probes are not available in this process")
-    return jobs
+router = APIRouter(prefix="/api/v1", tags=["probes"])
 
 
 def run_out(row: ProbeRunRow, requests: list[ProbeRequestRow] | None = None, token_holder: bool = False) -> dict:
@@ -95,9 +71,8 @@ def _create_row(monitor, body: ProbeIn) -> tuple[int, str, str]:  # type: ignore
 
 
 @router.post("/probes", response_model=ProbeStarted, status_code=status.HTTP_202_ACCEPTED, dependencies=[WriteAuth])
-async def create_probe(body: ProbeIn, request: Request, monitor: MonitorDep) -> dict:
+async def create_probe(body: ProbeIn, monitor: MonitorDep, jobs: ProbeJobsDep) -> dict:
     """Start a probe in the background; 202 with its id. Bounded by :mod:`app.probe.schemas`."""
-    jobs = get_jobs(request)
     if body.target is None and body.url is None:
         raise unprocessable("body.target", "give a target name or a url")
     if body.url is not None:

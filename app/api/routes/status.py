@@ -404,7 +404,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     """The fleet table: one row per target, most severe first, with its verdict and
     TTFT/ITL p50/p99 over one window; details on the target's own page."""
     seconds, end, live = page_params(monitor, window, end)
-    targets = repository.list_targets(session)
+    targets = [t for t in repository.list_targets(session) if t.gone_at is None]  # gone: left discovery
     latest = repository.latest_scrapes(session)
     ids = [t.id for t in targets]
     series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []

@@ -16,6 +16,7 @@ from app import latency
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import url_as_shown
 from app.api.schemas import (
+    DiscoveryOut,
     FleetLatencyOut,
     ScrapeHealthOut,
     ScrapeOut,
@@ -123,6 +124,21 @@ def check_url(monitor: Monitor, url: str) -> None:
         raise unprocessable("body.url", str(exc)) from None
 
 
+def refuse_load_balanced(session: SessionDep, target: Target) -> None:
+    """409 for a target whose URL is answered by several engine processes (its latest
+    scrape says ``load_balanced``): numbers from mixed replicas' counters would look exact and
+    be wrong, so none are given. The detail carries the scrape's explanation and remedy."""
+    scrape = repository.latest_scrapes(session).get(target.id)
+    if scrape is not None and scrape.error_class == "load_balanced":
+        raise HTTPException(status.HTTP_409_CONFLICT, {"error_class": "load_balanced", "target": target.name,
+                                                       "message": scrape.error or ""})
+
+
+LOAD_BALANCED_RESPONSE: dict[int | str, dict[str, Any]] = {409: {"description": (
+    "The target is load_balanced: its URL is answered by several engine processes, so no numbers "
+    "are given (scrape the pods)")}}
+
+
 def reschedule(monitor: Monitor) -> None:
     """Called from the request's worker thread after commit: update the scrape jobs."""
     anyio.from_thread.run(monitor.reload_targets)
@@ -192,7 +208,7 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     target = get_or_404(session, name)
     if target.gone_at is None:  # a gone discovered target may be deleted with its history
         refuse_discovered(target, "deleted while its discovery still lists it")
-    monitor.scraping.writer.forget_target(target.id)
+    monitor.forget_target(target.id)
     repository.delete_target(session, target)
     session.commit()
     reschedule(monitor)
@@ -208,7 +224,8 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
     return end - start, end
 
 
-@router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True)
+@router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True,
+            responses=LOAD_BALANCED_RESPONSE)
 def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
@@ -216,8 +233,10 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
                    ) -> dict[str, Any]:
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
-    overall and per model; counter rates; gauge last/mean/max."""
+    overall and per model; counter rates; gauge last/mean/max. 409 while the target is
+    ``load_balanced``."""
     target = get_or_404(session, name)
+    refuse_load_balanced(session, target)
     seconds, end = time_range(window, start, end)
     if target.source in DISCOVERED_BY_SOURCES:
         with source_errors(target):
@@ -227,7 +246,7 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
-@router.get("/targets/{name}/series", response_model=SeriesOut)
+@router.get("/targets/{name}/series", response_model=SeriesOut, responses=LOAD_BALANCED_RESPONSE)
 def target_series(name: str, session: SessionDep, monitor: MonitorDep,
                   signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
@@ -237,6 +256,7 @@ def target_series(name: str, session: SessionDep, monitor: MonitorDep,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
                   ) -> dict[str, Any]:
     target = get_or_404(session, name)
+    refuse_load_balanced(session, target)
     if signal not in HISTOGRAM_SIGNALS:
         raise unprocessable("query.signal", f"unknown signal {signal!r}; one of {', '.join(HISTOGRAM_SIGNALS)}")
     quantile: float | None = None
@@ -283,11 +303,31 @@ def fleet_latency(session: SessionDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
                   ) -> dict[str, Any]:
-    """Fleet-wide percentiles: every target's histograms summed by le."""
+    """Fleet-wide percentiles: every target's histograms summed by le. Targets that are
+    ``load_balanced`` now are left out and named in ``excluded_load_balanced``."""
     seconds, end = time_range(window, start, end)
-    targets = repository.list_targets(session)
+    latest = repository.latest_scrapes(session)
+    targets: list[Target] = []
+    excluded: list[Target] = []
+    for target in repository.list_targets(session):
+        scrape = latest.get(target.id)
+        (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
     report = latency.latency_report(session, [t.id for t in targets], seconds, end)
-    return {"targets": [t.name for t in targets], "window": window, **report}
+    extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
+    return {"targets": [t.name for t in targets], "window": window, **extra, **report}
+
+
+@router.get("/discovery", response_model=list[DiscoveryOut])
+def discovery_status(monitor: MonitorDep, token_holder: TokenHolderDep) -> list[dict[str, Any]]:
+    """Every file_sd_configs / http_sd_configs entry: last refresh, targets found, and the
+    problems of its files and entries (named by file and position), or why a refresh failed."""
+    out = []
+    for entry in monitor.discovery.status.values():
+        data = entry.to_dict()
+        if entry.kind == "http_sd":
+            data["where"] = [url_as_shown(url, token_holder) for url in entry.where]
+        out.append(data)
+    return out
 
 
 @router.get("/scrape-health", response_model=list[ScrapeHealthOut])

@@ -93,11 +93,11 @@ def confidence(conditions: list[Evidence], observations: float, wanted: float) -
 def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:
     """Client-side single-request numbers, when a probe or canary measured them."""
     b = s.probe_baseline
-    value = ((b or {}).get(key) or {}).get("p50")
-    if value is None:
+    value = b.p50(key) if b is not None else None
+    if b is None or value is None:
         return []
     return [info(f"single-request {label} p50 (client probe)", value, "s",
-                 f"probe run {b['run_id']}, {b['prompt_tokens']} prompt tokens, {b['age_seconds']:.0f} s ago")]
+                 f"probe run {b.run_id}, {b.prompt_tokens} prompt tokens, {b.age_seconds:.0f} s ago")]
 
 
 def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str]) -> list[str]:

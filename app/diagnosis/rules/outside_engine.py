@@ -28,26 +28,26 @@ def _utc(ts: float | None) -> str:
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     c = s.probe_consistency
-    if not c or c["status"] == "unreliable" or c["gap_seconds"] is None:
+    if c is None or c.status == "unreliable" or c.gap_seconds is None or c.gap_share is None:
         return None
     conditions = [
-        check("client TTFT - engine TTFT", c["gap_seconds"], ">=", t.outside_gap_seconds, "s",
+        check("client TTFT - engine TTFT", c.gap_seconds, ">=", t.outside_gap_seconds, "s",
               "means over the same periods"),
-        check("share of client TTFT outside the engine", c["gap_share"], ">=", t.outside_gap_share, "%"),
-        check("probe requests compared", c["client_requests"], ">=", t.outside_min_requests, "",
+        check("share of client TTFT outside the engine", c.gap_share, ">=", t.outside_gap_share, "%"),
+        check("probe requests compared", c.client_requests, ">=", t.outside_min_requests, "",
               "preflight included"),
     ]
     if not all(e.met for e in conditions):
         return None
-    runs = ", ".join(str(r) for r in c["runs"])
+    runs = ", ".join(str(r) for r in c.runs)
     evidence = conditions + [
-        info("client TTFT mean (probes)", c["client_mean"], "s"),
-        info("engine TTFT mean, same periods", c["server_mean"], "s"),
-        info("engine queue time mean, same periods", c["server_queue_mean"], "s"),
-        info("engine requests in those periods", c["server_requests"], "",
-             "other traffic mixed in" if c["other_traffic"] else "the probes' own"),
-        info("compared period", f"{_utc(c['probe_start'])} .. {_utc(c['probe_end'])}", "",
-             f"probe run(s) {runs}; engine snapshots {_utc(c['window_start'])} .. {_utc(c['window_end'])}"),
+        info("client TTFT mean (probes)", c.client_mean, "s"),
+        info("engine TTFT mean, same periods", c.server_mean, "s"),
+        info("engine queue time mean, same periods", c.server_queue_mean, "s"),
+        info("engine requests in those periods", c.server_requests, "",
+             "other traffic mixed in" if c.other_traffic else "the probes' own"),
+        info("compared period", f"{_utc(c.probe_start)} .. {_utc(c.probe_end)}", "",
+             f"probe run(s) {runs}; engine snapshots {_utc(c.window_start)} .. {_utc(c.window_end)}"),
     ]
     common = [
         "Probe the engine's own port (llm-latency probe http://<engine-host>:<port>) and the public URL: "
@@ -72,9 +72,9 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         *common,
     ]
     return Finding(
-        "outside_engine", "warning", confidence(conditions, c["client_requests"], 4 * t.outside_min_requests),
-        f"Clients wait {c['gap_seconds']:.2f} s longer for the first token than the engine records "
-        f"({c['gap_share']:.0%} of their {c['client_mean']:.2f} s TTFT, {c['client_requests']} probe requests): "
+        "outside_engine", "warning", confidence(conditions, c.client_requests, 4 * t.outside_min_requests),
+        f"Clients wait {c.gap_seconds:.2f} s longer for the first token than the engine records "
+        f"({c.gap_share:.0%} of their {c.client_mean:.2f} s TTFT, {c.client_requests} probe requests): "
         "the time is lost outside the engine.",
         evidence, remedies(s.engine, vllm, tgi, sglang),
     )

@@ -1,0 +1,80 @@
+"""The diagnosis round: every target evaluated, lifecycles advanced, results persisted.
+
+Run by the scheduler every ``diagnosis.interval`` (:data:`app.scheduling.DIAGNOSIS_JOB`)
+and directly by tests and benchmarks with an explicit ``now``. One transaction per round,
+so a reader never sees half a round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.findings import Diagnosis
+from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.probe.canary import latest_single_request_baseline
+from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.store import repository
+from app.window import TargetWindow
+
+if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thresholds, telemetry exports results
+    from app.config import DiagnosisConfig
+    from app.promsource.service import SourceService
+    from app.telemetry import DiagnosisCollector
+
+PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
+#: A target's diagnosis and the lifecycle transitions it caused (app.diagnosis.engine.apply_lifecycle).
+RoundResult = tuple[Diagnosis, list[dict]]
+
+
+def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
+                       collector: DiagnosisCollector | None = None, now: float | None = None, *,
+                       sources: SourceService | None = None) -> list[RoundResult]:
+    """One diagnosis round over every target: evaluate, advance lifecycles, persist; the
+    diagnoses (with their findings' states) replace the collector's for ``/metrics``.
+
+    Prometheus sources are read first, outside the transaction (network). A target of a
+    source that could not be read gets no window: it is skipped, so it keeps its last
+    verdict and none of its findings moves - missing data never resolves or fires anything.
+    Gone targets (discovery no longer lists them) are not evaluated either."""
+    now = time.time() if now is None else now
+    results: list[RoundResult] = []
+    source_windows: dict[int, TargetWindow] = {}
+    for source_round in (sources.round(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS) if sources else []):
+        for source_target in source_round.targets:
+            if source_target.window is not None:  # None: down now; its TargetDown alert says so
+                source_windows[source_target.id] = source_target.window
+    with sessions.begin() as session:
+        for target in repository.list_targets(session):
+            if target.gone_at is not None or (target.source in DISCOVERED_BY_SOURCES
+                                              and target.id not in source_windows):
+                continue
+            hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
+            engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+            baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE)
+            for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
+                                                              config.window, config.thresholds, hardware,
+                                                              probe_baseline=baseline,
+                                                              data=source_windows.get(target.id)):
+                transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
+                                                               config.thresholds, now)
+                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
+                                          diagnosis.to_dict())
+                results.append((diagnosis, transitions))
+        states = {(name, row.model, row.regime): row.state
+                  for name, row in repository.finding_history(session, states=("pending", "active"))}
+    if collector is not None:
+        collector.diagnoses = [_exported(diagnosis, states) for diagnosis, _ in results]
+    return results
+
+
+def _exported(diagnosis: Diagnosis, states: dict[tuple[str, str, str], str]) -> dict:
+    """``Diagnosis.to_dict()`` with each finding's lifecycle state (pending until stored otherwise)."""
+    data = diagnosis.to_dict()
+    for finding in data["findings"]:
+        finding["state"] = states.get((diagnosis.target, diagnosis.model, finding["regime"]), "pending")
+    return data

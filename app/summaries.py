@@ -1,0 +1,42 @@
+"""The summary round: per-target latency quantiles for the gauges on ``/metrics``.
+
+Computed by a periodic job (``summary_interval``) rather than at scrape time, so a
+Prometheus scraping this service every few seconds never triggers database work; the
+collector (:class:`app.telemetry.DerivedLatencyCollector`) only exports the last result.
+The math is the latency API's (:mod:`app.latency`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import latency
+from app.sources.base import TIME_SIGNALS
+from app.store import repository
+
+if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
+    from app.telemetry import DerivedLatencyCollector
+
+
+def latency_summaries(sessions: sessionmaker[Session], window: float,
+                      end: float | None = None) -> dict[tuple[str, str, str], dict]:
+    """(target, model, signal) -> the summary of every time signal over ``[end - window, end]``."""
+    end = time.time() if end is None else end
+    summaries: dict[tuple[str, str, str], dict] = {}
+    with sessions() as session:
+        for target in repository.list_targets(session):
+            loaded = latency.load_histograms(session, [target.id], TIME_SIGNALS, end - window, end)
+            for model in sorted({s.model for s in loaded.series}):
+                for signal, summary in latency.summarize_signals(loaded, end - window, end, model).items():
+                    if signal in TIME_SIGNALS:
+                        summaries[(target.name, model, signal)] = summary
+    return summaries
+
+
+def refresh_summaries(sessions: sessionmaker[Session], window: float, collector: DerivedLatencyCollector,
+                      end: float | None = None) -> None:
+    """Recompute the summaries and hand them to the collector in one assignment."""
+    collector.summaries = latency_summaries(sessions, window, end)

@@ -1,0 +1,54 @@
+"""The service's one scheduler: rounds run in a worker thread, a failing round is logged
+and stays scheduled, and the next run of a job is known (the status page's countdown)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+import pytest
+
+from app import scheduling
+
+
+def test_a_round_runs_off_the_event_loop_and_a_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    threads: list[str] = []
+
+    def ok() -> None:
+        threads.append(threading.current_thread().name)
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    async def main() -> str:
+        await scheduling.in_thread(ok)()
+        with caplog.at_level(logging.ERROR, logger="app.scheduling"):
+            await scheduling.in_thread(broken, "diagnosis")()  # no exception escapes
+        return threading.current_thread().name
+
+    loop_thread = asyncio.run(main())
+    assert len(threads) == 1 and threads[0] != loop_thread
+    assert [r.getMessage() for r in caplog.records] == ["periodic job diagnosis failed"]
+    assert scheduling.in_thread(ok).__name__ == "ok"
+
+
+def test_next_run_at_is_the_jobs_next_run_and_none_without_the_job() -> None:
+    async def main() -> tuple[float | None, float | None, int]:
+        scheduler = scheduling.make_scheduler()
+        scheduler.start()
+        try:
+            scheduling.add_round(scheduler, scheduling.DIAGNOSIS_JOB, lambda: None, 30.0)
+            scheduling.add_round(scheduler, scheduling.DIAGNOSIS_JOB, lambda: None, 60.0)  # replaces, not duplicates
+            job = scheduler.get_job(scheduling.DIAGNOSIS_JOB)
+            assert job.max_instances == 1 and job.coalesce is True and job.trigger.interval.total_seconds() == 60.0
+            return (scheduling.next_run_at(scheduler, scheduling.DIAGNOSIS_JOB),
+                    scheduling.next_run_at(scheduler, "missing"), len(scheduler.get_jobs()))
+        finally:
+            scheduler.shutdown(wait=False)
+
+    before = time.time()
+    next_run, missing, jobs = asyncio.run(main())
+    assert missing is None and jobs == 1
+    assert next_run is not None and before + 55 <= next_run <= time.time() + 60
