@@ -45,7 +45,8 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, dict[str, str]: JSON, list[dict[str, Any]]: JSON}
 
 
-DISCOVERED_SOURCES = frozenset({"file_sd", "http_sd", "prometheus", "service"})  # Target.source values owned by discovery
+# Target.source values owned by discovery
+DISCOVERED_SOURCES = frozenset({"file_sd", "http_sd", "prometheus", "service"})
 
 
 class Target(Base):

@@ -26,7 +26,7 @@ from app import rules_export
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.config import FileConfig, load_config
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
-from app.diagnosis.rules import kv_cache_pressure, prefill_compute, prefill_interference, queueing
+from app.diagnosis.rules import RULES, kv_cache_pressure, prefill_compute, prefill_interference, queueing
 from app.diagnosis.signals import Signals
 from app.promql import instance_of
 from app.quantiles import LatencySummary
@@ -43,6 +43,8 @@ from app.thresholds import Thresholds
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The regimes with a PromQL twin (the others say why not: ``Rule.no_promql``).
+EXPORTED_REGIMES = {rule.regime for rule in RULES if rule.promql is not None}
 DEPLOY = ROOT / "deploy" / "prometheus"
 COMMITTED = DEPLOY / "llm-latency-rules.yaml"
 UNIT_TESTS = DEPLOY / "tests"
@@ -109,7 +111,7 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
     alerts = alerts_of(build_rules(config))
     names = {a["alert"] for a in alerts}
     assert names == {slo_alertname("ttft"), slo_alertname("itl"), TARGET_DOWN,
-                     *map(regime_alertname, set(REGIMES) - set(PROBE_REGIMES))}
+                     *map(regime_alertname, EXPORTED_REGIMES)}
     assert {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
             "LLMLatencyTargetDown"} <= names
     for alert in alerts:
@@ -625,8 +627,13 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
     assert result.returncode == 0, f"{summary}\n{result.stdout[-8000:]}{result.stderr[-2000:]}"
     # the comparison was not vacuous: every regime fired somewhere, each at its built-in severity
     fired = {regime for _, _, findings in summary for regime, _ in findings}
-    assert fired == set(REGIMES) - set(PROBE_REGIMES)
+    assert fired == EXPORTED_REGIMES
     assert len(expr_tests) > 12 * len(EQUIVALENCE_CASES)
+
+
+def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
+    assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 
 def test_module_docstring_lists_the_differences() -> None:
