@@ -3,6 +3,7 @@
 
     python3 grafana/generate.py            # (re)write grafana/dashboards/*.json
     python3 grafana/generate.py --check    # exit 1 when the committed JSON is stale (CI)
+    python3 grafana/generate.py --config targets.yaml --out DIR   # for a Prometheus source
 
 Two dashboards, built from the same query builders below:
 
@@ -18,6 +19,8 @@ the Prometheus scrape config gives every engine a ``target`` label equal to the 
 target name (``deploy/compose/prometheus.yml`` shows it); the service's own series carry
 ``target`` already. Engine-specific expressions are joined with ``or`` so one query covers
 vLLM (current metric names) and TGI; see ``Q`` below and ``grafana/README.md``.
+For a config with a Prometheus source the engine series are selected and grouped by the
+source's target labels instead (:class:`EngineLabels`); no ``target`` relabeling is needed.
 
 What is read from the application rather than written here: the regime ids and colours
 (the state timeline's value mapping and the annotation), and the default SLO objectives (the initial
