@@ -43,6 +43,16 @@ the window, ``runbook_url``, and ``dashboard_url`` when configured):
 * ``LLMLatencyTargetDown`` on ``up == 0`` for ``alerts.target_down_for`` (limited to the
   configured targets' instances when there are any).
 
+For a Prometheus source (the config has ``sources:``; ``--source NAME`` when there are
+several): the rules are for that source's Prometheus and see its replicas as the service
+does. Every engine series carries the source's ``selector``; everything is grouped by its
+``target_labels`` (plus ``model_name``) instead of ``job, instance``; alert texts, the
+``dashboard_url`` variables and the suggested inhibit_rules name a target by those labels;
+``LLMLatencyTargetDown`` is ``max by (<target labels>) (up{<selector>}) == 0`` (a pod whose
+every scrape endpoint fails). Static targets of the file are not this Prometheus' series: their
+hardware profiles and SLOs limited to them are left out (an SLO limited to discovered target
+names is refused: narrow the selector instead).
+
 Every alert links its runbook (``<external_url>/runbooks/<name>``, else
 ``docs/runbooks/<name>.md``; names from ``app.alerts.config.ALERT_RUNBOOKS``: the regime
 for regime alerts, ``slo_<signal>`` for SLOs, ``target_down``).
@@ -73,7 +83,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,13 +97,16 @@ from app.diagnosis.rules.base import Rule
 from app.diagnosis.signals import STALL_SECONDS
 from app.promql import (
     and_on,
+    format_matchers,
     human_seconds,
     instance_selector,
     le_matcher,
     num,
+    parse_selector,
     prom_duration,
     quantile_name,
 )
+from app.promsource.config import PrometheusSourceConfig
 from app.thresholds import Thresholds
 
 PREFIX = "llm_latency"
@@ -124,6 +137,44 @@ HEADER = """\
 """
 
 
+# ----------------------------------------------------------------------------- scope
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which engine series the rules read and which labels make one target.
+
+    Without a source: the engines the rule-evaluating Prometheus scrapes itself, one target
+    per ``job, instance``. For a Prometheus source: the series its ``selector`` matches, one
+    target per value set of its ``target_labels`` -- what the service itself discovers there,
+    so the rules see the replicas (pods), not the URLs of the targets YAML.
+    """
+
+    source: PrometheusSourceConfig | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return ("instance",) if self.source is None else tuple(self.source.target_labels)
+
+    @property
+    def matchers(self) -> str:
+        return "" if self.source is None else format_matchers(parse_selector(self.source.selector))
+
+
+def scope_of(config: FileConfig, source: str | None = None) -> Scope:
+    """The scope of an export: the named source, the only source, or none when the config has none."""
+    names = [s.name for s in config.sources]
+    if source is not None:
+        if source not in names:
+            have = f"its sources are {', '.join(map(repr, names))}" if names else "it has no sources"
+            raise ValueError(f"--source {source!r}: no such source in the config ({have})")
+        return Scope(config.sources[names.index(source)])
+    if len(names) > 1:
+        raise ValueError(f"the config has {len(names)} sources ({', '.join(map(repr, names))}): the rules are "
+                         "evaluated by one Prometheus, choose its source with --source NAME")
+    return Scope(config.sources[0] if names else None)
+
+
 # ----------------------------------------------------------------------------- engines
 
 
@@ -139,14 +190,36 @@ class Engine:
     running: str
     waiting: str
     preemptions: str | None  # counter, or None when the engine exports none
+    shown: tuple[str, ...] = ("instance",)  # the labels that name a target in alert texts
+    matchers: str = ""  # a source's selector, added to every engine series the rules read
 
     @property
     def labels(self) -> str:
         return ", ".join(self.by)
 
+    @property
+    def target_by(self) -> str:
+        """The labels of one target (``by`` without the model)."""
+        return ", ".join(label for label in self.by if label != "model_name")
+
+    def select(self, metric: str, selector: str = "") -> str:
+        """``metric{selector}`` with the source's matchers added."""
+        if not self.matchers:
+            return f"{metric}{selector}"
+        if not selector:
+            return f"{metric}{{{self.matchers}}}"
+        return f"{metric}{selector[:-1]},{self.matchers}}}"
+
+    def scoped(self, scope: Scope) -> Engine:
+        """This engine read through ``scope`` (the defaults: the engine's own ``by``)."""
+        if scope.source is None:
+            return self
+        model = ("model_name",) if "model_name" in self.by else ()
+        return replace(self, by=(*scope.labels, *model), shown=scope.labels, matchers=scope.matchers)
+
     def who(self) -> str:
         model = " {{ $labels.model_name }}" if "model_name" in self.by else ""
-        return f"{self.title}{model} on {{{{ $labels.instance }}}}"
+        return f"{self.title}{model} on " + "/".join(f"{{{{ $labels.{label} }}}}" for label in self.shown)
 
     def supports(self, signal: str) -> bool:
         return signal in self.histograms or (signal == "ttft" and self.name == "tgi")
@@ -212,7 +285,7 @@ class _Group:
         return f"{PREFIX}:{self.engine.name}_{what}:{agg}_{w}"
 
     def sum_rate(self, metric: str, selector: str, w: str, fn: str = "rate") -> str:
-        return f"sum by ({self.engine.labels}) ({fn}({metric}{selector}[{w}]))"
+        return f"sum by ({self.engine.labels}) ({fn}({self.engine.select(metric, selector)}[{w}]))"
 
     def quantile(self, signal: str, q: float, w: str) -> str:
         e = self.engine
@@ -222,7 +295,7 @@ class _Group:
             return self.record(name, f"{queue}\n+ {prefill}")
         metric, selector = e.histograms[signal]
         return self.record(name, f"histogram_quantile({num(q)}, sum by (le, {e.labels}) "
-                                 f"(rate({metric}_bucket{selector}[{w}])))")
+                                 f"(rate({e.select(metric + '_bucket', selector)}[{w}])))")
 
     def mean(self, signal: str, w: str) -> str:
         e = self.engine
@@ -280,9 +353,10 @@ class _Group:
         e = self.engine
         name = self.rec("kv_cache_usage", "max", w)
         if e.name == "vllm":
-            return self.record(name, f"avg by ({e.labels}) (max_over_time(vllm:kv_cache_usage_perc[{w}]))")
-        usage = (f"clamp_max(\n    sum by ({e.labels}) (tgi_batch_current_max_tokens)\n    /\n"
-                 f"    (sum by ({e.labels}) (tgi_batch_max_total_tokens) > 0),\n    1\n  )")
+            return self.record(name, f"avg by ({e.labels}) "
+                                     f"(max_over_time({e.select('vllm:kv_cache_usage_perc')}[{w}]))")
+        usage = (f"clamp_max(\n    sum by ({e.labels}) ({e.select('tgi_batch_current_max_tokens')})\n    /\n"
+                 f"    (sum by ({e.labels}) ({e.select('tgi_batch_max_total_tokens')}) > 0),\n    1\n  )")
         return self.record(name, f"max_over_time(\n  {usage}[{w}:]\n)")
 
     def preemption_rate(self, w: str) -> str | None:
@@ -332,13 +406,15 @@ class _Group:
 class _Links:
     external_url: str
     dashboard_url: str
+    labels: tuple[str, ...] = ("instance",)  # the dashboards' variables that name a target
 
     def annotations(self, alertname: str, summary: str, description: str) -> dict[str, str]:
         out = {"summary": summary, "description": description,
                "runbook_url": runbook_url(self.external_url, alertname)}
         if self.dashboard_url:
             sep = "&" if "?" in self.dashboard_url else "?"
-            out["dashboard_url"] = f"{self.dashboard_url}{sep}var-instance={{{{ $labels.instance }}}}"
+            values = "&".join(f"var-{label}={{{{ $labels.{label} }}}}" for label in self.labels)
+            out["dashboard_url"] = f"{self.dashboard_url}{sep}{values}"
         return out
 
 
@@ -403,13 +479,16 @@ def _regime_alerts(g: _Group, recorded: dict[str, str | None], t: Thresholds, w:
     return out
 
 
-def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict[str, Any]]:
+def _slo_alerts(g: _Group, config: FileConfig, links: _Links, scope: Scope) -> list[dict[str, Any]]:
     e = g.engine
     alerts = []
     for index, slo in enumerate(config.alerts.slos):
         if not e.supports(slo.signal):
             continue
-        selector = instance_selector(_slo_targets(config, slo, index))
+        targets = _slo_targets(config, slo, index, scope)
+        if targets is None:
+            continue
+        selector = instance_selector(targets)
         w = prom_duration(slo.window)
         series = g.quantile(slo.signal, slo.quantile, w)
         what = f"{SLO_WORDS[slo.signal]} {quantile_name(slo.quantile)}"
@@ -427,19 +506,39 @@ def _slo_alerts(g: _Group, config: FileConfig, links: _Links) -> list[dict[str, 
     return alerts
 
 
-def _slo_targets(config: FileConfig, slo: SloConfig, index: int) -> list[TargetConfig]:
+def _slo_targets(config: FileConfig, slo: SloConfig, index: int, scope: Scope) -> list[TargetConfig] | None:
+    """The scraped targets an SLO is limited to ([] = all); None when it concerns no target of a source."""
     if slo.targets is None:
         return []
     by_name = {t.name: t for t in config.targets}
+    if scope.source is not None:
+        # Targets of a source are named after label values the export cannot know; an SLO
+        # limited to the static targets of the file is not about this Prometheus' series.
+        others = [name for name in slo.targets if name not in by_name]
+        if others:
+            raise ValueError(f"alerts.slos[{index}].targets: rules for source {scope.source.name!r} group by its "
+                             f"target_labels and cannot be limited to named targets ({', '.join(map(repr, others))});"
+                             " leave targets out or narrow the source's selector")
+        return None
     unknown = [name for name in slo.targets if name not in by_name]
     if unknown:
         raise ValueError(f"alerts.slos[{index}].targets: unknown target(s) {', '.join(map(repr, unknown))}")
     return [by_name[name] for name in slo.targets]
 
 
-def _target_down(config: FileConfig, links: _Links) -> dict[str, Any]:
-    selector = instance_selector(config.targets)
+def _target_down(config: FileConfig, links: _Links, scope: Scope) -> dict[str, Any]:
     hold = prom_duration(config.alerts.target_down_for)
+    if scope.source is not None:
+        by = ", ".join(scope.labels)
+        who = "/".join(f"{{{{ $labels.{label} }}}}" for label in scope.labels)
+        up = f"up{{{scope.matchers}}}" if scope.matchers else "up"
+        return _alert(
+            TARGET_DOWN, f"max by ({by}) ({up}) == 0", config.alerts.target_down_for, {"severity": "warning"},
+            links.annotations(
+                TARGET_DOWN, f"Prometheus cannot scrape {who}",
+                f"Prometheus has failed to scrape {who} for at least {hold}: latency and regime alerts for it "
+                f"see no data."))
+    selector = instance_selector(config.targets)
     return _alert(
         TARGET_DOWN, f"up{selector} == 0", config.alerts.target_down_for, {"severity": "warning"},
         links.annotations(
@@ -448,40 +547,44 @@ def _target_down(config: FileConfig, links: _Links) -> dict[str, Any]:
             f"and regime alerts for it see no data."))
 
 
-def inhibit_rules() -> list[dict[str, Any]]:
+def inhibit_rules(scope: Scope | None = None) -> list[dict[str, Any]]:
     """Alertmanager inhibit_rules from the regime rules' ``causes`` (+ critical over warning), for
     the regimes these rules export (a regime without a PromQL twin raises no exported alert)."""
+    labels = list((scope or Scope()).labels)
     out = []
     for rule in RULES:
         if rule.causes and rule.promql is not None:
             out.append({"source_matchers": [f'alertname="{regime_alertname(rule.regime)}"'],
                         "target_matchers": ['alertname=~"' + "|".join(regime_alertname(c) for c in rule.causes) + '"'],
-                        "equal": ["instance"]})
+                        "equal": list(labels)})
     out.append({"source_matchers": ['severity="critical"'], "target_matchers": ['severity="warning"'],
-                "equal": ["alertname", "instance"]})
+                "equal": ["alertname", *labels]})
     return out
 
 
-def build_rules(config: FileConfig) -> dict[str, Any]:
-    """The Prometheus rule-file document (``{"groups": [...]}``) for ``config``."""
+def build_rules(config: FileConfig, source: str | None = None) -> dict[str, Any]:
+    """The Prometheus rule-file document (``{"groups": [...]}``) for ``config`` (and the
+    Prometheus of ``source``, see :func:`scope_of`)."""
+    scope = scope_of(config, source)
     t = config.diagnosis.thresholds
     regime_window = prom_duration(config.diagnosis.window)
     hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
-    links = _Links(config.alerts.external_url.rstrip("/"), config.alerts.dashboard_url)
+    links = _Links(config.alerts.external_url.rstrip("/"), config.alerts.dashboard_url, scope.labels)
     windows = sorted({STANDARD_WINDOW, config.diagnosis.window})
     groups = []
-    for engine in ENGINES:
+    for engine in (e.scoped(scope) for e in ENGINES):
         g = _Group(engine)
         signals = {}
         for seconds in windows:
             w = prom_duration(seconds)
             signals[w] = g.all_signals(w)
-        hardware = [target for target in config.targets
-                    if target.hardware is not None and target.engine in ("auto", engine.name)]
-        alerts = _slo_alerts(g, config, links)
+        # a decode floor belongs to a scraped target's instance; a source's replicas have none
+        hardware = [target for target in config.targets if scope.source is None
+                    and target.hardware is not None and target.engine in ("auto", engine.name)]
+        alerts = _slo_alerts(g, config, links, scope)
         alerts += _regime_alerts(g, signals[regime_window], t, regime_window, hold, links, hardware)
         groups.append({"name": f"llm-latency-{engine.name}", "rules": g.rules + alerts})
-    groups.append({"name": "llm-latency-targets", "rules": [_target_down(config, links)]})
+    groups.append({"name": "llm-latency-targets", "rules": [_target_down(config, links, scope)]})
     return {"groups": groups}
 
 
@@ -500,14 +603,19 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def render_rules(config: FileConfig) -> str:
+def render_rules(config: FileConfig, source: str | None = None) -> str:
     """The rule file as YAML text with the generated-file header."""
+    scope = scope_of(config, source)
     t = config.diagnosis.thresholds
     hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
-    inhibit = yaml.dump({"inhibit_rules": inhibit_rules()}, Dumper=_Dumper, sort_keys=False, width=1000)
+    inhibit = yaml.dump({"inhibit_rules": inhibit_rules(scope)}, Dumper=_Dumper, sort_keys=False, width=1000)
     header = HEADER.format(window=prom_duration(config.diagnosis.window), hold=prom_duration(hold),
                            inhibit="\n".join(f"#   {line}" for line in inhibit.rstrip("\n").splitlines()))
-    body = yaml.dump(build_rules(config), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    if scope.source is not None:
+        selector = f"the series matching {scope.matchers}" if scope.matchers else "every engine series"
+        header += (f"#\n# For the Prometheus of source {scope.source.name!r}: {selector},\n"
+                   f"# one target per ({', '.join(scope.labels)}) as the service discovers them there.\n")
+    body = yaml.dump(build_rules(config, source), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
     return header + body
 
 
@@ -524,12 +632,18 @@ def rules() -> None:
               help="Targets YAML (thresholds, SLOs, hardware profiles); defaults when omitted.")
 @click.option("--out", "out_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Write the rule file here (default: stdout).")
+@click.option("--source", "source", metavar="NAME",
+              help="With sources in the config: the source whose Prometheus evaluates the rules (needed when "
+                   "there are several).")
 @click.option("--check", is_flag=True, help="Do not write: exit 1 if --out differs from what would be generated.")
-def export(config_file: Path | None, out_file: Path | None, check: bool) -> None:
-    """Write Prometheus recording + alerting rules (vLLM and TGI metric names)."""
+def export(config_file: Path | None, out_file: Path | None, source: str | None, check: bool) -> None:
+    """Write Prometheus recording + alerting rules (vLLM and TGI metric names).
+
+    For a config with a Prometheus source, the rules read that source's series (its
+    selector) and name a target by its target_labels instead of job/instance."""
     try:
         config = load_config(config_file) if config_file is not None else FileConfig()
-        text = render_rules(config)
+        text = render_rules(config, source)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if check:
@@ -544,7 +658,8 @@ def export(config_file: Path | None, out_file: Path | None, check: bool) -> None
             diff = list(difflib.unified_diff(current.splitlines(), text.splitlines(), f"{out_file} (committed)",
                                              f"{out_file} (generated)", lineterm="", n=1))
             click.echo(f"{out_file} is stale: regenerate it with `llm-latency rules export"
-                       f"{f' --config {config_file}' if config_file else ''} --out {out_file}`", err=True)
+                       f"{f' --config {config_file}' if config_file else ''}"
+                       f"{f' --source {source}' if source else ''} --out {out_file}`", err=True)
             click.echo("\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""), err=True)
             sys.exit(1)
         click.echo(f"{out_file}: up to date")

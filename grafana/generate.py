@@ -3,6 +3,7 @@
 
     python3 grafana/generate.py            # (re)write grafana/dashboards/*.json
     python3 grafana/generate.py --check    # exit 1 when the committed JSON is stale (CI)
+    python3 grafana/generate.py --config targets.yaml --out DIR   # for a Prometheus source
 
 Two dashboards, built from the same query builders below:
 
@@ -18,6 +19,8 @@ the Prometheus scrape config gives every engine a ``target`` label equal to the 
 target name (``deploy/compose/prometheus.yml`` shows it); the service's own series carry
 ``target`` already. Engine-specific expressions are joined with ``or`` so one query covers
 vLLM (current metric names) and TGI; see ``Q`` below and ``grafana/README.md``.
+For a config with a Prometheus source the engine series are selected and grouped by the
+source's target labels instead (:class:`EngineLabels`); no ``target`` relabeling is needed.
 
 What is read from the application rather than written here: the regime ids and colours
 (the state timeline's value mapping and the annotation), and the default SLO objectives (the initial
@@ -85,6 +88,79 @@ VLLM = 'target=~"$target", model_name=~"$model"'
 TGI = 'target=~"$target"'                       # TGI exports no model label
 
 
+@dataclass(frozen=True)
+class EngineLabels:
+    """How the engine panels select and name a target's series.
+
+    Scrape mode (the committed dashboards): by the ``target`` label the Prometheus scrape
+    config gives every engine. For a Prometheus source (``--config`` with ``sources:``): by
+    the source's ``target_labels`` -- one dashboard variable each, read from the engine series
+    its ``selector`` matches -- so no ``target`` relabeling is needed; the monitor's own series
+    keep their ``target`` name, which a hidden ``target`` variable derives from the chosen
+    label values (the monitor names a discovered target ``<source>.<value>.<value>``).
+    """
+
+    vllm: str = VLLM
+    tgi: str = TGI
+    labels: tuple[str, ...] = ("target",)
+    source: str = ""        # the source's name, "" in scrape mode
+    matchers: str = ""      # the source's selector (PromQL matchers, no braces)
+
+    @property
+    def by(self) -> str:
+        return ", ".join(self.labels)
+
+    @property
+    def legend(self) -> str:
+        return "/".join(f"{{{{{label}}}}}" for label in self.labels)
+
+    @property
+    def up(self) -> str:
+        """Prometheus' own ``up`` of the selected targets."""
+        if not self.source:
+            return f"up{{{SVC_T}}}"
+        return f"max by ({self.by}) (up{{{self.tgi}}})"
+
+    def with_labels(self, expr: str) -> str:
+        """The monitor's series with the target labels parsed back out of its target names, so a
+        link can carry them (``var-pod=...``). Scrape mode: ``expr`` unchanged."""
+        if not self.source:
+            return expr
+        for i, label in enumerate(self.labels):
+            before = "[^.]*\\\\." * i
+            value = "(.*)" if i == len(self.labels) - 1 else "([^.]*)\\\\..*"
+            expr = f'label_replace({expr}, "{label}", "$1", "target", "{self.source}\\\\.{before}{value}")'
+        return expr
+
+    def link_vars(self, template: str) -> str:
+        """``var-<label>=<value>`` for a drill-down link; ``template`` formats one label's value."""
+        return "&".join(f"var-{label}={template.format(label)}" for label in self.labels)
+
+
+#: One always-present gauge per engine: a target label's values are read from these series.
+PRESENCE_METRICS = ("vllm:num_requests_running", "tgi_batch_current_size")
+
+#: The engine labels of the dashboards being rendered (:func:`render` sets them).
+ENGINE = EngineLabels()
+
+
+def engine_labels(config_file: Path | None, source: str | None) -> EngineLabels:
+    """Scrape mode, or the labels of the config's Prometheus source (see ``rules export``)."""
+    if config_file is None:
+        return EngineLabels()
+    from app.config import load_config
+    from app.rules_export import scope_of
+
+    scope = scope_of(load_config(config_file), source)
+    if scope.source is None:
+        return EngineLabels()
+    labels = tuple(scope.labels)
+    chosen = ", ".join(f'{label}=~"${label}"' for label in labels)
+    base = f"{scope.matchers}, {chosen}" if scope.matchers else chosen
+    return EngineLabels(vllm=f'{base}, model_name=~"$model"', tgi=base, labels=labels, source=scope.source.name,
+                        matchers=scope.matchers)
+
+
 def either(*alternatives: str) -> str:
     """One expression for several engines: each alternative yields series only for the
     targets of its engine, and they share the same output labels, so ``or`` unions them."""
@@ -143,28 +219,28 @@ class Q:
 
     # --- engine series
     @staticmethod
-    def vllm_rate(metric: str, by: str = "target", extra: str = "", w: str = "$__rate_interval") -> str:
-        return f"sum by ({by}) (rate({metric}{{{VLLM}{extra}}}[{w}]))"
+    def vllm_rate(metric: str, by: str = "", extra: str = "", w: str = "$__rate_interval") -> str:
+        return f"sum by ({by or ENGINE.by}) (rate({metric}{{{ENGINE.vllm}{extra}}}[{w}]))"
 
     @staticmethod
-    def tgi_rate(metric: str, by: str = "target", extra: str = "", w: str = "$__rate_interval") -> str:
-        return f"sum by ({by}) (rate({metric}{{{TGI}{extra}}}[{w}]))"
+    def tgi_rate(metric: str, by: str = "", extra: str = "", w: str = "$__rate_interval") -> str:
+        return f"sum by ({by or ENGINE.by}) (rate({metric}{{{ENGINE.tgi}{extra}}}[{w}]))"
 
     @staticmethod
-    def vllm_quantile(q: str, family: str, by: str = "target") -> str:
-        return f"histogram_quantile({q}, {Q.vllm_rate(family + '_bucket', f'le, {by}')})"
+    def vllm_quantile(q: str, family: str) -> str:
+        return f"histogram_quantile({q}, {Q.vllm_rate(family + '_bucket', f'le, {ENGINE.by}')})"
 
     @staticmethod
-    def tgi_quantile(q: str, family: str, by: str = "target", extra: str = "") -> str:
-        return f"histogram_quantile({q}, {Q.tgi_rate(family + '_bucket', f'le, {by}', extra)})"
+    def tgi_quantile(q: str, family: str, extra: str = "") -> str:
+        return f"histogram_quantile({q}, {Q.tgi_rate(family + '_bucket', f'le, {ENGINE.by}', extra)})"
 
     @staticmethod
-    def vllm_mean(family: str, by: str = "target") -> str:
-        return f"{Q.vllm_rate(family + '_sum', by)} / {Q.vllm_rate(family + '_count', by)}"
+    def vllm_mean(family: str) -> str:
+        return f"{Q.vllm_rate(family + '_sum')} / {Q.vllm_rate(family + '_count')}"
 
     @staticmethod
-    def tgi_mean(family: str, by: str = "target", extra: str = "") -> str:
-        return f"{Q.tgi_rate(family + '_sum', by, extra)} / {Q.tgi_rate(family + '_count', by, extra)}"
+    def tgi_mean(family: str, extra: str = "") -> str:
+        return f"{Q.tgi_rate(family + '_sum', extra=extra)} / {Q.tgi_rate(family + '_count', extra=extra)}"
 
     @staticmethod
     def engine_ttft_quantile(q: str) -> str:
@@ -199,20 +275,21 @@ class Q:
 
     @staticmethod
     def running() -> str:
-        return either(f"sum by (target) (vllm:num_requests_running{{{VLLM}}})",
-                      f"sum by (target) (tgi_batch_current_size{{{TGI}}})")
+        return either(f"sum by ({ENGINE.by}) (vllm:num_requests_running{{{ENGINE.vllm}}})",
+                      f"sum by ({ENGINE.by}) (tgi_batch_current_size{{{ENGINE.tgi}}})")
 
     @staticmethod
     def waiting() -> str:
-        return either(f"sum by (target) (vllm:num_requests_waiting{{{VLLM}}})",
-                      f"sum by (target) (tgi_queue_size{{{TGI}}})")
+        return either(f"sum by ({ENGINE.by}) (vllm:num_requests_waiting{{{ENGINE.vllm}}})",
+                      f"sum by ({ENGINE.by}) (tgi_queue_size{{{ENGINE.tgi}}})")
 
     @staticmethod
     def kv_usage() -> str:
         """Averaged over vLLM's data-parallel engines (a usage fraction must not be summed);
         TGI: tokens reserved by the running batch / the KV capacity in tokens."""
-        return either(f"avg by (target) (vllm:kv_cache_usage_perc{{{VLLM}}})",
-                      f"avg by (target) (tgi_batch_current_max_tokens{{{TGI}}} / tgi_batch_max_total_tokens{{{TGI}}})")
+        e = ENGINE
+        tgi = f"tgi_batch_current_max_tokens{{{e.tgi}}} / tgi_batch_max_total_tokens{{{e.tgi}}}"
+        return either(f"avg by ({e.by}) (vllm:kv_cache_usage_perc{{{e.vllm}}})", f"avg by ({e.by}) ({tgi})")
 
     @staticmethod
     def preemptions() -> str:
@@ -237,13 +314,14 @@ class Q:
     @staticmethod
     def tgi_prefill_merges() -> str:
         """TGI pauses decoding while a new prefill batch runs; merges/s show how often."""
-        return Q.tgi_rate("tgi_batch_concat", by="target, reason")
+        return Q.tgi_rate("tgi_batch_concat", by=f"{ENGINE.by}, reason")
 
     @staticmethod
     def request_attainment(family: str, var: str) -> str:
         """Share of observations at or below the objective, exact from vLLM's buckets."""
-        return (f'sum by (target) (increase({family}_bucket{{{VLLM}, le="${var}"}}[$__range]))\n'
-                f"/ sum by (target) (increase({family}_count{{{VLLM}}}[$__range]))")
+        e = ENGINE
+        return (f'sum by ({e.by}) (increase({family}_bucket{{{e.vllm}, le="${var}"}}[$__range]))\n'
+                f"/ sum by ({e.by}) (increase({family}_count{{{e.vllm}}}[$__range]))")
 
 
 # ----------------------------------------------------------------------------- panel model
@@ -406,9 +484,9 @@ UP_MAPPINGS = [{"type": "value", "options": {"0": {"text": "down", "color": "red
 
 
 def drill_down_link() -> list[dict]:
+    chosen = ENGINE.link_vars("${{__field.labels.{}}}") if ENGINE.source else "var-target=${__field.labels.target}"
     return [{"title": "Drill down: ${__field.labels.target}",
-             "url": f"/d/{TARGET_UID}?var-target=${{__field.labels.target}}&${{datasource:queryparam}}"
-                    "&${__url_time_range}"}]
+             "url": f"/d/{TARGET_UID}?{chosen}&${{datasource:queryparam}}&${{__url_time_range}}"}]
 
 
 # ----------------------------------------------------------------------------- shared panels
@@ -437,9 +515,9 @@ def slo_request_panel(width: int) -> Panel:
         "Share of requests with TTFT <= $ttft_slo s and of decode steps with ITL <= $itl_slo s over the time "
         "range, read exactly from vLLM's histogram buckets (the objective choices are bucket bounds). TGI "
         "exports no TTFT histogram, so TGI targets appear only in the time-based panel.",
-        [Target(Q.request_attainment("vllm:time_to_first_token_seconds", "ttft_slo"), "{{target}} TTFT",
+        [Target(Q.request_attainment("vllm:time_to_first_token_seconds", "ttft_slo"), f"{ENGINE.legend} TTFT",
                 instant=True),
-         Target(Q.request_attainment("vllm:inter_token_latency_seconds", "itl_slo"), "{{target}} ITL",
+         Target(Q.request_attainment("vllm:inter_token_latency_seconds", "itl_slo"), f"{ENGINE.legend} ITL",
                 instant=True)], width=width)
 
 
@@ -449,7 +527,7 @@ def regime_timeline(height: int) -> Panel:
         "The monitor's verdict per target and model after every diagnosis round "
         "(llm_latency_diagnosis_verdict): healthy, insufficient data, or the primary regime. "
         "Runbooks: $monitor_url/runbooks/<regime>.",
-        [Target(Q.verdict_code(), "{{target}} · {{model}}")], verdict_mappings(), height=height,
+        [Target(ENGINE.with_labels(Q.verdict_code()), "{{target}} · {{model}}")], verdict_mappings(), height=height,
         links=drill_down_link())
 
 
@@ -502,6 +580,7 @@ def alerts_table(width: int) -> Panel:
 
 def why_panels(per_target: bool) -> list[Panel]:
     by = "" if per_target else "{{target}} "
+    eby = "" if per_target else f"{ENGINE.legend} "  # engine series
     if per_target:
         ttft_monitor = timeseries(
             "TTFT decomposition: queue vs. prefill (monitor)",
@@ -523,15 +602,15 @@ def why_panels(per_target: bool) -> list[Panel]:
         "Mean queue and prefill time from the engines' own histograms over the rate interval: vLLM "
         "request_queue_time_seconds / request_prefill_time_seconds; TGI request_queue_duration / prefill "
         "batch_inference_duration.",
-        [Target(Q.engine_queue_mean(), f"{by}queue"), Target(Q.engine_prefill_mean(), f"{by}prefill")], "s",
+        [Target(Q.engine_queue_mean(), f"{eby}queue"), Target(Q.engine_prefill_mean(), f"{eby}prefill")], "s",
         stack=per_target)
     itl = timeseries(
         "ITL p99/p50 and engine step size",
         "Left: ITL p99 / p50 (monitor). A ratio jumping above ~4 while long prompts arrive means decodes stall "
         "behind prefills ('prefill_interference'). Right (dashed): tokens per vLLM engine step; steps far above "
         "the batched-token budget mean a whole prompt was prefilled in one step (chunked prefill off).",
-        [Target(Q.itl_ratio(), f"{by}ITL p99/p50"), Target(Q.step_tokens("0.99"), f"{by}step tokens p99"),
-         Target(Q.step_tokens("0.5"), f"{by}step tokens p50")], "suffix:×",
+        [Target(Q.itl_ratio(), f"{by}ITL p99/p50"), Target(Q.step_tokens("0.99"), f"{eby}step tokens p99"),
+         Target(Q.step_tokens("0.5"), f"{eby}step tokens p50")], "suffix:×",
         overrides=[by_ref("B", right_axis("none", "tokens / step")),
                    by_ref("C", right_axis("none", "tokens / step"))])
     running = timeseries(
@@ -539,20 +618,20 @@ def why_panels(per_target: bool) -> list[Panel]:
         "Requests in the running batch and waiting for the scheduler (vLLM num_requests_running/waiting summed "
         "over data-parallel engines; TGI batch_current_size / queue_size). Waiting that grows while running is "
         "flat: the scheduler is full.",
-        [Target(Q.running(), f"{by}running"), Target(Q.waiting(), f"{by}waiting")], "short",
+        [Target(Q.running(), f"{eby}running"), Target(Q.waiting(), f"{eby}waiting")], "short",
         overrides=[by_ref("B", [DASHED])])
     kv = timeseries(
         "KV-cache usage and preemptions",
         "KV-cache usage, averaged (not summed) over vLLM's data-parallel engines; TGI: tokens reserved by the "
         "running batch / max_batch_total_tokens. Right (dashed): vLLM preemptions per second. Usage near 100 % "
         "with preemptions = 'kv_cache_pressure'.",
-        [Target(Q.kv_usage(), f"{by}KV usage"), Target(Q.preemptions(), f"{by}preemptions/s")], "percentunit",
+        [Target(Q.kv_usage(), f"{eby}KV usage"), Target(Q.preemptions(), f"{eby}preemptions/s")], "percentunit",
         maximum=None, overrides=[by_ref("B", right_axis("short", "preemptions / s"))])
     prefix = timeseries(
         "Prefix-cache hit rate (vLLM)",
         "Prompt tokens served from the prefix cache / prompt tokens looked up (vLLM prefix_cache_hits_total / "
         "prefix_cache_queries_total). Low with long shared prompts: check --enable-prefix-caching.",
-        [Target(Q.prefix_hit_rate(), f"{by}hit rate")], "percentunit", maximum=1)
+        [Target(Q.prefix_hit_rate(), f"{eby}hit rate")], "percentunit", maximum=1)
     return [ttft_monitor, ttft_engine, itl, running, kv, prefix]
 
 
@@ -596,7 +675,7 @@ def scrape_panels(per_target: bool) -> list[Panel]:
             "Whether the monitor's last scrape of each target succeeded (llm_latency_target_up), and whether "
             "Prometheus' own scrape of the engine did (up, joined by the target label).",
             [Target(f"llm_latency_target_up{{{SVC_T}}}", "{{target}} (monitor)"),
-             Target(f'up{{{SVC_T}}}', "{{target}} (Prometheus)")], UP_MAPPINGS, width=12),
+             Target(ENGINE.up, f"{ENGINE.legend} (Prometheus)")], UP_MAPPINGS, width=12),
         timeseries(
             "Scrapes by result",
             "Scrape attempts per second by result: ok or the error class (timeout, connect, http_5xx, "
@@ -704,11 +783,37 @@ def monitor_url_variable() -> dict:
             "hide": 2, "skipUrlSync": False}
 
 
+def target_variables(multi_target: bool) -> list[dict]:
+    """Scrape mode: the monitor's target names. A Prometheus source: one variable per target
+    label from the engine series (each filtered by the ones before), and ``target`` hidden,
+    derived from them: the monitor's names of the chosen targets."""
+    if not ENGINE.source:
+        return [query_variable("target", "Target", "label_values(llm_latency_target_up, target)", multi=multi_target,
+                               description="The monitor's target name; engines carry it as the 'target' label too.")]
+    presence = "|".join(PRESENCE_METRICS)
+    out = []
+    chosen: list[str] = [f'__name__=~"{presence}"'] + ([ENGINE.matchers] if ENGINE.matchers else [])
+    for label in ENGINE.labels:
+        out.append(query_variable(label, label.capitalize(), f"label_values({{{', '.join(chosen)}}}, {label})",
+                                  multi=multi_target, description=f"The engines' {label} label (source "
+                                                                  f"{ENGINE.source}: one target per "
+                                                                  f"{', '.join(ENGINE.labels)})."))
+        chosen.append(f'{label}=~"${label}"')
+    names = f"{ENGINE.source}\\\\." + "\\\\.".join(f"${label}" for label in ENGINE.labels)
+    # every target the monitor diagnoses has a verdict series (discovered ones have no scrape gauges)
+    target = query_variable("target", "Target",
+                            f'label_values(llm_latency_diagnosis_verdict{{target=~"{names}"}}, target)',
+                            multi=multi_target, description="Hidden: the monitor's names of the chosen targets "
+                                                             f"({ENGINE.source}.<{'>.<'.join(ENGINE.labels)}>).")
+    target["hide"] = 2
+    target.pop("allValue", None)  # All = every name the chosen labels give, not every target
+    return [*out, target]
+
+
 def variables(multi_target: bool) -> list[dict]:
     return [
         datasource_variable(),
-        query_variable("target", "Target", "label_values(llm_latency_target_up, target)", multi=multi_target,
-                       description="The monitor's target name; engines carry it as the 'target' label too."),
+        *target_variables(multi_target),
         query_variable("model", "Model", 'label_values(llm_latency_observations{target=~"$target"}, model)',
                        multi=True, description="Served model (vLLM model_name). TGI exports no model label: "
                                                "its engine panels ignore this filter."),
@@ -741,6 +846,9 @@ def annotations() -> dict:
 
 def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, list[Panel]]],
               multi_target: bool) -> dict:
+    if ENGINE.source:
+        description += (f" Engine panels: Prometheus source {ENGINE.source!r}, one target per "
+                        f"{', '.join(ENGINE.labels)}.")
     return {
         "uid": uid, "title": title, "description": description, "tags": TAGS, "editable": True,
         "graphTooltip": 1, "timezone": "browser", "refresh": "30s", "schemaVersion": SCHEMA_VERSION,
@@ -758,6 +866,7 @@ def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, 
 
 
 def fleet() -> dict:
+    summary_link = ENGINE.link_vars("${{__data.fields.{}}}") if ENGINE.source else "var-target=${__value.raw}"
     status = [
         stat("Targets up", "Targets whose last scrape by the monitor succeeded.",
              [Target(f"sum(llm_latency_target_up{{{SVC_T}}})", instant=True)], "short"),
@@ -779,16 +888,19 @@ def fleet() -> dict:
     summary = table(
         "Fleet summary",
         "Latest p99 TTFT and ITL (monitor, latency window) and the diagnosed verdict per target and model.",
-        [Target(f"max by (target, model) ({Q.quantile('ttft', '0.99')})", instant=True, table=True),
-         Target(f"max by (target, model) ({Q.quantile('itl', '0.99')})", instant=True, table=True),
-         Target(Q.rows("llm_latency_diagnosis_verdict", "target, model, verdict"), instant=True, table=True)],
+        [Target(ENGINE.with_labels(f"max by (target, model) ({Q.quantile('ttft', '0.99')})"), instant=True,
+                table=True),
+         Target(ENGINE.with_labels(f"max by (target, model) ({Q.quantile('itl', '0.99')})"), instant=True,
+                table=True),
+         Target(ENGINE.with_labels(Q.rows("llm_latency_diagnosis_verdict", "target, model, verdict")), instant=True,
+                table=True)],
         [MERGE, organize(["Time", "Value #C"], {"Value #A": "TTFT p99", "Value #B": "ITL p99"},
                          ["target", "model", "verdict", "TTFT p99", "ITL p99"])],
         width=12, height=10,
         overrides=[by_name("TTFT p99", [{"id": "unit", "value": "s"}]),
                    by_name("ITL p99", [{"id": "unit", "value": "s"}]),
                    by_name("target", [{"id": "links", "value": [
-                       {"title": "Drill down", "url": f"/d/{TARGET_UID}?var-target=${{__value.raw}}"
+                       {"title": "Drill down", "url": f"/d/{TARGET_UID}?{summary_link}"
                                                        "&${datasource:queryparam}&${__url_time_range}"}]}])])
     latency = [
         timeseries("TTFT p50 / p90 / p99 (monitor)",
@@ -879,15 +991,20 @@ def target() -> dict:
 DASHBOARDS = {"llm-latency-fleet.json": fleet, "llm-latency-target.json": target}
 
 
-def render() -> dict[str, str]:
-    """File name -> JSON text of every dashboard."""
-    return {name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n" for name, build in DASHBOARDS.items()}
+def render(engine: EngineLabels | None = None) -> dict[str, str]:
+    """File name -> JSON text of every dashboard (scrape mode, or ``engine``'s labels)."""
+    global ENGINE
+    previous, ENGINE = ENGINE, engine or EngineLabels()
+    try:
+        return {name: json.dumps(build(), indent=2, ensure_ascii=False) + "\n" for name, build in DASHBOARDS.items()}
+    finally:
+        ENGINE = previous
 
 
-def check(directory: Path) -> list[str]:
+def check(directory: Path, engine: EngineLabels | None = None) -> list[str]:
     """Problems that make the committed dashboards differ from the generated ones."""
     problems = []
-    wanted = render()
+    wanted = render(engine)
     for name, text in wanted.items():
         path = directory / name
         if not path.exists():
@@ -908,17 +1025,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DASHBOARD_DIR, help="Dashboard directory.")
     parser.add_argument("--check", action="store_true", help="Exit 1 if the committed JSON is stale.")
+    parser.add_argument("--config", type=Path, help="Targets YAML: with a Prometheus source, the engine panels use its "
+                                                    "target labels and selector (needs --out).")
+    parser.add_argument("--source", help="The source to generate for, when the config has several.")
     args = parser.parse_args(argv)
+    try:
+        engine = engine_labels(args.config, args.source)
+    except ValueError as exc:  # ConfigError included: one line per problem, no traceback
+        print(str(exc), file=sys.stderr)
+        return 2
+    if engine.source and args.out.resolve() == DASHBOARD_DIR.resolve():
+        print(f"--config {args.config} has a Prometheus source: write its dashboards elsewhere with --out DIR "
+              f"({DASHBOARD_DIR} holds the scrape-mode dashboards)", file=sys.stderr)
+        return 2
+    command = "python3 grafana/generate.py" + (f" --config {args.config} --out {args.out}" if engine.source else "")
     if args.check:
-        problems = check(args.out)
+        problems = check(args.out, engine)
         if problems:
             print("\n".join(problems), file=sys.stderr)
-            print("regenerate with: python3 grafana/generate.py", file=sys.stderr)
+            print(f"regenerate with: {command}", file=sys.stderr)
             return 1
         print(f"{args.out}: up to date")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
+    for name, text in render(engine).items():
         (args.out / name).write_text(text, encoding="utf-8")
         print(f"wrote {args.out / name}")
     return 0

@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from app import rules_export
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.config import FileConfig, load_config
+from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, kv_cache_pressure, prefill_compute, prefill_interference, queueing
 from app.diagnosis.signals import Signals
 from app.promql import instance_of
@@ -42,11 +43,15 @@ from app.thresholds import Thresholds
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The regimes with a PromQL twin (the others say why not: ``Rule.no_promql``).
+EXPORTED_REGIMES = {rule.regime for rule in RULES if rule.promql is not None}
 DEPLOY = ROOT / "deploy" / "prometheus"
 COMMITTED = DEPLOY / "llm-latency-rules.yaml"
 UNIT_TESTS = DEPLOY / "tests"
 HARDWARE_CONFIG = UNIT_TESTS / "hardware-targets.yaml"
 HARDWARE_RULES = UNIT_TESTS / "hardware-rules.yaml"
+SOURCES_CONFIG = UNIT_TESTS / "sources-targets.yaml"
+SOURCES_RULES = UNIT_TESTS / "sources-rules.yaml"
 PROMTOOL = "/usr/bin/promtool"
 
 # The default severity escalations and the fixed comparison of kv_cache_pressure (Thresholds fields).
@@ -106,7 +111,7 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
     alerts = alerts_of(build_rules(config))
     names = {a["alert"] for a in alerts}
     assert names == {slo_alertname("ttft"), slo_alertname("itl"), TARGET_DOWN,
-                     *(regime_alertname(r.regime) for r in RULES if r.promql is not None)}
+                     *map(regime_alertname, EXPORTED_REGIMES)}
     assert {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
             "LLMLatencyTargetDown"} <= names
     for alert in alerts:
@@ -280,6 +285,110 @@ def test_escalation_constants_are_the_builtin_rules_own() -> None:
                                                 waiting_mean=KV_WAITING_WITHOUT_PREEMPTIONS * below)) is None
 
 
+# ----------------------------------------------------------------------------- Prometheus sources
+
+SOURCE = {"name": "prod", "url": "http://prometheus-operated.monitoring.svc:9090", "selector": '{namespace="llm"}',
+          "target_labels": ["namespace", "pod"]}
+
+
+def _source_config(**extra: object) -> FileConfig:
+    return FileConfig.model_validate({"sources": [SOURCE], **extra})
+
+
+def test_a_source_config_groups_by_its_target_labels_and_reads_only_its_selector() -> None:
+    document = build_rules(_source_config())
+    records = records_of(document)
+    assert records["llm_latency:vllm_ttft_seconds:p99_5m"] == (
+        "histogram_quantile(0.99, sum by (le, namespace, pod, model_name) "
+        '(rate(vllm:time_to_first_token_seconds_bucket{namespace="llm"}[5m])))')
+    assert records["llm_latency:tgi_itl_seconds:p50_1m"] == (
+        "histogram_quantile(0.5, sum by (le, namespace, pod) "
+        '(rate(tgi_batch_inference_duration_bucket{method="decode",namespace="llm"}[1m])))')
+    assert records["llm_latency:vllm_kv_cache_usage:max_1m"] == (
+        'avg by (namespace, pod, model_name) (max_over_time(vllm:kv_cache_usage_perc{namespace="llm"}[1m]))')
+    assert "instance" not in yaml.safe_dump(document) and "job" not in yaml.safe_dump(document)
+    # every engine series the rules read carries the selector
+    text = "\n".join(rule["expr"] for group in document["groups"] for rule in group["rules"])
+    raw = re.findall(r"\b(?:vllm:|tgi_)[a-z_:]+(?:\{[^}]*\})?(?=\[|\)| )", text)
+    assert len(raw) > 100 and [r for r in raw if 'namespace="llm"' not in r] == []
+    down = next(a for a in alerts_of(document) if a["alert"] == TARGET_DOWN)
+    assert down["expr"] == 'max by (namespace, pod) (up{namespace="llm"}) == 0'
+    assert down["annotations"]["summary"] == "Prometheus cannot scrape {{ $labels.namespace }}/{{ $labels.pod }}"
+    queueing_alert = next(a for a in alerts_of(document) if a["alert"] == "LLMLatencyQueueing")
+    assert "and on(namespace, pod, model_name)" in queueing_alert["expr"]
+    assert queueing_alert["annotations"]["description"].startswith(
+        "vLLM {{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }}:")
+    assert [r["equal"] for r in rules_export.inhibit_rules(rules_export.scope_of(_source_config()))][-1] == [
+        "alertname", "namespace", "pod"]
+    # same rules otherwise: every recorded name and alert of the default export, no more
+    default = build_rules(FileConfig())
+    assert set(records) == set(records_of(default))
+    assert sorted((a["alert"], a["labels"]["severity"]) for a in alerts_of(document)) == sorted(
+        (a["alert"], a["labels"]["severity"]) for a in alerts_of(default))
+
+
+def test_a_source_without_selector_and_the_links_use_the_target_labels() -> None:
+    config = FileConfig.model_validate({
+        "sources": [{**SOURCE, "selector": "", "target_labels": ["cluster", "pod"]}],
+        "alerts": {"dashboard_url": "https://grafana.example.com/d/x?orgId=1"}})
+    document = build_rules(config)
+    down = next(a for a in alerts_of(document) if a["alert"] == TARGET_DOWN)
+    assert down["expr"] == "max by (cluster, pod) (up) == 0"
+    assert down["annotations"]["dashboard_url"] == (
+        "https://grafana.example.com/d/x?orgId=1&var-cluster={{ $labels.cluster }}&var-pod={{ $labels.pod }}")
+    assert records_of(document)["llm_latency:vllm_num_requests_running:avg_1m"] == (
+        "sum by (cluster, pod, model_name) (avg_over_time(vllm:num_requests_running[1m]))")
+
+
+def test_static_targets_next_to_a_source_do_not_leak_into_its_rules() -> None:
+    static = [{"name": "gpu", "url": "http://10.0.0.5:8000/metrics", "engine": "vllm",
+               "hardware": {"gpu": "A100-80G", "model": "llama-3.1-8b"}}]
+    slos = [{"name": "ttft_gpu", "signal": "ttft", "threshold": "1s", "targets": ["gpu"]},
+            {"name": "itl_all", "signal": "itl", "threshold": "100ms"}]
+    document = build_rules(_source_config(targets=static, alerts={"slos": slos}))
+    alerts = alerts_of(document)
+    # the SLO of the static target is not this Prometheus' business; the fleet-wide one is
+    assert [(a["alert"], a["expr"]) for a in alerts if "slo" in a["labels"]] == [
+        ("LLMLatencyITLHigh", "llm_latency:vllm_itl_seconds:p99_5m > 0.1"),
+        ("LLMLatencyITLHigh", "llm_latency:tgi_itl_seconds:p99_5m > 0.1")]
+    # no decode floor of the static target's instance, no instance selector
+    assert not [a for a in alerts if "target" in a["labels"]]
+    assert "10.0.0.5" not in yaml.safe_dump(document)
+    discovered = [{"name": "ttft_pod", "signal": "ttft", "threshold": "1s", "targets": ["prod.llm.vllm-0"]}]
+    with pytest.raises(ValueError, match=r"alerts.slos\[0\].targets: rules for source 'prod' group by its "
+                                         r"target_labels and cannot be limited to named targets \('prod.llm.vllm-0'\)"):
+        build_rules(_source_config(alerts={"slos": discovered}))
+
+
+def test_source_choice_with_several_sources(tmp_path: Path) -> None:
+    second = {**SOURCE, "name": "edge", "url": "http://vm.edge:8428", "selector": "",
+              "target_labels": ["cluster", "pod"]}
+    config_file = tmp_path / "targets.yaml"
+    config_file.write_text(yaml.safe_dump({"sources": [SOURCE, second]}))
+    runner = CliRunner()
+    refused = runner.invoke(rules, ["export", "--config", str(config_file)])
+    assert refused.exit_code == 1
+    assert "the config has 2 sources ('prod', 'edge'): the rules are evaluated by one Prometheus, choose its " \
+           "source with --source NAME" in refused.stderr
+    edge = runner.invoke(rules, ["export", "--config", str(config_file), "--source", "edge"])
+    assert edge.exit_code == 0 and "max by (cluster, pod) (up) == 0" in edge.stdout
+    assert "# For the Prometheus of source 'edge': every engine series," in edge.stdout
+    unknown = runner.invoke(rules, ["export", "--config", str(config_file), "--source", "nope"])
+    assert unknown.exit_code == 1 and "--source 'nope': no such source in the config (its sources are 'prod', " \
+                                      "'edge')" in unknown.stderr
+    none = runner.invoke(rules, ["export", "--source", "prod"])
+    assert none.exit_code == 1 and "--source 'prod': no such source in the config (it has no sources)" in none.stderr
+    out = tmp_path / "rules.yaml"
+    assert runner.invoke(rules, ["export", "--config", str(config_file), "--source", "prod", "--out",
+                                 str(out)]).exit_code == 0
+    assert out.read_text() == render_rules(load_config(config_file), "prod")
+    out.write_text(out.read_text().replace('namespace="llm"', 'namespace="x"', 1))
+    stale = runner.invoke(rules, ["export", "--config", str(config_file), "--source", "prod", "--out", str(out),
+                                  "--check"])
+    assert stale.exit_code == 1
+    assert f"--config {config_file} --source prod --out {out}`" in stale.stderr
+
+
 # ----------------------------------------------------------------------------- freshness / CLI
 
 
@@ -289,6 +398,9 @@ def test_committed_rule_files_are_fresh() -> None:
     assert HARDWARE_RULES.read_text(encoding="utf-8") == render_rules(load_config(HARDWARE_CONFIG)), (
         "regenerate: llm-latency rules export --config deploy/prometheus/tests/hardware-targets.yaml "
         "--out deploy/prometheus/tests/hardware-rules.yaml")
+    assert SOURCES_RULES.read_text(encoding="utf-8") == render_rules(load_config(SOURCES_CONFIG)), (
+        "regenerate: llm-latency rules export --config deploy/prometheus/tests/sources-targets.yaml "
+        "--out deploy/prometheus/tests/sources-rules.yaml")
     text = COMMITTED.read_text(encoding="utf-8")
     assert text.startswith("# GENERATED by `llm-latency rules export`")
     assert "DO NOT EDIT BY HAND" in text.splitlines()[0]
@@ -351,7 +463,7 @@ def test_promtool_check_rules_accepts_the_default_and_a_custom_export(tmp_path: 
     custom_file = tmp_path / "custom-rules.yaml"
     custom_file.write_text(render_rules(custom))
     expected = {COMMITTED: build_rules(FileConfig()), HARDWARE_RULES: build_rules(load_config(HARDWARE_CONFIG)),
-                custom_file: build_rules(custom)}
+                SOURCES_RULES: build_rules(load_config(SOURCES_CONFIG)), custom_file: build_rules(custom)}
     for path, document in expected.items():
         result = subprocess.run([exe, "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
         count = sum(len(group["rules"]) for group in document["groups"])
@@ -373,6 +485,12 @@ def test_unit_tests_cover_every_alert_firing() -> None:
     assert fired == {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
                      "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded"}
+    sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
+    assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
+    in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
+                  for check in case["alert_rule_test"] for alert in check["exp_alerts"]}
+    assert {name: (labels["namespace"], labels["pod"]) for name, labels in in_sources.items()} == {
+        "LLMLatencyTargetDown": ("llm", "vllm-0"), "LLMLatencyQueueing": ("llm", "vllm-0")}
 
 
 @pytest.mark.prometheus
@@ -509,8 +627,13 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
     assert result.returncode == 0, f"{summary}\n{result.stdout[-8000:]}{result.stderr[-2000:]}"
     # the comparison was not vacuous: every regime fired somewhere, each at its built-in severity
     fired = {regime for _, _, findings in summary for regime, _ in findings}
-    assert fired == {r.regime for r in RULES if r.promql is not None}
+    assert fired == EXPORTED_REGIMES
     assert len(expr_tests) > 12 * len(EQUIVALENCE_CASES)
+
+
+def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
+    assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 
 def test_module_docstring_lists_the_differences() -> None:

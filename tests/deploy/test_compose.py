@@ -160,7 +160,112 @@ def test_promtool_accepts_the_prometheus_config() -> None:
 @pytest.mark.prometheus
 def test_amtool_accepts_the_alertmanager_config() -> None:
     amtool = require_binary("amtool", "checking deploy/compose/alertmanager.yml (Debian's prometheus-alertmanager)")
+    from app.rules_export import inhibit_rules
+
     result = subprocess.run([amtool, "check-config", str(DEPLOY / "compose" / "alertmanager.yml")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout and "3 inhibit rules" in result.stdout
+    assert "SUCCESS" in result.stdout and f"{len(inhibit_rules())} inhibit rules" in result.stdout
+
+
+# ----------------------------------------------------------------------------- Prometheus-source mode
+
+SOURCE_MODE = yaml.safe_load((DEPLOY / "compose.prometheus-source.yaml").read_text(encoding="utf-8"))
+SOURCE_DIR = DEPLOY / "compose" / "prometheus-source"
+
+
+def merged_compose() -> dict:
+    """``docker compose -f compose.yaml -f compose.prometheus-source.yaml``: the Compose
+    Specification's merge -- mappings merge by key, ``configs`` by ``target``, ``volumes`` by
+    container path."""
+    merged = json.loads(json.dumps(COMPOSE))
+    for name, override in SOURCE_MODE["services"].items():
+        service = merged["services"][name]
+        for key, value in override.items():
+            if key == "configs":
+                kept = [c for c in service.get("configs", []) if c["target"] not in {v["target"] for v in value}]
+                service["configs"] = kept + value
+            elif key == "volumes":
+                targets = {v.split(":")[1] for v in value}
+                service["volumes"] = [v for v in service.get("volumes", []) if v.split(":")[1] not in targets] + value
+            elif isinstance(value, dict):
+                service[key] = {**service.get(key, {}), **value}
+            else:
+                service[key] = value
+    merged["configs"] = {**merged["configs"], **SOURCE_MODE["configs"]}
+    return merged
+
+
+def test_the_source_mode_override_and_the_merged_stack_are_valid_compose_files() -> None:
+    schema = json.loads((FIXTURES / "compose-spec.json").read_text(encoding="utf-8"))
+    validator = jsonschema.Draft201909Validator(schema)
+    merged = merged_compose()
+    for document in (SOURCE_MODE, merged):
+        assert [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(document)] == []
+    assert set(merged["services"]) == set(SERVICES)  # the same stack, no second monitor
+    missing = [f for f in [*(DEPLOY / c["file"] for c in SOURCE_MODE["configs"].values()),
+                           *(DEPLOY / v.split(":")[0] for s in SOURCE_MODE["services"].values()
+                             for v in s.get("volumes", []))] if not f.exists()]
+    assert missing == []
+
+
+def test_the_monitor_reads_the_stacks_prometheus_for_the_engines_it_scrapes() -> None:
+    merged = merged_compose()
+    monitor = merged["services"]["llm-latency"]
+    path = next((DEPLOY / merged["configs"][c["source"]]["file"]).resolve() for c in monitor["configs"]
+                if c["target"] == "/etc/llm-latency/targets.yaml")
+    assert path == (SOURCE_DIR / "targets.yaml").resolve()
+    config = load_config(path, monitor["environment"]["LLM_LATENCY_ALLOWED_TARGET_HOSTS"].split(","))
+    assert config.targets == []
+    (source,) = config.sources
+    prometheus_port = SERVICES["prometheus"]["ports"][0].split(":")[-1]
+    assert source.url == f"http://prometheus:{prometheus_port}"
+    assert monitor["depends_on"]["prometheus"] == {"condition": "service_started"}
+    # the selector picks the engines job, and every engine there has the target labels
+    engines_job = next(j for j in PROMETHEUS_YML["scrape_configs"] if j["job_name"] == "llm-engines")
+    assert source.selector == '{job="llm-engines"}'
+    label_sets = [tuple(c["labels"][label] for label in source.target_labels) for c in engines_job["static_configs"]]
+    assert len(set(label_sets)) == len(label_sets) == 5
+    assert {c["labels"]["pod"] for c in engines_job["static_configs"]} == {
+        f"{c['labels']['target']}-0" for c in engines_job["static_configs"]}
+
+
+def test_prometheus_alertmanager_and_grafana_get_the_source_modes_files() -> None:
+    from app.rules_export import inhibit_rules, render_rules, scope_of
+
+    merged = merged_compose()
+    config = load_config(SOURCE_DIR / "targets.yaml")
+    volumes = {v.split(":")[1]: (DEPLOY / v.split(":")[0]).resolve()
+               for v in merged["services"]["prometheus"]["volumes"] if v.startswith(".")}
+    rules_dir = volumes["/etc/prometheus/rules"]
+    assert rules_dir == (SOURCE_DIR / "rules").resolve()
+    assert [p.name for p in rules_dir.glob("*.yaml")] == ["llm-latency-rules.yaml"]  # what rule_files loads
+    assert (rules_dir / "llm-latency-rules.yaml").read_text() == render_rules(config), (
+        "regenerate: llm-latency rules export --config deploy/compose/prometheus-source/targets.yaml "
+        "--out deploy/compose/prometheus-source/rules/llm-latency-rules.yaml")
+    alertmanager = next(c for c in merged["services"]["alertmanager"]["configs"]
+                        if c["target"] == "/etc/alertmanager/alertmanager.yml")
+    am_path = DEPLOY / merged["configs"][alertmanager["source"]]["file"]
+    am = yaml.safe_load(am_path.read_text())
+    assert am["inhibit_rules"] == inhibit_rules(scope_of(config))
+    assert am["route"]["group_by"] == ["alertname", "namespace", "pod", "model_name"]
+    scrape_mode = yaml.safe_load((DEPLOY / "compose" / "alertmanager.yml").read_text())
+    assert {k: v for k, v in am.items() if k != "inhibit_rules"} == {
+        **{k: v for k, v in scrape_mode.items() if k != "inhibit_rules"},
+        "route": {**scrape_mode["route"], "group_by": am["route"]["group_by"]}}
+    grafana = {v.split(":")[1]: (DEPLOY / v.split(":")[0]).resolve() for v in merged["services"]["grafana"]["volumes"]
+               if v.startswith(".")}
+    assert grafana["/var/lib/grafana/dashboards/llm-latency"] == (SOURCE_DIR / "dashboards").resolve()
+    assert {p.name for p in (SOURCE_DIR / "dashboards").glob("*.json")} == {"llm-latency-fleet.json",
+                                                                            "llm-latency-target.json"}
+
+
+@pytest.mark.prometheus
+def test_amtool_accepts_the_source_modes_alertmanager_config() -> None:
+    amtool = require_binary("amtool", "checking the Prometheus-source mode's alertmanager.yml")
+    from app.rules_export import inhibit_rules
+
+    result = subprocess.run([amtool, "check-config", str(SOURCE_DIR / "alertmanager.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and f"{len(inhibit_rules())} inhibit rules" in result.stdout

@@ -30,9 +30,9 @@ def load_generator() -> ModuleType:
     return module
 
 
-def load_dashboards() -> dict[str, dict]:
-    """File name -> dashboard JSON, for every committed dashboard."""
-    return {path.name: json.loads(path.read_text(encoding="utf-8")) for path in sorted(DASHBOARD_DIR.glob("*.json"))}
+def load_dashboards(directory: Path = DASHBOARD_DIR) -> dict[str, dict]:
+    """File name -> dashboard JSON, for every committed dashboard (of ``directory``)."""
+    return {path.name: json.loads(path.read_text(encoding="utf-8")) for path in sorted(directory.glob("*.json"))}
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def variable_queries(dashboards: dict[str, dict] | None = None) -> list[tuple[st
 #: ``timeInterval``-based intervals at a short dashboard range.
 DEFAULTS = {"target": ".*", "model": ".*", "ttft_slo": "2.5", "itl_slo": "0.15",
             "__rate_interval": "1m", "__range": "1m", "__interval": "15s"}
-_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$([A-Za-z_]\w*)")  # not label_replace's "$1"
 
 
 def substitute(expr: str, **values: str) -> str:

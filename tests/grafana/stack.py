@@ -74,11 +74,13 @@ def serve(settings: Settings) -> Iterator[tuple[Monitor, str]]:
 
 def scrape_configs(monitor_url: str, engine_urls: dict[str, str]) -> str:
     """The two jobs of deploy/compose/prometheus.yml: the monitor, and the engines with a
-    static ``target`` label equal to the monitor's target name."""
+    static ``target`` label equal to the monitor's target name -- and, as there, the
+    ``namespace``/``pod`` labels the dashboards generated for a Prometheus source group by."""
     jobs = [
         {"job_name": "llm-latency", "static_configs": [{"targets": [monitor_url.removeprefix("http://")]}]},
         {"job_name": "llm-engines", "static_configs": [
-            {"targets": [url.removeprefix("http://")], "labels": {"target": name}}
+            {"targets": [url.removeprefix("http://")], "labels": {"target": name, "namespace": "demo",
+                                                                  "pod": f"{name}-0"}}
             for name, url in engine_urls.items()]},
     ]
     return yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False)

@@ -85,18 +85,22 @@ def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
           {"target": target.name})
 
 
+#: vLLM's info and sleep-state series that say the weights are offloaded (label matchers).
+OFFLOAD_CONFIGURED = '{cpu_offload_gb=~"[0-9.]+", cpu_offload_gb!~"0*\\\\.?0*"}'
+OFFLOAD_SLEEPING = '{sleep_state="weights_offloaded"}'
+
+
 def promql(x: RegimeAlerts) -> None:
     """Without a hardware profile (vLLM only): slow decode and the engine reports offloaded
     weights (``cpu_offload_gb > 0`` or the ``weights_offloaded`` sleep state). TGI reports neither."""
     r, t, e = x.recorded, x.t, x.engine
     if e.name != "vllm":
         return
-    offload_config = (
-        'count by (job, instance) (vllm:cache_config_info{cpu_offload_gb=~"[0-9.]+", '
-        'cpu_offload_gb!~"0*\\\\.?0*"})\n'
-        'or count by (job, instance) (vllm:engine_sleep_state{sleep_state="weights_offloaded"} > 0)')
+    offloaded = e.select("vllm:cache_config_info", OFFLOAD_CONFIGURED)
+    sleeping = e.select("vllm:engine_sleep_state", OFFLOAD_SLEEPING)
+    offload_config = f"count by ({e.target_by}) ({offloaded})\nor count by ({e.target_by}) ({sleeping} > 0)"
     others = instance_selector(x.hardware, negate=True)
-    expr = (f"({r['itl_p50']}{others} >= {num(t.slow_itl_seconds)})\nand on(job, instance) ({offload_config})\n"
+    expr = (f"({r['itl_p50']}{others} >= {num(t.slow_itl_seconds)})\nand on({e.target_by}) ({offload_config})\n"
             f"and on({e.labels}) ({x.gate})")
     x.add("critical", expr, f"Weights offloaded to CPU memory on {e.title}",
           f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
