@@ -71,7 +71,7 @@ class Monitor:
                                        settings.secret,
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
-        self.sources = SourceService()
+        self.sources = SourceService(on_view=self._source_view)
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
 
     @property
@@ -137,6 +137,11 @@ class Monitor:
                 repository.set_detected_engine(session, target_id, engine)
         asyncio.get_running_loop().run_in_executor(None, store)
 
+    def _source_view(self, target: str, up: bool, ts: float) -> None:
+        """A source's replica as its Prometheus saw it this round: ``llm_latency_target_up``."""
+        self.telemetry.target_up.labels(target).set(1.0 if up else 0.0)
+        self.telemetry.last_scrape.labels(target).set(ts)
+
     def forget_target(self, target_id: int) -> None:
         """Before a target is deleted: drop what the running service caches about it."""
         self.scraping.forget_target(target_id)
@@ -145,7 +150,8 @@ class Monitor:
     # Each round lives in its feature; these bind it to this service's parts for tests and
     # benchmarks that drive a round themselves (``now`` explicit) and for the scheduler.
     def refresh_summaries(self) -> None:
-        summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived)
+        summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
+                                    sources=self.sources)
 
     def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
         return diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis, now,

@@ -16,7 +16,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -131,7 +131,9 @@ class PrometheusSource:
 class SourceService:
     """All configured sources; thread-safe for the round thread and API threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_view: Callable[[str, bool, float], None] | None = None) -> None:
+        """``on_view(target, up, ts)`` is told each live replica's ``up`` every round (self-metrics)."""
+        self.on_view = on_view
         self.sources: dict[str, PrometheusSource] = {}
         self._lock = threading.Lock()
         self._window = 60.0
@@ -220,6 +222,8 @@ class SourceService:
                                       error="the source's Prometheus reports up == 0 for this target" if down
                                       else None))
             out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", windows.get(key)))
+            if self.on_view is not None:
+                self.on_view(name, not down, now)
         repository.record_source_view(session, views)
         if config.service_labels:
             out += self._sync_services(source, session, out, now)

@@ -69,6 +69,12 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                 assert source["state"] == "ok" and source["targets"] == 3 and source["url"] == prom.url
                 assert 0 < source["queries_last_round"] <= 40
                 assert c.get("/readyz").json()["sources"] == {"prod": "ok"}
+                # /metrics: each replica's up as its Prometheus saw it, and its quantile gauges.
+                monitor.refresh_summaries()
+                metrics = c.get("/metrics").text
+                assert 'llm_latency_target_up{target="prod.llm.a"} 1.0' in metrics
+                assert any(line.startswith('llm_latency_quantile_seconds{') and 'target="prod.llm.b"' in line
+                           and 'signal="ttft"' in line and 'quantile="0.99"' in line for line in metrics.splitlines())
                 # A discovered target belongs to its discovery.
                 assert c.delete("/api/v1/targets/prod.llm.a").status_code == 409
 
@@ -91,6 +97,7 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                 down = {a["labels"]["target"] for a in c.get("/api/v1/alerts").json()
                         if a["labels"]["alertname"] == "LLMLatencyTargetDown"}
                 assert down == {"prod.llm.d"}  # the gone replica a raises nothing
+                assert 'llm_latency_target_up{target="prod.llm.d"} 0.0' in c.get("/metrics").text
                 (source,) = c.get("/api/v1/sources").json()
                 assert source["gone"] == 1 and source["down"] == 1
 
