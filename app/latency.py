@@ -205,14 +205,19 @@ def quantile_series(session: Session, target_ids: Sequence[int], signal: str, q:
     points = []
     t = first
     while t <= end + 1e-9:
-        merged = loaded.merged(t - lookback, t, signal, model)
-        value = None
-        if merged is not None:
-            if q is None:
-                value = merged.sum / merged.count if merged.count > 0 else None
-            else:
-                result = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
-                value = None if math.isnan(result) else result
-        points.append({"ts": t, "value": value, "count": None if merged is None else merged.count})
+        points.append(series_point(t, loaded.merged(t - lookback, t, signal, model), q))
         t += step
     return points
+
+
+def series_point(t: float, merged: WindowHistogram | None, q: float | None) -> dict:
+    """One point of a quantile series: ``histogram_quantile(q, …)`` of the window histogram
+    ending at ``t`` (``q=None``: the mean), None where Prometheus would return nothing."""
+    value = None
+    if merged is not None:
+        if q is None:
+            value = merged.sum / merged.count if merged.count > 0 else None
+        else:
+            result = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
+            value = None if math.isnan(result) else result
+    return {"ts": t, "value": value, "count": None if merged is None else merged.count}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app import quantiles
+from app.latency import series_point
 from app.promql import parse_selector
 from app.promsource.queries import (
     FAMILY_LABEL,
@@ -224,14 +225,7 @@ class SourceReader:
             t = first + i * step
             merged = quantiles.merge(_histogram(b) for by_time in chosen
                                      for m, b in sorted(by_time.get(round(t, 3), {}).items()) if model in (None, m))
-            value = None
-            if merged is not None:
-                if q is None:
-                    value = merged.sum / merged.count if merged.count > 0 else None
-                else:
-                    result = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
-                    value = None if math.isnan(result) else result
-            points.append({"ts": t, "value": value, "count": None if merged is None else merged.count})
+            points.append(series_point(t, merged, q))
         return points
 
     def _pick(self, samples: Sequence[_Sample], sub_label: str | None) -> dict[TargetKey, dict[str, dict[str, float]]]:

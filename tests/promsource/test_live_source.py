@@ -64,6 +64,15 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                                       'vllm:time_to_first_token_seconds_bucket{pod="b"}[20s])))', time=now)
                 assert math.isclose(body["ttft"]["p99"], float(expected["result"][0]["value"][1]), rel_tol=1e-9)
                 assert body["rates"]["requests_per_second"] > 0
+                # /series: every point is Prometheus' histogram_quantile at that time.
+                series = c.get("/api/v1/targets/prod.llm.b/series", params={
+                    "signal": "ttft", "q": "0.9", "step": "5s", "window": "15s", "lookback": "10s",
+                    "end": now}).json()["points"]
+                assert len(series) >= 3
+                for point in series:
+                    answer = prom.query('histogram_quantile(0.9, sum by (le) (increase('
+                                        'vllm:time_to_first_token_seconds_bucket{pod="b"}[10s])))', time=point["ts"])
+                    assert math.isclose(point["value"], float(answer["result"][0]["value"][1]), rel_tol=1e-9)
 
                 (source,) = c.get("/api/v1/sources").json()
                 assert source["state"] == "ok" and source["targets"] == 3 and source["url"] == prom.url
