@@ -169,7 +169,7 @@ class Monitor:
         return alert_rounds.evaluate_alerts(self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
-                                            now=now)
+                                            now=now, sources=self.sources)
 
     def _delivery_attempted(self, receiver: str, ok: bool, latency: float) -> None:
         self.telemetry.deliveries.labels(receiver, "ok" if ok else "error").inc()

@@ -33,8 +33,10 @@ from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
 from app.durations import format_utc
+from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow
+from app.window import TargetWindow
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
@@ -81,17 +83,29 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
     return out
 
 
-def slo_conditions(session: Session, config: AlertsConfig, now: float) -> list[Condition]:
+def slo_signals(signal: str) -> tuple[str, ...]:
+    """What an SLO on ``signal`` reads: the signal, and queue + prefill for TGI's derived TTFT."""
+    return (signal, "queue_time", "prefill_time")
+
+
+def slo_conditions(session: Session, config: AlertsConfig, now: float,
+                   source_windows: dict[tuple[str, int], TargetWindow] | None = None) -> list[Condition]:
+    """``source_windows``: (SLO name, target id) -> the window of a target a Prometheus source
+    reads; every other target's window comes from the built-in store."""
     out = []
-    targets = repository.list_targets(session)
+    targets = [t for t in repository.list_targets(session) if t.gone_at is None]
     for slo in config.slos:
         for target in targets:
             if slo.targets is not None and target.name not in slo.targets:
                 continue
             start = now - slo.window
-            loaded = latency.load_histograms(session, [target.id], (slo.signal, "queue_time", "prefill_time"),
-                                             start, now)
-            summaries = latency.summarize_signals(loaded, start, now)
+            window = (source_windows or {}).get((slo.name, target.id))
+            if window is None:
+                if target.source in DISCOVERED_BY_SOURCES:
+                    continue  # no numbers from its source this round (see the held targets)
+                window = latency.store_window(session, [target.id], start, now, slo_signals(slo.signal),
+                                              per_model=False)
+            summaries = latency.summarize_histograms(window.overall.histograms)
             summary = summaries.get(slo.signal)
             if summary is None:
                 continue
@@ -99,7 +113,7 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float) -> list[C
             if key is not None:
                 value = summary.get(key)
             else:
-                merged = loaded.merged(start, now, slo.signal)
+                merged = window.overall.histograms.get(slo.signal)
                 value = None if merged is None else quantiles.histogram_quantile(slo.quantile, merged.bounds,
                                                                                  merged.increases)
             if value is None or value != value or value <= slo.threshold:
@@ -136,14 +150,21 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
 
 
 def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
-             generator_url: str = "", eval_interval: float = 15.0) -> dict[str, int]:
+             generator_url: str = "", eval_interval: float = 15.0,
+             source_windows: dict[tuple[str, int], TargetWindow] | None = None,
+             held_targets: frozenset[str] = frozenset()) -> dict[str, int]:
     """One alerting round inside the caller's transaction. Returns counts for telemetry.
 
     ``eval_interval`` is how often rounds run; with ``resend_interval`` it bounds how long
-    an Alertmanager may keep an alert firing without hearing from us again."""
-    conditions = {c.fp: c for c in (diagnosis_conditions(session, config) + slo_conditions(session, config, now)
+    an Alertmanager may keep an alert firing without hearing from us again.
+    ``source_windows`` are the SLO windows of targets a Prometheus source reads;
+    ``held_targets`` are those whose source could not answer: their SLO alerts stay as they
+    are (missing data neither fires nor resolves an alert)."""
+    conditions = {c.fp: c for c in (diagnosis_conditions(session, config)
+                                    + slo_conditions(session, config, now, source_windows)
                                     + target_down_conditions(session, config))}
-    rows = {row.fingerprint: row for row in repository.open_alerts(session)}
+    rows = {row.fingerprint: row for row in repository.open_alerts(session)
+            if not (row.labels.get("slo") and row.labels.get("target") in held_targets)}
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
         row = rows.get(fp) or repository.get_alert(session, fp)

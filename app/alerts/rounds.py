@@ -14,9 +14,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig, ReceiverConfig
+from app.promsource.service import SOURCE_KIND
 from app.store import repository
+from app.window import TargetWindow
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
+    from app.promsource.service import SourceService
     from app.telemetry import Telemetry
 
 
@@ -26,17 +29,40 @@ def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]
         return {row.name: ReceiverConfig.model_validate(row.config) for row in repository.list_receivers(session)}
 
 
+def slo_source_windows(sessions: sessionmaker[Session], config: AlertsConfig, now: float,
+                       sources: SourceService) -> tuple[dict[tuple[str, int], TargetWindow], frozenset[str]]:
+    """Each SLO's window of every replica a Prometheus source reads (one set of queries per
+    source and SLO, outside the transaction), and the names of the replicas whose source could
+    not answer."""
+    with sessions() as session:
+        replicas = [t for t in repository.list_targets(session) if t.source == SOURCE_KIND and t.gone_at is None]
+        session.expunge_all()
+    windows: dict[tuple[str, int], TargetWindow] = {}
+    held: set[str] = set()
+    for slo in config.slos:
+        chosen = [t for t in replicas if slo.targets is None or t.name in slo.targets]
+        if not chosen:
+            continue
+        found, failed = sources.windows_and_failures(chosen, now - slo.window, now,
+                                                     alerts_engine.slo_signals(slo.signal))
+        windows.update({(slo.name, target_id): window for target_id, window in found.items()})
+        held.update(t.name for t in chosen if t.id in failed)
+    return windows, frozenset(held)
+
+
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
                     eval_interval: float, telemetry: Telemetry | None = None,
-                    now: float | None = None) -> dict[str, int]:
+                    now: float | None = None, sources: SourceService | None = None) -> dict[str, int]:
     """One alerting round; returns the numbers of conditions and of notifications written.
     ``generator_url`` is this service's alerts page, the ``generatorURL`` of every alert;
     the open alerts and the notification count go to ``telemetry`` for ``/metrics``."""
     now = time.time() if now is None else now
     receivers = list(load_receivers(sessions).values())
+    source_windows, held = slo_source_windows(sessions, config, now, sources) if sources else ({}, frozenset())
     with sessions.begin() as session:
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
-                                        eval_interval=eval_interval)
+                                        eval_interval=eval_interval, source_windows=source_windows,
+                                        held_targets=held)
         open_alerts = [(row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
                        for row in repository.open_alerts(session)]
     if telemetry is not None:

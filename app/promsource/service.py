@@ -278,24 +278,32 @@ class SourceService:
         """Windows of many discovered targets (the status page's fleet table), by target id: one
         set of queries per source, not per target. A source that cannot answer (or is no longer
         configured) contributes nothing; its targets simply have no numbers."""
+        return self.windows_and_failures(targets, start, end, signals)[0]
+
+    def windows_and_failures(self, targets: Sequence[Target], start: float, end: float,
+                             signals: Sequence[str]) -> tuple[dict[int, TargetWindow], set[int]]:
+        """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
+        numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
         by_source: dict[str, list[Target]] = {}
         for target in targets:
             by_source.setdefault(target.origin or "", []).append(target)
         out: dict[int, TargetWindow] = {}
+        failed: set[int] = set()
         for name, members in by_source.items():
             source = self.get(name)
-            if source is None:
-                continue
             try:
+                if source is None:
+                    raise SourceMissing(name)
                 windows = source.reader.windows(start, end, signals)
-            except PromAPIError as exc:
-                log.info("source %s: no windows for the status page (%s: %s)", name, exc.kind, exc.message)
+            except (PromAPIError, SourceMissing) as exc:
+                log.info("source %s: no windows (%s)", name, exc)
+                failed.update(t.id for t in members)
                 continue
             for target in members:
                 window = windows.get(source.key_of(target))
                 if window is not None:
                     out[target.id] = window
-        return out
+        return out, failed
 
     def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,
                         lookback: float, end: float, model: str | None = None) -> list[dict]:

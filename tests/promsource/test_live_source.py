@@ -21,6 +21,10 @@ def _config(path: Path, prometheus_url: str) -> Path:
     path.write_text(f"""
 targets: []
 diagnosis: {{interval: 1h, window: {int(WINDOW)}s}}
+alerts:
+  slos:
+    - {{name: chat_ttft, signal: ttft, quantile: 0.5, threshold: 1ms, window: {int(WINDOW)}s, for: 0s,
+       targets: [prod.llm.b]}}
 sources:
   - name: prod
     url: {prometheus_url}
@@ -87,6 +91,11 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                 # A discovered target belongs to its discovery.
                 assert c.delete("/api/v1/targets/prod.llm.a").status_code == 409
 
+                # SLOs are judged on the source's numbers: b's TTFT p50 is far above 1 ms.
+                monitor.evaluate_alerts(now=now)
+                slo = [a for a in c.get("/api/v1/alerts").json() if a["labels"].get("slo") == "chat_ttft"]
+                assert [(a["labels"]["target"], a["state"]) for a in slo] == [("prod.llm.b", "firing")]
+
                 # Scale: c added, a removed; d stops answering (Prometheus scrapes it with up == 0).
                 sd.set({"b": fleet.urls["b"], "c": fleet.urls["c"], "d": flaky.url}, namespace="llm",
                        service="chat")
@@ -120,6 +129,9 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                 after = c.get("/api/v1/diagnoses").json()
                 assert [(d["target"], d["verdict"], d["evaluated_at"]) for d in after] == \
                     [(d["target"], d["verdict"], d["evaluated_at"]) for d in before]
+                monitor.evaluate_alerts(now=time.time())  # no numbers: the SLO alert neither resolves nor moves
+                slo = [a for a in c.get("/api/v1/alerts").json() if a["labels"].get("slo") == "chat_ttft"]
+                assert [(a["labels"]["target"], a["state"]) for a in slo] == [("prod.llm.b", "firing")]
                 r = c.get("/api/v1/targets/prod.llm.b/latency")
                 assert r.status_code == 502 and "unreachable" in r.json()["detail"]
                 prom.start()
