@@ -79,10 +79,11 @@ class SourceStatus:
     down: int = 0
     gone: int = 0
 
+    last_round_ok: bool | None = None  # None until the first round
+
     @property
     def failing(self) -> bool:
-        return self.last_error_at is not None and (self.last_success is None or
-                                                   self.last_error_at >= self.last_success)
+        return self.last_round_ok is False
 
 
 @dataclass(slots=True)
@@ -176,6 +177,7 @@ class SourceService:
             windows = source.reader.windows(now - window, now, signals, diagnosis=True)
         except PromAPIError as exc:
             status.last_error, status.last_error_at = f"{exc.kind}: {exc.message}", now
+            status.last_round_ok = False
             status.queries_last_round = source.client.queries - queries_before
             status.last_round_seconds = time.monotonic() - started
             log.warning("source %s: %s", source.config.name, status.last_error)
@@ -184,6 +186,7 @@ class SourceService:
         with sessions.begin() as session:
             result.targets = self._sync(source, session, found, windows, now)
         status.last_success, status.queries_last_round = now, source.client.queries - queries_before
+        status.last_round_ok = True
         status.last_round_seconds = time.monotonic() - started
         status.targets = sum(1 for t in result.targets if t.kind == SOURCE_KIND)
         status.down = sum(1 for key in found.up if found.up[key] == 0 and key in source.keys.values())

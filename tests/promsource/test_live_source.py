@@ -121,15 +121,21 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
 
                 # Prometheus down: nothing changes, the source says why, and comes back after.
                 before = c.get("/api/v1/diagnoses").json()
+                busy = next(d for d in before if d["target"] == "prod.llm.b")
+                assert "queueing" in busy["active"], busy  # active after two rounds
                 prom.stop()
-                monitor.evaluate_diagnoses(now=time.time())
+                outage = time.time()
+                for offset in (0.0, 20.0, 40.0, 60.0):  # a minute of rounds without the source
+                    monitor.evaluate_diagnoses(now=outage + offset)
+                    monitor.evaluate_alerts(now=outage + offset)
                 (source,) = c.get("/api/v1/sources").json()
                 assert source["state"] == "failing" and source["last_error"].startswith("unreachable")
                 assert c.get("/readyz").json()["sources"]["prod"].startswith("failing: unreachable")
                 after = c.get("/api/v1/diagnoses").json()
                 assert [(d["target"], d["verdict"], d["evaluated_at"]) for d in after] == \
                     [(d["target"], d["verdict"], d["evaluated_at"]) for d in before]
-                monitor.evaluate_alerts(now=time.time())  # no numbers: the SLO alert neither resolves nor moves
+                assert "queueing" in next(d for d in after if d["target"] == "prod.llm.b")["active"]
+                # no numbers: the SLO alert neither resolves nor moves
                 slo = [a for a in c.get("/api/v1/alerts").json() if a["labels"].get("slo") == "chat_ttft"]
                 assert [(a["labels"]["target"], a["state"]) for a in slo] == [("prod.llm.b", "firing")]
                 r = c.get("/api/v1/targets/prod.llm.b/latency")
