@@ -521,8 +521,11 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
             recorder = Recorder(monitor.sources.sources[SOURCE].client)
             for n in sizes:
                 write_sd(sd, port, n)
-                wait_until(f"Prometheus scraping {n} engines",
-                           lambda n=n: prom.scalar('count(up{job="engines"} == 1)') >= n, 120)
+
+                def scraped(n: int = n) -> bool:
+                    return prom.scalar('count(up{job="engines"} == 1)') >= n
+
+                wait_until(f"Prometheus scraping {n} engines", scraped, 120)
                 ready_at = time.time() + WINDOW_FILL
                 print(f"# N={n}: all engines scraped; waiting {WINDOW_FILL:g} s for a full window", file=sys.stderr)
                 time.sleep(max(0.0, ready_at - time.time()))

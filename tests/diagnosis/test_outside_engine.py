@@ -15,6 +15,7 @@ from app.diagnosis.rules import RULES, outside_engine
 from app.probe import repository as probe_repository
 from app.probe.consistency import period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
+from app.store import repository
 from app.store.repository import SampleWriter, ScrapeRecord
 from app.thresholds import Thresholds
 from tests.diagnosis.test_rules import healthy_signals, summary
@@ -184,3 +185,20 @@ def test_runs_between_the_same_scrapes_count_the_engine_requests_once(store) -> 
     # a window that only touches the merged one at a scrape adds its own count: 8 + 1
     assert with_separate.runs == (*runs, separate) and with_separate.client_requests == 9
     assert with_separate.server_requests == pytest.approx(9.0) and not with_separate.other_traffic
+
+
+def test_a_round_asks_once_which_targets_have_probe_runs(store) -> None:
+    """The round's one lookup: only targets with a completed run finished since ``since``
+    (a running run or an older one does not count), so the others skip the per-target reads."""
+    sql, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
+                                         labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
+        assert probe_repository.targets_with_finished_runs(session, 0.0) == set()
+    _run(sessions, target_id, 1002, 1010, [0.4])
+    with sessions.begin() as session:
+        probe_repository.create_run(session, target="t2", url="http://x", kind="canary", params={},
+                                    target_id=other, started_at=2000)  # still running
+    with sessions() as session:
+        assert probe_repository.targets_with_finished_runs(session, 1010.0) == {target_id}
+        assert probe_repository.targets_with_finished_runs(session, 1010.5) == set()
