@@ -1,8 +1,11 @@
 """Prometheus-source scale benchmark: one discovery + diagnosis round for N engines, and the
 7-day latency API, against a real Prometheus 2.42 measured in the same run.
 
-    python3 bench/prometheus_source.py --sizes 10,100,1000   # ~8 minutes on 2 cores
-    python3 bench/prometheus_source.py --quick               # N = 10 only, ~3 minutes
+    python3 bench/prometheus_source.py --sizes 10,100,1000   # ~10 minutes on 2 cores
+    python3 bench/prometheus_source.py --quick               # N = 10 only, ~5 minutes
+
+(About 2.5 minutes of either is writing the 7-day history and promtool turning it into
+blocks; ``--history-days 0.5`` shortens that while working on the bench itself.)
 
 What runs (all on 127.0.0.1, every process stopped by its PID at the end):
 
