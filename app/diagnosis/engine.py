@@ -102,8 +102,8 @@ def rank(findings: list[Finding]) -> None:
 
 def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
                     thresholds: Thresholds, hardware: HardwareProfile | None = None,
-                    probe_baseline: ProbeBaseline | None = None, data: TargetWindow | None = None
-                    ) -> list[Diagnosis]:
+                    probe_baseline: ProbeBaseline | None = None, data: TargetWindow | None = None,
+                    probed: bool = True) -> list[Diagnosis]:
     """Diagnoses for every model of one target over ``[end - window, end]``.
 
     ``probe_baseline`` is the latest client-side single-request measurement (a canary or
@@ -114,7 +114,9 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     (:func:`app.probe.consistency.period_consistency`) for the ``outside_engine`` rule.
 
     ``data`` is the target's window when another source (a Prometheus) already read it;
-    without it the window comes from the built-in store."""
+    without it the window comes from the built-in store. ``probed`` False: the caller knows no
+    probe run of the target finished in the lookback (a round over many targets asks once for
+    all of them), so there are no runs to compare."""
     if data is None:
         data = latency.store_window(session, [target_id], end - window, end, signals_module.DIAGNOSIS_HISTOGRAMS,
                                     diagnosis=True)
@@ -123,7 +125,7 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     for s in all_signals:
         s.probe_baseline = probe_baseline
     consistency = period_consistency(session, target_id, end - max(window, thresholds.outside_lookback), end,
-                                     thresholds)
+                                     thresholds) if probed else None
     if consistency is not None:  # the probed model's diagnosis (all when the engine labels no model by name)
         for s in [s for s in all_signals if s.model in consistency.models] or all_signals:
             s.probe_consistency = consistency

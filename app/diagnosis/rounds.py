@@ -16,6 +16,7 @@ from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.store import repository
@@ -48,33 +49,41 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         for source_target in source_round.targets:
             if source_target.window is not None:  # None: down now; its TargetDown alert says so
                 source_windows[source_target.id] = source_target.window
+    saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
     with sessions.begin() as session:
+        # One query for which targets have probe runs at all, instead of two per target.
+        probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
+        probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
         for target in repository.list_targets(session):
             if target.gone_at is not None or (target.source in DISCOVERED_BY_SOURCES
                                               and target.id not in source_windows):
                 continue
             hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
             engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
-            baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE)
+            baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
+                if target.id in probed else None
             for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
                                                               config.window, config.thresholds, hardware,
                                                               probe_baseline=baseline,
-                                                              data=source_windows.get(target.id)):
+                                                              data=source_windows.get(target.id),
+                                                              probed=target.id in probed):
                 transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
                                                                config.thresholds, now)
-                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now,
-                                          diagnosis.to_dict())
+                data = diagnosis.to_dict()
+                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now, data)
                 results.append((diagnosis, transitions))
+                saved.append(data)
         states = {(name, row.model, row.regime): row.state
                   for name, row in repository.finding_history(session, states=("pending", "active"))}
     if collector is not None:
-        collector.diagnoses = [_exported(diagnosis, states) for diagnosis, _ in results]
+        collector.diagnoses = [_exported(diagnosis, data, states) for (diagnosis, _), data in zip(results, saved,
+                                                                                                  strict=True)]
     return results
 
 
-def _exported(diagnosis: Diagnosis, states: dict[tuple[str, str, str], str]) -> dict:
-    """``Diagnosis.to_dict()`` with each finding's lifecycle state (pending until stored otherwise)."""
-    data = diagnosis.to_dict()
-    for finding in data["findings"]:
-        finding["state"] = states.get((diagnosis.target, diagnosis.model, finding["regime"]), "pending")
-    return data
+def _exported(diagnosis: Diagnosis, data: dict, states: dict[tuple[str, str, str], str]) -> dict:
+    """The saved ``Diagnosis.to_dict()`` with each finding's lifecycle state (pending until stored
+    otherwise); a copy, so the saved row keeps the dict it was given."""
+    return {**data, "findings": [{**finding, "state": states.get((diagnosis.target, diagnosis.model,
+                                                                  finding["regime"]), "pending")}
+                                 for finding in data["findings"]]}

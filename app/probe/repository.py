@@ -95,6 +95,15 @@ def finished_runs(session: Session, target: int | str, since: float, kinds: Sequ
         query.order_by(ProbeRunRow.finished_at.desc(), ProbeRunRow.id.desc()).limit(limit)))
 
 
+def targets_with_finished_runs(session: Session, since: float, kinds: Sequence[str] = KINDS) -> set[int]:
+    """Ids of the targets with a completed run finished at or after ``since``: one query, so a
+    diagnosis round over many targets asks :func:`finished_runs` only for those."""
+    return set(session.scalars(
+        select(ProbeRunRow.target_id).where(ProbeRunRow.target_id.is_not(None), ProbeRunRow.state == "done",
+                                            ProbeRunRow.kind.in_(kinds), ProbeRunRow.finished_at >= since)
+        .distinct()))
+
+
 def runs_finished_since(session: Session, since: float, limit: int = 1000) -> list[ProbeRunRow]:
     """Completed (``done``) runs of monitored targets with ``finished_at >= since``, oldest first."""
     return list(session.scalars(

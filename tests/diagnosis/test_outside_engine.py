@@ -18,6 +18,7 @@ from app.probe import repository as probe_repository
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult, period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
+from app.store import repository
 from app.store.repository import SampleWriter, ScrapeRecord
 from app.thresholds import Thresholds
 from tests.diagnosis.test_rules import healthy_signals, summary
@@ -206,3 +207,20 @@ def test_the_probe_seams_are_typed_and_the_diagnosis_json_keeps_its_shape() -> N
     assert signals["probe_consistency"] == consistency(0.31, 0.42, status="finding").to_dict()
     assert signals["probe_consistency"]["runs"] == [7, 9] and signals["probe_consistency"]["gap_seconds"] == 0.31
     assert baseline.p50("ttft") == 0.05 and baseline.p50("itl") is None
+
+
+def test_a_round_asks_once_which_targets_have_probe_runs(store) -> None:
+    """The round's one lookup: only targets with a completed run finished since ``since``
+    (a running run or an older one does not count), so the others skip the per-target reads."""
+    sql, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
+                                         labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
+        assert probe_repository.targets_with_finished_runs(session, 0.0) == set()
+    _run(sessions, target_id, 1002, 1010, [0.4])
+    with sessions.begin() as session:
+        probe_repository.create_run(session, target="t2", url="http://x", kind="canary", params={},
+                                    target_id=other, started_at=2000)  # still running
+    with sessions() as session:
+        assert probe_repository.targets_with_finished_runs(session, 1010.0) == {target_id}
+        assert probe_repository.targets_with_finished_runs(session, 1010.5) == set()

@@ -1,0 +1,633 @@
+"""Prometheus-source scale benchmark: one discovery + diagnosis round for N engines, and the
+7-day latency API, against a real Prometheus 2.42 measured in the same run.
+
+    python3 bench/prometheus_source.py --sizes 10,100,1000   # ~10 minutes on 2 cores
+    python3 bench/prometheus_source.py --quick               # N = 10 only, ~5 minutes
+
+(About 2.5 minutes of either is writing the 7-day history and promtool turning it into
+blocks; ``--history-days 0.5`` shortens that while working on the bench itself.)
+
+What runs (all on 127.0.0.1, every process stopped by its PID at the end):
+
+* **Engines.** One child process serves N emulated vLLM engines on one port, engine ``i`` on
+  ``/engines/<i>/metrics``. N real-time simulations would not fit on two cores, so the pages
+  are *replayed*: for each of the eight steady emulator scenarios (``app.emulator``), one
+  :class:`~app.emulator.simulation.Simulation` is run offline for ``PERIOD`` = 8 x 15
+  simulated seconds after a 60 s warm-up, recording a page every 15 s (pages ``p0 .. p8``).
+  The n-th page of a replay is ``p[n % 8]`` with every counter and histogram sample raised by
+  ``(n // 8) * (p8 - p0)``: counters never go down, each 15 s step adds exactly what the
+  simulation added in that step, histograms stay consistent (every bucket grows by a real
+  bucket increment), gauges repeat with a 2-minute period. Engine ``i`` replays scenario
+  ``i % 8`` starting at step ``i // 8 % 8`` and advances one step per request, so every
+  scrape Prometheus makes (every 15 s) is one simulated 15 s step - the same rates,
+  percentiles and regimes a live engine in that scenario would show.
+* **Prometheus.** Debian's ``/usr/bin/prometheus`` (2.42) on a free port, scraping every
+  15 s through ``file_sd_configs`` (one target group per engine: ``__metrics_path__``,
+  ``namespace``, ``pod``, ``service``). For each N the file grows to N engines; the round
+  runs once Prometheus holds >= 75 s of scrapes of every engine (the diagnosis window is the
+  service default, 60 s).
+* **History.** Before Prometheus starts, 7 days of 15 s scrapes of engine 0 (the same replay,
+  steps ``0 .. 40319``; live scraping continues at step 40320 so its counters go on) are
+  written as OpenMetrics and turned into TSDB blocks by ``promtool tsdb
+  create-blocks-from openmetrics --max-block-duration=24h`` (24 h blocks: larger than
+  Prometheus' own compaction ranges at the default 15 d retention, so it does not start
+  compacting them during the measurement).
+* **The monitor.** The real service (``app.main.create_app``) on a temp SQLite database with
+  a targets YAML holding one ``sources:`` entry (``target_labels: [namespace, pod]``,
+  ``service_labels: [namespace, service]``), driven through ``TestClient``; background jobs
+  that would also run during the round (summaries, alerts, diagnosis) get a one-hour
+  interval. The round is ``monitor.evaluate_diagnoses(now)`` - discovery, target rows,
+  every window, diagnosis and persistence - run twice per N: the first round inserts the
+  newly discovered targets, the second is a steady round.
+
+Measured per round: wall time, CPU time of this process (``time.process_time``: the round's
+threads included; Prometheus and the page server are other processes), HTTP API calls
+(``queries_last_round`` of ``GET /api/v1/sources``), VmRSS of this process after the round,
+targets discovered. Baseline, measured right after each round: **Prometheus alone** - the
+round's exact queries (recorded from the client) sent again by a bare ``httpx`` client at the
+same concurrency (8), bodies read but not decoded. ``round / Prometheus alone`` is what the
+monitor adds on top of Prometheus' own query time.
+
+The 7-day latency API: ``GET /api/v1/targets/<engine 0>/latency?window=7d`` through
+``TestClient`` (median of 3) vs Prometheus answering ``histogram_quantile(0.99, sum by (le)
+(increase(vllm:time_to_first_token_seconds_bucket{pod="engine-0"}[7d])))`` (median of 3), and
+vs the endpoint's own queries replayed bare.
+
+Targets (issue 10): N = 1,000 round <= 5 s wall and <= 40 queries; 7-day latency <= 1 s.
+Exits 1 when one is missed (the last line says ``MISS``). Run it on a quiet machine: on two
+shared cores, Prometheus' ingestion of 1,000 engines competes with the round for CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python bench/prometheus_source.py`
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+SCRAPE_INTERVAL = 15.0
+STEPS = 8  # pages per replay period (2 minutes of simulated time)
+WARMUP = 60.0
+SCENARIOS = ["healthy", "queueing", "prefill_compute", "kv_cache_pressure", "healthy_bursty",
+             "prefill_interference", "bandwidth_bound", "weights_offloaded"]
+SOURCE = "bench"
+NAMESPACE = "llm"
+REPLICAS_PER_SERVICE = 10
+WINDOW_FILL = 75.0  # seconds of scrapes every engine has before a round (window 60 s)
+CONCURRENCY = 8  # the source's max_concurrency (the config default)
+TARGET_ROUND_WALL, TARGET_QUERIES, TARGET_LATENCY_7D = 5.0, 40, 1.0
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)$")
+
+
+# ---------------------------------------------------------------------------------- replayed pages
+@dataclass
+class Replay:
+    """One scenario's recorded pages: ``render(n)`` is the n-th 15 s page (see the module doc)."""
+
+    chunks: list[str]  # static text before each sample value (HELP/TYPE lines, the sample's name)
+    values: list[list[float]]  # per recorded page p0..p8, one value per sample
+    cumulative: list[bool]  # counter or histogram sample (grows per period) vs gauge (replayed)
+    tail: str
+
+    @classmethod
+    def record(cls, scenario: str, seed: int) -> Replay:
+        from app.emulator.simulation import Simulation
+
+        sim = Simulation(scenario, seed=seed)
+        sim.run_for(WARMUP)
+        pages = []
+        for _ in range(STEPS + 1):
+            sim.run_for(SCRAPE_INTERVAL)
+            pages.append(sim.render_metrics().decode())
+        return cls.from_pages(pages)
+
+    @classmethod
+    def from_pages(cls, pages: list[str]) -> Replay:
+        types: dict[str, str] = {}
+        keys: list[str] | None = None
+        values: list[list[float]] = []
+        chunks: list[str] = []
+        text: list[str] = []
+        for page in pages:
+            page_keys, page_values = [], []
+            for line in page.splitlines():
+                if line.startswith("#"):
+                    parts = line.split(" ", 3)
+                    if keys is None:
+                        text.append(line + "\n")
+                        if parts[1] == "TYPE":
+                            types[parts[2]] = parts[3]
+                    continue
+                m = _SAMPLE.match(line)
+                if m is None:
+                    raise ValueError(f"unexpected exposition line: {line[:80]!r}")
+                series = line[:m.start(3)].rstrip()
+                page_keys.append(series)
+                page_values.append(float(m[3]))
+                if keys is None:
+                    chunks.append("".join(text) + series)
+                    text = []
+            if keys is None:
+                keys = page_keys
+            elif page_keys != keys:
+                raise ValueError("the recorded pages do not have the same series in the same order")
+            values.append(page_values)
+        assert keys is not None
+
+        def is_cumulative(series: str) -> bool:
+            name = _SAMPLE.match(series + " 0")[1]  # type: ignore[index]
+            for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+                if name.endswith(suffix) and types.get(name[:len(name) - len(suffix)] if suffix else name) in (
+                        "counter", "histogram"):
+                    return True
+            return False
+
+        return cls(chunks, values, [is_cumulative(k) for k in keys], "".join(text))
+
+    def sample_values(self, n: int) -> list[float]:
+        j, cycle = n % STEPS, n // STEPS
+        first, last, page = self.values[0], self.values[STEPS], self.values[j]
+        return [v + cycle * (last[i] - first[i]) if self.cumulative[i] else v for i, v in enumerate(page)]
+
+    def render(self, n: int) -> bytes:
+        return ("".join(f"{c} {v!r}\n" for c, v in zip(self.chunks, self.sample_values(n), strict=True))
+                + self.tail).encode()
+
+    def series(self) -> list[str]:
+        """The sample names with labels (``name{...}``), without HELP/TYPE text."""
+        return [c.rsplit("\n", 1)[-1] for c in self.chunks]
+
+
+def record_replays() -> list[Replay]:
+    return [Replay.record(s, seed=i + 1) for i, s in enumerate(SCENARIOS)]
+
+
+def history_steps(days: float) -> int:
+    return int(days * 86400 / SCRAPE_INTERVAL)  # 40,320 scrapes for 7 days
+
+
+def start_step(i: int, history_steps: int) -> int:
+    """Engine 0 continues its backfilled history; the others start at staggered steps."""
+    return history_steps if i == 0 else (i // len(SCENARIOS)) % STEPS
+
+
+class EnginePages:
+    """``/engines/<i>/metrics``: engine i's next replayed page (``bench/page_server.py``'s
+    protocol calls :meth:`respond`)."""
+
+    def __init__(self, replays: list[Replay], history_steps: int) -> None:
+        self.replays = replays
+        self.history_steps = history_steps
+        self.steps: dict[int, int] = {}
+        self.cache: dict[tuple[int, int], bytes] = {}
+        self.requests = 0
+
+    def respond(self, path: bytes, wants_gzip: bool) -> bytes:
+        m = re.fullmatch(rb"/engines/(\d+)/metrics", path)
+        if m is None:
+            return b"HTTP/1.1 404 Not Found\r\nContent-Length: 10\r\n\r\nnot found\n"
+        i = int(m[1])
+        n = self.steps.get(i, start_step(i, self.history_steps))
+        self.steps[i] = n + 1
+        self.requests += 1
+        key = (i % len(self.replays), n)
+        body = self.cache.get(key)
+        if body is None:
+            if len(self.cache) > 256:
+                self.cache.clear()
+            body = self.cache[key] = self.replays[key[0]].render(n)
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: "
+                + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def serve_engines(conn: Any, replays: list[Replay], history_steps: int) -> None:  # child process
+    from bench.page_server import Http
+
+    pages = EnginePages(replays, history_steps)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: Http(pages), "127.0.0.1", 0, backlog=1024)  # type: ignore[arg-type]
+        conn.send(server.sockets[0].getsockname()[1])
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        async with server:
+            await stop.wait()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------- Prometheus
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def names_read() -> set[str]:
+    """Every metric name the source's queries select (histogram series, gauges, counters, infos)."""
+    from app.promsource.queries import COUNTER_FAMILIES, GAUGE_FAMILIES, HISTOGRAM_FAMILIES, INFO_FAMILIES
+
+    names = {f"{f.name}{suffix}" for fs in HISTOGRAM_FAMILIES.values() for f in fs
+             for suffix in ("_bucket", "_sum", "_count")}
+    names |= {f.name for table in (GAUGE_FAMILIES, COUNTER_FAMILIES) for fs in table.values() for f in fs}
+    return names | {metric for _, metric in INFO_FAMILIES}
+
+
+def write_history(replay: Replay, labels: dict[str, str], end: float, path: Path, steps: int) -> int:
+    """7 days of engine 0's scrapes ending before ``end``, as OpenMetrics grouped by series
+    (each series' samples in time order, as promtool wants); returns the sample count.
+
+    Only the series some source query selects go into the history (256 of the page's 389):
+    the others (``_created``, FLOPs estimates, ...) are never read, and writing them would
+    add a minute of promtool time to every run without changing any query's work."""
+    read = names_read()
+    extra = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    stamps = [f"{end - (steps - k) * SCRAPE_INTERVAL:.3f}" for k in range(steps)]
+    series = replay.series()
+    first, last = replay.values[0], replay.values[STEPS]
+    count = 0
+    with path.open("w") as out:
+        out.write("".join(f"up{{{extra}}} 1 {t}\n" for t in stamps))
+        for s, name in enumerate(series):
+            if re.split(r"[{ ]", name, maxsplit=1)[0] not in read:
+                continue
+            count += steps
+            head = f"{name[:-1]},{extra}}}" if name.endswith("}") else f"{name}{{{extra}}}"
+            per_step = [replay.values[j][s] for j in range(STEPS)]
+            if replay.cumulative[s]:
+                delta = last[s] - first[s]
+                out.write("".join(f"{head} {per_step[k % STEPS] + (k // STEPS) * delta!r} {stamps[k]}\n"
+                                  for k in range(steps)))
+            else:
+                out.write("".join(f"{head} {per_step[k % STEPS]!r} {stamps[k]}\n" for k in range(steps)))
+        out.write("# EOF\n")
+    return count + steps
+
+
+class Prometheus:
+    """Debian's Prometheus on a free loopback port, stopped by PID."""
+
+    def __init__(self, workdir: Path, sd_file: Path) -> None:
+        self.config = workdir / "prometheus.yml"
+        self.data = workdir / "prometheus-data"
+        self.log = workdir / "prometheus.log"
+        job = {"job_name": "engines", "scrape_interval": f"{SCRAPE_INTERVAL:g}s",
+               "scrape_timeout": "10s", "file_sd_configs": [{"files": [str(sd_file)], "refresh_interval": "5s"}]}
+        self.config.write_text(f"global: {{scrape_interval: {SCRAPE_INTERVAL:g}s, evaluation_interval: 1m}}\n"
+                               f"scrape_configs: {json.dumps([job])}\n")
+        self.process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
+                 f"--web.listen-address=127.0.0.1:{port}"], stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready after 120 s: {self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+
+    def query(self, expr: str, at: float | None = None) -> list[dict]:
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        body = httpx.post(f"{self.url}/api/v1/query", data=params, timeout=60).json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"{expr}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def scalar(self, expr: str) -> float:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def write_sd(path: Path, port: int, n: int) -> None:
+    groups = [{"targets": [f"127.0.0.1:{port}"],
+               "labels": {"__metrics_path__": f"/engines/{i}/metrics", "namespace": NAMESPACE, "pod": f"engine-{i}",
+                          "service": f"svc-{i // REPLICAS_PER_SERVICE}"}} for i in range(n)]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(groups))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------- measuring
+class Recorder:
+    """Records every query the source's client sends (method, arguments, seconds), so the
+    same queries can be replayed against Prometheus alone."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls: list[tuple[str, tuple, float]] = []
+        for method in ("query", "query_range", "query_samples"):
+            setattr(client, method, self._wrap(method, getattr(client, method)))
+
+    def _wrap(self, method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.calls.append((method, args, time.perf_counter() - t0))
+        return timed
+
+    def take(self) -> list[tuple[str, tuple, float]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def replay_bare(url: str, calls: list[tuple[str, tuple, float]]) -> float:
+    """Wall seconds for Prometheus to answer ``calls`` sent by a bare client, 8 at a time."""
+    def form(method: str, args: tuple) -> tuple[str, dict[str, str]]:
+        if method == "query_range":
+            promql, start, end, step = args
+            return "query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        return "query", {"query": args[0], "time": f"{args[1]:.3f}"}
+
+    requests = [form(m, a) for m, a, _ in calls]
+    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
+        def send(req: tuple[str, dict[str, str]]) -> int:
+            r = client.post(f"{url}/api/v1/{req[0]}", data=req[1])
+            if r.status_code != 200:
+                raise RuntimeError(f"replayed query failed: HTTP {r.status_code}")
+            return len(r.content)
+
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(send, requests[:CONCURRENCY]))  # warm connections
+            t0 = time.perf_counter()
+            list(pool.map(send, requests))
+            return time.perf_counter() - t0
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+@dataclass
+class RoundRow:
+    n: int
+    kind: str
+    discovered: int
+    queries: int
+    wall: float
+    cpu: float
+    rss: float
+    bare: float
+    verdicts: Counter
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def wait_until(what: str, ok: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(1.0)
+
+
+def backfill(replay: Replay, labels: dict[str, str], end: float, workdir: Path, data: Path,
+             steps: int) -> tuple[int, float]:
+    """Engine 0's 7-day history into ``data`` (TSDB blocks); (samples, seconds taken)."""
+    t0 = time.monotonic()
+    source = workdir / "history.om"
+    samples = write_history(replay, labels, end, source, steps)
+    data.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=18h",
+                           str(source), str(data)], capture_output=True, text=True, timeout=1800)
+    source.unlink()
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool failed ({done.returncode}): {done.stderr[-2000:]}")
+    return samples, time.monotonic() - t0
+
+
+def config_yaml(url: str) -> str:
+    return f"""targets: []
+diagnosis: {{interval: 1h}}
+sources:
+  - name: {SOURCE}
+    url: {url}
+    selector: '{{namespace="{NAMESPACE}"}}'
+    target_labels: [namespace, pod]
+    service_labels: [namespace, service]
+    query_timeout: 60s
+    max_concurrency: {CONCURRENCY}
+"""
+
+
+def measure_round(client: Any, monitor: Any, recorder: Recorder, prom_url: str, n: int, kind: str) -> RoundRow:
+    recorder.take()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    results = monitor.evaluate_diagnoses(now=time.time())
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    rss = rss_mb()
+    calls = recorder.take()
+    (status,) = client.get("/api/v1/sources").json()
+    if status["state"] != "ok":
+        raise RuntimeError(f"the source failed: {status['last_error']}")
+    bare = replay_bare(prom_url, calls)
+    verdicts = Counter(d.verdict for d, _ in results)
+    return RoundRow(n, kind, status["targets"], status["queries_last_round"], wall, cpu, rss, bare, verdicts)
+
+
+def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, Any]:
+    """(first call's seconds, median of the next ``times`` calls, last result)."""
+    t0 = time.perf_counter()
+    result = fn()
+    first = time.perf_counter() - t0
+    runs = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        result = fn()
+        runs.append(time.perf_counter() - t0)
+    return first, statistics.median(runs), result
+
+
+def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float) -> int:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.promql import prom_duration
+    from app.promsource.service import target_name
+    from app.settings import Settings
+
+    history_labels = {"job": "engines", "instance": f"127.0.0.1:{port}", "namespace": NAMESPACE,
+                      "pod": "engine-0", "service": "svc-0"}
+    history_end = time.time()
+    steps = history_steps(days)
+    samples, took = backfill(replays[0], history_labels, history_end, tmp, tmp / "prometheus-data", steps)
+    print(f"# {days:g}-day history of engine-0: {samples:,} samples, promtool + writing {took:.0f} s", file=sys.stderr)
+
+    sd = tmp / "engines.json"
+    write_sd(sd, port, sizes[0])
+    prom = Prometheus(tmp, sd)
+    prom.start()
+    rows: list[RoundRow] = []
+    try:
+        print(f"# Prometheus pid {prom.process.pid if prom.process else '?'} at {prom.url}", file=sys.stderr)
+        (tmp / "targets.yaml").write_text(config_yaml(prom.url))
+        settings = Settings(data_dir=tmp, config_file=tmp / "targets.yaml", default_scrape_interval=3600,
+                            summary_interval=3600, alert_interval=3600)
+        app = create_app(settings)
+        with TestClient(app) as client:
+            monitor = app.state.monitor
+            recorder = Recorder(monitor.sources.sources[SOURCE].client)
+            for n in sizes:
+                write_sd(sd, port, n)
+
+                def scraped(n: int = n) -> bool:
+                    return prom.scalar('count(up{job="engines"} == 1)') >= n
+
+                wait_until(f"Prometheus scraping {n} engines", scraped, 120)
+                ready_at = time.time() + WINDOW_FILL
+                print(f"# N={n}: all engines scraped; waiting {WINDOW_FILL:g} s for a full window", file=sys.stderr)
+                time.sleep(max(0.0, ready_at - time.time()))
+                for kind in ("discovery", "steady"):
+                    row = measure_round(client, monitor, recorder, prom.url, n, kind)
+                    rows.append(row)
+                    print(f"# N={n} {kind}: {row.wall:.2f} s wall, {row.cpu:.2f} s CPU, {row.queries} queries, "
+                          f"{row.discovered} targets, verdicts {dict(row.verdicts)}", file=sys.stderr)
+                    time.sleep(2.0)
+
+            name = target_name(SOURCE, (NAMESPACE, "engine-0"))
+            span = prom_duration(days * 86400)
+            end = time.time()
+            recorder.take()
+            api_first, api_median, body = median_time(lambda: client.get(
+                f"/api/v1/targets/{name}/latency", params={"window": span, "end": end}))
+            api_calls = recorder.take()
+            api_queries = len(api_calls) // 4
+            if body.status_code != 200:
+                raise RuntimeError(f"latency API answered {body.status_code}: {body.text[:300]}")
+            report = body.json()
+            promql = ('histogram_quantile(0.99, sum by (le) (increase('
+                      f'vllm:time_to_first_token_seconds_bucket{{namespace="{NAMESPACE}",pod="engine-0"}}[{span}])))')
+            prom_first, prom_median, answer = median_time(lambda: prom.query(promql, end))
+            bare = replay_bare(prom.url, api_calls[-api_queries:])
+            prom_rss = rss_mb(prom.process.pid if prom.process else 0)
+            series = httpx.get(f"{prom.url}/api/v1/status/tsdb", timeout=30).json()["data"]["headStats"]["numSeries"]
+    finally:
+        prom.stop()
+
+    p99_api, p99_prom = report["ttft"]["p99"], float(answer[0]["value"][1])
+    print(f"\n## One discovery + diagnosis round per N (Prometheus 2.42, 15 s scrapes, window 60 s; "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
+    print("| N engines | round | targets discovered | queries | wall | CPU (monitor) | monitor RSS "
+          "| Prometheus alone (same queries) | wall / Prometheus alone | vs N=10 wall |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    base = {r.kind: r.wall for r in rows if r.n == sizes[0]}
+    for r in rows:
+        print(f"| {r.n:,} | {r.kind} | {r.discovered:,} | {r.queries} | {fmt_s(r.wall)} | {fmt_s(r.cpu)} | "
+              f"{r.rss:,.0f} MB | {fmt_s(r.bare)} | {r.wall / r.bare:.1f}x | {r.wall / base[r.kind]:.1f}x |")
+    print(f"\nPrometheus at the end: {series:,.0f} head series, {prom_rss:,.0f} MB RSS. Verdicts at the "
+          f"largest N: {dict(rows[-1].verdicts)}")
+    print(f"\n## Latency API, {days:g}-day window (engine-0: {days:g} days of 15 s history + live)\n")
+    print("| measurement | first call | median of 3 | baseline: Prometheus' histogram_quantile (first / median) "
+          "| ratio (median) |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| GET /api/v1/targets/{name}/latency?window={span} ({api_queries} queries) | {fmt_s(api_first)} | "
+          f"{fmt_s(api_median)} | {fmt_s(prom_first)} / {fmt_s(prom_median)} | {api_median / prom_median:.1f}x |")
+    print(f"| the endpoint's {api_queries} queries replayed bare (8 at a time) | - | {fmt_s(bare)} | "
+          f"{fmt_s(prom_first)} / {fmt_s(prom_median)} | {bare / prom_median:.1f}x |")
+    print(f"\nttft p99 over {days:g} days: API {p99_api!r}, Prometheus {p99_prom!r} "
+          f"(count {report['ttft']['count']:,.0f} requests)")
+
+    largest = [r for r in rows if r.n == max(sizes)]
+    checks = [(f"N={max(sizes):,} {r.kind} round wall <= {TARGET_ROUND_WALL:g} s", r.wall <= TARGET_ROUND_WALL)
+              for r in largest]
+    checks += [(f"N={max(sizes):,} {r.kind} round queries <= {TARGET_QUERIES}", r.queries <= TARGET_QUERIES)
+               for r in largest]
+    checks += [(f"N={max(sizes):,} targets discovered == N", all(r.discovered == max(sizes) for r in largest)),
+               (f"{days:g}-day latency API <= {TARGET_LATENCY_7D:g} s (median)", api_median <= TARGET_LATENCY_7D),
+               (f"{days:g}-day ttft p99 equals Prometheus' (1e-9)", math.isclose(p99_api, p99_prom, rel_tol=1e-9))]
+    print("\n## Targets\n")
+    for what, ok in checks:
+        print(f"- {what}: {'PASS' if ok else 'MISS'}")
+    all_ok = all(ok for _, ok in checks)
+    print(f"\nOverall: {'PASS' if all_ok else 'MISS'}")
+    return 0 if all_ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="10,100,1000", help="numbers of engines, ascending")
+    parser.add_argument("--quick", action="store_true", help="N = 10 only")
+    parser.add_argument("--history-days", type=float, default=7.0,
+                        help="days of engine-0 history and the latency API's window (7 in the table)")
+    args = parser.parse_args()
+    sizes = [10] if args.quick else sorted(int(s) for s in args.sizes.split(","))
+    for binary in (PROMETHEUS, PROMTOOL):
+        if not os.access(binary, os.X_OK):
+            print(f"{binary} is missing (Debian package prometheus)", file=sys.stderr)
+            return 2
+    print(f"# machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start", file=sys.stderr)
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    replays = record_replays()  # recorded once: engine 0's live pages continue its history exactly
+    engines = ctx.Process(target=serve_engines, args=(child, replays, history_steps(args.history_days)),
+                          daemon=True)
+    engines.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-promsource-") as tmp_name:
+            tmp = Path(tmp_name)
+            port = parent.recv()
+            print(f"# {len(SCENARIOS)} scenario replays served by pid {engines.pid} on port {port}", file=sys.stderr)
+            return run(tmp, port, sizes, replays, args.history_days)
+    finally:
+        engines.terminate()
+        engines.join(30)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
