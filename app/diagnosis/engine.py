@@ -33,6 +33,7 @@ from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
 from app.store import repository
+from app.store.models import FindingRow
 from app.thresholds import Thresholds
 from app.window import TargetWindow
 
@@ -133,12 +134,15 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
 
 
 def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thresholds: Thresholds,
-                    now: float | None = None) -> list[dict]:
-    """Advance the persisted state of every regime for this target/model; returns transitions."""
+                    now: float | None = None, open_rows: list[FindingRow] | None = None) -> list[dict]:
+    """Advance the persisted state of every regime for this target/model; returns transitions.
+    ``open_rows``: its pending/active findings when the caller loaded a whole round's at once."""
     now = time.time() if now is None else now
     firing = {f.regime: f for f in diagnosis.findings}
     transitions = []
-    states = {row.regime: row for row in repository.open_findings(session, target_id, diagnosis.model)}
+    if open_rows is None:
+        open_rows = repository.open_findings(session, target_id, diagnosis.model)
+    states = {row.regime: row for row in open_rows}
     for regime, finding in firing.items():
         row = states.get(regime)
         payload = finding.to_dict()

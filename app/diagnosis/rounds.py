@@ -54,6 +54,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         # One query for which targets have probe runs at all, instead of two per target.
         probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
         probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
+        open_rows = repository.all_open_findings(session)  # one query, not one per target
         for target in repository.list_targets(session):
             if target.gone_at is not None or (target.source in DISCOVERED_BY_SOURCES
                                               and target.id not in source_windows):
@@ -67,8 +68,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                                                               probe_baseline=baseline,
                                                               data=source_windows.get(target.id),
                                                               probed=target.id in probed):
-                transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis,
-                                                               config.thresholds, now)
+                transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis, config.thresholds,
+                                                               now, open_rows.get((target.id, diagnosis.model), []))
                 data = diagnosis.to_dict()
                 repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now, data)
                 results.append((diagnosis, transitions))

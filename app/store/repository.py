@@ -445,6 +445,14 @@ def open_findings(session: Session, target_id: int, model: str) -> list[FindingR
         FindingRow.target_id == target_id, FindingRow.model == model, FindingRow.state.in_(("pending", "active")))))
 
 
+def all_open_findings(session: Session) -> dict[tuple[int, str], list[FindingRow]]:
+    """Every pending or active finding by (target id, model): one query for a whole round."""
+    out: dict[tuple[int, str], list[FindingRow]] = defaultdict(list)
+    for row in session.scalars(select(FindingRow).where(FindingRow.state.in_(("pending", "active")))):
+        out[(row.target_id, row.model)].append(row)
+    return out
+
+
 def _finding_fields(payload: dict) -> dict:
     return {"severity": payload["severity"], "confidence": payload["confidence"], "is_primary": payload["primary"],
             "summary": payload["summary"],
