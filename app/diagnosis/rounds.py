@@ -54,7 +54,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         # One query for which targets have probe runs at all, instead of two per target.
         probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
         probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
-        open_rows = repository.all_open_findings(session)  # one query, not one per target
+        open_rows = repository.all_open_findings(session)  # one query each, not one per target
+        stored = repository.diagnosis_rows(session)
         for target in repository.list_targets(session):
             if target.gone_at is not None or (target.source in DISCOVERED_BY_SOURCES
                                               and target.id not in source_windows):
@@ -71,7 +72,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                 transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis, config.thresholds,
                                                                now, open_rows.get((target.id, diagnosis.model), []))
                 data = diagnosis.to_dict()
-                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now, data)
+                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now, data,
+                                          stored)
                 results.append((diagnosis, transitions))
                 saved.append(data)
         states = {(name, row.model, row.regime): row.state

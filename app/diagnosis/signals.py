@@ -9,11 +9,12 @@ no bucket below 300 ms), so shares of TTFT are computed from means, not quantile
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
 from app import latency, quantiles
+from app.diagnosis.findings import as_plain
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
@@ -95,7 +96,7 @@ class Signals:
         return self.window_end - self.window_start
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v not in (None, [], {})}
+        return {k: v for k, v in as_plain(self).items() if v not in (None, [], {})}
 
 
 def _mean(h: LatencySummary | None) -> float | None:

@@ -490,13 +490,26 @@ def set_finding_state(session: Session, row: FindingRow, state: str, now: float)
     session.flush()
 
 
-def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, now: float, details: dict) -> None:
-    row = session.get(DiagnosisRow, (target_id, model))
+def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, now: float, details: dict,
+                   rows: dict[tuple[int, str], DiagnosisRow] | None = None) -> None:
+    """Insert or update a target/model's latest diagnosis. ``rows``: every stored diagnosis by
+    (target id, model) when the caller saves a whole round (:func:`diagnosis_rows`, one query);
+    without it the row is looked up and the change flushed at once."""
+    row = session.get(DiagnosisRow, (target_id, model)) if rows is None else rows.get((target_id, model))
     if row is None:
-        session.add(DiagnosisRow(target_id=target_id, model=model, verdict=verdict, evaluated_at=now, details=details))
+        row = DiagnosisRow(target_id=target_id, model=model, verdict=verdict, evaluated_at=now, details=details)
+        session.add(row)
+        if rows is not None:
+            rows[(target_id, model)] = row
     else:
         row.verdict, row.evaluated_at, row.details = verdict, now, details
-    session.flush()
+    if rows is None:
+        session.flush()
+
+
+def diagnosis_rows(session: Session) -> dict[tuple[int, str], DiagnosisRow]:
+    """Every stored latest diagnosis by (target id, model), for a round's saves."""
+    return {(row.target_id, row.model): row for row in session.scalars(select(DiagnosisRow))}
 
 
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[tuple[str, DiagnosisRow]]:

@@ -152,3 +152,30 @@ def test_engine_config_from_info_metrics(stored) -> None:
     # the model's own cache_config (not the other model's), only the keys the rules read, plus sleep mode
     assert s.config == {"enable_prefix_caching": "True", "block_size": "16", "num_gpu_blocks": "1600",
                         "cache_dtype": "fp8_e4m3", "sleep_state": "weights_offloaded"}
+
+
+def test_the_diagnosis_json_is_what_asdict_gives(tmp_path: Path) -> None:
+    """``as_plain`` (asdict without deep copies) converts signals and findings to the same values,
+    nested dataclasses, tuples and lists included."""
+    from dataclasses import asdict
+
+    from app.diagnosis import engine as diagnosis_engine
+    from app.diagnosis.findings import as_plain
+    from app.thresholds import Thresholds
+    from tests.diagnosis.harness import T0 as HARNESS_T0
+    from tests.diagnosis.harness import OfflineTarget, profile_of
+
+    target = OfflineTarget(tmp_path, "prefill_interference", seed=1, hardware=profile_of("prefill_interference"))
+    try:
+        target.run(180)
+        end = round(HARNESS_T0 + target.sim.clock, 3)
+        with target.sessions() as session:
+            window = signals.latency.store_window(session, [target.target_id], end - 120, end,
+                                                  signals.DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+            (s,) = signals.from_window(window, "t", "vllm", target.hardware)
+        diagnosis = diagnosis_engine.diagnose(s, Thresholds())
+    finally:
+        target.close()
+    assert s.step_budget is not None and s.itl_by_batch and s.ttft is not None  # nested values present
+    assert as_plain(s) == asdict(s)
+    assert diagnosis.findings and all(as_plain(f) == asdict(f) for f in diagnosis.findings)
