@@ -67,7 +67,7 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
     for target, row in repository.finding_history(session, states=("active",)):
         labels_extra = target_labels.get(target, {})
         details = row.details
-        evidence = "; ".join(Evidence(**e).text() for e in details.get("evidence", []) if e.get("op") != "info")
+        evidence = "; ".join(Evidence.from_dict(e).text() for e in details.get("evidence", []) if e.get("op") != "info")
         caused = f" (a symptom of {details['caused_by']})" if details.get("caused_by") else ""
         labels = {**labels_extra, "alertname": regime_alertname(row.regime), "target": target, "model": row.model,
                   "regime": row.regime, "severity": row.severity}

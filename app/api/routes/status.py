@@ -160,10 +160,7 @@ def fmt_countdown(seconds: float) -> str:
 
 def evidence_text(item: dict) -> str:
     """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
-    known = {k: item.get(k) for k in ("name", "value", "op", "threshold", "unit", "note")}
-    known["unit"] = known["unit"] or ""
-    known["note"] = known["note"] or ""
-    return Evidence(met=bool(item.get("met", True)), **known).text()
+    return Evidence.from_dict(item).text()
 
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
