@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.api.common import duration_param, get_or_404, time_range
 from app.api.deps import MonitorDep, SessionDep
-from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link

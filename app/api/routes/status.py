@@ -42,10 +42,10 @@ from markupsafe import Markup, escape
 
 from app import latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
+from app.api.common import duration_param
 from app.api.deps import MonitorDep, SessionDep
 from app.api.redaction import url_as_shown
 from app.api.routes.diagnoses import current as current_diagnoses
-from app.api.routes.targets import duration_param
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
