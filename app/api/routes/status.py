@@ -507,11 +507,11 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
     models = report.get("models", {})
     ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
     split = None
-    whole = (queue or {}).get("mean") is not None and (prefill or {}).get("mean") is not None and \
-        queue["mean"] + prefill["mean"]
-    if whole and whole > 0:  # mean TTFT = mean queue + mean prefill (+ tokenization)
+    queue_mean, prefill_mean = (queue or {}).get("mean"), (prefill or {}).get("mean")
+    if queue_mean is not None and prefill_mean is not None and queue_mean + prefill_mean > 0:
+        whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
         split = {"queue": queue, "prefill": prefill, "ttft": ttft,
-                 "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
+                 "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     health = scrape_health(latest[0] if latest else None, interval, end)
     if stale is not None:
