@@ -1,18 +1,23 @@
 """Helpers every route module shares: FastAPI-shaped 422s, duration and time-range query
-parameters, and a target looked up by name or 404. One module, so a route module imports
-these rather than another route module."""
+parameters, a target looked up by name or 404, the current diagnoses (JSON API and status
+page). One module, so a route module imports these rather than another route module."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException, status
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.diagnosis.findings import runbook_link
 from app.durations import parse_duration
 from app.store import repository
 from app.store.models import Target
+
+if TYPE_CHECKING:
+    from app.lifespan import Monitor
 
 
 def unprocessable(field: str, message: str) -> HTTPException:
@@ -53,3 +58,26 @@ def get_or_404(session: Session, name: str) -> Target:
     if target is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
     return target
+
+
+def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None = None) -> list[dict[str, Any]]:
+    """The latest evaluation of every target and model (of ``target_id`` only, when given), each
+    finding with its lifecycle state: the answer of ``GET /api/v1/diagnoses`` and what the status
+    page shows."""
+    base = monitor.external_url
+    open_rows = {(name, row.model, row.regime): row
+                 for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
+    out: list[dict[str, Any]] = []
+    for name, row in repository.latest_diagnoses(session, target_id):
+        details = row.details
+        findings: list[dict[str, Any]] = []
+        for finding in details.get("findings", []):
+            state = open_rows.get((name, row.model, finding["regime"]))
+            findings.append({**finding, "state": state.state if state else "pending",
+                             "active_since": state.activated_at if state else None,
+                             "runbook_url": runbook_link(finding["regime"], base)})
+        out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
+                    "active": [f["regime"] for f in findings if f["state"] == "active"],
+                    "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
+                    "notes": details.get("notes", []), "signals": details.get("signals", {})})
+    return out

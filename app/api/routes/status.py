@@ -13,7 +13,7 @@ and a verdict judged over another window then says so.
 
 Every number comes from the same functions as the JSON API
 (:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
-:func:`app.api.routes.diagnoses.current`), so the page and ``/api/v1/targets/{name}/latency``
+:func:`app.api.common.current_diagnoses`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
 the number of targets (one session; all histogram snapshots of the window in one query).
 
@@ -42,10 +42,9 @@ from markupsafe import Markup, escape
 
 from app import latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
-from app.api.common import duration_param
+from app.api.common import current_diagnoses, duration_param
 from app.api.deps import MonitorDep, SessionDep
 from app.api.redaction import url_as_shown
-from app.api.routes.diagnoses import current as current_diagnoses
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
