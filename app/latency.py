@@ -11,7 +11,7 @@ import bisect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -23,11 +23,31 @@ from app.store import repository
 from app.store.repository import SeriesRef
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
-QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
+@dataclass(frozen=True, slots=True)
+class SignalSummary(LatencySummary):
+    """One signal's summary in a latency answer. ``derivation`` is set when the engine has no
+    histogram of the signal and it is computed from others (TGI's TTFT = queue + prefill)."""
 
-def summary_dict(summary: LatencySummary) -> dict[str, float | None]:
-    return asdict(summary)
+    derivation: str | None = None
+
+    @classmethod
+    def of(cls, summary: LatencySummary, derivation: str | None = None) -> SignalSummary:
+        return cls(summary.p50, summary.p90, summary.p95, summary.p99, summary.mean, summary.count, derivation)
+
+    @property
+    def derived(self) -> bool:
+        return self.derivation is not None
+
+    def to_dict(self) -> dict[str, float | bool | str | None]:
+        """The JSON form: the quantiles, plus ``derived``/``derivation`` for a derived signal."""
+        out: dict[str, float | bool | str | None] = {
+            "p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99, "mean": self.mean,
+            "count": self.count}
+        if self.derivation is not None:
+            out["derived"] = True
+            out["derivation"] = self.derivation
+        return out
 
 
 @dataclass(slots=True)
@@ -59,35 +79,37 @@ def load_histograms(session: Session, target_ids: Sequence[int], signals: Sequen
     return LoadedHistograms(series, snapshots)
 
 
-def _derived_ttft(queue: LatencySummary, prefill: LatencySummary) -> dict:
+def _derived_ttft(queue: LatencySummary, prefill: LatencySummary) -> SignalSummary:
     """TGI: TTFT ≈ queue + prefill, per quantile (what TGI's own dashboard shows)."""
-    out: dict[str, float | None] = {}
-    for key in (*QUANTILES, "mean"):
-        a, b = getattr(queue, key), getattr(prefill, key)
-        out[key] = None if a is None or b is None else a + b
-    out["count"] = queue.count
-    out["derived"] = True
-    out["derivation"] = TTFT_DERIVATION
-    return out
+
+    def add(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else a + b
+
+    return SignalSummary(add(queue.p50, prefill.p50), add(queue.p90, prefill.p90), add(queue.p95, prefill.p95),
+                         add(queue.p99, prefill.p99), add(queue.mean, prefill.mean), queue.count, TTFT_DERIVATION)
 
 
-def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict:
+def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict[str, SignalSummary]:
     """The latency answer's per-signal summaries: every histogram signal with data in the
     window, plus TGI's TTFT derived from queue + prefill when the engine has no TTFT."""
-    out: dict[str, dict] = {}
-    summaries: dict[str, LatencySummary] = {}
+    out: dict[str, SignalSummary] = {}
     for signal in HISTOGRAM_SIGNALS:
         merged = histograms.get(signal)
         if merged is not None:
-            summaries[signal] = quantiles.summarize(merged)
-            out[signal] = summary_dict(summaries[signal])
+            out[signal] = SignalSummary.of(quantiles.summarize(merged))
     if "ttft" not in out and "queue_time" in out and "prefill_time" in out:
-        out["ttft"] = _derived_ttft(summaries["queue_time"], summaries["prefill_time"])
+        out["ttft"] = _derived_ttft(out["queue_time"], out["prefill_time"])
     return out
 
 
-def summarize_signals(loaded: LoadedHistograms, start: float, end: float, model: str | None = None) -> dict:
+def summarize_signals(loaded: LoadedHistograms, start: float, end: float,
+                      model: str | None = None) -> dict[str, SignalSummary]:
     return summarize_histograms({signal: loaded.merged(start, end, signal, model) for signal in HISTOGRAM_SIGNALS})
+
+
+def summaries_dict(summaries: dict[str, SignalSummary]) -> dict[str, dict[str, float | bool | str | None]]:
+    """Per-signal summaries in their JSON form."""
+    return {signal: summary.to_dict() for signal, summary in summaries.items()}
 
 
 def _model_window(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
@@ -178,10 +200,10 @@ def _scalars(window: ModelWindow) -> dict:
 def report_from_window(window: TargetWindow, per_model: bool = True) -> dict:
     """The body of ``GET /api/v1/targets/{name}/latency`` (and the fleet variant)."""
     report: dict = {"start": window.start, "end": window.end, "window_seconds": window.seconds}
-    report.update(summarize_histograms(window.overall.histograms))
+    report.update(summaries_dict(summarize_histograms(window.overall.histograms)))
     report.update(_scalars(window.overall))
     if per_model:
-        report["models"] = {model: {**summarize_histograms(m.histograms), **_scalars(m)}
+        report["models"] = {model: {**summaries_dict(summarize_histograms(m.histograms)), **_scalars(m)}
                             for model, m in window.models.items() if m.histograms}
     return report
 

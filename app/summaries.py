@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
+from app.latency import SignalSummary
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
@@ -24,11 +25,11 @@ if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it expo
 
 
 def latency_summaries(sessions: sessionmaker[Session], window: float, end: float | None = None,
-                      sources: SourceService | None = None) -> dict[tuple[str, str, str], dict]:
+                      sources: SourceService | None = None) -> dict[tuple[str, str, str], SignalSummary]:
     """(target, model, signal) -> the summary of every time signal over ``[end - window, end]``;
     a Prometheus source's replicas from one set of queries per source (``sources``)."""
     end = time.time() if end is None else end
-    summaries: dict[tuple[str, str, str], dict] = {}
+    summaries: dict[tuple[str, str, str], SignalSummary] = {}
     with sessions() as session:
         targets = [t for t in repository.list_targets(session) if t.gone_at is None]
         for target in targets:

@@ -38,13 +38,14 @@ Alerts (after every alerting round)
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from app.probe.telemetry import ProbeCollector
+from app.quantiles import LatencySummary
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -54,8 +55,8 @@ class DerivedLatencyCollector(Collector):
     so a Prometheus scraping every 5 s never triggers database work."""
 
     def __init__(self) -> None:
-        # (target, model, signal) -> {"p50": .., "p90": .., "p95": .., "p99": .., "mean": .., "count": ..}
-        self.summaries: dict[tuple[str, str, str], dict] = {}
+        # (target, model, signal) -> its summary over the latency window
+        self.summaries: Mapping[tuple[str, str, str], LatencySummary] = {}
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         quantile = GaugeMetricFamily("llm_latency_quantile_seconds",
@@ -67,12 +68,12 @@ class DerivedLatencyCollector(Collector):
                                   labels=["target", "model", "signal"])
         for (target, model, signal), summary in sorted(self.summaries.items()):
             for key, q in (("p50", "0.5"), ("p90", "0.9"), ("p95", "0.95"), ("p99", "0.99")):
-                value = summary.get(key)
+                value = getattr(summary, key)
                 if value is not None:
                     quantile.add_metric([target, model, signal, q], value)
-            if summary.get("mean") is not None:
-                mean.add_metric([target, model, signal], summary["mean"])
-            count.add_metric([target, model, signal], summary.get("count") or 0.0)
+            if summary.mean is not None:
+                mean.add_metric([target, model, signal], summary.mean)
+            count.add_metric([target, model, signal], summary.count or 0.0)
         yield quantile
         yield mean
         yield count

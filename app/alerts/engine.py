@@ -67,7 +67,7 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
     for target, row in repository.finding_history(session, states=("active",)):
         labels_extra = target_labels.get(target, {})
         details = row.details
-        evidence = "; ".join(Evidence(**e).text() for e in details.get("evidence", []) if e.get("op") != "info")
+        evidence = "; ".join(Evidence.from_dict(e).text() for e in details.get("evidence", []) if e.get("op") != "info")
         caused = f" (a symptom of {details['caused_by']})" if details.get("caused_by") else ""
         labels = {**labels_extra, "alertname": regime_alertname(row.regime), "target": target, "model": row.model,
                   "regime": row.regime, "severity": row.severity}
@@ -111,21 +111,21 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
                 continue
             key = QUANTILE_KEYS.get(slo.quantile)
             if key is not None:
-                value = summary.get(key)
+                value = getattr(summary, key)
             else:
                 merged = window.overall.histograms.get(slo.signal)
                 value = None if merged is None else quantiles.histogram_quantile(slo.quantile, merged.bounds,
                                                                                  merged.increases)
             if value is None or value != value or value <= slo.threshold:
                 continue
-            derived = " (derived: queue + prefill)" if summary.get("derived") else ""
+            derived = " (derived: queue + prefill)" if summary.derived else ""
             label = f"p{slo.quantile * 100:g} {slo.signal.upper().replace('_', ' ')}"
             labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
                       "severity": slo.severity}
             annotations = {
                 "summary": f"{target.name}: {label} is {value:.3f}s, above the {slo.threshold:g}s objective",
                 "description": f"{label}{derived} over the last {slo.window:g}s is {value:.3f}s "
-                               f"(objective: at most {slo.threshold:g}s, {summary.get('count') or 0:.0f} "
+                               f"(objective: at most {slo.threshold:g}s, {summary.count or 0:.0f} "
                                "observations).",
                 **_links(config, target.name, slo.alertname),
             }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,13 @@ class Evidence:
     unit: str = ""
     met: bool = True
     note: str = ""
+
+    @classmethod
+    def from_dict(cls, item: Mapping[str, Any]) -> Evidence:
+        """The evidence a stored finding holds (its JSON form, :func:`dataclasses.asdict`);
+        a missing key takes its default, so rows stored by older versions still read."""
+        return cls(item.get("name", ""), item.get("value"), item.get("op", ""), item.get("threshold"),
+                   item.get("unit") or "", bool(item.get("met", True)), item.get("note") or "")
 
     def text(self) -> str:
         value = _fmt(self.value, self.unit)

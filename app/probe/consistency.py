@@ -132,8 +132,9 @@ def _server_side(session: Session, target_id: int, start: float, end: float) -> 
         return _Server(w_start, w_end, None, None, None)
     loaded = latency.load_histograms(session, [target_id], SERVER_SIGNALS, w_start, w_end)
     summaries = latency.summarize_signals(loaded, w_start, w_end)
-    ttft, queue = summaries.get("ttft") or {}, summaries.get("queue_time") or {}
-    return _Server(w_start, w_end, ttft.get("count"), ttft.get("mean"), queue.get("mean"))
+    ttft, queue = summaries.get("ttft"), summaries.get("queue_time")
+    return _Server(w_start, w_end, None if ttft is None else ttft.count, None if ttft is None else ttft.mean,
+                   None if queue is None else queue.mean)
 
 
 def _judge(t: Thresholds, target_id: int, start: float, end: float, n: int, client_mean: float | None,

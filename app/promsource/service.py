@@ -25,10 +25,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.promapi import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
+from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import Target
-from app.store.repository import ScrapeRecord
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)

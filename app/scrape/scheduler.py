@@ -30,7 +30,8 @@ from sqlalchemy import Engine
 
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
-from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
+from app.scrape.record import ScrapeRecord
+from app.store.repository import DatabaseUnavailable, SampleWriter
 
 if TYPE_CHECKING:  # the service's telemetry sits above the scrape path (it also collects probe results)
     from app.telemetry import Telemetry

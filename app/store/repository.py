@@ -14,7 +14,8 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
@@ -22,7 +23,6 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.quantiles import HistogramSnapshot
-from app.sources.base import Canonical
 from app.store.models import (
     AlertRow,
     DeliveryAttemptRow,
@@ -39,6 +39,9 @@ from app.store.models import (
     Target,
     TargetInfo,
 )
+
+if TYPE_CHECKING:  # the scraper's output; the scrape package imports the store, not the reverse
+    from app.scrape.record import ScrapeRecord
 
 log = logging.getLogger(__name__)
 
@@ -157,24 +160,6 @@ def set_detected_engine(session: Session, target_id: int, engine: str) -> None:
 
 # --------------------------------------------------------------------------- writing
 
-@dataclass(slots=True)
-class ScrapeRecord:
-    """Everything one scrape attempt produced, ready to be written."""
-
-    target_id: int
-    ts: float
-    up: bool
-    duration: float
-    bytes: int = 0
-    samples_seen: int = 0
-    samples_kept: int = 0
-    malformed: int = 0
-    engine: str | None = None
-    error_class: str | None = None
-    error: str | None = None
-    canonical: Canonical | None = None
-
-
 class DatabaseUnavailable(Exception):
     """The database could not be reached; nothing of the batch was written."""
 
@@ -220,9 +205,8 @@ class SampleWriter:
                 written += 1
             except Exception as exc:  # the scrape itself is still recorded, as failed
                 log.exception("scrape of target %s at %s could not be stored", record.target_id, record.ts)
-                failed = ScrapeRecord(record.target_id, record.ts, False, record.duration, record.bytes,
-                                      record.samples_seen, 0, record.malformed, record.engine,
-                                      "storage_error", f"{type(exc).__name__}: {exc}"[:500])
+                failed = replace(record, up=False, samples_kept=0, error_class="storage_error",
+                                 error=f"{type(exc).__name__}: {exc}"[:500], canonical=None)
                 try:
                     self._write_transaction([failed])
                 except Exception:

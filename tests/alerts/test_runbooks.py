@@ -25,10 +25,11 @@ from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
 from app.main import create_app
 from app.rules_export import build_rules
+from app.scrape.record import ScrapeRecord
 from app.settings import Settings
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import db, repository
-from app.store.repository import SampleWriter, ScrapeRecord
+from app.store.repository import SampleWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "prometheus"

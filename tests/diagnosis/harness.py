@@ -16,8 +16,9 @@ from app.diagnosis.profile import HardwareProfile
 from app.emulator import scenarios
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
+from app.scrape.record import ScrapeRecord
 from app.store import db, repository
-from app.store.repository import SampleWriter, ScrapeRecord
+from app.store.repository import SampleWriter
 from app.thresholds import Thresholds
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from app.diagnosis import signals
+from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository
-from app.store.repository import SampleWriter, ScrapeRecord
+from app.store.repository import SampleWriter
 
 T0 = 1_700_000_000.0
 STEP = 10.0

@@ -32,9 +32,9 @@ from app.promapi import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
+from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db
-from app.store.repository import ScrapeRecord
 from app.thresholds import Thresholds
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 from tests.support.backfill import Backfill

@@ -8,9 +8,10 @@ import pytest
 from sqlalchemy import inspect
 
 from app import latency, quantiles
+from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository, retention
-from app.store.repository import DatabaseUnavailable, SampleWriter, ScrapeRecord
+from app.store.repository import DatabaseUnavailable, SampleWriter
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
 TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses",

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from app.alerts.config import ReceiverConfig
 from app.alerts.schemas import AlertInstance, group_key, notification_body, rfc3339
 from app.alerts.silences import MatcherError, parse_matcher, silenced_by
+from app.api.common import duration_param, unprocessable, unprocessable_from
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import fetched_text, header_names
-from app.api.routes.targets import duration_param, unprocessable, unprocessable_from
 from app.api.schemas import (
     AlertOut,
     NotificationOut,

@@ -7,8 +7,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.api.common import current_diagnoses, duration_param, get_or_404, time_range
 from app.api.deps import MonitorDep, SessionDep
-from app.api.routes.targets import duration_param, get_or_404, time_range
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link
@@ -32,31 +32,11 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
     }
 
 
-def current(session, monitor, target_id: int | None = None) -> list[dict]:
-    base = monitor.external_url
-    open_rows = {(name, row.model, row.regime): row
-                 for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
-    out = []
-    for name, row in repository.latest_diagnoses(session, target_id):
-        details = row.details
-        findings = []
-        for finding in details.get("findings", []):
-            state = open_rows.get((name, row.model, finding["regime"]))
-            findings.append({**finding, "state": state.state if state else "pending",
-                             "active_since": state.activated_at if state else None,
-                             "runbook_url": runbook_link(finding["regime"], base)})
-        out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
-                    "active": [f["regime"] for f in findings if f["state"] == "active"],
-                    "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
-                    "notes": details.get("notes", []), "signals": details.get("signals", {})})
-    return out
-
-
 @router.get("/diagnoses", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
 def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> list[dict]:
     """The latest evaluation of every target and model. A finding's ``state`` is
     ``pending`` until it has held for ``activate_after`` evaluations, then ``active``."""
-    return current(session, monitor)
+    return current_diagnoses(session, monitor)
 
 
 @router.get("/diagnoses/history", response_model=list[FindingRecordOut])
@@ -85,7 +65,7 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     the first increase would be extrapolated."""
     target = get_or_404(session, name)
     if window is None and start is None:
-        return current(session, monitor, target.id)
+        return current_diagnoses(session, monitor, target.id)
     seconds, end = time_range(window or "5m", start, end)
     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")

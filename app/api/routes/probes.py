@@ -19,9 +19,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
+from app.api.common import get_or_404, time_range, unprocessable
 from app.api.deps import MonitorDep, ProbeJobsDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
-from app.api.routes.targets import get_or_404, time_range, unprocessable
 from app.api.schemas import ProbeRunOut, ProbeStarted, TargetConsistencyOut
 from app.durations import format_utc
 from app.limits import MAX_ID, UnixTime

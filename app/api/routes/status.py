@@ -13,7 +13,7 @@ and a verdict judged over another window then says so.
 
 Every number comes from the same functions as the JSON API
 (:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
-:func:`app.api.routes.diagnoses.current`), so the page and ``/api/v1/targets/{name}/latency``
+:func:`app.api.common.current_diagnoses`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
 the number of targets (one session; all histogram snapshots of the window in one query).
 
@@ -42,10 +42,9 @@ from markupsafe import Markup, escape
 
 from app import latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
+from app.api.common import current_diagnoses, duration_param
 from app.api.deps import MonitorDep, SessionDep
 from app.api.redaction import url_as_shown
-from app.api.routes.diagnoses import current as current_diagnoses
-from app.api.routes.targets import duration_param
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
@@ -160,10 +159,7 @@ def fmt_countdown(seconds: float) -> str:
 
 def evidence_text(item: dict) -> str:
     """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
-    known = {k: item.get(k) for k in ("name", "value", "op", "threshold", "unit", "note")}
-    known["unit"] = known["unit"] or ""
-    known["note"] = known["note"] or ""
-    return Evidence(met=bool(item.get("met", True)), **known).text()
+    return Evidence.from_dict(item).text()
 
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z0-9][a-z0-9-]*)")
@@ -510,11 +506,11 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
     models = report.get("models", {})
     ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
     split = None
-    whole = (queue or {}).get("mean") is not None and (prefill or {}).get("mean") is not None and \
-        queue["mean"] + prefill["mean"]
-    if whole and whole > 0:  # mean TTFT = mean queue + mean prefill (+ tokenization)
+    queue_mean, prefill_mean = (queue or {}).get("mean"), (prefill or {}).get("mean")
+    if queue_mean is not None and prefill_mean is not None and queue_mean + prefill_mean > 0:
+        whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
         split = {"queue": queue, "prefill": prefill, "ttft": ttft,
-                 "queue_share": queue["mean"] / whole, "prefill_share": prefill["mean"] / whole}
+                 "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     health = scrape_health(latest[0] if latest else None, interval, end)
     if stale is not None:

@@ -13,6 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import ValidationError
 
 from app import latency
+from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import url_as_shown
 from app.api.schemas import (
@@ -28,7 +29,6 @@ from app.api.schemas import (
     TargetPatch,
 )
 from app.config import TargetConfig
-from app.durations import parse_duration
 from app.lifespan import Monitor
 from app.limits import UnixTime
 from app.promapi import PromAPIError
@@ -39,29 +39,6 @@ from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
-
-
-def unprocessable(field: str, message: str) -> HTTPException:
-    """A 422 shaped like FastAPI's own validation errors, naming the field."""
-    return HTTPException(422,
-                         [{"loc": field.split("."), "msg": message, "type": "value_error"}])
-
-
-def unprocessable_from(exc: ValidationError) -> HTTPException:
-    """The first error of a body validated by hand, as the same 422 (``body.<field>``)."""
-    first = exc.errors()[0]
-    field = ".".join(["body", *map(str, first["loc"])])
-    return unprocessable(field, first["msg"].removeprefix("Value error, "))
-
-
-def duration_param(value: str, name: str, minimum: float = 1.0, maximum: float = 31 * 86400) -> float:
-    try:
-        seconds = parse_duration(value)
-    except ValueError as exc:
-        raise unprocessable(f"query.{name}", str(exc)) from None
-    if not minimum <= seconds <= maximum:
-        raise unprocessable(f"query.{name}", f"must be between {minimum:g}s and {maximum:g}s, got {value!r}")
-    return seconds
 
 
 def scrape_out(scrape: Scrape | None) -> ScrapeOut | None:
@@ -95,13 +72,6 @@ def refuse_discovered(target: Target, what: str) -> None:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"target {target.name!r} is discovered ({target.source} {target.origin!r}) and cannot be "
                             f"{what}; change the discovery instead")
-
-
-def get_or_404(session: SessionDep, name: str) -> Target:
-    target = repository.get_target(session, name)
-    if target is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
-    return target
 
 
 @contextmanager
@@ -212,16 +182,6 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     repository.delete_target(session, target)
     session.commit()
     reschedule(monitor)
-
-
-def time_range(window: str, start: float | None, end: float | None) -> tuple[float, float]:
-    """(window seconds, end) from either ``window`` (+ optional ``end``) or explicit ``start``/``end``."""
-    end = end if end is not None else time.time()
-    if start is None:
-        return duration_param(window, "window"), end
-    if not start < end:
-        raise unprocessable("query.start", f"must be before end ({start} >= {end})")
-    return end - start, end
 
 
 @router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True,

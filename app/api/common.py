@@ -1,0 +1,83 @@
+"""Helpers every route module shares: FastAPI-shaped 422s, duration and time-range query
+parameters, a target looked up by name or 404, the current diagnoses (JSON API and status
+page). One module, so a route module imports these rather than another route module."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastapi import HTTPException, status
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.diagnosis.findings import runbook_link
+from app.durations import parse_duration
+from app.store import repository
+from app.store.models import Target
+
+if TYPE_CHECKING:
+    from app.lifespan import Monitor
+
+
+def unprocessable(field: str, message: str) -> HTTPException:
+    """A 422 shaped like FastAPI's own validation errors, naming the field."""
+    return HTTPException(422,
+                         [{"loc": field.split("."), "msg": message, "type": "value_error"}])
+
+
+def unprocessable_from(exc: ValidationError) -> HTTPException:
+    """The first error of a body validated by hand, as the same 422 (``body.<field>``)."""
+    first = exc.errors()[0]
+    field = ".".join(["body", *map(str, first["loc"])])
+    return unprocessable(field, first["msg"].removeprefix("Value error, "))
+
+
+def duration_param(value: str, name: str, minimum: float = 1.0, maximum: float = 31 * 86400) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise unprocessable(f"query.{name}", str(exc)) from None
+    if not minimum <= seconds <= maximum:
+        raise unprocessable(f"query.{name}", f"must be between {minimum:g}s and {maximum:g}s, got {value!r}")
+    return seconds
+
+
+def time_range(window: str, start: float | None, end: float | None) -> tuple[float, float]:
+    """(window seconds, end) from either ``window`` (+ optional ``end``) or explicit ``start``/``end``."""
+    end = end if end is not None else time.time()
+    if start is None:
+        return duration_param(window, "window"), end
+    if not start < end:
+        raise unprocessable("query.start", f"must be before end ({start} >= {end})")
+    return end - start, end
+
+
+def get_or_404(session: Session, name: str) -> Target:
+    target = repository.get_target(session, name)
+    if target is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
+    return target
+
+
+def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None = None) -> list[dict[str, Any]]:
+    """The latest evaluation of every target and model (of ``target_id`` only, when given), each
+    finding with its lifecycle state: the answer of ``GET /api/v1/diagnoses`` and what the status
+    page shows."""
+    base = monitor.external_url
+    open_rows = {(name, row.model, row.regime): row
+                 for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
+    out: list[dict[str, Any]] = []
+    for name, row in repository.latest_diagnoses(session, target_id):
+        details = row.details
+        findings: list[dict[str, Any]] = []
+        for finding in details.get("findings", []):
+            state = open_rows.get((name, row.model, finding["regime"]))
+            findings.append({**finding, "state": state.state if state else "pending",
+                             "active_since": state.activated_at if state else None,
+                             "runbook_url": runbook_link(finding["regime"], base)})
+        out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
+                    "active": [f["regime"] for f in findings if f["state"] == "active"],
+                    "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
+                    "notes": details.get("notes", []), "signals": details.get("signals", {})})
+    return out

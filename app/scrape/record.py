@@ -1,0 +1,29 @@
+"""What one scrape attempt produced: the scraper's output and the store's input.
+
+Its own module so the store (:class:`app.store.repository.SampleWriter`) can name the type
+without importing the scraper: the scrape package imports the store, never the reverse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.sources.base import Canonical
+
+
+@dataclass(slots=True)
+class ScrapeRecord:
+    """Everything one scrape attempt produced, ready to be written."""
+
+    target_id: int
+    ts: float
+    up: bool
+    duration: float
+    bytes: int = 0
+    samples_seen: int = 0
+    samples_kept: int = 0
+    malformed: int = 0
+    engine: str | None = None
+    error_class: str | None = None
+    error: str | None = None
+    canonical: Canonical | None = None
