@@ -189,7 +189,8 @@ class SourceService:
         status.last_round_ok = True
         status.last_round_seconds = time.monotonic() - started
         status.targets = sum(1 for t in result.targets if t.kind == SOURCE_KIND)
-        status.down = sum(1 for key in found.up if found.up[key] == 0 and key in source.keys.values())
+        live_keys = set(source.keys.values())
+        status.down = sum(1 for key, up in found.up.items() if up == 0 and key in live_keys)
         return result
 
     def _sync(self, source: PrometheusSource, session: Session, found: Discovered,
@@ -237,7 +238,8 @@ class SourceService:
         """One target per distinct ``service_labels`` value set of the live replicas: their windows
         merged (:func:`app.window.merge_windows`), each replica's kept for the comparison."""
         config = source.config
-        rows = {t.id: t for t in repository.list_targets(session) if t.id in {r.id for r in replicas}}
+        replica_ids = {r.id for r in replicas}
+        rows = {t.id: t for t in repository.list_targets(session) if t.id in replica_ids}
         groups: dict[TargetKey, list[SourceTarget]] = {}
         for replica in replicas:
             labels = rows[replica.id].labels

@@ -144,7 +144,7 @@ def sync_discovered_targets(session: Session, source: str, origin: str, wanted: 
 
 def record_source_view(session: Session, records: Sequence[ScrapeRecord]) -> None:
     """A discovered target's up/down as its source reported it: one scrapes row per change."""
-    latest = latest_scrapes(session)
+    latest = latest_scrapes(session, [r.target_id for r in records])
     for r in records:
         last = latest.get(r.target_id)
         if last is None or last.up != r.up or last.error_class != r.error_class:
@@ -382,9 +382,12 @@ def target_infos(session: Session, target_id: int) -> list[TargetInfo]:
     return list(session.scalars(select(TargetInfo).where(TargetInfo.target_id == target_id)))
 
 
-def latest_scrapes(session: Session) -> dict[int, Scrape]:
-    """The most recent scrape of every target."""
-    newest = select(Scrape.target_id, func.max(Scrape.ts).label("ts")).group_by(Scrape.target_id).subquery()
+def latest_scrapes(session: Session, target_ids: Sequence[int] | None = None) -> dict[int, Scrape]:
+    """The most recent scrape of every target (of ``target_ids`` only, when given)."""
+    newest_query = select(Scrape.target_id, func.max(Scrape.ts).label("ts"))
+    if target_ids is not None:
+        newest_query = newest_query.where(Scrape.target_id.in_(list(target_ids)))
+    newest = newest_query.group_by(Scrape.target_id).subquery()
     rows = session.scalars(select(Scrape).join(newest, (Scrape.target_id == newest.c.target_id)
                                                & (Scrape.ts == newest.c.ts)))
     return {row.target_id: row for row in rows}
