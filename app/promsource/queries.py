@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.promql import format_matchers, prom_duration
+from app.promql import format_matchers
+from app.promql import prom_duration as _whole_ms_duration
 from app.sources import sglang, tgi, vllm
 
 FAMILY_LABEL = "llm_latency_family"
@@ -74,6 +75,12 @@ COUNTER_FAMILIES = _counter_families()
 # One always-present gauge per engine: a target is an engine whose running-requests gauge exists.
 PRESENCE_FAMILIES = GAUGE_FAMILIES["running"]
 INFO_FAMILIES = tuple(vllm.INFOS.items())  # (canonical name, metric)
+
+
+def prom_duration(seconds: float) -> str:
+    """A range for PromQL, rounded to the millisecond Prometheus resolves time to (an API
+    window such as ``end - start`` is any float)."""
+    return _whole_ms_duration(round(seconds * 1000) / 1000)
 
 
 def _selector(name: str, matchers: tuple[tuple[str, str, str], ...], source_matchers: list[tuple[str, str, str]]

@@ -68,6 +68,8 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
                                       'vllm:time_to_first_token_seconds_bucket{pod="b"}[20s])))', time=now)
                 assert math.isclose(body["ttft"]["p99"], float(expected["result"][0]["value"][1]), rel_tol=1e-9)
                 assert body["rates"]["requests_per_second"] > 0
+                odd = c.get("/api/v1/targets/prod.llm.b/latency", params={"start": now - 20.0001234, "end": now})
+                assert odd.status_code == 200 and odd.json()["ttft"]["count"] > 0  # any float range, to the ms
                 # /series: every point is Prometheus' histogram_quantile at that time.
                 series = c.get("/api/v1/targets/prod.llm.b/series", params={
                     "signal": "ttft", "q": "0.9", "step": "5s", "window": "15s", "lookback": "10s",
