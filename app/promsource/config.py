@@ -132,7 +132,7 @@ class PrometheusSourceConfig(BaseModel):
         return self
 
     def bearer_token(self) -> str | None:
-        """The token from the environment at the time of use (a rotated Secret is picked up)."""
+        """The token from the environment, read when the source's client is built (at start)."""
         return os.environ.get(self.bearer_token_env) if self.bearer_token_env else None
 
     def basic_credentials(self) -> tuple[str, str] | None:
