@@ -47,9 +47,18 @@ from pydantic import (
 from app.alerts.config import AlertsConfig
 from app.diagnosis.profile import HardwareProfile
 from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
-from app.limits import LABEL_NAME, MAX_INTERVAL_SECONDS, MAX_LIST_LENGTH, NAME_PATTERN, RESERVED_LABELS, Labels, Url
+from app.limits import (
+    LABEL_NAME,
+    MAX_INTERVAL_SECONDS,
+    MAX_LIST_LENGTH,
+    NAME_PATTERN,
+    RESERVED_LABELS,
+    Labels,
+    Url,
+    unique_names,
+)
 from app.probe.canary import CanaryConfig
-from app.promsource.config import PrometheusSourceConfig, check_unique_sources
+from app.promsource.config import PrometheusSourceConfig
 from app.scrape.discovery import FileSDConfig, HttpSDConfig
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
@@ -132,20 +141,14 @@ class FileConfig(BaseModel):
     @field_validator("sources")
     @classmethod
     def _unique_sources(cls, sources: list[PrometheusSourceConfig]) -> list[PrometheusSourceConfig]:
-        return check_unique_sources(sources)
+        return unique_names(sources, "sources", "source")
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
 
     @field_validator("targets")
     @classmethod
     def _unique_names(cls, targets: list[TargetConfig]) -> list[TargetConfig]:
-        first: dict[str, int] = {}
-        for index, target in enumerate(targets):
-            if target.name in first:
-                raise ValueError(f"duplicate target name {target.name!r} "
-                                 f"(targets[{first[target.name]}] and targets[{index}])")
-            first[target.name] = index
-        return targets
+        return unique_names(targets, "targets", "target")
 
 
 def error_path(loc: tuple) -> str:

@@ -10,7 +10,7 @@ refused with a 422 (API) or a config error naming the field.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Protocol, TypeVar
 
 from pydantic import Field, StringConstraints
 
@@ -40,3 +40,23 @@ LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_LENGTH)
 Labels = Annotated[dict[LabelName, LabelValue], Field(max_length=MAX_LABELS)]
 Url = Annotated[str, StringConstraints(max_length=MAX_URL_LENGTH)]
 UnixTime = Annotated[float, Field(ge=0, le=MAX_UNIX_TIME, allow_inf_nan=False)]
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_N = TypeVar("_N", bound=_Named)
+
+
+def unique_names(items: list[_N], list_name: str, what: str) -> list[_N]:
+    """A list validator: every ``name`` once, or an error naming both places
+    (``duplicate target name 'a' (targets[0] and targets[3])``)."""
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        if item.name in first:
+            raise ValueError(f"duplicate {what} name {item.name!r} ({list_name}[{first[item.name]}] and "
+                             f"{list_name}[{index}])")
+        first[item.name] = index
+    return items

@@ -140,12 +140,3 @@ class PrometheusSourceConfig(BaseModel):
             return None
         return self.basic_auth.username, os.environ.get(self.basic_auth.password_env, "")
 
-
-def check_unique_sources(sources: list[PrometheusSourceConfig]) -> list[PrometheusSourceConfig]:
-    first: dict[str, int] = {}
-    for index, source in enumerate(sources):
-        if source.name in first:
-            raise ValueError(f"duplicate source name {source.name!r} (sources[{first[source.name]}] and "
-                             f"sources[{index}])")
-        first[source.name] = index
-    return sources
