@@ -230,16 +230,15 @@ class SourceService:
                 self.on_view(name, not down, now)
         repository.record_source_view(session, views)
         if config.service_labels:
-            out += self._sync_services(source, session, out, now)
+            out += self._sync_services(source, session, out, {row.id: row for row in live.values()}, now)
         return out
 
     def _sync_services(self, source: PrometheusSource, session: Session, replicas: list[SourceTarget],
-                       now: float) -> list[SourceTarget]:
-        """One target per distinct ``service_labels`` value set of the live replicas: their windows
-        merged (:func:`app.window.merge_windows`), each replica's kept for the comparison."""
+                       rows: dict[int, Target], now: float) -> list[SourceTarget]:
+        """One target per distinct ``service_labels`` value set of the live replicas (``rows``: their
+        rows by id): their windows merged (:func:`app.window.merge_windows`), each replica's kept
+        for the comparison."""
         config = source.config
-        replica_ids = {r.id for r in replicas}
-        rows = {t.id: t for t in repository.list_targets(session) if t.id in replica_ids}
         groups: dict[TargetKey, list[SourceTarget]] = {}
         for replica in replicas:
             labels = rows[replica.id].labels
