@@ -32,20 +32,20 @@ authenticated readers only.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import socket
 import ssl
 import threading
 import time as _time
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from app.scrape.client import USER_AGENT, http_status_message
 
@@ -85,7 +85,7 @@ def format_duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Sample:
     """One element of an instant vector (a scalar answer is one Sample with no labels)."""
 
@@ -93,7 +93,7 @@ class Sample:
     value: float
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RangeSeries:
     """One series of a range query: ``(unix seconds, value)`` points in time order."""
 
@@ -146,8 +146,11 @@ def _connect_failure(exc: BaseException) -> str:
 
 
 def _labels(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+    if type(value) is not dict:
         raise _not_prometheus("malformed label set")
+    for k, v in value.items():
+        if type(k) is not str or type(v) is not str:
+            raise _not_prometheus("malformed label set")
     return value
 
 
@@ -178,9 +181,15 @@ def _vector(data: Any) -> list[Sample]:
         raise _not_prometheus("unknown result type")
     out = []
     for item in result:
-        if not isinstance(item, dict):
-            raise _not_prometheus("malformed result")
-        out.append(Sample(_labels(item.get("metric", {})), _point(item.get("value"))[1]))
+        try:  # the common shape, checked in one go: {"metric": {...}, "value": [t, "v"]}
+            labels, (t, v) = item["metric"], item["value"]
+            if type(labels) is not dict or type(v) is not str or type(t) not in (int, float):
+                raise TypeError
+            out.append(Sample(_labels(labels), float(v)))
+        except (TypeError, KeyError, ValueError):
+            if not isinstance(item, dict):
+                raise _not_prometheus("malformed result") from None
+            out.append(Sample(_labels(item.get("metric", {})), _point(item.get("value"))[1]))
     return out
 
 
@@ -337,6 +346,33 @@ class PrometheusClient:
                 raise error
         return [f.result() for f in futures]
 
+    def map_as_completed(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[tuple[int, R]]:
+        """``(index, fn(item))`` in the order the calls finish, at most ``max_concurrency`` at
+        once: the caller works on an answer while the others are still in flight (a round's
+        decoding overlaps the server's query time). A failure, as with :meth:`map`: every call
+        runs to its end, then the error of the first failed item (in item order) is raised,
+        and no result after it is yielded."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="promapi")
+            executor = self._executor
+        futures: list[Future[R]] = [executor.submit(fn, item) for item in items]
+        index = {id(f): i for i, f in enumerate(futures)}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in sorted(done, key=lambda f: index[id(f)]):
+                    if future.exception() is not None:
+                        wait(pending)
+                        for f in futures:
+                            error = f.exception()
+                            if error is not None:
+                                raise error
+                    yield index[id(future)], future.result()
+        finally:
+            wait(pending)  # a caller that stops early still leaves no call running
+
     def close(self) -> None:
         with self._lock:
             executor, self._executor = self._executor, None
@@ -430,8 +466,8 @@ class PrometheusClient:
         if status in (401, 403):
             raise PromAPIError("auth", f"{http_status_message(status)}: the credentials were refused")
         try:
-            doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
             doc = None
         is_envelope = isinstance(doc, dict) and doc.get("status") in ("success", "error")
         if not is_envelope:

@@ -48,6 +48,7 @@ __all__ = [
     "window_histogram",
     "merge",
     "histogram_quantile",
+    "histogram_quantiles",
     "summarize",
 ]
 
@@ -444,23 +445,32 @@ def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[f
        Go's division semantics are kept: q=0 with an empty lowest bucket is 0/0 =
        NaN in Prometheus and here.
     """
+    return histogram_quantiles((q,), bounds, cumulative)[0]
+
+
+def histogram_quantiles(qs: Sequence[float], bounds: Sequence[float], cumulative: Sequence[float]) -> list[float]:
+    """:func:`histogram_quantile` for several ``qs`` of one histogram: the buckets are sorted,
+    coalesced and made monotonic once (a diagnosis round asks four quantiles of every
+    histogram of every target), then each ``q`` is answered by the same rules 1 and 4-8."""
     if len(bounds) != len(cumulative):
         raise ValueError(f"{len(bounds)} bounds but {len(cumulative)} counts")
-    q = float(q)
+    buckets = sorted(([float(b), float(c)] for b, c in zip(bounds, cumulative)), key=lambda x: x[0])
+    prepared: list[list[float]] | None = None
+    if buckets and math.isinf(buckets[-1][0]) and buckets[-1][0] > 0:
+        prepared = _coalesce(buckets)
+        _ensure_monotonic(prepared)
+    return [_bucket_quantile(float(q), prepared) for q in qs]
+
+
+def _bucket_quantile(q: float, buckets: list[list[float]] | None) -> float:
+    """One quantile of buckets already sorted, coalesced and monotonic (None: no +Inf bucket)."""
     if math.isnan(q):
         return math.nan
     if q < 0:
         return -math.inf
     if q > 1:
         return math.inf
-    buckets = sorted(([float(b), float(c)] for b, c in zip(bounds, cumulative)), key=lambda x: x[0])
-    if not buckets:
-        return math.nan
-    if not (math.isinf(buckets[-1][0]) and buckets[-1][0] > 0):
-        return math.nan
-    buckets = _coalesce(buckets)
-    _ensure_monotonic(buckets)
-    if len(buckets) < 2:
+    if buckets is None or len(buckets) < 2:
         return math.nan
     observations = buckets[-1][1]
     if observations == 0:
@@ -510,6 +520,7 @@ def summarize(h: WindowHistogram | None) -> LatencySummary:
     """
     if h is None:
         return LatencySummary(None, None, None, None, None, 0.0)
-    qs = {name: _finite_or_none(histogram_quantile(q, h.bounds, h.increases)) for name, q in QUANTILES}
+    values = histogram_quantiles([q for _, q in QUANTILES], h.bounds, h.increases)
+    qs = {name: _finite_or_none(v) for (name, _), v in zip(QUANTILES, values, strict=True)}
     mean = _finite_or_none(h.sum / h.count) if h.count > 0 else None
     return LatencySummary(mean=mean, count=h.count, **qs)

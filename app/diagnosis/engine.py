@@ -134,9 +134,11 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
 
 
 def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thresholds: Thresholds,
-                    now: float | None = None, open_rows: list[FindingRow] | None = None) -> list[dict]:
+                    now: float | None = None, open_rows: list[FindingRow] | None = None,
+                    flush: bool = True) -> list[dict]:
     """Advance the persisted state of every regime for this target/model; returns transitions.
-    ``open_rows``: its pending/active findings when the caller loaded a whole round's at once."""
+    ``open_rows``: its pending/active findings when the caller loaded a whole round's at once;
+    ``flush`` False: the caller flushes the whole round's changes in one batch."""
     now = time.time() if now is None else now
     firing = {f.regime: f for f in diagnosis.findings}
     transitions = []
@@ -147,21 +149,21 @@ def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thre
         row = states.get(regime)
         payload = finding.to_dict()
         if row is None:
-            row = repository.create_finding(session, target_id, diagnosis.model, regime, now, payload)
+            row = repository.create_finding(session, target_id, diagnosis.model, regime, now, payload, flush)
             states[regime] = row
         else:
             repository.touch_finding(session, row, now, payload)
         if row.state == "pending" and row.consecutive >= thresholds.activate_after:
-            repository.set_finding_state(session, row, "active", now)
+            repository.set_finding_state(session, row, "active", now, flush)
             transitions.append({"regime": regime, "state": "active", "ts": now})
     for regime, row in states.items():
         if regime in firing:
             continue
         if row.state == "pending":
-            repository.set_finding_state(session, row, "dropped", now)
+            repository.set_finding_state(session, row, "dropped", now, flush)
         else:
             repository.clear_finding(session, row, now)
             if row.clear_count >= thresholds.resolve_after:
-                repository.set_finding_state(session, row, "resolved", now)
+                repository.set_finding_state(session, row, "resolved", now, flush)
                 transitions.append({"regime": regime, "state": "resolved", "ts": now})
     return transitions

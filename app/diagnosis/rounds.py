@@ -2,7 +2,8 @@
 
 Run by the scheduler every ``diagnosis.interval`` (:data:`app.scheduling.DIAGNOSIS_JOB`)
 and directly by tests and benchmarks with an explicit ``now``. One transaction per round,
-so a reader never sees half a round.
+so a reader never sees half a round; the round reads and computes first (no write lock held
+while it does), then writes every result in one short transaction.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import latency
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thr
     from app.promsource.service import SourceService
     from app.telemetry import DiagnosisCollector
 
+ROUND_CHUNK = 250  # targets whose windows are read and held at once (a few queries per chunk)
 PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
 #: A target's diagnosis and the lifecycle transitions it caused (app.diagnosis.engine.apply_lifecycle).
 RoundResult = tuple[Diagnosis, list[dict]]
@@ -49,33 +52,46 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         for source_target in source_round.targets:
             if source_target.window is not None:  # None: down now; its TargetDown alert says so
                 source_windows[source_target.id] = source_target.window
-    saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
-    with sessions.begin() as session:
+    evaluated: list[tuple[int, Diagnosis]] = []
+    # Read and compute with no write transaction open (WAL: the scrape writer never waits on
+    # a round); the store's windows in a fixed number of set-based queries per chunk of targets.
+    with sessions() as session:
         # One query for which targets have probe runs at all, instead of two per target.
         probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
         probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
+        targets = [t for t in repository.list_targets(session)
+                   if t.gone_at is None and (t.source not in DISCOVERED_BY_SOURCES or t.id in source_windows)]
+        stored_ids = {t.id for t in targets if t.source not in DISCOVERED_BY_SOURCES}
+        for chunk in range(0, len(targets), ROUND_CHUNK):
+            members = targets[chunk:chunk + ROUND_CHUNK]
+            windows = latency.store_windows(session, [t.id for t in members if t.id in stored_ids],
+                                            now - config.window, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+            windows.update({t.id: source_windows[t.id] for t in members if t.id in source_windows})
+            for target in members:
+                hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
+                engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+                baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
+                    if target.id in probed else None
+                for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
+                                                                  config.window, config.thresholds, hardware,
+                                                                  probe_baseline=baseline,
+                                                                  data=windows[target.id],
+                                                                  probed=target.id in probed):
+                    evaluated.append((target.id, diagnosis))
+            del windows  # a chunk's samples are dropped before the next is read: bounded memory
+    saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
+    with sessions.begin() as session:  # the results in one short write transaction
         open_rows = repository.all_open_findings(session)  # one query each, not one per target
         stored = repository.diagnosis_rows(session)
-        for target in repository.list_targets(session):
-            if target.gone_at is not None or (target.source in DISCOVERED_BY_SOURCES
-                                              and target.id not in source_windows):
-                continue
-            hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
-            engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
-            baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
-                if target.id in probed else None
-            for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
-                                                              config.window, config.thresholds, hardware,
-                                                              probe_baseline=baseline,
-                                                              data=source_windows.get(target.id),
-                                                              probed=target.id in probed):
-                transitions = diagnosis_engine.apply_lifecycle(session, target.id, diagnosis, config.thresholds,
-                                                               now, open_rows.get((target.id, diagnosis.model), []))
-                data = diagnosis.to_dict()
-                repository.save_diagnosis(session, target.id, diagnosis.model, diagnosis.verdict, now, data,
-                                          stored)
-                results.append((diagnosis, transitions))
-                saved.append(data)
+        for target_id, diagnosis in evaluated:
+            transitions = diagnosis_engine.apply_lifecycle(session, target_id, diagnosis, config.thresholds,
+                                                           now, open_rows.get((target_id, diagnosis.model), []),
+                                                           flush=False)
+            data = diagnosis.to_dict()
+            repository.save_diagnosis(session, target_id, diagnosis.model, diagnosis.verdict, now, data, stored)
+            results.append((diagnosis, transitions))
+            saved.append(data)
+        session.flush()
         states = {(name, row.model, row.regime): row.state
                   for name, row in repository.finding_history(session, states=("pending", "active"))}
     if collector is not None:

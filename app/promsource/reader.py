@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,6 +58,8 @@ class QueryClient(Protocol):
     def query_samples(self, selector: str, time: float) -> Any: ...
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+    def map_as_completed(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> Iterable[tuple[int, Any]]: ...
 
 
 @dataclass(slots=True)
@@ -153,7 +155,6 @@ class SourceReader:
                 return self.client.query_samples(text, end)
             return self.client.query(text, end)
 
-        answers = self.client.map(run, jobs)
         out: dict[TargetKey, TargetWindow] = {}
 
         def window(key: TargetKey) -> TargetWindow:
@@ -169,7 +170,12 @@ class SourceReader:
                 m = tw.models[name] = ModelWindow()
             return m
 
-        for (kind, signal, _), answer in zip(jobs, answers, strict=True):
+        intervals: Any = None
+        tgi_kv: Any = None
+        # Each answer is regrouped as soon as it arrives, while the other queries are still
+        # running on the server; the ITL split last, as it keeps only models other answers found.
+        for index, answer in self.client.map_as_completed(run, jobs):
+            kind, signal, _ = jobs[index]
             if kind == "histogram":
                 for key, per_model in self._pick(answer.data, "le").items():
                     for name, buckets in per_model.items():
@@ -188,17 +194,23 @@ class SourceReader:
                 for sample in answer.data:
                     window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
             elif kind == "tgi_kv":
-                for key, kv in self._tgi_kv(answer.data).items():
-                    model(key, "").gauges.setdefault("kv_usage", kv)
+                tgi_kv = answer  # after the gauges: an engine's own KV gauge wins
             elif kind == "infos":
                 for key, infos in self._infos(answer.data).items():
                     window(key).infos = infos
             else:
-                for key, by_model in self._intervals(answer.data).items():
-                    for name, intervals in by_model.items():
-                        if name in window(key).models:
-                            model(key, name).itl_intervals = intervals
+                intervals = answer
+        if tgi_kv is not None:
+            for key, kv in self._tgi_kv(tgi_kv.data).items():
+                model(key, "").gauges.setdefault("kv_usage", kv)
+        if intervals is not None:
+            for key, by_model in self._intervals(intervals.data).items():
+                for name, intervals_of_model in by_model.items():
+                    if name in window(key).models:
+                        model(key, name).itl_intervals = intervals_of_model
+        out = dict(sorted(out.items()))  # answers arrive in any order; windows and models do not
         for tw in out.values():
+            tw.models = dict(sorted(tw.models.items()))
             tw.overall = _overall(tw.models)
         return out
 

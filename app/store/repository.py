@@ -425,6 +425,26 @@ def scrape_times(session: Session, target_id: int, start: float, end: float) -> 
                                 .order_by(Scrape.ts)))
 
 
+def successful_scrape_counts(session: Session, target_ids: Sequence[int], start: float,
+                             end: float) -> dict[int, int]:
+    """Successful scrapes within ``[start, end]`` of many targets, in one query (a round's)."""
+    if not target_ids:
+        return {}
+    rows = session.execute(select(Scrape.target_id, func.count()).where(
+        Scrape.target_id.in_(list(target_ids)), Scrape.ts >= start, Scrape.ts <= end, Scrape.up.is_(True))
+        .group_by(Scrape.target_id))
+    return {target_id: int(count) for target_id, count in rows}
+
+
+def infos_by_target(session: Session, target_ids: Sequence[int]) -> dict[int, list[TargetInfo]]:
+    """The info metrics of many targets, in one query."""
+    out: dict[int, list[TargetInfo]] = defaultdict(list)
+    if target_ids:
+        for info in session.scalars(select(TargetInfo).where(TargetInfo.target_id.in_(list(target_ids)))):
+            out[info.target_id].append(info)
+    return out
+
+
 # --------------------------------------------------------------------------- diagnosis
 
 def open_findings(session: Session, target_id: int, model: str) -> list[FindingRow]:
@@ -446,11 +466,14 @@ def _finding_fields(payload: dict) -> dict:
             "details": {k: payload[k] for k in ("evidence", "remedies", "runbook", "caused_by", "window")}}
 
 
-def create_finding(session: Session, target_id: int, model: str, regime: str, now: float, payload: dict) -> FindingRow:
+def create_finding(session: Session, target_id: int, model: str, regime: str, now: float, payload: dict,
+                   flush: bool = True) -> FindingRow:
+    """``flush`` False: a round writing many findings lets the commit insert them in one batch."""
     row = FindingRow(target_id=target_id, model=model, regime=regime, state="pending", first_seen=now,
                      last_seen=now, consecutive=1, clear_count=0, **_finding_fields(payload))
     session.add(row)
-    session.flush()
+    if flush:
+        session.flush()
     return row
 
 
@@ -468,13 +491,14 @@ def clear_finding(session: Session, row: FindingRow, now: float) -> None:
     row.consecutive = 0
 
 
-def set_finding_state(session: Session, row: FindingRow, state: str, now: float) -> None:
+def set_finding_state(session: Session, row: FindingRow, state: str, now: float, flush: bool = True) -> None:
     row.state = state
     if state == "active":
         row.activated_at = now
     elif state == "resolved":
         row.resolved_at = now
-    session.flush()
+    if flush:
+        session.flush()
 
 
 def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, now: float, details: dict,
