@@ -195,11 +195,14 @@ class Monitor:
         s = self.settings
         prune = functools.partial(retention.prune, self.sessions, s.retention,
                                   also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
-        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval)
-        scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval)
+        observe = self.telemetry.observe_round  # every round's duration and overruns in /metrics
+        scheduling.watch_skips(self.scheduler, self.telemetry.round_skipped)
+        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval, observe)
+        scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval,
+                             observe)
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB, self.evaluate_diagnoses,
-                             self.diagnosis_config.interval)
-        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB, self.evaluate_alerts, s.alert_interval)
+                             self.diagnosis_config.interval, observe)
+        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB, self.evaluate_alerts, s.alert_interval, observe)
         await self._sync_canaries()
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")

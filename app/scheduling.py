@@ -9,6 +9,12 @@ round starts (:func:`next_run_at` of :data:`DIAGNOSIS_JOB`).
 The rounds are plain synchronous functions (they talk to the database): :func:`in_thread`
 runs one in a worker thread so the event loop keeps scraping, and logs a failure instead
 of letting it end the job.
+
+A round is never skipped silently: :func:`add_round` reports every run's duration against
+its interval (``observe``: the self-metrics' round histogram and overrun counter), and
+:func:`watch_skips` reports each run APScheduler did not start (``missed``: due while the
+loop was blocked past the grace time; ``overlap``: due while the previous run of the same
+round was still going).
 """
 
 from __future__ import annotations
@@ -16,11 +22,16 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 log = logging.getLogger(__name__)
+
+#: A round's report after each run: (job id, seconds it took, its interval in seconds).
+RoundObserver = Callable[[str, float, float], None]
 
 PRUNE_JOB = "prune"
 SUMMARIES_JOB = "summaries"
@@ -47,11 +58,29 @@ def in_thread(func: Callable[[], object], name: str | None = None) -> Callable[[
     return run
 
 
-def add_round(scheduler: AsyncIOScheduler, job_id: str, func: Callable[[], object], seconds: float) -> None:
+def add_round(scheduler: AsyncIOScheduler, job_id: str, func: Callable[[], object], seconds: float,
+              observe: RoundObserver | None = None) -> None:
     """Run ``func`` every ``seconds`` in a worker thread; rounds never overlap and a missed
-    round is coalesced rather than replayed."""
-    scheduler.add_job(in_thread(func, job_id), "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True,
+    round is coalesced rather than replayed (and counted: :func:`watch_skips`). ``observe``
+    is told each run's duration (a failed run's too)."""
+    job = func
+    if observe is not None:
+        def job() -> None:
+            started = time.monotonic()
+            try:
+                func()
+            finally:
+                observe(job_id, time.monotonic() - started, seconds)
+    scheduler.add_job(in_thread(job, job_id), "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True,
                       replace_existing=True)
+
+
+def watch_skips(scheduler: AsyncIOScheduler, on_skip: Callable[[str, str], None]) -> None:
+    """Call ``on_skip(job id, reason)`` for every run the scheduler did not start: ``missed``
+    (past its misfire grace time) or ``overlap`` (the previous run still going)."""
+    def listener(event: JobEvent) -> None:
+        on_skip(event.job_id, "missed" if event.code == EVENT_JOB_MISSED else "overlap")
+    scheduler.add_listener(listener, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
 
 def next_run_at(scheduler: AsyncIOScheduler, job_id: str) -> float | None:

@@ -17,6 +17,10 @@ Storage
     llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
+Rounds (diagnosis, summaries, alerts, prune; ``round`` is the job's name)
+    llm_latency_round_duration_seconds{round}            histogram of each run's duration
+    llm_latency_round_overruns_total{round}              runs that took longer than their interval
+    llm_latency_round_skips_total{round,reason}          runs the scheduler did not start: missed | overlap
 Alerts
     llm_latency_alert_notifications_total                notifications written to the outbox
     llm_latency_deliveries_total{receiver,result}        delivery attempts (ok | error)
@@ -47,6 +51,7 @@ from prometheus_client.registry import Collector
 from app.probe.telemetry import ProbeCollector
 from app.quantiles import LatencySummary
 
+ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -139,6 +144,13 @@ class Telemetry:
         self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
                                        buckets=SCRAPE_BUCKETS, registry=r)
         self.queue_depth = Gauge("llm_latency_write_queue_scrapes", "Scrapes waiting to be written.", registry=r)
+        self.round_duration = Histogram("llm_latency_round_duration_seconds", "Duration of each periodic round.",
+                                        ["round"], buckets=ROUND_BUCKETS, registry=r)
+        self.round_overruns = Counter("llm_latency_round_overruns", "Rounds that took longer than their interval.",
+                                      ["round"], registry=r)
+        self.round_skips = Counter("llm_latency_round_skips", "Round runs the scheduler did not start "
+                                   "(missed: past the grace time; overlap: the previous run still going).",
+                                   ["round", "reason"], registry=r)
         self.alert_notifications = Counter("llm_latency_alert_notifications", "Notifications written to the outbox.",
                                            registry=r)
         self.deliveries = Counter("llm_latency_deliveries", "Notification delivery attempts.", ["receiver", "result"],
@@ -149,6 +161,15 @@ class Telemetry:
         r.register(self.diagnosis)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
+
+    def observe_round(self, name: str, seconds: float, interval: float) -> None:
+        """One run of a periodic round (:func:`app.scheduling.add_round`)."""
+        self.round_duration.labels(name).observe(seconds)
+        if seconds > interval:
+            self.round_overruns.labels(name).inc()
+
+    def round_skipped(self, name: str, reason: str) -> None:
+        self.round_skips.labels(name, reason).inc()
 
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None:

@@ -52,3 +52,56 @@ def test_next_run_at_is_the_jobs_next_run_and_none_without_the_job() -> None:
     next_run, missing, jobs = asyncio.run(main())
     assert missing is None and jobs == 1
     assert next_run is not None and before + 55 <= next_run <= time.time() + 60
+
+
+def test_a_round_reports_its_duration_and_an_overrun_and_a_skipped_run_is_counted() -> None:
+    """A round still running when its next run is due is reported twice: the run that overran
+    (duration > interval) and the run the scheduler did not start (``overlap``)."""
+    from app.telemetry import Telemetry
+
+    telemetry = Telemetry()
+    release = threading.Event()
+    observed: list[tuple[str, float, float]] = []
+
+    def observe(name: str, seconds: float, interval: float) -> None:
+        observed.append((name, seconds, interval))
+        telemetry.observe_round(name, seconds, interval)
+
+    async def main() -> None:
+        scheduler = scheduling.make_scheduler()
+        scheduling.watch_skips(scheduler, telemetry.round_skipped)
+        scheduler.start()
+        try:
+            scheduling.add_round(scheduler, "slow", lambda: release.wait(30), 0.2, observe)
+            deadline = time.monotonic() + 30
+            while telemetry.registry.get_sample_value("llm_latency_round_skips_total",
+                                                      {"round": "slow", "reason": "overlap"}) is None:
+                assert time.monotonic() < deadline, "no skipped run reported"
+                await asyncio.sleep(0.05)
+            release.set()
+            while not observed:
+                assert time.monotonic() < deadline, "the round's duration was not reported"
+                await asyncio.sleep(0.05)
+        finally:
+            release.set()
+            scheduler.shutdown(wait=False)
+
+    asyncio.run(main())
+    name, seconds, interval = observed[0]
+    assert name == "slow" and interval == 0.2 and seconds > interval
+    sample = telemetry.registry.get_sample_value
+    assert sample("llm_latency_round_overruns_total", {"round": "slow"}) >= 1.0
+    assert sample("llm_latency_round_duration_seconds_count", {"round": "slow"}) >= 1.0
+    assert sample("llm_latency_round_skips_total", {"round": "slow", "reason": "overlap"}) >= 1.0
+
+
+def test_a_round_within_its_interval_is_no_overrun() -> None:
+    from app.telemetry import Telemetry
+
+    telemetry = Telemetry()
+    telemetry.observe_round("diagnosis", 2.0, 30.0)
+    telemetry.observe_round("diagnosis", 31.0, 30.0)
+    sample = telemetry.registry.get_sample_value
+    assert sample("llm_latency_round_overruns_total", {"round": "diagnosis"}) == 1.0
+    assert sample("llm_latency_round_duration_seconds_count", {"round": "diagnosis"}) == 2.0
+    assert sample("llm_latency_round_duration_seconds_bucket", {"round": "diagnosis", "le": "5.0"}) == 1.0

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.attributes import flag_modified
 
 from app import latency
 from app.diagnosis import engine as diagnosis_engine
@@ -22,6 +23,7 @@ from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.store import repository
+from app.store.models import DiagnosisRow, FindingRow
 from app.window import TargetWindow
 
 if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thresholds, telemetry exports results
@@ -91,6 +93,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
             repository.save_diagnosis(session, target_id, diagnosis.model, diagnosis.verdict, now, data, stored)
             results.append((diagnosis, transitions))
             saved.append(data)
+        _same_columns(session)
         session.flush()
         states = {(name, row.model, row.regime): row.state
                   for name, row in repository.finding_history(session, states=("pending", "active"))}
@@ -98,6 +101,22 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         collector.diagnoses = [_exported(diagnosis, data, states) for (diagnosis, _), data in zip(results, saved,
                                                                                                   strict=True)]
     return results
+
+
+def _same_columns(session: Session) -> None:
+    """Mark the same columns changed on every updated finding and diagnosis, so the flush sends
+    one UPDATE per table with all rows (an executemany) instead of one per row: the ORM
+    batches only consecutive rows whose changed columns are the same."""
+    for row in list(session.dirty):
+        columns = _FINDING_COLUMNS if isinstance(row, FindingRow) else \
+            _DIAGNOSIS_COLUMNS if isinstance(row, DiagnosisRow) else ()
+        for column in columns:
+            flag_modified(row, column)
+
+
+_FINDING_COLUMNS = ("state", "severity", "confidence", "is_primary", "summary", "details", "last_seen",
+                    "activated_at", "resolved_at", "consecutive", "clear_count")
+_DIAGNOSIS_COLUMNS = ("verdict", "evaluated_at", "details")
 
 
 def _exported(diagnosis: Diagnosis, data: dict, states: dict[tuple[str, str, str], str]) -> dict:
