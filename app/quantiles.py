@@ -32,6 +32,7 @@ Prometheus or our scraper stores) give bit-identical results.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -360,13 +361,23 @@ def merge(histograms: Iterable[WindowHistogram | None]) -> WindowHistogram | Non
     bit-identical results. ``None`` entries (series without a result in the window)
     are skipped; returns None when nothing is left.
     """
+    present = [h for h in histograms if h is not None]
+    if not present:
+        return None
+    first = present[0]
+    if all(h.bounds == first.bounds for h in present) and all(map(operator.lt, first.bounds, first.bounds[1:])):
+        # Same ascending layout everywhere (the usual case): bucket by bucket, in input order,
+        # the same additions as below without a dict per merge.
+        increases, total, n = list(first.increases), first.sum, first.count
+        for h in present[1:]:
+            increases = [a + b for a, b in zip(increases, h.increases, strict=True)]
+            total, n = total + h.sum, n + h.count
+        return WindowHistogram(first.bounds, tuple(increases), total, n)
     by_bound: dict[float, float | None] = {}
     total_sum: float | None = None
     total_count: float | None = None
     seen = False
-    for h in histograms:
-        if h is None:
-            continue
+    for h in present:
         seen = True
         for b, v in zip(h.bounds, h.increases, strict=True):
             by_bound[b] = _add(by_bound.get(b), v)
@@ -454,7 +465,9 @@ def histogram_quantiles(qs: Sequence[float], bounds: Sequence[float], cumulative
     histogram of every target), then each ``q`` is answered by the same rules 1 and 4-8."""
     if len(bounds) != len(cumulative):
         raise ValueError(f"{len(bounds)} bounds but {len(cumulative)} counts")
-    buckets = sorted(([float(b), float(c)] for b, c in zip(bounds, cumulative)), key=lambda x: x[0])
+    buckets = [[float(b), float(c)] for b, c in zip(bounds, cumulative)]
+    if not all(map(operator.lt, bounds, bounds[1:])):  # not already strictly ascending
+        buckets.sort(key=lambda x: x[0])
     prepared: list[list[float]] | None = None
     if buckets and math.isinf(buckets[-1][0]) and buckets[-1][0] > 0:
         prepared = _coalesce(buckets)

@@ -72,7 +72,7 @@ class Discovered:
 
 
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
-    return tuple(labels.get(name, "") for name in target_labels)
+    return tuple([labels.get(name, "") for name in target_labels])
 
 
 def _bound(le: str) -> float:
@@ -243,13 +243,24 @@ class SourceReader:
     def _pick(self, samples: Sequence[_Sample], sub_label: str | None) -> dict[TargetKey, dict[str, dict[str, float]]]:
         """Samples -> target -> model -> {sub label value: value}, from the first family (engine
         name, newest first) that answered for the target."""
-        grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = defaultdict(dict)
+        grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = {}
+        names = self.target_labels
         for sample in samples:
-            family = int(sample.labels.get(FAMILY_LABEL, "0"))
-            per_model = grouped[_key(sample.labels, self.target_labels)].setdefault(family, {})
-            sub = sample.labels.get(sub_label, "") if sub_label else ""
-            per_model.setdefault(sample.labels.get(MODEL_LABEL, ""), {})[sub] = sample.value
-        return {key: _first_family(by_family) for key, by_family in grouped.items()}
+            labels = sample.labels
+            key = tuple([labels.get(name, "") for name in names])
+            family = int(labels.get(FAMILY_LABEL, "0"))
+            by_family = grouped.get(key)
+            if by_family is None:
+                by_family = grouped[key] = {}
+            per_model = by_family.get(family)
+            if per_model is None:
+                per_model = by_family[family] = {}
+            name = labels.get(MODEL_LABEL, "")
+            subs = per_model.get(name)
+            if subs is None:
+                subs = per_model[name] = {}
+            subs[labels.get(sub_label, "") if sub_label else ""] = sample.value
+        return {key: by_family[min(by_family)] for key, by_family in grouped.items()}
 
     def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
         used: dict[TargetKey, dict[float, float]] = {}

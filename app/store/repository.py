@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app.quantiles import HistogramSnapshot
 from app.store.models import (
@@ -519,8 +519,10 @@ def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, n
 
 
 def diagnosis_rows(session: Session) -> dict[tuple[int, str], DiagnosisRow]:
-    """Every stored latest diagnosis by (target id, model), for a round's saves."""
-    return {(row.target_id, row.model): row for row in session.scalars(select(DiagnosisRow))}
+    """Every stored latest diagnosis by (target id, model), for a round's saves (their details,
+    which the round replaces, are not loaded)."""
+    return {(row.target_id, row.model): row
+            for row in session.scalars(select(DiagnosisRow).options(defer(DiagnosisRow.details)))}
 
 
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[tuple[str, DiagnosisRow]]:
