@@ -187,12 +187,22 @@ def store_window(session: Session, target_ids: Sequence[int], start: float, end:
     return window
 
 
+WINDOWS_CHUNK = 250  # targets per set of queries in store_windows
+
+
 def store_windows(session: Session, target_ids: Sequence[int], start: float, end: float,
                   signals: Sequence[str] = HISTOGRAM_SIGNALS, *, diagnosis: bool = False) -> dict[int, TargetWindow]:
     """:func:`store_window` of each of many targets (not summed), read in a fixed number of
     set-based queries whatever the number of targets: a round's series, samples, scrape
     counts and infos are loaded once for all of them, then split by target. Targets with no
-    series get an empty window."""
+    series get an empty window. Read in chunks of :data:`WINDOWS_CHUNK` targets, so the
+    samples held at once (and every ``IN`` list) stay bounded whatever the fleet's size."""
+    if len(target_ids) > WINDOWS_CHUNK:
+        out: dict[int, TargetWindow] = {}
+        for i in range(0, len(target_ids), WINDOWS_CHUNK):
+            out.update(store_windows(session, target_ids[i:i + WINDOWS_CHUNK], start, end, signals,
+                                     diagnosis=diagnosis))
+        return out
     if not target_ids:
         return {}
     loaded = load_histograms(session, target_ids, signals, start, end)

@@ -32,12 +32,14 @@ def latency_summaries(sessions: sessionmaker[Session], window: float, end: float
     summaries: dict[tuple[str, str, str], SignalSummary] = {}
     with sessions() as session:
         targets = [t for t in repository.list_targets(session) if t.gone_at is None]
-        for target in targets:
-            if target.source in DISCOVERED_BY_SOURCES:
-                continue
-            loaded = latency.load_histograms(session, [target.id], TIME_SIGNALS, end - window, end)
-            for model in sorted({s.model for s in loaded.series}):
-                for signal, summary in latency.summarize_signals(loaded, end - window, end, model).items():
+        stored = [t for t in targets if t.source not in DISCOVERED_BY_SOURCES]
+        # every stored target in one set of queries per chunk (store_windows), not one per target
+        windows = latency.store_windows(session, [t.id for t in stored], end - window, end, TIME_SIGNALS)
+        for target in stored:
+            for model, model_window in windows[target.id].models.items():
+                if not model_window.histograms:
+                    continue
+                for signal, summary in latency.summarize_histograms(model_window.histograms).items():
                     if signal in TIME_SIGNALS:
                         summaries[(target.name, model, signal)] = summary
         replicas = [t for t in targets if t.source == SOURCE_KIND]

@@ -95,16 +95,15 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
     out = []
     targets = [t for t in repository.list_targets(session) if t.gone_at is None]
     for slo in config.slos:
-        for target in targets:
-            if slo.targets is not None and target.name not in slo.targets:
-                continue
-            start = now - slo.window
-            window = (source_windows or {}).get((slo.name, target.id))
+        chosen = [t for t in targets if slo.targets is None or t.name in slo.targets]
+        start = now - slo.window
+        # every stored target's window of this SLO in one set of queries, not one per target
+        stored = latency.store_windows(session, [t.id for t in chosen if t.source not in DISCOVERED_BY_SOURCES],
+                                       start, now, slo_signals(slo.signal))
+        for target in chosen:
+            window = (source_windows or {}).get((slo.name, target.id)) or stored.get(target.id)
             if window is None:
-                if target.source in DISCOVERED_BY_SOURCES:
-                    continue  # no numbers from its source this round (see the held targets)
-                window = latency.store_window(session, [target.id], start, now, slo_signals(slo.signal),
-                                              per_model=False)
+                continue  # a source's target with no numbers this round (see the held targets)
             summaries = latency.summarize_histograms(window.overall.histograms)
             summary = summaries.get(slo.signal)
             if summary is None:
