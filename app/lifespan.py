@@ -72,6 +72,7 @@ class Monitor:
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
+        self.round_summaries: diagnosis_rounds.RoundSummaries | None = None  # the status page's numbers
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
 
     @property
@@ -155,7 +156,10 @@ class Monitor:
 
     def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
         return diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis, now,
-                                                   sources=self.sources)
+                                                   sources=self.sources, keep=self._keep_round_summaries)
+
+    def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
+        self.round_summaries = kept  # one assignment: a page reads the old or the new, never half
 
     def next_diagnosis_at(self) -> float:
         """When the next diagnosis round starts (unix seconds), so the status page can tell a

@@ -9,6 +9,8 @@ while it does), then writes every result in one short transaction.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -19,6 +21,7 @@ from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.promsource.service import DISCOVERED_BY_SOURCES
@@ -32,21 +35,35 @@ if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thr
     from app.telemetry import DiagnosisCollector
 
 ROUND_CHUNK = 250  # targets whose windows are read and held at once (a few queries per chunk)
+PAGE_SIGNALS = ("ttft", "itl", "queue_time", "prefill_time")  # the fleet table's (TGI: TTFT = queue + prefill)
 PROBE_BASELINE_MAX_AGE = 3600.0  # a single-request probe older than this is not evidence any more
 #: A target's diagnosis and the lifecycle transitions it caused (app.diagnosis.engine.apply_lifecycle).
 RoundResult = tuple[Diagnosis, list[dict]]
 
 
+@dataclass(frozen=True, slots=True)
+class RoundSummaries:
+    """Every evaluated target's latency summaries (all models summed by ``le``) over the last
+    round's window, kept with that window: the status page's fleet table reads these instead
+    of re-reading every target's samples per request."""
+
+    start: float
+    end: float
+    by_target: dict[int, dict[str, SignalSummary]] = field(default_factory=dict)
+
+
 def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                        collector: DiagnosisCollector | None = None, now: float | None = None, *,
-                       sources: SourceService | None = None) -> list[RoundResult]:
+                       sources: SourceService | None = None,
+                       keep: Callable[[RoundSummaries], None] | None = None) -> list[RoundResult]:
     """One diagnosis round over every target: evaluate, advance lifecycles, persist; the
     diagnoses (with their findings' states) replace the collector's for ``/metrics``.
 
     Prometheus sources are read first, outside the transaction (network). A target of a
     source that could not be read gets no window: it is skipped, so it keeps its last
     verdict and none of its findings moves - missing data never resolves or fires anything.
-    Gone targets (discovery no longer lists them) are not evaluated either."""
+    Gone targets (discovery no longer lists them) are not evaluated either. ``keep`` is given
+    the round's per-target summaries (:class:`RoundSummaries`)."""
     now = time.time() if now is None else now
     results: list[RoundResult] = []
     source_windows: dict[int, TargetWindow] = {}
@@ -55,6 +72,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
             if source_target.window is not None:  # None: down now; its TargetDown alert says so
                 source_windows[source_target.id] = source_target.window
     evaluated: list[tuple[int, Diagnosis]] = []
+    summaries: dict[int, dict[str, SignalSummary]] = {}
     # Read and compute with no write transaction open (WAL: the scrape writer never waits on
     # a round); the store's windows in a fixed number of set-based queries per chunk of targets.
     with sessions() as session:
@@ -70,6 +88,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                                             now - config.window, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
             windows.update({t.id: source_windows[t.id] for t in members if t.id in source_windows})
             for target in members:
+                overall = windows[target.id].overall.histograms
+                summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
                 hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
                 engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
                 baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
@@ -97,6 +117,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         session.flush()
         states = {(name, row.model, row.regime): row.state
                   for name, row in repository.finding_history(session, states=("pending", "active"))}
+    if keep is not None:
+        keep(RoundSummaries(now - config.window, now, summaries))
     if collector is not None:
         collector.diagnoses = [_exported(diagnosis, data, states) for (diagnosis, _), data in zip(results, saved,
                                                                                                   strict=True)]

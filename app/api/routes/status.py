@@ -46,6 +46,7 @@ from app.api.common import current_diagnoses, duration_param
 from app.api.deps import MonitorDep, SessionDep
 from app.api.redaction import url_as_shown
 from app.diagnosis.findings import Evidence
+from app.diagnosis.rounds import RoundSummaries
 from app.durations import format_duration, format_utc
 from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
@@ -433,7 +434,9 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     gone = sorted((t for t in everything if t.gone_at is not None), key=lambda t: t.name)
     failing = failing_sources(monitor)
     latest = repository.latest_scrapes(session)
-    ids = [t.id for t in targets]
+    kept = round_summaries(monitor, seconds, end) if live and window is None else None
+    shown_end = end if kept is None else kept.end  # the numbers' window is the round's
+    ids = [t.id for t in targets if kept is None or t.id not in kept.by_target]
     series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
     with_ttft = {s.target_id for s in series if s.signal == "ttft"}
     wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
@@ -444,13 +447,16 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     diagnoses = diagnoses_by_target(session, monitor)
     # a Prometheus source's targets: their numbers from the source, one set of queries per source
     # (none for a failing source: its banner says why its rows have none)
-    read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing]
+    read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing
+            and (kept is None or t.id not in kept.by_target)]
     source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
         if read else {}
 
     rows: list[dict[str, Any]] = []
     for target in targets:
-        if target.id in source_windows:
+        if kept is not None and target.id in kept.by_target:
+            summary = kept.by_target[target.id]
+        elif target.id in source_windows:
             summary = latency.summarize_histograms(source_windows[target.id].overall.histograms)
         else:
             summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
@@ -470,7 +476,16 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     return html("index.html", rows=rows, counts=counts, down=down, levels=LEVELS, level_text=LEVEL_TEXT,
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
-                **common(request, monitor, seconds, end, live))
+                **common(request, monitor, seconds, shown_end, live))
+
+
+def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | None:
+    """The last diagnosis round's per-target summaries when they answer this page: same window
+    length, and computed within the last two intervals (else the page reads samples itself)."""
+    kept = getattr(monitor, "round_summaries", None)
+    if kept is None or not math.isclose(kept.end - kept.start, seconds, abs_tol=1e-3):
+        return None
+    return kept if now - kept.end <= 2 * monitor.diagnosis_config.interval else None
 
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
