@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from alembic import command
 from app.resources import migrations_dir
 
-
 #: Connections per process: anyio's default 40 API worker threads, the scrape writer and the
 #: rounds' threads each get one without waiting (the old 5 + 10 gave 500s under 50 clients:
 #: "QueuePool limit of size 5 overflow 10 reached"). PostgreSQL's default max_connections
