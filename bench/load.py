@@ -223,7 +223,10 @@ def database_file(workdir: Path) -> Path | None:
 
 
 def round_metrics(url: str) -> dict[str, str]:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    try:  # right after the clients stop, the service may still be working through their backlog
+        text = httpx.get(f"{url}/metrics", timeout=300).text
+    except httpx.HTTPError as exc:
+        return {"/metrics": f"unanswered ({type(exc).__name__})"}
     out = {}
     for name in ("llm_latency_round_overruns_total", "llm_latency_round_skips_total",
                  "llm_latency_round_duration_seconds_count", "llm_latency_round_duration_seconds_sum"):
