@@ -332,14 +332,15 @@ def main() -> int:
             path.write_bytes(body)
             files.append(path)
         server = PageServer(files, use_gzip=False)
-        runs = []
+        runs: list[Run] = []
+        ok = False
         try:
-            for n in sizes:
+            for n in sizes:  # the table so far after each size: a later size that fails loses nothing
                 runs.append(measure(n, minutes, server, args.database))
-                report(runs, "PostgreSQL" if args.database else "SQLite")  # each size's table as soon as it is done
+                ok = report(runs, "PostgreSQL" if args.database else "SQLite")
         finally:
             server.stop()
-    return 0 if report(runs, "PostgreSQL" if args.database else "SQLite") else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
