@@ -23,6 +23,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 log = logging.getLogger(__name__)
 
 PRUNE_JOB = "prune"
+DOWNSAMPLE_JOB = "downsample"
 SUMMARIES_JOB = "summaries"
 DIAGNOSIS_JOB = "diagnosis"  # the scheduler job of the diagnosis rounds (status page countdown)
 ALERTS_JOB = "alerts"
