@@ -504,7 +504,10 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
         if done is None:
             with begin() as conn:
                 first = _earliest(conn, source)
-            done = until if first is None else min(until, math.floor(first / level) * level)
+            if first is None:  # nothing stored yet: the level starts with the first samples
+                source = level
+                continue
+            done = min(until, math.floor(first / level) * level)
         written[level] = 0
         slice_seconds = max(float(level), DOWNSAMPLE_SLICE)
         t = done
@@ -654,7 +657,7 @@ def _raw_prune_limit(engine: Engine, wanted: float) -> float:
 def _prune_in_batches(engine: Engine, table: str, column: str, cutoff: float, batch_rows: int) -> int:
     """SQLite: delete rows with ``column < cutoff`` walking the rowid order in batches; stops
     at the first batch with nothing to delete (the rest is newer)."""
-    deleted, after = 0, -1
+    deleted, after = 0, 0  # rowids start at 1
     while True:
         with engine.begin() as conn:
             rows = conn.exec_driver_sql(
