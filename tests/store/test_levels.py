@@ -227,3 +227,63 @@ def test_pruning_never_holds_the_writer_for_long(store) -> None:
     for statement, (low, high, cutoff) in statements:
         assert statement.startswith("DELETE FROM histogram_samples WHERE rowid > ? AND rowid <= ?")
         assert high - low <= 50 and cutoff == t0 + HOUR + 1
+
+
+# --------------------------------------------------------------------------- Prometheus 2.42 as the oracle
+
+PROM_T0 = math.floor(time.time() / HOUR) * HOUR - 8 * HOUR  # recent: inside Prometheus' default retention
+
+
+def exposition(snap: HistogramSnapshot, tokens: float) -> str:
+    lines = [f'ttft_bucket{{le="{"+Inf" if math.isinf(b) else repr(b)}"}} {c!r}' for b, c in zip(BOUNDS, snap.counts)]
+    return "\n".join([*lines, f"ttft_sum {snap.sum!r}", f"ttft_count {snap.count!r}", f"tokens_total {tokens!r}"])
+
+
+@pytest.fixture(scope="module")
+def prometheus_over_history(tmp_path_factory: pytest.TempPathFactory):
+    from tests.support.backfill import Backfill
+    from app.promapi import PrometheusClient
+    from tests.support.prometheus import running_prometheus
+
+    history = make_history(PROM_T0, 6)
+    backfill = Backfill()
+    for snap, (_, tokens) in zip(history.snapshots, history.tokens):
+        backfill.add({"job": "engines", "instance": "t1"}, snap.ts, exposition(snap, tokens))
+    tmp = tmp_path_factory.mktemp("levels-prometheus")
+    backfill.write_tsdb(tmp, tmp / "prom" / "prometheus-data")
+    with running_prometheus(tmp / "prom", "scrape_configs: []") as prom:
+        client = PrometheusClient(prom.url, timeout=60)
+        try:
+            yield history, client
+        finally:
+            client.close()
+
+
+def test_levels_answer_what_prometheus_answers(store, prometheus_over_history) -> None:
+    """The same history in Prometheus 2.42 (promtool backfill) and in the store with its raw
+    samples pruned: windows on 5-minute boundaries read from the levels alone give
+    Prometheus' per-bucket increase(), histogram_quantile and rate()."""
+    history, prom = prometheus_over_history
+    engine, sessions, target_id = store
+    t0 = PROM_T0
+    write_history(engine, target_id, history)
+    retention.downsample(sessions, now=t0 + 7 * HOUR)
+    retention.prune(sessions, 7 * 86400.0, now=t0 + 7 * HOUR, raw_retention=HOUR)
+    checked = 0
+    with sessions() as session:
+        for start, end in ((t0, t0 + 6 * HOUR), (t0 + 1800, t0 + 4 * HOUR), (t0 + HOUR, t0 + 5 * HOUR + 900)):
+            window = latency.store_window(session, [target_id], start, end)
+            ours = window.overall.histograms["ttft"]
+            assert ours is not None
+            w = f"{round(end - start)}s"
+            theirs = {s.labels["le"]: s.value for s in prom.query(f"increase(ttft_bucket[{w}])", end).data}
+            for bound, value in zip(BOUNDS, ours.increases):
+                assert value == pytest.approx(theirs["+Inf" if math.isinf(bound) else repr(bound)], rel=1e-12)
+                checked += 1
+            (count,) = prom.query(f"increase(ttft_count[{w}])", end).data
+            assert ours.count == pytest.approx(count.value, rel=1e-12)
+            (p99,) = prom.query(f"histogram_quantile(0.99, sum by (le) (increase(ttft_bucket[{w}])))", end).data
+            assert quantiles.histogram_quantile(0.99, BOUNDS, ours.increases) == pytest.approx(p99.value, rel=1e-12)
+            (tokens,) = prom.query(f"rate(tokens_total[{w}])", end).data
+            assert window.overall.rates["generation_tokens_total"] == pytest.approx(tokens.value, rel=1e-12)
+    assert checked == 15
