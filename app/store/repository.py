@@ -9,6 +9,7 @@ scrape can never drop the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -18,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select, update
+from sqlalchemy import Engine, Text, bindparam, cast, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
@@ -349,17 +350,19 @@ class SeriesRef:
     bounds: tuple[float, ...]
 
 
-def _series_query(target_ids: Sequence[int], signals: Sequence[str], model: str | None) -> Select:
-    query = select(Series).where(Series.target_id.in_(target_ids), Series.signal.in_(signals))
-    if model is not None:
-        query = query.where(Series.model == model)
-    return query
-
-
 def find_series(session: Session, target_ids: Sequence[int], signals: Sequence[str],
                 model: str | None = None) -> list[SeriesRef]:
-    return [SeriesRef(s.id, s.target_id, s.signal, s.kind, s.model, s.rank, decode_floats(s.bounds))
-            for s in session.scalars(_series_query(target_ids, signals, model))]
+    query = select(Series.id, Series.target_id, Series.signal, Series.kind, Series.model, Series.rank,
+                   Series.bounds).where(Series.target_id.in_(target_ids), Series.signal.in_(signals))
+    if model is not None:
+        query = query.where(Series.model == model)
+    return [SeriesRef(sid, tid, signal, kind, m, rank, _bounds(bounds))
+            for sid, tid, signal, kind, m, rank, bounds in session.execute(query)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _bounds(text: str) -> tuple[float, ...]:
+    return decode_floats(text)
 
 
 def histogram_snapshots(session: Session, series_ids: Sequence[int], start: float,
@@ -410,21 +413,23 @@ def _set_progress(conn: Connection, level: int, done_until: float) -> None:
         conn.execute(insert(LevelProgress).values(level=level, done_until=done_until))
 
 
+_RAW_HISTOGRAMS = text("SELECT series_id, ts, counts, sum, count FROM histogram_samples WHERE series_id IN :ids "
+                       "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+_RAW_SCALARS = text("SELECT series_id, ts, value FROM scalar_samples WHERE series_id IN :ids "
+                    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+_LEVEL_COLUMNS = "SELECT series_id, n, first_ts, first, last_ts, last, resets, total, peak FROM sample_levels "
+_LEVEL_ROWS = {closed: text(_LEVEL_COLUMNS + "WHERE series_id IN :ids AND level = :level AND bucket >= :lo AND bucket "
+                            + ("<=" if closed else "<") + " :hi ORDER BY series_id, bucket").bindparams(
+    bindparam("ids", expanding=True)) for closed in (False, True)}
+
+
 def _raw_rows(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
               closed: bool) -> Iterable[tuple[int, float, tuple[float, ...]]]:
     """(series id, ts, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed), in
-    series and time order. A histogram's vector is its counts, then ``_sum`` and ``_count``."""
-    lo, hi = lo_ms / 1000 - 0.001, hi_ms / 1000 + 0.001
-    if histogram:
-        query = (select(HistogramSample.series_id, HistogramSample.ts, HistogramSample.counts, HistogramSample.sum,
-                        HistogramSample.count)
-                 .where(HistogramSample.series_id.in_(series_ids), HistogramSample.ts >= lo, HistogramSample.ts <= hi)
-                 .order_by(HistogramSample.series_id, HistogramSample.ts))
-    else:
-        query = (select(ScalarSample.series_id, ScalarSample.ts, ScalarSample.value)
-                 .where(ScalarSample.series_id.in_(series_ids), ScalarSample.ts >= lo, ScalarSample.ts <= hi)
-                 .order_by(ScalarSample.series_id, ScalarSample.ts))
-    for row in conn.execute(query):
+    series and time order. A histogram's vector is its counts, then ``_sum`` and ``_count``.
+    Plain SQL text: on a short window building the ORM expression cost more than the rows."""
+    params = {"ids": list(series_ids), "lo": lo_ms / 1000 - 0.001, "hi": hi_ms / 1000 + 0.001}
+    for row in conn.execute(_RAW_HISTOGRAMS if histogram else _RAW_SCALARS, params):
         ms = to_millis(row[1])
         if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed):
             continue
@@ -438,15 +443,10 @@ def _raw_rows(conn: Connection | Session, series_ids: Sequence[int], histogram: 
 def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: dict[int, str], level: int,
                 lo_ms: int, hi_ms: int, closed: bool) -> Iterable[tuple[int, lv.Chunk]]:
     """(series id, chunk) of the level rows whose interval starts in the range, in order."""
-    hi = hi_ms / 1000
-    query = (select(SampleLevel.series_id, SampleLevel.n, SampleLevel.first_ts, SampleLevel.first,
-                    SampleLevel.last_ts, SampleLevel.last, SampleLevel.resets, SampleLevel.total, SampleLevel.peak)
-             .where(SampleLevel.series_id.in_(series_ids), SampleLevel.level == level,
-                    SampleLevel.bucket >= lo_ms / 1000, SampleLevel.bucket <= hi if closed else SampleLevel.bucket < hi)
-             .order_by(SampleLevel.series_id, SampleLevel.bucket))
-    for sid, n, first_ts, first, last_ts, last, resets, total, peak in conn.execute(query):
+    params = {"ids": list(series_ids), "level": level, "lo": lo_ms / 1000, "hi": hi_ms / 1000}
+    for sid, n, first_ts, first, last_ts, last, resets, total, peak in conn.execute(_LEVEL_ROWS[closed], params):
         decode = decode_snapshot if kinds[sid] == "histogram" else decode_value
-        yield sid, lv.Chunk(to_millis(first_ts), decode(first), to_millis(last_ts), decode(last), n,
+        yield sid, lv.Chunk(to_millis(first_ts), decode(bytes(first)), to_millis(last_ts), decode(bytes(last)), n,
                             decode_resets(resets), 0.0 if total is None else total,
                             -math.inf if peak is None else peak)
 
