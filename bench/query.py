@@ -44,7 +44,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.exposition.parser import PageParser  # noqa: E402
-from app.quantiles import to_millis  # noqa: E402
 from app.scrape.record import ScrapeRecord  # noqa: E402
 from app.sources import ADAPTERS  # noqa: E402
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar  # noqa: E402
@@ -376,14 +375,10 @@ def report(results: dict[str, dict[str, tuple[float, float]]], sizes: dict[str, 
           "| downsample CPU us/scrape |")
     print("|---|---:|---:|---:|---:|---:|")
     for backend, s in sizes.items():
-        def mb(key: str) -> str:
-            return f"{s[key] / 1e6:.2f}" if key in s else "-"
-
-        def us(key: str) -> str:
-            return f"{s[key]:.0f}" if key in s else "-"
-
-        print(f"| {backend} | {mb('raw_per_target_day')} | {mb('levels_per_target_day')} | "
-              f"{mb('steady_per_target_day')} | {us('write_cpu_per_scrape_us')} | {us('downsample_cpu_per_scrape_us')} |")
+        cells = [f"{s[k] / 1e6:.2f}" if k in s else "-"
+                 for k in ("raw_per_target_day", "levels_per_target_day", "steady_per_target_day")]
+        cells += [f"{s[k]:.0f}" if k in s else "-" for k in ("write_cpu_per_scrape_us", "downsample_cpu_per_scrape_us")]
+        print(f"| {backend} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

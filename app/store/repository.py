@@ -413,8 +413,9 @@ def _set_progress(conn: Connection, level: int, done_until: float) -> None:
         conn.execute(insert(LevelProgress).values(level=level, done_until=done_until))
 
 
-_RAW_HISTOGRAMS = text("SELECT series_id, ts, counts, sum, count FROM histogram_samples WHERE series_id IN :ids "
-                       "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+_RAW_HISTOGRAMS = text(
+    "SELECT series_id, ts, counts, sum, count FROM histogram_samples WHERE series_id IN :ids "
+    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
 _RAW_SCALARS = text("SELECT series_id, ts, value FROM scalar_samples WHERE series_id IN :ids "
                     "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
 _LEVEL_COLUMNS = "SELECT series_id, n, first_ts, first, last_ts, last, resets, total, peak FROM sample_levels "
@@ -661,12 +662,12 @@ def _prune_in_batches(engine: Engine, table: str, column: str, cutoff: float, ba
     while True:
         with engine.begin() as conn:
             rows = conn.exec_driver_sql(
-                f"SELECT max(rowid), count(*) FROM (SELECT rowid FROM {table} WHERE rowid > ? "  # noqa: S608
+                f"SELECT max(rowid), count(*) FROM (SELECT rowid FROM {table} WHERE rowid > ? "
                 f"ORDER BY rowid LIMIT ?)", (after, batch_rows)).one()
             high, seen = rows
             if not seen:
                 return deleted
-            n = conn.exec_driver_sql(f"DELETE FROM {table} WHERE rowid > ? AND rowid <= ? AND {column} < ?",  # noqa: S608
+            n = conn.exec_driver_sql(f"DELETE FROM {table} WHERE rowid > ? AND rowid <= ? AND {column} < ?",
                                      (after, high, cutoff)).rowcount
         deleted += n
         after = high

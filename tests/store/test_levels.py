@@ -241,8 +241,8 @@ def exposition(snap: HistogramSnapshot, tokens: float) -> str:
 
 @pytest.fixture(scope="module")
 def prometheus_over_history(tmp_path_factory: pytest.TempPathFactory):
-    from tests.support.backfill import Backfill
     from app.promapi import PrometheusClient
+    from tests.support.backfill import Backfill
     from tests.support.prometheus import running_prometheus
 
     history = make_history(PROM_T0, 6)
