@@ -273,6 +273,49 @@ def encoding_sizes(base: Canonical) -> dict[str, float]:
     return {"text": text_bytes / n, "binary": blob_bytes / n}
 
 
+def encoding_tables(url: str, rows: int = 20_000) -> dict[str, float]:
+    """Bytes per bucket count of the same histogram rows stored as comma-joined text, as the
+    binary blob and (PostgreSQL) as a ``float8[]`` array: table + index bytes / counts."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    rng = random.Random(5)
+    nb = 23  # the TTFT histogram of the vLLM page
+    data = []
+    for i in range(rows):
+        running, counts = 0.0, []
+        for _ in range(nb):
+            running += rng.randint(0, 400_000)
+            counts.append(running)
+        data.append((i % 200, 1.7e9 + i * 15.0, counts))
+    pg = engine.dialect.name == "postgresql"
+    kinds = {"text": "TEXT", "binary": "BYTEA" if pg else "BLOB"}
+    if pg:
+        kinds["float8[]"] = "FLOAT8[]"
+    out = {}
+    with engine.begin() as conn:
+        for kind, column in kinds.items():
+            table = "enc_" + kind.replace("[]", "_array")
+            conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+            conn.execute(text(f"CREATE TABLE {table} (series_id INTEGER, ts FLOAT, counts {column}, sum FLOAT, "
+                              "count FLOAT, PRIMARY KEY (series_id, ts))"))
+            values = [{"s": s, "t": t, "c": encode_floats(c) if kind == "text" else encode_counts(c)
+                       if kind == "binary" else c, "x": 1.0, "n": c[-1]} for s, t, c in data]
+            conn.execute(text(f"INSERT INTO {table} VALUES (:s, :t, :c, :x, :n)"), values)
+    with engine.begin() as conn:
+        for kind in kinds:
+            table = "enc_" + kind.replace("[]", "_array")
+            if pg:
+                size = conn.scalar(text(f"SELECT pg_total_relation_size('{table}')"))
+            else:
+                size = conn.exec_driver_sql("SELECT sum(pgsize) FROM dbstat WHERE name = ? OR name LIKE ?",
+                                            (table, f"sqlite_autoindex_{table}%")).scalar()
+            out[kind] = size / (rows * nb)
+            conn.execute(text(f"DROP TABLE {table}"))
+    engine.dispose()
+    return out
+
+
 def run_prometheus(om: dict[str, list[str]], workdir: Path):
     sys.path.insert(0, str(ROOT))
     from tests.support.prometheus import running_prometheus
@@ -306,7 +349,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--skip-postgres", action="store_true")
     parser.add_argument("--skip-prometheus", action="store_true")
+    parser.add_argument("--encoding", action="store_true", help="only: bytes per bucket count stored as text, "
+                        "binary and float8[] (PostgreSQL), on both databases")
     args = parser.parse_args()
+    if args.encoding:
+        from tests.conftest import scratch_postgres_database
+
+        with tempfile.TemporaryDirectory(prefix="bench-encoding-") as tmp:
+            print("sqlite, bytes per count (table + primary key):", encoding_tables(f"sqlite:///{tmp}/e.db"))
+        if not args.skip_postgres:
+            with scratch_postgres_database("bench_encoding") as database:
+                print("postgresql, bytes per count (table + primary key):", encoding_tables(database.url))
+        return
     if args.quick:
         args.targets, args.days, args.repeats = 3, 2.0, 10
     end = math.floor(time.time() / 3600) * 3600 - 1800.0 + 0.25
