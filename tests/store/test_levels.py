@@ -287,3 +287,57 @@ def test_levels_answer_what_prometheus_answers(store, prometheus_over_history) -
             (tokens,) = prom.query(f"rate(tokens_total[{w}])", end).data
             assert window.overall.rates["generation_tokens_total"] == pytest.approx(tokens.value, rel=1e-12)
     assert checked == 15
+
+
+def test_migration_0007_converts_existing_samples_and_builds_levels(database_url: str) -> None:
+    """Data written under 0006 (counts as comma-joined text) is converted to the binary
+    encoding, PostgreSQL's tables become day-partitioned, the levels are built from it and
+    answer windows as the raw samples do; the downgrade gives the text back."""
+    import sqlalchemy as sa
+
+    from app.store import db
+
+    db.upgrade(database_url, "0006")
+    engine = db.make_engine(database_url)
+    t0 = math.floor(time.time() / HOUR) * HOUR - 5 * HOUR
+    history = make_history(t0, 3)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO targets (id, name, url, engine, labels, source, created_at, updated_at) "
+                             "VALUES (1, 't1', 'http://127.0.0.1:1/metrics', 'vllm', '{}', 'api', 0, 0)"))
+        conn.execute(sa.text("INSERT INTO series (id, target_id, signal, kind, model, rank, bounds) VALUES "
+                             "(1, 1, 'ttft', 'histogram', 'm', '0', :b), "
+                             "(2, 1, 'generation_tokens_total', 'counter', 'm', '0', '')"),
+                     {"b": repository.encode_floats(BOUNDS)})
+        conn.execute(sa.text("INSERT INTO histogram_samples (series_id, ts, counts, sum, count) "
+                             "VALUES (1, :ts, :counts, :sum, :count)"),
+                     [{"ts": s.ts, "counts": ",".join(map(repr, s.counts)), "sum": s.sum, "count": s.count}
+                      for s in history.snapshots])
+        conn.execute(sa.text("INSERT INTO scalar_samples (series_id, ts, value) VALUES (2, :ts, :v)"),
+                     [{"ts": ts, "v": v} for ts, v in history.tokens])
+    db.upgrade(database_url)
+    sessions = db.make_sessionmaker(engine)
+    with sessions() as session:
+        stored = repository.histogram_snapshots(session, [1], 0, 2 * t0)[1]
+        assert [(p.ts, p.counts, p.sum) for p in stored] == [(s.ts, s.counts, s.sum) for s in history.snapshots]
+        _, done = repository.level_progress(session)
+        assert done[300] >= t0 + 3 * HOUR and done[3600] >= t0 + 3 * HOUR
+        levels_rows = session.execute(sa.text("SELECT count(*) FROM sample_levels WHERE level = 300")).scalar()
+        assert levels_rows == 2 * len({s.ts // 300 for s in history.snapshots})
+        start, end = t0 + 600, t0 + 3 * HOUR
+        stored_windows = latency.load_windows(session, [1], ("ttft", "generation_tokens_total"), start, end)
+        ref = next(s for s in stored_windows.series if s.signal == "ttft")
+        assert stored_windows.window(ref, start, end) == quantiles.window_histogram(
+            BOUNDS, history.snapshots, start, end)
+        assert sum(len(t.chunks) for t in stored_windows.timelines.values()) < 40
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            kinds = dict(conn.execute(sa.text("SELECT relname, relkind FROM pg_class WHERE relname IN "
+                                              "('histogram_samples', 'scalar_samples', 'sample_levels')")).all())
+        assert kinds == {"histogram_samples": "p", "scalar_samples": "p", "sample_levels": "p"}
+    engine.dispose()
+    db.downgrade(database_url, "0006")
+    engine = db.make_engine(database_url)
+    with engine.connect() as conn:
+        texts = [row[0] for row in conn.execute(sa.text("SELECT counts FROM histogram_samples ORDER BY ts"))]
+    assert texts == [",".join(map(repr, map(float, s.counts))) for s in history.snapshots]
+    engine.dispose()
