@@ -268,6 +268,8 @@ class SampleWriter:
                         infos.append((r.target_id, info, r.ts))
                         new_infos[info_key] = (info.labels, r.ts)
             conn.execute(insert(Scrape), scrape_rows)
+            if hist_rows or scalar_rows:
+                _reopen_levels(conn, min(r.ts for r in records if r.canonical is not None))
             if conn.dialect.name == "postgresql":
                 _copy_rows(conn, hist_rows, scalar_rows)
             else:
@@ -407,10 +409,30 @@ def level_progress(session: Session) -> tuple[float | None, dict[int, float]]:
     return rows.pop(RAW_LEVEL, None), rows
 
 
-def _set_progress(conn: Connection, level: int, done_until: float) -> None:
-    if conn.execute(update(LevelProgress).where(LevelProgress.level == level)
-                    .values(done_until=done_until)).rowcount == 0:
+def _set_progress(conn: Connection, level: int, done_until: float, expected: float | None = None) -> bool:
+    """Record a level's progress; with ``expected``, only if nobody moved it meanwhile (a late
+    write reopened it, :func:`_reopen_levels`): False then, and the round stops there."""
+    where = [LevelProgress.level == level]
+    if expected is not None:
+        where.append(LevelProgress.done_until == expected)
+    if conn.execute(update(LevelProgress).where(*where).values(done_until=done_until)).rowcount:
+        return True
+    if expected is None:
         conn.execute(insert(LevelProgress).values(level=level, done_until=done_until))
+        return True
+    return False
+
+
+_REOPEN = text("UPDATE level_progress SET done_until = :start WHERE level = :level AND done_until > :ts")
+
+
+def _reopen_levels(conn: Connection, oldest: float) -> None:
+    """Samples older than a level's progress (a batch kept through a database outage, a
+    backfill): move that level's progress back to the start of their interval, so the
+    downsample round rebuilds it and reads use raw samples there meanwhile. Changes nothing
+    in the steady state (scrapes are newer than every level's progress)."""
+    for level in lv.LEVELS:
+        conn.execute(_REOPEN, {"start": math.floor(oldest / level) * level, "level": level, "ts": oldest})
 
 
 _RAW_HISTOGRAMS = text(
@@ -529,12 +551,15 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
                         conn.execute(insert(SampleLevel), rows)
                 written[level] += len(rows)
             with begin() as conn:
-                _set_progress(conn, level, t_next)
+                moved = _set_progress(conn, level, t_next, expected=t if level in progress else None)
+            if not moved:
+                return written  # a late write reopened the level: the next round starts over from there
             progress[level] = t_next
             t = t_next
-        progress.setdefault(level, done)
-        with begin() as conn:
-            _set_progress(conn, level, progress[level])
+        if level not in progress:
+            with begin() as conn:
+                _set_progress(conn, level, done)
+            progress[level] = done
         source = level
     return written
 

@@ -341,3 +341,32 @@ def test_migration_0007_converts_existing_samples_and_builds_levels(database_url
         texts = [row[0] for row in conn.execute(sa.text("SELECT counts FROM histogram_samples ORDER BY ts"))]
     assert texts == [",".join(map(repr, map(float, s.counts))) for s in history.snapshots]
     engine.dispose()
+
+
+def test_a_late_write_reopens_the_levels_it_falls_in(store) -> None:
+    """Samples written after their interval was downsampled (a batch kept through an outage)
+    move the levels' progress back, reads use raw samples there until the round rebuilds
+    them, and the rebuilt levels include the late samples."""
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 5 * HOUR
+    history = make_history(t0, 3)
+    late = [i for i, s in enumerate(history.snapshots) if t0 + 3000 <= s.ts < t0 + 3300]
+    on_time = History([s for i, s in enumerate(history.snapshots) if i not in late],
+                      [p for i, p in enumerate(history.tokens) if i not in late])
+    write_history(engine, target_id, on_time)
+    retention.downsample(sessions, now=t0 + 4 * HOUR)
+    write_history(engine, target_id, History([history.snapshots[i] for i in late], [history.tokens[i] for i in late]))
+    with sessions() as session:
+        _, done = repository.level_progress(session)
+        assert done == {300: t0 + 3000, 3600: t0}
+        window = latency.store_window(session, [target_id], t0, t0 + 3 * HOUR)
+        assert window.overall.histograms["ttft"] == quantiles.window_histogram(BOUNDS, history.snapshots, t0,
+                                                                               t0 + 3 * HOUR)
+    retention.downsample(sessions, now=t0 + 4 * HOUR)
+    with sessions() as session:
+        _, done = repository.level_progress(session)
+        assert done == {300: t0 + 4 * HOUR - 300, 3600: t0 + 3 * HOUR}
+        stored = latency.load_windows(session, [target_id], ("ttft",), t0, t0 + 3 * HOUR)
+        assert sum(len(t.chunks) for t in stored.timelines.values()) == 3  # the hourly rows alone
+        assert stored.window(stored.series[0], t0, t0 + 3 * HOUR) == quantiles.window_histogram(
+            BOUNDS, history.snapshots, t0, t0 + 3 * HOUR)
