@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app import quantiles
-from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram
+from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram, to_millis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.sources.tgi import TTFT_DERIVATION
-from app.store import repository
+from app.store import levels, repository
 from app.store.repository import SeriesRef
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
@@ -112,26 +112,69 @@ def summaries_dict(summaries: dict[str, SignalSummary]) -> dict[str, dict[str, f
     return {signal: summary.to_dict() for signal, summary in summaries.items()}
 
 
-def _model_window(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
-                  points: dict[int, list[tuple[float, float]]], start: float, end: float,
-                  model: str | None) -> ModelWindow:
+@dataclass(slots=True)
+class StoredWindows:
+    """Series of one or more targets read at the coarsest level that answers the windows
+    asked (:func:`app.store.levels.plan`), loaded once for one window or a series of them."""
+
+    series: list[SeriesRef]
+    timelines: dict[int, levels.Timeline]
+    exact: bool = True  # False once a window had to leave out an interval straddling an old edge
+
+    def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
+        selection = self.timelines[ref.id].select(start_ms, end_ms)
+        self.exact = self.exact and selection.exact
+        return selection.chunk
+
+    def window(self, ref: SeriesRef, start: float, end: float) -> WindowHistogram | None:
+        s_ms, e_ms = to_millis(start), to_millis(end)
+        return levels.histogram(ref.bounds, self._select(ref, s_ms, e_ms), s_ms, e_ms)
+
+    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None:
+        parts = [self.window(s, start, end) for s in self.series
+                 if s.signal == signal and s.kind == "histogram" and (model is None or s.model == model)]
+        return quantiles.merge(p for p in parts if p is not None)
+
+    def rate(self, ref: SeriesRef, start: float, end: float) -> float | None:
+        s_ms, e_ms = to_millis(start), to_millis(end)
+        return levels.rate(self._select(ref, s_ms, e_ms), s_ms, e_ms)
+
+    def gauge(self, ref: SeriesRef, start: float, end: float) -> GaugeStats | None:
+        chunk = self._select(ref, to_millis(start), to_millis(end))
+        if chunk is None:
+            return None
+        return GaugeStats(chunk.last[0], chunk.total / chunk.n, chunk.peak)
+
+
+def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[str], start: float, end: float,
+                 model: str | None = None, max_level: int | None = None) -> StoredWindows:
+    """The series of ``signals`` (histograms, gauges or counters) over ``[start, end]``, read
+    at the coarsest level that answers it (``max_level``: coarsest allowed)."""
+    series = repository.find_series(session, target_ids, signals, model)
+    raw_since, done = repository.level_progress(session)
+    plan = levels.plan(start, end, raw_since, done, max_level)
+    return StoredWindows(series, repository.timelines(session, series, plan))
+
+
+def _model_window(stored: StoredWindows, start: float, end: float, model: str | None) -> ModelWindow:
     """One model's (``None``: every model's) histograms, gauges and rates from stored samples."""
     window = ModelWindow()
-    for signal in sorted({s.signal for s in loaded.series if model is None or s.model == model}):
-        window.histograms[signal] = loaded.merged(start, end, signal, model)
+    for signal in sorted({s.signal for s in stored.series if s.kind == "histogram"
+                          and (model is None or s.model == model)}):
+        window.histograms[signal] = stored.merged(start, end, signal, model)
     gauges: dict[str, list[GaugeStats]] = defaultdict(list)
     rates: dict[str, float] = {}
-    for s in scalar_series:
-        if model is not None and s.model != model:
+    for s in stored.series:
+        if s.kind == "histogram" or (model is not None and s.model != model):
             continue
-        pts = points.get(s.id, [])
         if s.kind == "counter":
-            value = quantiles.rate(pts, start, end)
+            value = stored.rate(s, start, end)
             if value is not None:
                 rates[s.signal] = rates.get(s.signal, 0.0) + value
-        elif pts:
-            values = [v for _, v in pts]
-            gauges[s.signal].append(GaugeStats(values[-1], sum(values) / len(values), max(values)))
+        else:
+            stats = stored.gauge(s, start, end)
+            if stats is not None:
+                gauges[s.signal].append(stats)
     window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
     window.rates = rates
     return window
@@ -166,20 +209,24 @@ def store_window(session: Session, target_ids: Sequence[int], start: float, end:
                  diagnosis: bool = False) -> TargetWindow:
     """A :class:`TargetWindow` from the built-in store: one or more targets summed by ``le``.
 
+    Read at the coarsest downsampled level that answers the window exactly
+    (:mod:`app.store.levels`), so a 7-day window costs a few hundred rows per series.
     ``diagnosis`` adds what only the regime rules read, for a single target: the number
-    of successful scrapes, the engine's info metrics and the per-interval ITL by batch.
+    of successful scrapes, the engine's info metrics and the per-interval ITL by batch
+    (the last from raw samples: a diagnosis window is recent).
     """
-    loaded = load_histograms(session, target_ids, signals, start, end)
-    scalar_series = repository.find_series(session, target_ids, (*GAUGE_SIGNALS, *COUNTER_SIGNALS))
-    points = repository.scalar_points(session, [s.id for s in scalar_series], start, end)
-    window = TargetWindow(start, end, overall=_model_window(loaded, scalar_series, points, start, end, None))
+    stored = load_windows(session, target_ids, (*signals, *GAUGE_SIGNALS, *COUNTER_SIGNALS), start, end)
+    window = TargetWindow(start, end, overall=_model_window(stored, start, end, None))
     if per_model:
-        for model in sorted({s.model for s in loaded.series} | {s.model for s in scalar_series}):
-            window.models[model] = _model_window(loaded, scalar_series, points, start, end, model)
-            if diagnosis:
-                window.models[model].itl_intervals = _itl_intervals(loaded, scalar_series, points, model,
-                                                                    start, end)
+        for model in sorted({s.model for s in stored.series}):
+            window.models[model] = _model_window(stored, start, end, model)
     if diagnosis:
+        if per_model and "itl" in signals:
+            loaded = load_histograms(session, target_ids, ("itl",), start, end)
+            running = repository.find_series(session, target_ids, ("running",))
+            points = repository.scalar_points(session, [s.id for s in running], start, end)
+            for model, model_window in window.models.items():
+                model_window.itl_intervals = _itl_intervals(loaded, running, points, model, start, end)
         (target_id,) = target_ids
         window.scrapes = len(repository.scrape_times(session, target_id, start, end))
         window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
@@ -268,7 +315,10 @@ def quantile_series(session: Session, target_ids: Sequence[int], signal: str, q:
     multiples of ``step`` like Grafana does, so repeated calls return the same points.
     """
     first = math.ceil((end - span) / step) * step
-    loaded = load_histograms(session, target_ids, (signal,), first - lookback, end, model)
+    # every window's edges are multiples of step and lookback: a level dividing both answers whole intervals
+    coarsest = max((lv for lv in levels.LEVELS if to_millis(step) % (lv * 1000) == 0
+                    and to_millis(lookback) % (lv * 1000) == 0), default=0)
+    loaded = load_windows(session, target_ids, (signal,), first - lookback, end, model, max_level=coarsest)
     points = []
     t = first
     while t <= end + 1e-9:

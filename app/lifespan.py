@@ -197,11 +197,13 @@ class Monitor:
         await self.scraping.start(await asyncio.to_thread(self.target_specs))
         await self.discovery.start(self.scheduler)
         s = self.settings
-        prune = functools.partial(retention.prune, self.sessions, s.retention,
+        prune = functools.partial(retention.prune, self.sessions, s.retention, raw_retention=s.raw_retention,
                                   also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
         observe = self.telemetry.observe_round  # every round's duration and overruns in /metrics
         scheduling.watch_skips(self.scheduler, self.telemetry.round_skipped)
         scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval, observe)
+        scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, functools.partial(
+            retention.downsample, self.sessions), s.downsample_interval, observe)
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval,
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB, self.evaluate_diagnoses,

@@ -45,6 +45,7 @@ __all__ = [
     "to_millis",
     "select_range",
     "increase",
+    "extrapolate",
     "rate",
     "window_histogram",
     "merge",
@@ -195,10 +196,19 @@ def _extrapolated_rate(
             if v < prev:
                 result += prev
             prev = v
+    return extrapolate(result, first_v, ts_ms[0], ts_ms[-1], n, start_ms, end_ms, is_counter=is_counter,
+                       is_rate=is_rate)
 
-    duration_to_start = float(ts_ms[0] - start_ms) / 1000
-    duration_to_end = float(end_ms - ts_ms[-1]) / 1000
-    sampled_interval = float(ts_ms[-1] - ts_ms[0]) / 1000
+
+def extrapolate(result: float, first_v: float, first_ms: int, last_ms: int, n: int, start_ms: int, end_ms: int,
+                *, is_counter: bool, is_rate: bool) -> float:
+    """Rules 2-5 of :func:`_extrapolated_rate` from what they read of the samples: the
+    reset-corrected ``result`` (rule 1), the first value, the first and last timestamps and
+    the number of samples. A downsampled level (:mod:`app.store.levels`) keeps exactly
+    these per interval, which is why its windows give the same number as the raw samples."""
+    duration_to_start = float(first_ms - start_ms) / 1000
+    duration_to_end = float(end_ms - last_ms) / 1000
+    sampled_interval = float(last_ms - first_ms) / 1000
     average_between = _go_div(sampled_interval, float(n - 1))
 
     if is_counter and result > 0 and first_v >= 0:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 RoundObserver = Callable[[str, float, float], None]
 
 PRUNE_JOB = "prune"
+DOWNSAMPLE_JOB = "downsample"
 SUMMARIES_JOB = "summaries"
 DIAGNOSIS_JOB = "diagnosis"  # the scheduler job of the diagnosis rounds (status page countdown)
 ALERTS_JOB = "alerts"

@@ -52,7 +52,11 @@ class Settings(BaseSettings):
         description="If non-empty, target URLs must use one of these hosts: exact names, "
         "'*.suffix' wildcards, IP addresses or CIDR networks.",
     )
-    retention: Seconds = Field(7 * 86400.0, gt=0, description="How long samples are kept.")
+    retention: Seconds = Field(7 * 86400.0, gt=0, description="How long samples are kept "
+                               "(downsampled to 5 min and 1 h intervals after raw_retention).")
+    raw_retention: Seconds = Field(86400.0, ge=3600, description="How long every raw scrape's samples are "
+                                   "kept; windows older than this are answered from the 5 min / 1 h levels.")
+    downsample_interval: Seconds = Field(60.0, gt=0, description="How often finished intervals are downsampled.")
     prune_interval: Seconds = Field(3600.0, gt=0)
     default_scrape_interval: Seconds = Field(15.0, gt=0)
     default_scrape_timeout: Seconds = Field(10.0, gt=0)

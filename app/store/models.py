@@ -12,6 +12,9 @@ Layout, and why:
   series per scrape. Cumulative snapshots, not deltas, so that any window can be
   computed later with Prometheus' own increase()/reset rules.
 * ``scalar_samples``: gauge and counter values per series per scrape.
+* ``sample_levels``: the same series downsampled to 5 min and 1 h intervals, kept
+  longer than the raw samples (README "Storage"); ``level_progress`` says how far.
+  On PostgreSQL the three sample tables are partitioned by day (app/store/partitions.py).
 * ``scrapes``: the health log — every scrape attempt, up or down, with timing, size,
   samples kept and the error class.
 * ``findings``: one row per occurrence of a diagnosed regime on a target/model, from
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -88,7 +91,7 @@ class HistogramSample(Base):
 
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
-    counts: Mapped[str] = mapped_column(Text)  # comma-joined cumulative bucket counts (repr, exact)
+    counts: Mapped[bytes] = mapped_column(LargeBinary)  # cumulative bucket counts (app.store.encoding)
     sum: Mapped[float | None] = mapped_column(Float, nullable=True)  # NULL when the page had no _sum
     count: Mapped[float] = mapped_column(Float)
 
@@ -99,6 +102,37 @@ class ScalarSample(Base):
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
     value: Mapped[float] = mapped_column(Float)
+
+
+class SampleLevel(Base):
+    """One downsampled interval of one series (app/store/levels.py): what Prometheus'
+    ``increase()`` reads of the interval's raw samples - the first and the last sample,
+    how many there were, and every counter reset between them - plus the sum and the
+    maximum of a gauge's values. ``level`` is the interval length in seconds, ``bucket``
+    its start (unix seconds, a multiple of ``level``)."""
+
+    __tablename__ = "sample_levels"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[float] = mapped_column(Float, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)  # raw samples in the interval (distinct milliseconds)
+    first_ts: Mapped[float] = mapped_column(Float)
+    first: Mapped[bytes] = mapped_column(LargeBinary)  # app.store.encoding snapshot / value
+    last_ts: Mapped[float] = mapped_column(Float)
+    last: Mapped[bytes] = mapped_column(LargeBinary)
+    resets: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)  # (component, value before) pairs
+    total: Mapped[float | None] = mapped_column(Float, nullable=True)  # gauges: sum of the values
+    peak: Mapped[float | None] = mapped_column(Float, nullable=True)  # gauges: maximum
+
+
+class LevelProgress(Base):
+    """Up to where each level is complete: intervals starting before ``done_until`` exist."""
+
+    __tablename__ = "level_progress"
+
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    done_until: Mapped[float] = mapped_column(Float)
 
 
 class Scrape(Base):

@@ -9,29 +9,44 @@ scrape can never drop the others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, Select, Text, cast, delete, func, insert, select, update
+from sqlalchemy import Engine, Text, bindparam, cast, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer
 
-from app.quantiles import HistogramSnapshot
+from app.quantiles import HistogramSnapshot, to_millis
+from app.store import levels as lv
+from app.store.encoding import (
+    decode_counts,
+    decode_resets,
+    decode_snapshot,
+    decode_value,
+    encode_counts,
+    encode_resets,
+    encode_snapshot,
+    encode_value,
+)
 from app.store.models import (
     AlertRow,
     DeliveryAttemptRow,
     DiagnosisRow,
     FindingRow,
     HistogramSample,
+    LevelProgress,
     NotificationLogRow,
     NotificationRow,
     ReceiverRow,
+    SampleLevel,
     ScalarSample,
     Scrape,
     Series,
@@ -47,7 +62,8 @@ log = logging.getLogger(__name__)
 
 
 def encode_floats(values: Iterable[float]) -> str:
-    """Comma-joined ``repr`` floats: exact round trip, portable across SQLite and PostgreSQL."""
+    """Comma-joined ``repr`` floats: exact round trip, portable across SQLite and PostgreSQL
+    (a series' bucket bounds, stored once; bucket counts are binary, app/store/encoding.py)."""
     return ",".join(map(repr, values))
 
 
@@ -87,6 +103,7 @@ def delete_target(session: Session, target: Target) -> None:
     series_ids = select(Series.id).where(Series.target_id == target.id)
     session.execute(delete(HistogramSample).where(HistogramSample.series_id.in_(series_ids)))
     session.execute(delete(ScalarSample).where(ScalarSample.series_id.in_(series_ids)))
+    session.execute(delete(SampleLevel).where(SampleLevel.series_id.in_(series_ids)))
     session.execute(delete(Series).where(Series.target_id == target.id))
     session.execute(delete(Scrape).where(Scrape.target_id == target.id))
     session.execute(delete(TargetInfo).where(TargetInfo.target_id == target.id))
@@ -237,7 +254,7 @@ class SampleWriter:
                     key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
                     sid = (self._series.get(key) or new_series.get(key)
                            or self._resolve(conn, key, "histogram", new_series))
-                    hist_rows.append((sid, r.ts, encode_floats(h.counts), None if math.isnan(h.sum) else h.sum,
+                    hist_rows.append((sid, r.ts, encode_counts(h.counts), None if math.isnan(h.sum) else h.sum,
                                       h.count))
                 for s in c.scalars:
                     key = (r.target_id, s.signal, s.model, s.rank, "")
@@ -251,6 +268,8 @@ class SampleWriter:
                         infos.append((r.target_id, info, r.ts))
                         new_infos[info_key] = (info.labels, r.ts)
             conn.execute(insert(Scrape), scrape_rows)
+            if hist_rows or scalar_rows:
+                _reopen_levels(conn, min(r.ts for r in records if r.canonical is not None))
             if conn.dialect.name == "postgresql":
                 _copy_rows(conn, hist_rows, scalar_rows)
             else:
@@ -333,17 +352,19 @@ class SeriesRef:
     bounds: tuple[float, ...]
 
 
-def _series_query(target_ids: Sequence[int], signals: Sequence[str], model: str | None) -> Select:
-    query = select(Series).where(Series.target_id.in_(target_ids), Series.signal.in_(signals))
-    if model is not None:
-        query = query.where(Series.model == model)
-    return query
-
-
 def find_series(session: Session, target_ids: Sequence[int], signals: Sequence[str],
                 model: str | None = None) -> list[SeriesRef]:
-    return [SeriesRef(s.id, s.target_id, s.signal, s.kind, s.model, s.rank, decode_floats(s.bounds))
-            for s in session.scalars(_series_query(target_ids, signals, model))]
+    query = select(Series.id, Series.target_id, Series.signal, Series.kind, Series.model, Series.rank,
+                   Series.bounds).where(Series.target_id.in_(target_ids), Series.signal.in_(signals))
+    if model is not None:
+        query = query.where(Series.model == model)
+    return [SeriesRef(sid, tid, signal, kind, m, rank, _bounds(bounds))
+            for sid, tid, signal, kind, m, rank, bounds in session.execute(query)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _bounds(text: str) -> tuple[float, ...]:
+    return decode_floats(text)
 
 
 def histogram_snapshots(session: Session, series_ids: Sequence[int], start: float,
@@ -359,7 +380,7 @@ def histogram_snapshots(session: Session, series_ids: Sequence[int], start: floa
         .order_by(HistogramSample.series_id, HistogramSample.ts)
     )
     for sid, ts, counts, total, count in rows:
-        out[sid].append(HistogramSnapshot(ts, decode_floats(counts), math.nan if total is None else total, count))
+        out[sid].append(HistogramSnapshot(ts, decode_counts(counts), math.nan if total is None else total, count))
     return out
 
 
@@ -376,6 +397,210 @@ def scalar_points(session: Session, series_ids: Sequence[int], start: float,
     for sid, ts, value in rows:
         out[sid].append((ts, value))
     return out
+
+
+RAW_LEVEL = 0  # level_progress row of the raw samples: raw samples older than its value are pruned
+
+
+def level_progress(session: Session) -> tuple[float | None, dict[int, float]]:
+    """(raw samples kept since - None when never pruned, {level: complete until})."""
+    rows = {int(level): float(done) for level, done in session.execute(
+        select(LevelProgress.level, LevelProgress.done_until))}
+    return rows.pop(RAW_LEVEL, None), rows
+
+
+def _set_progress(conn: Connection, level: int, done_until: float, expected: float | None = None) -> bool:
+    """Record a level's progress; with ``expected``, only if nobody moved it meanwhile (a late
+    write reopened it, :func:`_reopen_levels`): False then, and the round stops there."""
+    where = [LevelProgress.level == level]
+    if expected is not None:
+        where.append(LevelProgress.done_until == expected)
+    if conn.execute(update(LevelProgress).where(*where).values(done_until=done_until)).rowcount:
+        return True
+    if expected is None:
+        conn.execute(insert(LevelProgress).values(level=level, done_until=done_until))
+        return True
+    return False
+
+
+_REOPEN = text("UPDATE level_progress SET done_until = :start WHERE level = :level AND done_until > :ts")
+
+
+def _reopen_levels(conn: Connection, oldest: float) -> None:
+    """Samples older than a level's progress (a batch kept through a database outage, a
+    backfill): move that level's progress back to the start of their interval, so the
+    downsample round rebuilds it and reads use raw samples there meanwhile. Changes nothing
+    in the steady state (scrapes are newer than every level's progress)."""
+    for level in lv.LEVELS:
+        conn.execute(_REOPEN, {"start": math.floor(oldest / level) * level, "level": level, "ts": oldest})
+
+
+_RAW_HISTOGRAMS = text(
+    "SELECT series_id, ts, counts, sum, count FROM histogram_samples WHERE series_id IN :ids "
+    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+_RAW_SCALARS = text("SELECT series_id, ts, value FROM scalar_samples WHERE series_id IN :ids "
+                    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+_LEVEL_COLUMNS = "SELECT series_id, n, first_ts, first, last_ts, last, resets, total, peak FROM sample_levels "
+_LEVEL_ROWS = {closed: text(_LEVEL_COLUMNS + "WHERE series_id IN :ids AND level = :level AND bucket >= :lo AND bucket "
+                            + ("<=" if closed else "<") + " :hi ORDER BY series_id, bucket").bindparams(
+    bindparam("ids", expanding=True)) for closed in (False, True)}
+
+
+def _raw_rows(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
+              closed: bool) -> Iterable[tuple[int, float, tuple[float, ...]]]:
+    """(series id, ts, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed), in
+    series and time order. A histogram's vector is its counts, then ``_sum`` and ``_count``.
+    Plain SQL text: on a short window building the ORM expression cost more than the rows."""
+    params = {"ids": list(series_ids), "lo": lo_ms / 1000 - 0.001, "hi": hi_ms / 1000 + 0.001}
+    for row in conn.execute(_RAW_HISTOGRAMS if histogram else _RAW_SCALARS, params):
+        ms = to_millis(row[1])
+        if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed):
+            continue
+        if histogram:
+            vector = (*decode_counts(row[2]), math.nan if row[3] is None else row[3], row[4])
+        else:
+            vector = (row[2],)
+        yield row[0], row[1], vector
+
+
+def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: dict[int, str], level: int,
+                lo_ms: int, hi_ms: int, closed: bool) -> Iterable[tuple[int, lv.Chunk]]:
+    """(series id, chunk) of the level rows whose interval starts in the range, in order."""
+    params = {"ids": list(series_ids), "level": level, "lo": lo_ms / 1000, "hi": hi_ms / 1000}
+    for sid, n, first_ts, first, last_ts, last, resets, total, peak in conn.execute(_LEVEL_ROWS[closed], params):
+        decode = decode_snapshot if kinds[sid] == "histogram" else decode_value
+        yield sid, lv.Chunk(to_millis(first_ts), decode(bytes(first)), to_millis(last_ts), decode(bytes(last)), n,
+                            decode_resets(resets), 0.0 if total is None else total,
+                            -math.inf if peak is None else peak)
+
+
+def timelines(session: Session, series: Sequence[SeriesRef],
+              segments: Sequence[lv.Segment]) -> dict[int, lv.Timeline]:
+    """The chunks of every series over a read plan (:func:`app.store.levels.plan`): one
+    query per segment and table, whatever the number of series."""
+    chunks: dict[int, list[lv.Chunk]] = {s.id: [] for s in series}
+    kinds = {s.id: s.kind for s in series}
+    hist_ids = [s.id for s in series if s.kind == "histogram"]
+    scalar_ids = [s.id for s in series if s.kind != "histogram"]
+    for seg in segments:
+        if seg.level == 0:
+            for ids, histogram in ((hist_ids, True), (scalar_ids, False)):
+                if not ids:
+                    continue
+                last: tuple[int, int] | None = None
+                for sid, ts, vector in _raw_rows(session, ids, histogram, seg.lo_ms, seg.hi_ms, seg.closed):
+                    ms = to_millis(ts)
+                    if (sid, ms) != last:  # one sample per millisecond, the first (as Prometheus)
+                        chunks[sid].append(lv.raw_chunk(ms, vector))
+                        last = (sid, ms)
+        elif series:
+            for sid, chunk in _level_rows(session, list(kinds), kinds, seg.level, seg.lo_ms, seg.hi_ms, seg.closed):
+                chunks[sid].append(chunk)
+    return {sid: lv.Timeline(c) for sid, c in chunks.items()}
+
+
+#: Series downsampled per statement: bounds the rows held in memory (series x samples per slice).
+DOWNSAMPLE_SERIES_BATCH = 500
+#: Raw samples are read this many seconds at a time when building the finest level.
+DOWNSAMPLE_SLICE = 3600.0
+
+
+def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: float) -> dict[int, int]:
+    """Build the level rows of every interval that ended ``GRACE_SECONDS`` ago and is not
+    built yet: the finest level from raw samples, each coarser level from the one below.
+    Idempotent (a slice's rows are replaced), so a crash halfway only repeats work. Reads
+    happen outside the short write transactions. Returns level rows written per level.
+
+    ``begin``: a context manager yielding a connection in a transaction (``engine.begin``,
+    or the migration's own connection)."""
+    with begin() as conn:
+        _, progress = level_progress(conn)  # type: ignore[arg-type]
+        kinds = {sid: kind for sid, kind in conn.execute(select(Series.id, Series.kind))}
+    ids = sorted(kinds)
+    written: dict[int, int] = {}
+    source: int | None = None
+    for level in lv.LEVELS:
+        until = math.floor((now - lv.GRACE_SECONDS) / level) * level
+        if source is not None:
+            until = min(until, math.floor(progress.get(source, 0.0) / level) * level)
+        done = progress.get(level)
+        if done is None:
+            with begin() as conn:
+                first = _earliest(conn, source)
+            if first is None:  # nothing stored yet: the level starts with the first samples
+                source = level
+                continue
+            done = min(until, math.floor(first / level) * level)
+        written[level] = 0
+        slice_seconds = max(float(level), DOWNSAMPLE_SLICE)
+        t = done
+        while t < until:
+            t_next = min(until, t + slice_seconds)
+            for i in range(0, len(ids), DOWNSAMPLE_SERIES_BATCH):
+                batch = ids[i:i + DOWNSAMPLE_SERIES_BATCH]
+                with begin() as conn:
+                    per_series = _source_chunks(conn, batch, kinds, source, t, t_next)
+                rows = []
+                for sid, chunks in per_series.items():
+                    for bucket_ms, c in lv.downsample(chunks, level).items():
+                        rows.append(_level_row(sid, kinds[sid], level, bucket_ms, c))
+                with begin() as conn:
+                    conn.execute(delete(SampleLevel).where(SampleLevel.series_id.in_(batch), SampleLevel.level == level,
+                                                           SampleLevel.bucket >= t, SampleLevel.bucket < t_next))
+                    if rows:
+                        conn.execute(insert(SampleLevel), rows)
+                written[level] += len(rows)
+            with begin() as conn:
+                moved = _set_progress(conn, level, t_next, expected=t if level in progress else None)
+            if not moved:
+                return written  # a late write reopened the level: the next round starts over from there
+            progress[level] = t_next
+            t = t_next
+        if level not in progress:
+            with begin() as conn:
+                _set_progress(conn, level, done)
+            progress[level] = done
+        source = level
+    return written
+
+
+def _earliest(conn: Connection, source: int | None) -> float | None:
+    if source is None:
+        values = [conn.scalar(select(func.min(HistogramSample.ts))), conn.scalar(select(func.min(ScalarSample.ts)))]
+    else:
+        values = [conn.scalar(select(func.min(SampleLevel.bucket)).where(SampleLevel.level == source))]
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _source_chunks(conn: Connection, batch: Sequence[int], kinds: dict[int, str], source: int | None,
+                   start: float, end: float) -> dict[int, list[lv.Chunk]]:
+    out: dict[int, list[lv.Chunk]] = defaultdict(list)
+    lo_ms, hi_ms = to_millis(start), to_millis(end)
+    if source is None:
+        for histogram in (True, False):
+            ids = [sid for sid in batch if (kinds[sid] == "histogram") == histogram]
+            if not ids:
+                continue
+            last: tuple[int, int] | None = None
+            for sid, ts, vector in _raw_rows(conn, ids, histogram, lo_ms, hi_ms, False):
+                ms = to_millis(ts)
+                if (sid, ms) != last:
+                    out[sid].append(lv.raw_chunk(ms, vector))
+                    last = (sid, ms)
+    else:
+        for sid, chunk in _level_rows(conn, batch, kinds, source, lo_ms, hi_ms, False):
+            out[sid].append(chunk)
+    return out
+
+
+def _level_row(sid: int, kind: str, level: int, bucket_ms: int, c: lv.Chunk) -> dict:
+    histogram = kind == "histogram"
+    encode = (lambda v: encode_snapshot(v[:-2], v[-2], v[-1])) if histogram else (lambda v: encode_value(v[0]))
+    gauge = kind == "gauge"
+    return {"series_id": sid, "level": level, "bucket": bucket_ms / 1000, "n": c.n, "first_ts": c.first_ms / 1000,
+            "first": encode(c.first), "last_ts": c.last_ms / 1000, "last": encode(c.last),
+            "resets": encode_resets(c.resets), "total": c.total if gauge else None, "peak": c.peak if gauge else None}
 
 
 def target_infos(session: Session, target_id: int) -> list[TargetInfo]:
@@ -406,16 +631,73 @@ def scrape_counts(session: Session, target_id: int, since: float) -> tuple[int, 
     return int(total), int(failed)
 
 
-def prune(session: Session, before: float) -> dict[str, int]:
-    """Delete samples and scrape records older than ``before`` (retention)."""
-    deleted = {}
-    for model in (HistogramSample, ScalarSample, Scrape):
-        result = session.execute(delete(model).where(model.ts < before))
-        deleted[model.__tablename__] = result.rowcount or 0
+def prune_records(session: Session, before: float) -> dict[str, int]:
+    """Delete dropped findings older than ``before`` (retention); the sample tables and the
+    scrape log are pruned by :func:`prune_samples`."""
     # findings that never became active are noise once they are old; real history stays
     result = session.execute(delete(FindingRow).where(FindingRow.state == "dropped", FindingRow.last_seen < before))
-    deleted["findings"] = result.rowcount or 0
+    return {"findings": result.rowcount or 0}
+
+
+#: SQLite pruning deletes at most this many rows per transaction, so a scrape batch waiting
+#: for the write lock waits for one such statement only (~10 ms on a slow disk).
+PRUNE_BATCH_ROWS = 2000
+
+
+def prune_samples(engine: Engine, before: float, raw_before: float,
+                  batch_rows: int = PRUNE_BATCH_ROWS) -> dict[str, int]:
+    """Retention of the sample tables and the scrape log: raw samples older than
+    ``raw_before``, downsampled levels and scrapes older than ``before``.
+
+    PostgreSQL drops whole day partitions (no row-by-row delete, no table scan, no vacuum
+    debt); rows of the current partly expired day stay until the day is over. SQLite deletes
+    in rowid order (rows are inserted in time order, so the oldest come first) in
+    transactions of ``batch_rows`` rows each, committing in between so the scrape writer
+    never waits for more than one batch. Returns rows (PostgreSQL: partitions) removed."""
+    from app.store import partitions
+
+    raw_before = min(raw_before, _raw_prune_limit(engine, raw_before))
+    cutoffs = {"histogram_samples": raw_before, "scalar_samples": raw_before, "sample_levels": before}
+    deleted: dict[str, int] = {}
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            for table, cutoff in cutoffs.items():
+                deleted[f"{table}_partitions"] = partitions.drop_before(conn, table, cutoff)
+            deleted["scrapes"] = conn.execute(delete(Scrape).where(Scrape.ts < before)).rowcount or 0
+    else:
+        for table, cutoff in (*cutoffs.items(), ("scrapes", before)):
+            column = "bucket" if table == "sample_levels" else "ts"
+            deleted[table] = _prune_in_batches(engine, table, column, cutoff, batch_rows)
+    with engine.begin() as conn:
+        _set_progress(conn, RAW_LEVEL, raw_before)
     return deleted
+
+
+def _raw_prune_limit(engine: Engine, wanted: float) -> float:
+    """Raw samples are never pruned before the finest level holds them."""
+    with engine.connect() as conn:
+        done = conn.scalar(select(LevelProgress.done_until).where(LevelProgress.level == lv.LEVELS[0]))
+    return wanted if done is None else min(wanted, done)
+
+
+def _prune_in_batches(engine: Engine, table: str, column: str, cutoff: float, batch_rows: int) -> int:
+    """SQLite: delete rows with ``column < cutoff`` walking the rowid order in batches; stops
+    at the first batch with nothing to delete (the rest is newer)."""
+    deleted, after = 0, 0  # rowids start at 1
+    while True:
+        with engine.begin() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT max(rowid), count(*) FROM (SELECT rowid FROM {table} WHERE rowid > ? "
+                f"ORDER BY rowid LIMIT ?)", (after, batch_rows)).one()
+            high, seen = rows
+            if not seen:
+                return deleted
+            n = conn.exec_driver_sql(f"DELETE FROM {table} WHERE rowid > ? AND rowid <= ? AND {column} < ?",
+                                     (after, high, cutoff)).rowcount
+        deleted += n
+        after = high
+        if n == 0:
+            return deleted
 
 
 def scrape_times(session: Session, target_id: int, start: float, end: float) -> list[float]:

@@ -16,14 +16,14 @@ from app.store.repository import DatabaseUnavailable, SampleWriter
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
 TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses",
           "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests",
-          "notification_log"}
+          "notification_log", "sample_levels", "level_progress"}
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0006"
+    assert db.current_revision(engine) == db.head_revision() == "0007"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
@@ -175,19 +175,33 @@ def test_one_bad_scrape_does_not_drop_the_batch(store) -> None:
 
 
 def test_prune_removes_only_old_rows(store) -> None:
+    """SQLite deletes rows older than the cut-off (in batches); PostgreSQL drops the day
+    partitions that ended before it, so rows of the cut-off's own day stay."""
     engine, sessions, target_id = store
-    t0 = 1_700_000_000.0
+    day = 86400.0
+    t0 = 1_700_006_400.0  # a UTC midnight
+    assert t0 % day == 0
     SampleWriter(engine).write([record(target_id, t0 + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(4)])
-    with sessions.begin() as session:
-        deleted = repository.prune(session, t0 + 150)
-    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2, "findings": 0}
+    SampleWriter(engine).write([record(target_id, t0 + day + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(2)])
+    retention.downsample(sessions, now=t0 + 2 * day)
+    deleted = retention.prune(sessions, 400.0, now=t0 + day + 450.0)  # cut-off: t0 + day + 50
+    assert deleted["scrapes"] == 5
+    if engine.dialect.name == "postgresql":
+        assert deleted["histogram_samples_partitions"] == deleted["scalar_samples_partitions"] == 1  # day one, whole
+        remaining = {t0 + day, t0 + day + 100}
+    else:
+        assert deleted["histogram_samples"] == 5 and deleted["scalar_samples"] == 10
+        remaining = {t0 + day + 100}
     with sessions() as session:
-        assert len(repository.scrape_log(session, target_id)) == 2
+        assert len(repository.scrape_log(session, target_id)) == 1
+        series = repository.find_series(session, [target_id], ["ttft"])
+        kept = repository.histogram_snapshots(session, [series[0].id], 0, 2 * t0)[series[0].id]
+    assert {p.ts for p in kept} == remaining
 
 
 def test_the_retention_round_prunes_the_store_and_the_tables_features_pass_in(store) -> None:
-    """One transaction: the store's tables and each feature's pruner (probe runs in the
-    service) get the same cut-off, ``now - retention``; rows deleted per table and name."""
+    """The store's tables and each feature's pruner (probe runs in the service) get the same
+    cut-off, ``now - retention``; rows deleted per table and name."""
     engine, sessions, target_id = store
     t0 = 1_700_000_000.0
     SampleWriter(engine).write([record(target_id, t0 + i * 100, (1.0,) * 5, 1.0, 1.0) for i in range(4)])
@@ -198,7 +212,7 @@ def test_the_retention_round_prunes_the_store_and_the_tables_features_pass_in(st
         return 7
 
     deleted = retention.prune(sessions, 250.0, now=t0 + 400, also={"extra": prune_extra})
-    assert deleted == {"histogram_samples": 2, "scalar_samples": 4, "scrapes": 2, "findings": 0, "extra": 7}
+    assert deleted["scrapes"] == 2 and deleted["findings"] == 0 and deleted["extra"] == 7
     assert cutoffs == [t0 + 150]
     with sessions() as session:
         assert len(repository.scrape_log(session, target_id)) == 2

@@ -1,0 +1,78 @@
+"""Binary row encoding of bucket counts (``histogram_samples.counts``, ``sample_levels``).
+
+Cumulative bucket counts of a real engine are whole numbers below 2**32, so they are
+stored as little-endian uint32 (4 bytes a count) behind a one-byte format tag; anything
+else (a fractional or negative count, NaN, more than 2**32) falls back to float64 (8
+bytes, exact). Measured against the comma-joined ``repr`` text this replaces (~13 bytes a
+count on a loaded engine's page) in the README's storage section. ``struct`` packs in C,
+so encoding costs less CPU at ingest than formatting the text did.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from functools import lru_cache
+
+UINT32 = b"I"
+FLOAT64 = b"d"
+_PAIR = struct.Struct("<dd")
+_ONE = struct.Struct("<d")
+_RESET = struct.Struct("<Id")
+
+
+@lru_cache(maxsize=256)
+def _codec(tag: bytes, n: int) -> struct.Struct:
+    return struct.Struct(f"<{n}{tag.decode()}")
+
+
+def encode_counts(counts: Sequence[float]) -> bytes:
+    """Counts as uint32 when every one is a whole number in range, float64 otherwise."""
+    n = len(counts)
+    try:
+        ints = tuple(map(int, counts))
+        if ints == tuple(counts):
+            return UINT32 + _codec(UINT32, n).pack(*ints)
+    except (ValueError, OverflowError, struct.error):
+        pass
+    return FLOAT64 + _codec(FLOAT64, n).pack(*counts)
+
+
+def decode_counts(blob: bytes) -> tuple[float, ...]:
+    """The counts of :func:`encode_counts` (uint32 ones come back as ints: same values)."""
+    if not blob:
+        return ()
+    tag = blob[:1]
+    width = 4 if tag == UINT32 else 8
+    if tag not in (UINT32, FLOAT64):
+        raise ValueError(f"unknown bucket count encoding {tag!r}")
+    return _codec(tag, (len(blob) - 1) // width).unpack_from(blob, 1)
+
+
+def encode_snapshot(counts: Sequence[float], total: float, count: float) -> bytes:
+    """A histogram snapshot in one blob: counts, then ``_sum`` and ``_count`` as float64."""
+    return encode_counts(counts) + _PAIR.pack(total, count)
+
+
+def decode_snapshot(blob: bytes) -> tuple[float, ...]:
+    """The vector ``counts + (sum, count)`` of :func:`encode_snapshot`."""
+    return decode_counts(blob[:-16]) + _PAIR.unpack_from(blob, len(blob) - 16)
+
+
+def encode_value(value: float) -> bytes:
+    return _ONE.pack(value)
+
+
+def decode_value(blob: bytes) -> tuple[float, ...]:
+    return _ONE.unpack(blob)
+
+
+def encode_resets(resets: Sequence[tuple[int, float]]) -> bytes | None:
+    """Counter resets inside an interval, in time order: (component, value before the drop)."""
+    return b"".join(_RESET.pack(i, v) for i, v in resets) if resets else None
+
+
+def decode_resets(blob: bytes | None) -> tuple[tuple[int, float], ...]:
+    if not blob:
+        return ()
+    return tuple(_RESET.iter_unpack(blob))
