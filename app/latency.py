@@ -252,26 +252,38 @@ def store_windows(session: Session, target_ids: Sequence[int], start: float, end
         return out
     if not target_ids:
         return {}
-    loaded = load_histograms(session, target_ids, signals, start, end)
-    scalar_series = repository.find_series(session, target_ids, (*GAUGE_SIGNALS, *COUNTER_SIGNALS))
-    points = repository.scalar_points(session, [s.id for s in scalar_series], start, end)
-    scrapes = repository.successful_scrape_counts(session, target_ids, start, end) if diagnosis else {}
-    infos = repository.infos_by_target(session, target_ids) if diagnosis else {}
-    histogram_series: dict[int, list[SeriesRef]] = defaultdict(list)
-    for ref in loaded.series:
-        histogram_series[ref.target_id].append(ref)
-    scalars_of: dict[int, list[SeriesRef]] = defaultdict(list)
-    for ref in scalar_series:
-        scalars_of[ref.target_id].append(ref)
+    stored = load_windows(session, target_ids, (*signals, *GAUGE_SIGNALS, *COUNTER_SIGNALS), start, end)
+    series_of: dict[int, list[SeriesRef]] = defaultdict(list)
+    for ref in stored.series:
+        series_of[ref.target_id].append(ref)
+    itl_of: dict[int, list[SeriesRef]] = defaultdict(list)
+    running_of: dict[int, list[SeriesRef]] = defaultdict(list)
+    itl = LoadedHistograms([], {})
+    points: dict[int, list[tuple[float, float]]] = {}
+    scrapes: dict[int, int] = {}
+    infos: dict = {}
+    if diagnosis:
+        # the per-interval ITL by batch reads raw samples (a diagnosis window is recent)
+        if "itl" in signals:
+            itl = load_histograms(session, target_ids, ("itl",), start, end)
+            running = repository.find_series(session, target_ids, ("running",))
+            points = repository.scalar_points(session, [s.id for s in running], start, end)
+            for ref in itl.series:
+                itl_of[ref.target_id].append(ref)
+            for ref in running:
+                running_of[ref.target_id].append(ref)
+        scrapes = repository.successful_scrape_counts(session, target_ids, start, end)
+        infos = repository.infos_by_target(session, target_ids)
     out = {}
     for target_id in target_ids:
-        own = LoadedHistograms(histogram_series.get(target_id, []), loaded.snapshots)
-        own_scalars = scalars_of.get(target_id, [])
-        window = TargetWindow(start, end, overall=_model_window(own, own_scalars, points, start, end, None))
-        for model in sorted({s.model for s in own.series} | {s.model for s in own_scalars}):
-            window.models[model] = _model_window(own, own_scalars, points, start, end, model)
-            if diagnosis:
-                window.models[model].itl_intervals = _itl_intervals(own, own_scalars, points, model, start, end)
+        own = StoredWindows(series_of.get(target_id, []), stored.timelines)
+        window = TargetWindow(start, end, overall=_model_window(own, start, end, None))
+        for model in sorted({s.model for s in own.series}):
+            window.models[model] = _model_window(own, start, end, model)
+            if diagnosis and "itl" in signals:
+                window.models[model].itl_intervals = _itl_intervals(
+                    LoadedHistograms(itl_of.get(target_id, []), itl.snapshots), running_of.get(target_id, []),
+                    points, model, start, end)
         if diagnosis:
             window.scrapes = scrapes.get(target_id, 0)
             window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels)) for i in infos.get(target_id, [])]
