@@ -10,6 +10,10 @@ and schedules each periodic round, which lives in its feature as a plain functio
 * :func:`app.alerts.rounds.evaluate_alerts` - the alerting round,
 * :func:`app.probe.canary.sync_canaries` - one canary job per target that enables it.
 
+With more than one replica (:mod:`app.replicas`) each one scrapes (and runs the canaries
+of) only the targets it owns, re-read every heartbeat, and only the leader runs the
+diagnosis, alert and retention rounds and delivers notifications.
+
 Nothing is created at import time: ``create_app(settings)`` is cheap and a test can
 build as many isolated apps as it likes. The Monitor is the typed state the routes reach
 through ``app.state.monitor`` (:mod:`app.api.deps`).
@@ -21,14 +25,15 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import IO
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import scheduling, summaries
+from app import replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -73,6 +78,14 @@ class Monitor:
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
+        replica_id = settings.replica_id or replicas.default_replica_id()
+        self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
+        self.lease = replicas.Lease(self.sessions, replica_id, settings.replica_expiry)
+        self.leader_sessions = self.lease.fenced_sessions(self.sessions)  # leader rounds' transactions
+        self.ownership = replicas.Ownership(replica_id, 1.5 * settings.replica_heartbeat)
+        self._replica_tasks: list[asyncio.Task[None]] = []
+        self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
+        self._canaries_for: frozenset[str] | None = None
 
     @property
     def external_url(self) -> str:
@@ -87,6 +100,8 @@ class Monitor:
         (``llm-latency db upgrade``), so a rollout never migrates by surprise."""
         url = self.settings.effective_database_url
         if self.engine.dialect.name == "sqlite":
+            if self._sqlite_lock is None:  # one process per SQLite file, refused before it migrates
+                self._sqlite_lock = replicas.lock_sqlite_file(url, self.membership.id)
             db.upgrade(url)
             return
         head = db.head_revision()
@@ -123,13 +138,57 @@ class Monitor:
             ]
 
     async def reload_targets(self) -> None:
+        """Scrape (and run the canaries of) the targets this replica owns, as of now."""
         specs = await asyncio.to_thread(self.target_specs)
-        self.scraping.sync_targets(specs)
-        await self._sync_canaries()
+        owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
+        self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
+        if self._canaries_for != frozenset(owned):  # re-adding a job restarts its interval: only on change
+            await self._sync_canaries()
 
     async def _sync_canaries(self) -> None:
         wanted = await asyncio.to_thread(canary.canary_configs, self.sessions)
+        owned = frozenset(self.ownership.owned)
+        wanted = {name: config for name, config in wanted.items() if name in owned}
         canary.sync_canaries(self.scheduler, self.sessions, wanted, on_result=self.telemetry.probes.observe)
+        self._canaries_for = owned
+
+    async def _heartbeat_loop(self) -> None:
+        """Every ``replica_heartbeat``: renew this replica's heartbeat, re-read the targets and
+        the live replicas, and scrape what this replica owns now (sooner when a hand-over is due)."""
+        while True:
+            try:
+                await asyncio.to_thread(self.membership.beat)
+                await self.reload_targets()
+            except Exception:
+                log.exception("replica heartbeat failed")
+            delay = self.settings.replica_heartbeat
+            handover = self.ownership.next_change_at()
+            if handover is not None:
+                delay = min(delay, max(0.05, handover - time.time()))
+            await asyncio.sleep(delay)
+
+    async def _lease_loop(self) -> None:
+        """Renew (or try to take) the leader lease every heartbeat, apart from the heartbeat
+        itself: a renewal waits for a leader round's transaction, a heartbeat never should."""
+        while True:
+            try:
+                await asyncio.to_thread(self.lease.renew)
+            except Exception:
+                log.exception("renewing the leader lease failed")
+            await asyncio.sleep(self.settings.replica_heartbeat)
+
+    def _leader_only(self, func: Callable[[sessionmaker[Session]], object]) -> Callable[[], object]:
+        """A round only the lease holder runs, every transaction of it fenced by the lease."""
+        def run() -> object:
+            if not self.lease.held:
+                return None
+            try:
+                return func(self.leader_sessions)
+            except replicas.NotLeader as exc:
+                log.info("round stopped: %s", exc)
+                return None
+        run.__name__ = getattr(func, "__name__", "leader_round")
+        return run
 
     def _engine_detected(self, target_id: int, engine: str) -> None:
         def store() -> None:
@@ -153,9 +212,10 @@ class Monitor:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
                                     sources=self.sources)
 
-    def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
-        return diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis, now,
-                                                   sources=self.sources)
+    def evaluate_diagnoses(self, now: float | None = None,
+                           sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:
+        return diagnosis_rounds.evaluate_diagnoses(sessions or self.sessions, self.diagnosis_config,
+                                                   self.telemetry.diagnosis, now, sources=self.sources)
 
     def next_diagnosis_at(self) -> float:
         """When the next diagnosis round starts (unix seconds), so the status page can tell a
@@ -164,9 +224,9 @@ class Monitor:
         next_run = scheduling.next_run_at(self.scheduler, scheduling.DIAGNOSIS_JOB)
         return next_run if next_run is not None else self.started_at + self.diagnosis_config.interval
 
-    def evaluate_alerts(self, now: float | None = None) -> dict[str, int]:
+    def evaluate_alerts(self, now: float | None = None, sessions: sessionmaker[Session] | None = None) -> dict[str, int]:
         generator = (self.settings.public_url.rstrip("/") or f"http://{self.settings.host}:{self.settings.port}")
-        return alert_rounds.evaluate_alerts(self.sessions, self.alerts_config,
+        return alert_rounds.evaluate_alerts(sessions or self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
                                             now=now, sources=self.sources)
@@ -177,7 +237,8 @@ class Monitor:
     async def _delivery_loop(self) -> None:
         while True:
             try:
-                await self.delivery.run_once()
+                if self.lease.held:  # the outbox's row claims keep a second sender off a row anyway
+                    await self.delivery.run_once()
             except Exception:
                 log.exception("delivering notifications failed")
             await asyncio.sleep(self.settings.delivery_interval)
@@ -188,30 +249,43 @@ class Monitor:
             await asyncio.to_thread(self.load_config_targets)
         except BaseException:
             self.engine.dispose()  # refuse to start without leaking connections
+            if self._sqlite_lock is not None:
+                self._sqlite_lock.close()
+                self._sqlite_lock = None
             raise
+        await asyncio.to_thread(self.membership.beat)
+        await asyncio.to_thread(self.lease.renew)
         self.scheduler.start()
-        await self.scraping.start(await asyncio.to_thread(self.target_specs))
+        await self.scraping.start([])
+        await self.reload_targets()
         await self.discovery.start(self.scheduler)
         s = self.settings
-        prune = functools.partial(retention.prune, self.sessions, s.retention,
-                                  also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
-        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval)
+
+        def prune_round(sessions: sessionmaker[Session]) -> object:
+            return retention.prune(sessions, s.retention,
+                                   also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
+
+        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, self._leader_only(prune_round), s.prune_interval)
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval)
-        scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB, self.evaluate_diagnoses,
+        scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB,
+                             self._leader_only(lambda sessions: self.evaluate_diagnoses(sessions=sessions)),
                              self.diagnosis_config.interval)
-        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB, self.evaluate_alerts, s.alert_interval)
-        await self._sync_canaries()
+        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
+                             self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
+                             s.alert_interval)
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
+        self._replica_tasks = [asyncio.create_task(self._heartbeat_loop(), name="replica-heartbeat"),
+                               asyncio.create_task(self._lease_loop(), name="leader-lease")]
 
     async def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.pause()  # no new round or scrape starts while the rest winds down
         await self.probe_jobs.shutdown()  # running probes record their cancellation
-        if self._delivery_task is not None:
-            self._delivery_task.cancel()
+        for task in [*self._replica_tasks, *([self._delivery_task] if self._delivery_task else [])]:
+            task.cancel()
             try:
-                await self._delivery_task
+                await task
             except asyncio.CancelledError:
                 pass
         await self.delivery.close()
@@ -220,7 +294,16 @@ class Monitor:
         await self.discovery.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self._replica_tasks:  # started: hand targets and the lease over now, not after the expiry
+            try:
+                await asyncio.to_thread(self.lease.release)
+                await asyncio.to_thread(self.membership.leave)
+            except Exception:
+                log.exception("leaving the replicas table failed (the others take over after the expiry)")
         self.engine.dispose()
+        if self._sqlite_lock is not None:
+            self._sqlite_lock.close()
+            self._sqlite_lock = None
 
 
 @asynccontextmanager
