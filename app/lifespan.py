@@ -224,7 +224,8 @@ class Monitor:
         next_run = scheduling.next_run_at(self.scheduler, scheduling.DIAGNOSIS_JOB)
         return next_run if next_run is not None else self.started_at + self.diagnosis_config.interval
 
-    def evaluate_alerts(self, now: float | None = None, sessions: sessionmaker[Session] | None = None) -> dict[str, int]:
+    def evaluate_alerts(self, now: float | None = None,
+                        sessions: sessionmaker[Session] | None = None) -> dict[str, int]:
         generator = (self.settings.public_url.rstrip("/") or f"http://{self.settings.host}:{self.settings.port}")
         return alert_rounds.evaluate_alerts(sessions or self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",

@@ -259,7 +259,7 @@ def lock_sqlite_file(url: str, replica_id: str) -> IO[str] | None:
         return None
     path = Path(parsed.database + ".replica-lock")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the life of the process
+    handle = open(path, "a+")  # held open for the life of the process
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
