@@ -101,6 +101,13 @@ class Ownership:
             if target in self.owned:
                 owned.add(target)
                 continue
+            if target in self.waiting:  # a hand-over in progress
+                if now >= self.waiting[target]:
+                    owned.add(target)
+                    taken_over.add(target)
+                else:
+                    waiting[target] = self.waiting[target]
+                continue
             before = owner(target, previous)
             if before is None or before == self.me:
                 owned.add(target)  # new target, or first start with nobody else: the usual spread offset
@@ -108,12 +115,7 @@ class Ownership:
                 owned.add(target)  # its replica is dead or gone: scrape it now
                 taken_over.add(target)
             else:
-                due = self.waiting.get(target, now + self.handover)
-                if now >= due:
-                    owned.add(target)
-                    taken_over.add(target)
-                else:
-                    waiting[target] = due
+                waiting[target] = now + self.handover  # its owner drops it at its next heartbeat
         self.owned, self.waiting, self._previous = owned, waiting, tuple(sorted(live_set))
         return owned, taken_over
 
