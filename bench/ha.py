@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -48,7 +49,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import yaml
@@ -123,15 +124,18 @@ class Receiver:
         self._server.server_close()
 
 
-def _read_line(stream: Any, want: Callable[[str], bool], timeout: float, what: str) -> str:
-    """The first line of ``stream`` for which ``want`` is true, within ``timeout`` seconds."""
+def _read_line(stream: Any, want: Callable[[str], bool], timeout: float, what: str) -> tuple[str, threading.Thread]:
+    """The first line of ``stream`` for which ``want`` is true, within ``timeout`` seconds, and
+    the thread that keeps reading the stream (so the child never blocks on a full pipe)
+    until it ends."""
     lines: queue.Queue[str] = queue.Queue()
 
     def pump() -> None:
         for line in stream:
             lines.put(line)
         lines.put("")
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -143,8 +147,18 @@ def _read_line(stream: Any, want: Callable[[str], bool], timeout: float, what: s
             break
         seen.append(line)
         if want(line):
-            return line
+            return line, reader
     raise RuntimeError(f"{what} did not start within {timeout:g}s: {''.join(seen)[-2000:]}")
+
+
+def _reap(proc: subprocess.Popen[str], reader: threading.Thread | None, *files: IO[str]) -> None:
+    """After ``proc`` exited: let its stdout reader finish, close what was opened for it."""
+    if reader is not None:
+        reader.join(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    for f in files:
+        f.close()
 
 
 @dataclass
@@ -153,6 +167,11 @@ class Replica:
     proc: subprocess.Popen[str]
     url: str
     log: Path
+    reader: threading.Thread
+    log_file: IO[str]
+
+    def reap(self) -> None:
+        _reap(self.proc, self.reader, self.log_file)
 
     def scrapes(self) -> dict[str, float]:
         """Scrape attempts per target this process made (its ``llm_latency_scrapes_total``)."""
@@ -189,7 +208,9 @@ class Cluster:
         self.receiver = Receiver(self.hold)
         self._pages = subprocess.Popen([sys.executable, str(ROOT / "bench" / "page_server.py"), str(PAGE)],
                                        stdout=subprocess.PIPE, text=True)
-        port = int(_read_line(self._pages.stdout, lambda s: s.startswith("PORT "), 30, "the page server").split()[1])
+        line, self._pages_reader = _read_line(self._pages.stdout, lambda s: s.startswith("PORT "), 30,
+                                              "the page server")
+        port = int(line.split()[1])
         base = f"http://127.0.0.1:{port}"
         self.targets = {f"up-{i:04d}": f"{base}/t/{i}/metrics" for i in range(self.up)}
         self.targets.update({f"down-{i:03d}": f"{base}/down/{i}/metrics" for i in range(self.down)})
@@ -223,17 +244,19 @@ class Cluster:
 
     def start(self, replica_id: str) -> Replica:
         log = self.workdir / f"{replica_id}.log"
+        log_file = open(log, "w")  # the child's stderr
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(self.config),
                                  "--port", "0"], env=self.env(replica_id), stdout=subprocess.PIPE,
-                                stderr=open(log, "w"), text=True)  # the child's stderr
+                                stderr=log_file, text=True)
         try:
-            line = _read_line(proc.stdout, lambda s: "LLM Latency Monitor on http://" in s, 90, replica_id)
+            line, reader = _read_line(proc.stdout, lambda s: "LLM Latency Monitor on http://" in s, 90, replica_id)
         except RuntimeError as exc:
             proc.kill()
             proc.wait()
+            _reap(proc, None, log_file)
             raise RuntimeError(f"{exc}\n{log.read_text()[-3000:]}") from None
         url = line.split(" on ", 1)[1].split()[0]
-        replica = Replica(replica_id, proc, url, log)
+        replica = Replica(replica_id, proc, url, log, reader, log_file)
         self.replicas[replica_id] = replica
         self.started.append(replica_id)
         return replica
@@ -255,6 +278,7 @@ class Cluster:
         at = time.time()
         os.kill(replica.proc.pid, signal.SIGKILL)
         replica.proc.wait(30)
+        replica.reap()
         return at
 
     def close(self) -> None:
@@ -266,8 +290,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 replica.proc.kill()
                 replica.proc.wait()
+            replica.reap()
         self._pages.terminate()
         self._pages.wait(10)
+        _reap(self._pages, self._pages_reader)
         self.receiver.close()
         self.db.dispose()
 
@@ -399,7 +425,7 @@ def run_on(args: argparse.Namespace, database_url: str) -> None:
             # a new alert just before the kill: its notification is in flight (held by the receiver)
             # when the leader is the victim
             cluster.add_down_target(f"down-late-{k}")
-            cluster.wait_for(lambda k=k: cluster.told(f"down-late-{k}"), 60, "the new alert's notification sent")
+            cluster.wait_for(functools.partial(cluster.told, f"down-late-{k}"), 60, "the new alert's notification sent")
             at = cluster.kill(victim)
             kills.append((victim, at, victim == leader))
             time.sleep(bound + args.interval)  # the survivors take over
