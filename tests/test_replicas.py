@@ -106,7 +106,8 @@ def test_leader_lease_takeover_and_fencing_on_postgresql() -> None:
             thread.join(30)
             assert result == {"a": True} and a.token == 3
             b.release()  # not the holder any more: leaves a's lease alone
-            assert a.current() is not None and a.current().holder == "r-a"  # type: ignore[union-attr]
+            current = a.current()
+            assert current is not None and current.holder == "r-a"
             a.release()
             assert b.renew() and b.token == 4  # a released lease is taken at once
         finally:
