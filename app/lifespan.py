@@ -26,8 +26,9 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import IO
+from typing import IO, TypeVar
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
@@ -51,6 +52,7 @@ from app.store import db, repository, retention
 from app.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Monitor:
@@ -84,6 +86,7 @@ class Monitor:
         self.leader_sessions = self.lease.fenced_sessions(self.sessions)  # leader rounds' transactions
         self.ownership = replicas.Ownership(replica_id, 1.5 * settings.replica_heartbeat)
         self._replica_tasks: list[asyncio.Task[None]] = []
+        self._replica_threads = ThreadPoolExecutor(2, thread_name_prefix="replica")
         self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
         self._canaries_for: frozenset[str] | None = None
 
@@ -139,7 +142,7 @@ class Monitor:
 
     async def reload_targets(self) -> None:
         """Scrape (and run the canaries of) the targets this replica owns, as of now."""
-        specs = await asyncio.to_thread(self.target_specs)
+        specs = await self._in_replica_thread(self.target_specs)
         owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
         self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
         if self._canaries_for != frozenset(owned):  # re-adding a job restarts its interval: only on change
@@ -157,7 +160,7 @@ class Monitor:
         the live replicas, and scrape what this replica owns now (sooner when a hand-over is due)."""
         while True:
             try:
-                await asyncio.to_thread(self.membership.beat)
+                await self._in_replica_thread(self.membership.beat)
                 await self.reload_targets()
             except Exception:
                 log.exception("replica heartbeat failed")
@@ -172,10 +175,15 @@ class Monitor:
         itself: a renewal waits for a leader round's transaction, a heartbeat never should."""
         while True:
             try:
-                await asyncio.to_thread(self.lease.renew)
+                await self._in_replica_thread(self.lease.renew)
             except Exception:
                 log.exception("renewing the leader lease failed")
             await asyncio.sleep(self.settings.replica_heartbeat)
+
+    async def _in_replica_thread(self, func: Callable[[], T]) -> T:
+        """Heartbeats and lease renewals get threads of their own: rounds that fill the
+        default pool must not make this replica look dead or lose its lease."""
+        return await asyncio.get_running_loop().run_in_executor(self._replica_threads, func)
 
     def _leader_only(self, func: Callable[[sessionmaker[Session]], object]) -> Callable[[], object]:
         """A round only the lease holder runs, every transaction of it fenced by the lease."""
@@ -254,8 +262,11 @@ class Monitor:
                 self._sqlite_lock.close()
                 self._sqlite_lock = None
             raise
-        await asyncio.to_thread(self.membership.beat)
-        await asyncio.to_thread(self.lease.renew)
+        await self._in_replica_thread(self.membership.beat)
+        try:
+            await self._in_replica_thread(self.lease.renew)
+        except Exception:  # e.g. the lease row is locked by a commit: the lease loop tries again
+            log.exception("taking the leader lease failed")
         self.scheduler.start()
         await self.scraping.start([])
         await self.reload_targets()
@@ -297,10 +308,11 @@ class Monitor:
             self.scheduler.shutdown(wait=False)
         if self._replica_tasks:  # started: hand targets and the lease over now, not after the expiry
             try:
-                await asyncio.to_thread(self.lease.release)
-                await asyncio.to_thread(self.membership.leave)
+                await self._in_replica_thread(self.lease.release)
+                await self._in_replica_thread(self.membership.leave)
             except Exception:
                 log.exception("leaving the replicas table failed (the others take over after the expiry)")
+        self._replica_threads.shutdown(wait=False)
         self.engine.dispose()
         if self._sqlite_lock is not None:
             self._sqlite_lock.close()

@@ -19,10 +19,12 @@
   token, expiry) and runs what must happen once per fleet: the diagnosis and alert rounds,
   notification delivery and retention. The lease lasts ``replica_expiry`` and is renewed
   every heartbeat; an expired lease is taken over with the token incremented. Every
-  transaction of a leader round first takes a shared row lock on the lease and checks it
-  still holds it with its token (:meth:`Lease.fence`): a takeover's ``UPDATE`` waits for a
-  round of the old leader that is still writing, and a deposed leader's next transaction
-  fails instead of writing, so two rounds never interleave their alert state.
+  transaction of a leader round, just before it commits, takes a shared row lock on the
+  lease and checks this replica still holds it with its token (:meth:`Lease.fence`): a
+  takeover's ``UPDATE`` waits for a commit of the old leader in progress, and a deposed
+  leader's transaction is rolled back instead of committed, so two leaders never both
+  write alert state or notifications. The lock is held only for the commit, so a long
+  round never delays a renewal or a takeover.
 * **SQLite** serves one replica: :func:`lock_sqlite_file` takes an exclusive lock on a file
   next to the database and refuses to start a second process on it, naming the holder.
 """
@@ -40,7 +42,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import delete, event, select
+from sqlalchemy import delete, event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -188,6 +190,8 @@ class Lease:
         now = self.clock()
         try:
             with self.sessions.begin() as session:
+                if session.get_bind().dialect.name == "postgresql":  # never wait long for a committing round
+                    session.execute(text(f"SET LOCAL lock_timeout = '{max(100, int(self.ttl * 200))}ms'"))
                 row = session.get(LeaseRow, self.name, with_for_update=True)
                 if row is None:
                     row = LeaseRow(name=self.name, holder=self.holder, token=1, expires_at=now + self.ttl)
@@ -229,8 +233,8 @@ class Lease:
             return row
 
     def fence(self, connection: Any) -> None:
-        """First statement of every transaction of a leader round: share-lock the lease row
-        (a takeover waits for this transaction) and check this replica still holds it."""
+        """Last statement before a leader round's commit: share-lock the lease row (a takeover
+        waits for this commit) and check this replica still holds it, else raise (rollback)."""
         table = LeaseRow.__table__
         query = select(table.c.holder, table.c.token, table.c.expires_at).where(table.c.name == self.name)
         if connection.dialect.name == "postgresql":
@@ -241,12 +245,13 @@ class Lease:
                             f"(token {self.token}, lease now {tuple(row) if row else 'absent'})")
 
     def fenced_sessions(self, sessions: sessionmaker[Session]) -> sessionmaker[Session]:
-        """A sessionmaker like ``sessions`` whose every transaction starts with :meth:`fence`."""
+        """A sessionmaker like ``sessions`` whose every commit is preceded by :meth:`fence`
+        (reads need no fence: only what a deposed leader would write does harm)."""
         fenced: sessionmaker[Session] = sessionmaker(sessions.kw["bind"], expire_on_commit=False)
 
-        @event.listens_for(fenced, "after_begin")
-        def _fence(session: Session, transaction: Any, connection: Any) -> None:
-            self.fence(connection)
+        @event.listens_for(fenced, "before_commit")
+        def _fence(session: Session) -> None:
+            self.fence(session.connection())
 
         return fenced
 

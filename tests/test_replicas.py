@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from app import replicas
 from app.replicas import Lease, NotLeader, Ownership, SecondReplicaRefused, lock_sqlite_file, owner
@@ -83,28 +83,25 @@ def test_leader_lease_takeover_and_fencing_on_postgresql() -> None:
             clock["now"] += 2.0
             assert a.renew() and a.token == 1  # renewed, same token
             fenced_a = a.fenced_sessions(sessions)
-            with fenced_a() as session:  # the holder's transactions pass the fence
-                assert session.scalars(select(Target)).all() == []
+            with fenced_a.begin() as session:  # the holder's commits pass the fence
+                session.add(Target(name="written-by-the-leader", url="http://127.0.0.1:1/metrics", created_at=1.0,
+                                   updated_at=1.0))
             clock["now"] += 3.5  # a missed its renewals: b takes over with the next token
             assert b.renew() and b.token == 2
             assert not a.renew() and a.token is None and not a.held
             with pytest.raises(NotLeader, match="r-a no longer holds the leader lease"):
                 with fenced_a.begin() as session:
-                    session.add(Target(name="written-by-a-deposed-leader", url="http://127.0.0.1:1/metrics"))
-            with sessions() as session:
-                assert session.scalars(select(Target)).all() == []  # nothing of the deposed leader was written
-            # a takeover waits for a round of the holder that is still writing (row lock on the lease)
-            fenced_b = b.fenced_sessions(sessions)
-            result: dict[str, bool] = {}
-            with fenced_b.begin() as session:
-                session.execute(select(Target))  # the fence holds FOR SHARE on the lease row
+                    session.add(Target(name="written-by-a-deposed-leader", url="http://127.0.0.1:1/metrics",
+                                       created_at=1.0, updated_at=1.0))
+            with sessions() as session:  # nothing of the deposed leader was written
+                assert session.scalars(select(Target.name)).all() == ["written-by-the-leader"]
+            # a takeover waits for a commit of the holder in progress (the fence's row lock)
+            with sessions.begin() as session:
+                b.fence(session.connection())  # what a fenced commit does first: FOR SHARE on the lease row
                 clock["now"] += 10.0  # b's lease has expired meanwhile; a tries to take over
-                thread = threading.Thread(target=lambda: result.setdefault("a", a.renew()))
-                thread.start()
-                thread.join(1.0)
-                assert thread.is_alive() and "a" not in result  # blocked by b's open transaction
-            thread.join(30)
-            assert result == {"a": True} and a.token == 3
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    a.renew()  # waits (lock_timeout: a fraction of the lease) instead of overtaking the commit
+            assert a.renew() and a.token == 3  # b's commit is over
             b.release()  # not the holder any more: leaves a's lease alone
             current = a.current()
             assert current is not None and current.holder == "r-a"
