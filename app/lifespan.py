@@ -22,11 +22,12 @@ through ``app.state.monitor`` (:mod:`app.api.deps`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import IO, TypeVar
 
@@ -42,6 +43,7 @@ from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import rounds as diagnosis_rounds
 from app.probe import canary
 from app.probe import repository as probe_repository
+from app.probe.canary import CanaryConfig
 from app.probe.jobs import ProbeJobs
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
 from app.scrape.discovery import DiscoveryService
@@ -85,10 +87,11 @@ class Monitor:
         self.lease = replicas.Lease(self.sessions, replica_id, settings.replica_expiry)
         self.leader_sessions = self.lease.fenced_sessions(self.sessions)  # leader rounds' transactions
         self.ownership = replicas.Ownership(replica_id, 1.5 * settings.replica_heartbeat)
-        self._replica_tasks: list[asyncio.Task[None]] = []
-        self._replica_threads = ThreadPoolExecutor(2, thread_name_prefix="replica")
+        self._replica_threads_started: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._replica_threads = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="replica")
         self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
-        self._canaries_for: frozenset[str] | None = None
+        self._canaries: dict[str, tuple[TargetSpec, CanaryConfig]] | None = None  # as last scheduled
 
     @property
     def external_url(self) -> str:
@@ -145,44 +148,59 @@ class Monitor:
         specs = await self._in_replica_thread(self.target_specs)
         owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
         self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
-        if self._canaries_for != frozenset(owned):  # re-adding a job restarts its interval: only on change
-            await self._sync_canaries()
+        await self._sync_canaries()
 
     async def _sync_canaries(self) -> None:
-        wanted = await asyncio.to_thread(canary.canary_configs, self.sessions)
-        owned = frozenset(self.ownership.owned)
-        wanted = {name: config for name, config in wanted.items() if name in owned}
-        canary.sync_canaries(self.scheduler, self.sessions, wanted, on_result=self.telemetry.probes.observe)
-        self._canaries_for = owned
+        """The canary jobs of the owned targets that enable one; only when they changed, since
+        re-adding a job restarts its interval (this runs every heartbeat)."""
+        configs = await self._in_replica_thread(functools.partial(canary.canary_configs, self.sessions))
+        owned = self.ownership.owned
+        wanted = {name: config for name, config in configs.items() if name in owned}
+        if wanted != self._canaries:
+            canary.sync_canaries(self.scheduler, self.sessions, wanted, on_result=self.telemetry.probes.observe)
+            self._canaries = wanted
 
-    async def _heartbeat_loop(self) -> None:
-        """Every ``replica_heartbeat``: renew this replica's heartbeat, re-read the targets and
-        the live replicas, and scrape what this replica owns now (sooner when a hand-over is due)."""
+    def _heartbeat_main(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The heartbeat thread: every ``replica_heartbeat`` renew this replica's heartbeat and
+        have the event loop re-read the targets and the live replicas and scrape what this
+        replica owns now (sooner when a hand-over is due). A thread, not a task: a busy event
+        loop (hundreds of pages to parse) is late with its scrapes but still alive, and must
+        not look dead to the others, who would then scrape its targets too."""
+        pending: concurrent.futures.Future[None] | None = None
         while True:
             try:
-                await self._in_replica_thread(self.membership.beat)
-                await self.reload_targets()
+                self.membership.beat()
             except Exception:
                 log.exception("replica heartbeat failed")
+            if pending is None or pending.done():  # never queue a second reload behind a slow one
+                pending = asyncio.run_coroutine_threadsafe(self._reload_logged(), loop)
             delay = self.settings.replica_heartbeat
             handover = self.ownership.next_change_at()
             if handover is not None:
                 delay = min(delay, max(0.05, handover - time.time()))
-            await asyncio.sleep(delay)
+            if self._stopping.wait(delay):
+                return
 
-    async def _lease_loop(self) -> None:
-        """Renew (or try to take) the leader lease every heartbeat, apart from the heartbeat
-        itself: a renewal waits for a leader round's transaction, a heartbeat never should."""
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload_targets()
+        except Exception:
+            log.exception("updating the owned targets failed")
+
+    def _lease_main(self) -> None:
+        """The lease thread: renew (or try to take) the leader lease every heartbeat, apart
+        from the heartbeat itself (a renewal may wait a moment for a leader round's commit)."""
         while True:
             try:
-                await self._in_replica_thread(self.lease.renew)
+                self.lease.renew()
             except Exception:
                 log.exception("renewing the leader lease failed")
-            await asyncio.sleep(self.settings.replica_heartbeat)
+            if self._stopping.wait(self.settings.replica_heartbeat):
+                return
 
     async def _in_replica_thread(self, func: Callable[[], T]) -> T:
-        """Heartbeats and lease renewals get threads of their own: rounds that fill the
-        default pool must not make this replica look dead or lose its lease."""
+        """Ownership updates read the database in threads of their own: rounds that fill the
+        default pool must not hold up a hand-over."""
         return await asyncio.get_running_loop().run_in_executor(self._replica_threads, func)
 
     def _leader_only(self, func: Callable[[sessionmaker[Session]], object]) -> Callable[[], object]:
@@ -287,17 +305,22 @@ class Monitor:
                              s.alert_interval)
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
-        self._replica_tasks = [asyncio.create_task(self._heartbeat_loop(), name="replica-heartbeat"),
-                               asyncio.create_task(self._lease_loop(), name="leader-lease")]
+        self._replica_threads_started = [
+            threading.Thread(target=self._heartbeat_main, args=(asyncio.get_running_loop(),), daemon=True,
+                             name="replica-heartbeat"),
+            threading.Thread(target=self._lease_main, daemon=True, name="leader-lease")]
+        for thread in self._replica_threads_started:
+            thread.start()
 
     async def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.pause()  # no new round or scrape starts while the rest winds down
         await self.probe_jobs.shutdown()  # running probes record their cancellation
-        for task in [*self._replica_tasks, *([self._delivery_task] if self._delivery_task else [])]:
-            task.cancel()
+        self._stopping.set()
+        if self._delivery_task is not None:
+            self._delivery_task.cancel()
             try:
-                await task
+                await self._delivery_task
             except asyncio.CancelledError:
                 pass
         await self.delivery.close()
@@ -306,7 +329,9 @@ class Monitor:
         await self.discovery.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
-        if self._replica_tasks:  # started: hand targets and the lease over now, not after the expiry
+        if self._replica_threads_started:  # started: hand targets and the lease over now, not after the expiry
+            for thread in self._replica_threads_started:
+                await asyncio.to_thread(thread.join, 30)
             try:
                 await self._in_replica_thread(self.lease.release)
                 await self._in_replica_thread(self.membership.leave)

@@ -272,6 +272,15 @@ class Cluster:
         """Whether a notification about ``target`` reached the receiver (answered or still held)."""
         return any(target in d.targets for d in self.receiver.deliveries())
 
+    def stop(self, replica_id: str) -> float:
+        """SIGTERM (a rolling update's stop): the replica leaves cleanly; returns when it was sent."""
+        replica = self.replicas.pop(replica_id)
+        at = time.time()
+        replica.proc.terminate()
+        replica.proc.wait(60)
+        replica.reap()
+        return at
+
     def kill(self, replica_id: str) -> float:
         """SIGKILL by PID; returns when it was sent."""
         replica = self.replicas.pop(replica_id)

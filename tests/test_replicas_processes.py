@@ -64,7 +64,7 @@ def assert_shared_without_overlap(c: Cluster) -> None:
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("cluster", [(24, 0)], indirect=True)
-def test_three_replicas_share_targets_rebalance_on_kill_and_join(cluster: Cluster) -> None:
+def test_three_replicas_share_targets_rebalance_on_kill_join_and_stop(cluster: Cluster) -> None:
     c = cluster
     for r in ("r0", "r1", "r2"):
         c.start(r)
@@ -85,6 +85,12 @@ def test_three_replicas_share_targets_rebalance_on_kill_and_join(cluster: Cluste
     assert_shared_without_overlap(c)
     longest = gaps(c.scrape_times(joined_at - 2 * INTERVAL), joined_at - INTERVAL, time.time())
     assert max(longest.values()) <= ALLOWED, longest
+    stopped_at = c.stop("r0")  # a rolling update stops a replica: it leaves at once, no expiry to wait for
+    assert "r0" not in c.live()
+    settle(c, 2)
+    assert_shared_without_overlap(c)
+    longest = gaps(c.scrape_times(stopped_at - 2 * INTERVAL), stopped_at - INTERVAL, time.time())
+    assert max(longest.values()) <= 2 * INTERVAL + 3 * HEARTBEAT + 2 * INTERVAL, longest  # no expiry in the bound
 
 
 @pytest.mark.postgres
