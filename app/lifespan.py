@@ -10,6 +10,10 @@ and schedules each periodic round, which lives in its feature as a plain functio
 * :func:`app.alerts.rounds.evaluate_alerts` - the alerting round,
 * :func:`app.probe.canary.sync_canaries` - one canary job per target that enables it.
 
+With more than one replica (:mod:`app.replicas`) each one scrapes (and runs the canaries
+of) only the targets it owns, re-read every heartbeat, and only the leader runs the
+diagnosis, alert and retention rounds and delivers notifications.
+
 Nothing is created at import time: ``create_app(settings)`` is cheap and a test can
 build as many isolated apps as it likes. The Monitor is the typed state the routes reach
 through ``app.state.monitor`` (:mod:`app.api.deps`).
@@ -18,17 +22,20 @@ through ``app.state.monitor`` (:mod:`app.api.deps`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import IO, TypeVar
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import scheduling, summaries
+from app import replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -36,6 +43,7 @@ from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import rounds as diagnosis_rounds
 from app.probe import canary
 from app.probe import repository as probe_repository
+from app.probe.canary import CanaryConfig
 from app.probe.jobs import ProbeJobs
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
 from app.scrape.discovery import DiscoveryService
@@ -46,6 +54,7 @@ from app.store import db, repository, retention
 from app.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Monitor:
@@ -74,6 +83,16 @@ class Monitor:
         self.sources = SourceService(on_view=self._source_view)
         self.round_summaries: diagnosis_rounds.RoundSummaries | None = None  # the status page's numbers
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
+        replica_id = settings.replica_id or replicas.default_replica_id()
+        self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
+        self.lease = replicas.Lease(self.sessions, replica_id, settings.replica_expiry)
+        self.leader_sessions = self.lease.fenced_sessions(self.sessions)  # leader rounds' transactions
+        self.ownership = replicas.Ownership(replica_id, 1.5 * settings.replica_heartbeat)
+        self._replica_threads_started: list[threading.Thread] = []
+        self._stopping = threading.Event()
+        self._replica_threads = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="replica")
+        self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
+        self._canaries: dict[str, tuple[TargetSpec, CanaryConfig]] | None = None  # as last scheduled
 
     @property
     def external_url(self) -> str:
@@ -88,6 +107,8 @@ class Monitor:
         (``llm-latency db upgrade``), so a rollout never migrates by surprise."""
         url = self.settings.effective_database_url
         if self.engine.dialect.name == "sqlite":
+            if self._sqlite_lock is None:  # one process per SQLite file, refused before it migrates
+                self._sqlite_lock = replicas.lock_sqlite_file(url, self.membership.id)
             db.upgrade(url)
             return
         head = db.head_revision()
@@ -124,13 +145,77 @@ class Monitor:
             ]
 
     async def reload_targets(self) -> None:
-        specs = await asyncio.to_thread(self.target_specs)
-        self.scraping.sync_targets(specs)
+        """Scrape (and run the canaries of) the targets this replica owns, as of now."""
+        specs = await self._in_replica_thread(self.target_specs)
+        owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
+        self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
         await self._sync_canaries()
 
     async def _sync_canaries(self) -> None:
-        wanted = await asyncio.to_thread(canary.canary_configs, self.sessions)
-        canary.sync_canaries(self.scheduler, self.sessions, wanted, on_result=self.telemetry.probes.observe)
+        """The canary jobs of the owned targets that enable one; only when they changed, since
+        re-adding a job restarts its interval (this runs every heartbeat)."""
+        configs = await self._in_replica_thread(functools.partial(canary.canary_configs, self.sessions))
+        owned = self.ownership.owned
+        wanted = {name: config for name, config in configs.items() if name in owned}
+        if wanted != self._canaries:
+            canary.sync_canaries(self.scheduler, self.sessions, wanted, on_result=self.telemetry.probes.observe)
+            self._canaries = wanted
+
+    def _heartbeat_main(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The heartbeat thread: every ``replica_heartbeat`` renew this replica's heartbeat and
+        have the event loop re-read the targets and the live replicas and scrape what this
+        replica owns now (sooner when a hand-over is due). A thread, not a task: a busy event
+        loop (hundreds of pages to parse) is late with its scrapes but still alive, and must
+        not look dead to the others, who would then scrape its targets too."""
+        pending: concurrent.futures.Future[None] | None = None
+        while True:
+            try:
+                self.membership.beat()
+            except Exception:
+                log.exception("replica heartbeat failed")
+            if pending is None or pending.done():  # never queue a second reload behind a slow one
+                pending = asyncio.run_coroutine_threadsafe(self._reload_logged(), loop)
+            delay = self.settings.replica_heartbeat
+            handover = self.ownership.next_change_at()
+            if handover is not None:
+                delay = min(delay, max(0.05, handover - time.time()))
+            if self._stopping.wait(delay):
+                return
+
+    async def _reload_logged(self) -> None:
+        try:
+            await self.reload_targets()
+        except Exception:
+            log.exception("updating the owned targets failed")
+
+    def _lease_main(self) -> None:
+        """The lease thread: renew (or try to take) the leader lease every heartbeat, apart
+        from the heartbeat itself (a renewal may wait a moment for a leader round's commit)."""
+        while True:
+            try:
+                self.lease.renew()
+            except Exception:
+                log.exception("renewing the leader lease failed")
+            if self._stopping.wait(self.settings.replica_heartbeat):
+                return
+
+    async def _in_replica_thread(self, func: Callable[[], T]) -> T:
+        """Ownership updates read the database in threads of their own: rounds that fill the
+        default pool must not hold up a hand-over."""
+        return await asyncio.get_running_loop().run_in_executor(self._replica_threads, func)
+
+    def _leader_only(self, func: Callable[[sessionmaker[Session]], object]) -> Callable[[], object]:
+        """A round only the lease holder runs, every transaction of it fenced by the lease."""
+        def run() -> object:
+            if not self.lease.held:
+                return None
+            try:
+                return func(self.leader_sessions)
+            except replicas.NotLeader as exc:
+                log.info("round stopped: %s", exc)
+                return None
+        run.__name__ = getattr(func, "__name__", "leader_round")
+        return run
 
     def _engine_detected(self, target_id: int, engine: str) -> None:
         def store() -> None:
@@ -154,9 +239,11 @@ class Monitor:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
                                     sources=self.sources)
 
-    def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
-        return diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis, now,
-                                                   sources=self.sources, keep=self._keep_round_summaries)
+    def evaluate_diagnoses(self, now: float | None = None,
+                           sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:
+        return diagnosis_rounds.evaluate_diagnoses(sessions or self.sessions, self.diagnosis_config,
+                                                   self.telemetry.diagnosis, now, sources=self.sources,
+                                                   keep=self._keep_round_summaries)
 
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
         self.round_summaries = kept  # one assignment: a page reads the old or the new, never half
@@ -168,9 +255,10 @@ class Monitor:
         next_run = scheduling.next_run_at(self.scheduler, scheduling.DIAGNOSIS_JOB)
         return next_run if next_run is not None else self.started_at + self.diagnosis_config.interval
 
-    def evaluate_alerts(self, now: float | None = None) -> dict[str, int]:
+    def evaluate_alerts(self, now: float | None = None,
+                        sessions: sessionmaker[Session] | None = None) -> dict[str, int]:
         generator = (self.settings.public_url.rstrip("/") or f"http://{self.settings.host}:{self.settings.port}")
-        return alert_rounds.evaluate_alerts(self.sessions, self.alerts_config,
+        return alert_rounds.evaluate_alerts(sessions or self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
                                             now=now, sources=self.sources)
@@ -181,7 +269,8 @@ class Monitor:
     async def _delivery_loop(self) -> None:
         while True:
             try:
-                await self.delivery.run_once()
+                if self.lease.held:  # the outbox's row claims keep a second sender off a row anyway
+                    await self.delivery.run_once()
             except Exception:
                 log.exception("delivering notifications failed")
             await asyncio.sleep(self.settings.delivery_interval)
@@ -192,31 +281,53 @@ class Monitor:
             await asyncio.to_thread(self.load_config_targets)
         except BaseException:
             self.engine.dispose()  # refuse to start without leaking connections
+            if self._sqlite_lock is not None:
+                self._sqlite_lock.close()
+                self._sqlite_lock = None
             raise
+        await self._in_replica_thread(self.membership.beat)
+        try:
+            await self._in_replica_thread(self.lease.renew)
+        except Exception:  # e.g. the lease row is locked by a commit: the lease loop tries again
+            log.exception("taking the leader lease failed")
         self.scheduler.start()
-        await self.scraping.start(await asyncio.to_thread(self.target_specs))
+        await self.scraping.start([])
+        await self.reload_targets()
         await self.discovery.start(self.scheduler)
         s = self.settings
-        prune = functools.partial(retention.prune, self.sessions, s.retention, raw_retention=s.raw_retention,
-                                  also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
+
+        def prune_round(sessions: sessionmaker[Session]) -> object:
+            return retention.prune(sessions, s.retention, raw_retention=s.raw_retention,
+                                   also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
+
         observe = self.telemetry.observe_round  # every round's duration and overruns in /metrics
         scheduling.watch_skips(self.scheduler, self.telemetry.round_skipped)
-        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval, observe)
-        scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, functools.partial(
-            retention.downsample, self.sessions), s.downsample_interval, observe)
+        scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, self._leader_only(prune_round), s.prune_interval,
+                             observe)
+        scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, self._leader_only(retention.downsample),
+                             s.downsample_interval, observe)
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval,
                              observe)
-        scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB, self.evaluate_diagnoses,
+        scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB,
+                             self._leader_only(lambda sessions: self.evaluate_diagnoses(sessions=sessions)),
                              self.diagnosis_config.interval, observe)
-        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB, self.evaluate_alerts, s.alert_interval, observe)
-        await self._sync_canaries()
+        scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
+                             self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
+                             s.alert_interval, observe)
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
+        self._replica_threads_started = [
+            threading.Thread(target=self._heartbeat_main, args=(asyncio.get_running_loop(),), daemon=True,
+                             name="replica-heartbeat"),
+            threading.Thread(target=self._lease_main, daemon=True, name="leader-lease")]
+        for thread in self._replica_threads_started:
+            thread.start()
 
     async def stop(self) -> None:
         if self.scheduler.running:
             self.scheduler.pause()  # no new round or scrape starts while the rest winds down
         await self.probe_jobs.shutdown()  # running probes record their cancellation
+        self._stopping.set()
         if self._delivery_task is not None:
             self._delivery_task.cancel()
             try:
@@ -229,8 +340,20 @@ class Monitor:
         await self.discovery.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        if self._replica_threads_started:  # started: hand targets and the lease over now, not after the expiry
+            for thread in self._replica_threads_started:
+                await asyncio.to_thread(thread.join, 30)
+            try:
+                await self._in_replica_thread(self.lease.release)
+                await self._in_replica_thread(self.membership.leave)
+            except Exception:
+                log.exception("leaving the replicas table failed (the others take over after the expiry)")
+        self._replica_threads.shutdown(wait=False)
         await self._wait_for_connections_returned()
         self.engine.dispose()
+        if self._sqlite_lock is not None:
+            self._sqlite_lock.close()
+            self._sqlite_lock = None
 
     async def _wait_for_connections_returned(self, timeout: float = 30.0) -> None:
         """Wait (bounded) until worker threads that are still finishing a round, a delivery or a

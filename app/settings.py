@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
     alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
     delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")
+    replica_heartbeat: Seconds = Field(5.0, gt=0, description="How often a replica renews its heartbeat and "
+                                       "the leader lease, and recomputes which targets it scrapes.")
+    replica_expiry: Seconds = Field(15.0, gt=0, description="A replica whose heartbeat (or a lease whose renewal) "
+                                    "is older than this is dead: its targets and the lease are taken over.")
+    replica_id: str | None = Field(None, max_length=64, description="This replica's name in the replicas table; "
+                                   "default <host>-<pid>-<random>.")
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -100,6 +106,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "default_scrape_timeout must not exceed default_scrape_interval "
                 f"({self.default_scrape_timeout}s > {self.default_scrape_interval}s)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _expiry_outlives_heartbeats(self) -> Settings:
+        if self.replica_expiry < 2 * self.replica_heartbeat:
+            raise ValueError(
+                "replica_expiry must be at least twice replica_heartbeat, or a replica is declared dead "
+                f"between two of its own heartbeats ({self.replica_expiry}s < 2 x {self.replica_heartbeat}s)"
             )
         return self
 

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-LLM-Latency-Signature"
 TIMESTAMP_HEADER = "X-LLM-Latency-Timestamp"
 USER_AGENT = "llm-latency-monitor/0.1"
-CLAIM_SECONDS = 120.0  # longer than any receiver timeout (at most 120 s)
+CLAIM_SECONDS = 120.0  # longer than any receiver timeout (at most 120 s): a row whose receiver is unknown
+CLAIM_MARGIN = 5.0  # a claim outlives its receiver's timeout by this much (recording the outcome)
 RESPONSE_LOG_BYTES = 1024  # of a receiver's answer (or an error) kept in the attempt log
 
 
@@ -95,14 +96,17 @@ class DeliveryWorker:
             await self._client.aclose()
             self._client = None
 
-    def _due(self, now: float) -> list[tuple[str, str, str, int, float]]:
+    def _due(self, now: float, claims: dict[str, float] | None = None) -> list[tuple[str, str, str, int, float]]:
         """(id, receiver, body, attempts, created_at) of group heads due now; expires the too-old ones.
 
-        Each returned row is *claimed*: its next attempt is pushed ``CLAIM_SECONDS`` ahead
-        in the same transaction, so an overlapping run (or a second process) does not send
-        it again while this attempt is in flight; the attempt's outcome then sets the real
-        next time.
+        Each returned row is *claimed*: its next attempt is pushed its receiver's timeout +
+        ``CLAIM_MARGIN`` ahead (``claims``: receiver -> seconds; ``CLAIM_SECONDS`` for one
+        not listed) in the same transaction, so an overlapping run (or a second replica)
+        does not send it again while this attempt is in flight; the attempt's outcome then
+        sets the real next time. If the process dies mid-attempt, the row is due again when
+        the claim runs out and is retried with the same Idempotency-Key (at-least-once).
         """
+        claims = claims or {}
         due = []
         with self.sessions.begin() as session:
             heads = repository.pending_notification_heads(session, lock=True)
@@ -120,17 +124,18 @@ class DeliveryWorker:
             for row in heads:
                 if row.next_attempt_at <= now:
                     due.append((row.id, row.receiver, row.body, row.attempts, row.created_at))
-                    row.next_attempt_at = max(now, time.time()) + CLAIM_SECONDS
+                    row.next_attempt_at = max(now, time.time()) + claims.get(row.receiver, CLAIM_SECONDS)
         return due
 
     async def run_once(self, now: float | None = None) -> int:
         """Attempt every due group head once; returns how many were delivered."""
         async with self._lock:  # runs never overlap in one process
             now = time.time() if now is None else now
-            due = await asyncio.to_thread(self._due, now)
+            receivers = await asyncio.to_thread(self.receivers)
+            claims = {name: r.timeout + CLAIM_MARGIN for name, r in receivers.items()}
+            due = await asyncio.to_thread(self._due, now, claims)
             if not due:
                 return 0
-            receivers = await asyncio.to_thread(self.receivers)
             results = await asyncio.gather(*(self._attempt(item, receivers.get(item[1]), now) for item in due))
             return sum(1 for ok in results if ok)
 

@@ -94,20 +94,22 @@ class ScrapeService:
         await self.fetcher.close()
 
     # ------------------------------------------------------------------ targets
-    def sync_targets(self, targets: list[TargetSpec]) -> None:
-        """Make the scheduled jobs match ``targets`` (add, replace changed, remove gone)."""
+    def sync_targets(self, targets: list[TargetSpec], immediate: set[str] | frozenset[str] = frozenset()) -> None:
+        """Make the scheduled jobs match ``targets`` (add, replace changed, remove gone).
+        A new target named in ``immediate`` (taken over from a dead replica) is scraped at
+        once instead of at its usual offset in the interval."""
         wanted = {t.name: t for t in targets}
         for name in list(self.scrapers):
             if name not in wanted or wanted[name] != self.scrapers[name].spec:
                 self._remove(name)
         for name, spec in wanted.items():
             if name not in self.scrapers:
-                self._add(spec)
+                self._add(spec, now=name in immediate)
 
-    def _add(self, spec: TargetSpec) -> None:
+    def _add(self, spec: TargetSpec, now: bool = False) -> None:
         scraper = TargetScraper(spec, self.fetcher, self._pending.append, self._on_result)
         self.scrapers[spec.name] = scraper
-        offset = (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
+        offset = 0.0 if now else (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
         first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
         self.scheduler.add_job(
             self._run_job, IntervalTrigger(seconds=spec.interval, start_date=first, jitter=self.jitter * spec.interval),

@@ -336,3 +336,27 @@ class ProbeRequestRow(Base):
     status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(String(16), nullable=True)
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class ReplicaRow(Base):
+    """A running replica of the service (app/replicas.py): live while ``heartbeat_at`` is
+    fresher than the replica expiry."""
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class LeaseRow(Base):
+    """A lease only one replica holds at a time (``leader``: diagnosis and alert rounds,
+    notification delivery, retention). ``token`` grows with every change of holder, so a
+    round that started under an older token can tell it was deposed."""
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(64))
+    token: Mapped[int] = mapped_column(Integer)
+    expires_at: Mapped[float] = mapped_column(Float)

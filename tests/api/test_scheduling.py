@@ -50,7 +50,7 @@ def test_service_refuses_an_unmigrated_postgresql(postgres_database: str, tmp_pa
     _reset_postgres(postgres_database)
     app = create_app(Settings(database_url=postgres_database, data_dir=tmp_path))
     with pytest.raises(RuntimeError,
-                       match=r"schema is at revision none, the service needs 0006: run `llm-latency db upgrade`"):
+                       match=r"schema is at revision none, the service needs 0008: run `llm-latency db upgrade`"):
         with TestClient(app):
             pass
 

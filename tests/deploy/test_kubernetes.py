@@ -2,7 +2,8 @@
 schemas (kubernetes-validate, strict: unknown fields are errors), the Prometheus Operator
 resources against the validators generated from the Operator's own API types and against
 the stricter subset of their CRD schemas written below (unknown fields are errors there),
-and the pieces fit together (selectors, ports, config path, secrets, one replica)."""
+and the pieces fit together (selectors, ports, config path, secrets, two replicas with a
+rolling update and a PodDisruptionBudget)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_the_validator_is_strict_about_unknown_and_mistyped_fields() -> None:
 
 def test_every_kind_is_there() -> None:
     assert set(BY_KIND) == {"Namespace", "ConfigMap", "Secret", "Job", "Deployment", "Service", "ServiceMonitor",
-                            "PrometheusRule", KUSTOMIZE_KIND}
+                            "PrometheusRule", "PodDisruptionBudget", KUSTOMIZE_KIND}
 
 
 # The parts of the Prometheus Operator CRDs (monitoring.coreos.com/v1) these manifests use;
@@ -161,11 +162,23 @@ def test_kustomization_lists_every_manifest_except_the_secret_template() -> None
     assert {c["image"].split(":")[0] for c in containers} == images
 
 
-def test_one_replica_replaced_with_recreate() -> None:
-    """Scrape jobs, the diagnosis lifecycle and the outbox worker run inside the API
-    process and must run once: never two pods, not even during a rollout."""
-    spec = BY_KIND["Deployment"]["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+def test_two_replicas_rolled_one_at_a_time_and_never_both_evicted() -> None:
+    """Replicas share the targets and one holds the leader lease (app/replicas.py): a
+    rollout starts a new pod before stopping an old one, and a drain evicts one at a time,
+    so one replica always scrapes and takes the others' targets over."""
+    deployment, pdb = BY_KIND["Deployment"], BY_KIND["PodDisruptionBudget"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert pdb["spec"]["minAvailable"] == 1 and "maxUnavailable" not in pdb["spec"]
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    assert pdb["spec"]["minAvailable"] < spec["replicas"]  # a drain can make progress
+    env = {e["name"]: e for e in spec["template"]["spec"]["containers"][0]["env"]}
+    assert env["LLM_LATENCY_REPLICA_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    settings = Settings(replica_heartbeat=env["LLM_LATENCY_REPLICA_HEARTBEAT"]["value"],
+                        replica_expiry=env["LLM_LATENCY_REPLICA_EXPIRY"]["value"])
+    # a replica that stops gets the grace period to finish, hand over and leave
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= settings.replica_expiry
 
 
 def test_deployment_service_and_servicemonitor_select_each_other() -> None:

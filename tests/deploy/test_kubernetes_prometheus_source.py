@@ -106,7 +106,7 @@ def test_the_variant_is_the_base_with_three_resources_replaced(built: dict[str, 
     base = {doc["kind"]: doc for name in base_kustomization["resources"]
             for doc in yaml.safe_load_all((BASE / name).read_text())}
     assert set(built) == set(base) == {"Namespace", "ConfigMap", "Service", "Deployment", "Job", "PrometheusRule",
-                                       "ServiceMonitor"}
+                                       "ServiceMonitor", "PodDisruptionBudget"}
     assert built["Namespace"]["metadata"]["name"] == base["Namespace"]["metadata"]["name"]
     for kind in ("Service", "Job", "ServiceMonitor"):
         assert built[kind]["spec"] == base[kind]["spec"], kind
