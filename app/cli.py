@@ -230,8 +230,10 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
              as_json: bool) -> None:
     """Watch a live engine's /metrics for a window and say why it is slow.
 
-    Exit status: 0 healthy, 1 a regime was found, 2 bad arguments, 3 the URL could
-    not be scraped or serves no engine metrics, 4 not enough traffic to judge.
+    Exit status: 0 healthy (every regime judged), 1 a regime was found, 2 bad arguments,
+    3 the URL could not be scraped or serves no engine metrics, 4 not enough traffic to
+    judge, 5 nothing found but some regime could not be judged (the engine does not export
+    what its rule reads; the output lists them under "not judged").
     """
     import json
 

@@ -271,6 +271,13 @@ class FindingOut(BaseModel):
     runbook_url: str | None = None
 
 
+class NotJudgedOut(BaseModel):
+    """A regime the diagnosis could not judge, and why."""
+
+    regime: str
+    reason: str
+
+
 class DiagnosisOut(BaseModel):
     """The verdict for one target and model. ``active`` and ``evaluated_at`` only in the
     scheduled diagnosis."""
@@ -285,6 +292,9 @@ class DiagnosisOut(BaseModel):
     findings: list[FindingOut]
     notes: list[str]
     signals: dict[str, Any] = Field(description="the numbers the rules read (only those known in the window)")
+    not_judged: list[NotJudgedOut] = Field(
+        default_factory=list, description="regimes whose rule could not run because a signal it needs is not "
+                                          "exported by this engine (or release); a healthy verdict covers the others")
 
 
 class FindingRecordOut(BaseModel):

@@ -359,6 +359,8 @@ def diagnosis_view(diagnosis: dict) -> dict:
     verdict = diagnosis["verdict"]
     kind = "healthy" if verdict == "healthy" else "unknown" if verdict == "insufficient_data" else \
         (primary or {}).get("severity", "warning")
+    if kind == "healthy" and diagnosis.get("not_judged"):
+        kind = "info"  # healthy only among the regimes this engine's metrics let be judged
     return {**diagnosis, "primary": primary, "others": others, "kind": kind}
 
 
