@@ -55,7 +55,7 @@ def data_problems(s: Signals, t: Thresholds) -> list[str]:
 
 def not_judged_reason(engine: str, missing: list[str]) -> str:
     """Why a rule was not run: what it needs that this engine's page did not have in the window."""
-    return f"no {' and no '.join(missing)} in the window (not exported by this {engine} page)"
+    return f"needs {' and '.join(missing)}, which this {engine} target's window does not have"
 
 
 def diagnose(s: Signals, t: Thresholds) -> Diagnosis:

@@ -14,6 +14,9 @@ Releases name things differently, and the tables below list every name, newest f
   histograms ``prompt_tokens_histogram`` / ``generation_tokens_histogram``, and for P/D
   disaggregation, speculative decoding and DP attention the families below.
 
+0.5's ``per_stage_req_latency_seconds{stage="prefill_forward"}`` is read as ``prefill_time``
+(first scheduled -> first token), so the prefill rules can be judged on SGLang too.
+
 SGLang's ITL is observed per *token* (a step interval divided by the tokens it emitted),
 vLLM's per engine step; both are stored as ``itl``. Only TP rank 0 reports scheduler
 metrics by default, so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
@@ -57,6 +60,10 @@ KV_TRANSFER: tuple[tuple[str, float, dict[str, str] | None], ...] = (
     ("sglang:kv_transfer_latency_ms", 1000.0, None),
     ("sglang:per_stage_req_latency_seconds", 1.0, {"stage": "prefill_transfer_kv_cache"}),
 )
+#: Time signals read from ``per_stage_req_latency_seconds`` (0.5) when no histogram of their own exists:
+#: ``prefill_forward`` is first scheduled -> first token, vLLM's prefill time.
+STAGES: dict[str, str] = {"prefill_time": "prefill_forward"}
+STAGE_FAMILY = "sglang:per_stage_req_latency_seconds"
 GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("sglang:num_running_reqs", "sglang:num_requests_running"),
     "waiting": ("sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"),
@@ -110,6 +117,10 @@ class SglangAdapter:
             family = first_family(page, candidates)
             if family is not None and family.type in ("histogram", "untyped"):
                 self._histogram(out, signal, family, group_of(family))
+        stages = page.families.get(STAGE_FAMILY)
+        if stages is not None and stages.type in ("histogram", "untyped"):
+            for signal, stage in STAGES.items():
+                self._histogram(out, signal, stages, group_of(stages), label_filter={"stage": stage})
         for name, scale, label_filter in KV_TRANSFER:
             family = page.families.get(name)
             if family is None or family.type not in ("histogram", "untyped"):

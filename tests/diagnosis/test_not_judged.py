@@ -93,7 +93,7 @@ def test_sglang_04_loaded_page_is_queueing_from_its_gauges(tmp_path: Path) -> No
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
     assert set(not_judged) == {"prefill_compute", "prefill_interference", "weights_offloaded"}
     assert "prompt-length histogram" in not_judged["prefill_interference"]
-    assert "sglang page" in not_judged["prefill_compute"]
+    assert "this sglang target's window does not have" in not_judged["prefill_compute"]
     result = OneShotResult("http://sglang:30000/metrics", "sglang", records, {}, [d])
     assert result.exit_code == EXIT_FINDING
 
@@ -104,8 +104,8 @@ def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_pat
     assert d.verdict == "healthy" and d.findings == []
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
     assert set(not_judged) == {"prefill_compute", "prefill_interference", "bandwidth_bound", "weights_offloaded"}
-    assert not_judged["bandwidth_bound"] == ("no per-step ITL histogram in the window (not exported by this trtllm "
-                                             "page)")
+    assert not_judged["bandwidth_bound"] == ("needs per-step ITL histogram, which this trtllm target's window does "
+                                             "not have")
     # queueing was judged from the real queue histogram: mean queue 0.099 s < 0.5 s
     assert d.signals["queue_time"]["mean"] == pytest.approx(0.3975 / 4)
     result = OneShotResult("http://trt:8000/metrics", "trtllm", records, {}, [d])

@@ -110,6 +110,6 @@ def promql(x: RegimeAlerts) -> None:
 
 RULE = Rule("weights_offloaded", evaluate, precedence=20, colour="dark-red", promql=promql,
             promql_profiled=promql_profiled, causes=("bandwidth_bound", "queueing", "prefill_compute"), needs=(
-    Need("hardware profile (the decode floor) or offload configuration from the engine",
-         ("decode_floor_seconds", "config")),
+    Need("per-step ITL with a hardware profile (the decode floor), or offload configuration from the engine",
+         ("itl_over_floor", "config")),
 ))
