@@ -217,7 +217,8 @@ def db_current() -> None:
 @click.argument("url")
 @click.option("--window", default="60s", show_default=True, help="How long to watch the engine.")
 @click.option("--interval", default="5s", show_default=True, help="Scrape interval inside the window.")
-@click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang", "trtllm"]), default="auto", show_default=True)
+@click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang", "trtllm"]), default="auto",
+              show_default=True)
 @click.option("--gpu", help="GPU preset for the decode floor, e.g. A100-80G, H100-SXM, L40S.")
 @click.option("--hbm-bandwidth", type=float, help="HBM bandwidth in bytes/s (instead of --gpu).")
 @click.option("--model", "model_preset", help="Model preset, e.g. llama-3.1-8b.")

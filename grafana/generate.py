@@ -285,7 +285,8 @@ class Q:
     @staticmethod
     def running() -> str:
         return either(*(f"sum by ({ENGINE.by}) ({m}{{{ENGINE.vllm}}})"
-                        for m in ("vllm:num_requests_running", "sglang:num_running_reqs", "trtllm_num_requests_running")),
+                        for m in ("vllm:num_requests_running", "sglang:num_running_reqs",
+                                  "trtllm_num_requests_running")),
                       f"sum by ({ENGINE.by}) (tgi_batch_current_size{{{ENGINE.tgi}}})")
 
     @staticmethod

@@ -792,21 +792,22 @@ class TrtllmExporter:
         pass  # trtllm-serve logs per request at finish and per iteration in gauges only
 
     def on_finish(self, req: Request, t: float) -> None:
-        if req.first_token is None:
+        first_token, scheduled = req.first_token, req.first_scheduled
+        if first_token is None or scheduled is None:
             return
         self.success.labels(*self.lv, req.finish_reason).inc()
         if req.finish_reason in ("abort", "error"):
             return
-        decode = t - req.first_token
+        decode = t - first_token
         self.h_e2e.observe(t - req.arrival)
-        self.h_ttft.observe(req.first_token - req.arrival)
+        self.h_ttft.observe(first_token - req.arrival)
         if req.num_output > 1:
             self.h_tpot.observe(decode / (req.num_output - 1))
-        self.h_queue.observe(req.first_scheduled - req.queued)
-        self.h_prefill.observe(req.first_token - req.first_scheduled)
+        self.h_queue.observe(scheduled - req.queued)
+        self.h_prefill.observe(first_token - scheduled)
         if decode > 0:
             self.h_decode.observe(decode)
-        self.h_inference.observe(t - req.first_scheduled)
+        self.h_inference.observe(t - scheduled)
         self.prompt_tokens.inc(req.prompt_len)
         self.generation_tokens.inc(req.num_output)
 

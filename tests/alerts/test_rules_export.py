@@ -212,7 +212,8 @@ def test_slo_targets_restrict_the_alert_to_those_instances_and_unknown_targets_a
         'llm_latency:tgi_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30',
         'llm_latency:sglang_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30',
         'llm_latency:trtllm_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30']
-    decode = {"name": "decode", "signal": "decode_time", "threshold": "1m"}  # TGI and SGLang have no decode-time histogram
+    # TGI and SGLang have no decode-time histogram
+    decode = {"name": "decode", "signal": "decode_time", "threshold": "1m"}
     alerts = alerts_of(build_rules(FileConfig.model_validate({"alerts": {"slos": [decode]}})))
     assert [a["labels"]["engine"] for a in alerts if "slo" in a["labels"]] == ["vllm", "trtllm"]
     with pytest.raises(ValueError, match=r"alerts.slos\[0\].targets: unknown target\(s\) 'nope'"):
