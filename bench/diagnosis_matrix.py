@@ -3,6 +3,7 @@
     python3 bench/diagnosis_matrix.py                # 3 seeds x (vLLM, TGI, SGLang, TensorRT-LLM)
     python3 bench/diagnosis_matrix.py --seeds 1 --engines sglang,trtllm
     python3 bench/diagnosis_matrix.py --seeds 1 --quick
+    python3 bench/diagnosis_matrix.py --offline      # no HTTP: for a loaded machine (see below)
 
 The emulated engines run in a child process (so they do not share the monitor's GIL),
 each on its own loopback port, sped up ``--time-scale`` times. The monitor is the real
@@ -26,6 +27,13 @@ A regime whose rule could not be judged on an engine (the engine does not export
 rule reads: trtllm-serve has no per-step ITL histogram, for example) is counted in the
 ``not_judged`` column, never as healthy and never as correct; accuracy is over the runs
 whose engine exposes the regime's signals, and a per-engine table shows which those are.
+
+``--offline`` runs the same scenarios without HTTP or wall-clock time: each emulator is advanced
+on its own simulated clock, its page is rendered and processed in-process every scrape interval
+(``PageProcessor`` -> store -> signals -> rules -> lifecycle, the service's path after the
+fetch), and evaluated every evaluation interval. On a machine too loaded for real-time
+emulation (scrapes that time out turn every verdict into ``insufficient_data``) it still
+measures the diagnosis; it does not measure the scraper.
 
 Targets: every regime scenario gets its own label as the primary finding; ``healthy``
 and ``healthy_bursty`` get no finding at any evaluation; detection within three
@@ -89,6 +97,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=defaults.window,
                         help="simulated seconds each evaluation looks at")
     parser.add_argument("--quick", action="store_true", help="1 seed, vLLM only")
+    parser.add_argument("--offline", action="store_true", help="simulated clocks, pages processed in-process")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.engines = 1, "vllm"
@@ -109,6 +118,11 @@ def main() -> int:
                 specs.append(dict(name=name, scenario=spec, engine=engine, seed=100 + seed, time_scale=ts,
                                   warmup_s=WARMUP))
                 expected[name] = ("transition", regime, engine)
+
+    if args.offline:
+        timeline, unjudged = run_offline(specs, args)
+        print(f"{len(specs)} emulated targets, offline", file=sys.stderr)
+        return report(args, engines, expected, timeline, unjudged)
 
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=serve_fleet, args=(specs, child), daemon=True)
@@ -171,6 +185,61 @@ def main() -> int:
 
     timeline = {name: [(offsets[name] + t * ts, v, regimes, tr) for t, v, regimes, tr in events]
                 for name, events in timeline.items()}
+    return report(args, engines, expected, timeline, unjudged)
+
+
+def run_offline(specs: list[dict], args: argparse.Namespace) -> tuple[dict[str, list], dict[str, set[str]]]:
+    """Every target on its simulated clock: a scrape every ``--scrape-interval``, an evaluation
+    every ``--eval-interval`` over ``--window``, both in simulated seconds from the warm-up on."""
+    from app.diagnosis import engine as diagnosis_engine
+    from app.diagnosis.profile import HardwareProfile
+    from app.emulator.simulation import Simulation
+    from app.scrape.jobs import PageProcessor
+    from app.scrape.record import ScrapeRecord
+    from app.store import db, repository
+    from app.store.repository import SampleWriter
+
+    t = DiagnosisConfig().thresholds
+    timeline: dict[str, list[tuple[float, str, list, list]]] = {}
+    unjudged: dict[str, set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            url = f"sqlite:///{Path(tmp) / (spec['name'] + '.db')}"
+            db.upgrade(url)
+            sql = db.make_engine(url)
+            sessions = db.make_sessionmaker(sql)
+            hardware = HardwareProfile(**hardware_of(spec["scenario"]))
+            with sessions.begin() as session:
+                target_id = repository.create_target(session, name=spec["name"], url="http://emulated/metrics",
+                                                     engine="auto", labels={}).id
+            sim = Simulation(spec["scenario"], engine=spec["engine"], seed=spec["seed"])
+            sim.run_for(WARMUP)
+            processor, writer, events = PageProcessor("auto"), SampleWriter(sql), []
+            end, next_eval = WARMUP + args.steady, WARMUP + args.eval_interval
+            while sim.clock + 1e-9 < end:
+                sim.run_for(args.scrape_interval)
+                page, canonical, _ = processor.process(sim.render_metrics())
+                writer.write([ScrapeRecord(target_id, round(sim.clock, 3), True, 0.001, 0, page.samples_seen,
+                                           page.samples_kept, page.malformed, processor.engine, None, None,
+                                           canonical)])
+                if sim.clock + 1e-9 >= next_eval:
+                    now = round(sim.clock, 3)
+                    with sessions.begin() as session:
+                        for d in diagnosis_engine.evaluate_target(session, target_id, spec["name"],
+                                                                  processor.engine or "vllm", now, args.window, t,
+                                                                  hardware):
+                            transitions = diagnosis_engine.apply_lifecycle(session, target_id, d, t, now)
+                            events.append((now, d.verdict, [f.regime for f in d.findings], transitions))
+                            unjudged[spec["name"]] = {n["regime"] for n in d.not_judged}
+                    next_eval += args.eval_interval
+            timeline[spec["name"]] = events
+            sql.dispose()
+    return timeline, unjudged
+
+
+def report(args: argparse.Namespace, engines: list[str], expected: dict, timeline: dict[str, list],
+           unjudged: dict[str, set[str]]) -> int:
+    """Print the tables; 0 when every target is met."""
     matrix: dict[str, Counter] = defaultdict(Counter)
     per_engine: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (scenario, engine) -> right / judged / n/j
     detection: dict[str, list] = defaultdict(list)
