@@ -165,6 +165,8 @@ class SignalsLatency(BaseModel):
     prompt_tokens: SignalSummary | None = None
     generation_tokens: SignalSummary | None = None
     iteration_tokens: SignalSummary | None = None
+    kv_transfer_time: SignalSummary | None = None
+    render_time: SignalSummary | None = None
     rates: dict[str, float] = Field(description="per-second rates of the counters (``<counter>_per_second``) "
                                                 "and ``prefix_cache_hit_rate``")
     gauges: dict[str, GaugeSummary] = Field(description="per gauge signal (running, waiting, kv_usage)")
