@@ -217,7 +217,8 @@ def db_current() -> None:
 @click.argument("url")
 @click.option("--window", default="60s", show_default=True, help="How long to watch the engine.")
 @click.option("--interval", default="5s", show_default=True, help="Scrape interval inside the window.")
-@click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang"]), default="auto", show_default=True)
+@click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang", "trtllm"]), default="auto",
+              show_default=True)
 @click.option("--gpu", help="GPU preset for the decode floor, e.g. A100-80G, H100-SXM, L40S.")
 @click.option("--hbm-bandwidth", type=float, help="HBM bandwidth in bytes/s (instead of --gpu).")
 @click.option("--model", "model_preset", help="Model preset, e.g. llama-3.1-8b.")
@@ -230,8 +231,10 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
              as_json: bool) -> None:
     """Watch a live engine's /metrics for a window and say why it is slow.
 
-    Exit status: 0 healthy, 1 a regime was found, 2 bad arguments, 3 the URL could
-    not be scraped or serves no engine metrics, 4 not enough traffic to judge.
+    Exit status: 0 healthy (every regime judged), 1 a regime was found, 2 bad arguments,
+    3 the URL could not be scraped or serves no engine metrics, 4 not enough traffic to
+    judge, 5 nothing found but some regime could not be judged (the engine does not export
+    what its rule reads; the output lists them under "not judged").
     """
     import json
 

@@ -5,7 +5,7 @@ Example::
     targets:
       - name: vllm-a
         url: http://10.0.0.5:8000/metrics
-        engine: auto            # auto | vllm | tgi | sglang
+        engine: auto            # auto | vllm | tgi | sglang | trtllm
         labels: {cluster: prod}
         scrape_interval: 15s
         scrape_timeout: 5s
@@ -63,7 +63,7 @@ from app.scrape.discovery import FileSDConfig, HttpSDConfig
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
-EngineName = Literal["auto", "vllm", "tgi", "sglang"]
+EngineName = Literal["auto", "vllm", "tgi", "sglang", "trtllm"]
 _LABEL_NAME = LABEL_NAME
 #: A targets file is a few kB per hundred targets; past this it is the wrong file (or an attack
 #: on the YAML parser), refused before parsing.

@@ -83,6 +83,7 @@ from __future__ import annotations
 import difflib
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ HEADER = """\
 #   llm-latency rules export [--config <targets.yaml>] --out <this file> --check
 #
 # Prometheus recording + alerting rules equivalent to the service's built-in SLO and regime
-# thresholds, over the engines' own metrics (vLLM current names, TGI).
+# thresholds, over the engines' own metrics (vLLM current names, TGI, SGLang 0.5, trtllm-serve).
 # Regime window {window} (diagnosis.window); regime alerts hold for {hold}
 # ((activate_after - 1) x diagnosis.interval + alerts.diagnosis_for).
 # Differences from the built-in evaluation: see the docstring of app/rules_export.py.
@@ -182,7 +183,7 @@ def scope_of(config: FileConfig, source: str | None = None) -> Scope:
 class Engine:
     """What the exported PromQL needs to know about one engine's exposition."""
 
-    name: str  # "vllm" | "tgi"
+    name: str  # "vllm" | "tgi" | "sglang" | "trtllm"
     title: str  # for humans
     by: tuple[str, ...]  # aggregation labels (DP ranks summed away)
     histograms: dict[str, tuple[str, str]]  # signal -> (metric family, label selector)
@@ -192,6 +193,8 @@ class Engine:
     preemptions: str | None  # counter, or None when the engine exports none
     shown: tuple[str, ...] = ("instance",)  # the labels that name a target in alert texts
     matchers: str = ""  # a source's selector, added to every engine series the rules read
+    kv_usage: str | None = None  # a KV-usage gauge (0..1); None: TGI's used/capacity gauges
+    itl_buckets: tuple[float, ...] = ()  # default ITL bucket bounds (the stall share's literals)
 
     @property
     def labels(self) -> str:
@@ -241,7 +244,7 @@ VLLM = Engine(
            "queue_time": "queue_time_seconds", "prefill_time": "prefill_time_seconds",
            "decode_time": "decode_time_seconds", "prompt_tokens": "prompt_tokens"},
     running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
-    preemptions="vllm:num_preemptions_total",
+    preemptions="vllm:num_preemptions_total", kv_usage="vllm:kv_cache_usage_perc", itl_buckets=VLLM_ITL_BUCKETS,
 )
 
 TGI = Engine(
@@ -260,7 +263,47 @@ TGI = Engine(
     running="tgi_batch_current_size", waiting="tgi_queue_size", preemptions=None,
 )
 
-ENGINES = (VLLM, TGI)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)  # SGLang 0.5 defaults
+
+SGLANG = Engine(
+    "sglang", "SGLang", ("job", "instance", "model_name"),
+    histograms={
+        "ttft": ("sglang:time_to_first_token_seconds", ""),
+        "itl": ("sglang:inter_token_latency_seconds", ""),
+        "tpot": ("sglang:request_time_per_output_token_seconds", ""),
+        "e2e": ("sglang:e2e_request_latency_seconds", ""),
+        "queue_time": ("sglang:queue_time_seconds", ""),
+        "prefill_time": ("sglang:per_stage_req_latency_seconds", '{stage="prefill_forward"}'),
+        "prompt_tokens": ("sglang:prompt_tokens_histogram", ""),
+    },
+    stems={"ttft": "ttft_seconds", "itl": "itl_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds",
+           "queue_time": "queue_time_seconds", "prefill_time": "prefill_time_seconds",
+           "prompt_tokens": "prompt_tokens"},
+    running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
+    preemptions="sglang:num_retracted_requests_total", kv_usage="sglang:token_usage", itl_buckets=SGLANG_ITL_BUCKETS,
+)
+
+#: trtllm-serve: no per-step ITL and no prompt-length histogram, so the regimes that read them
+#: (prefill_compute, prefill_interference, bandwidth_bound) have no alerts for it, as the
+#: built-in diagnosis lists them as not judged.
+TRTLLM = Engine(
+    "trtllm", "TensorRT-LLM", ("job", "instance", "model_name"),
+    histograms={
+        "ttft": ("trtllm_time_to_first_token_seconds", ""),
+        "tpot": ("trtllm_time_per_output_token_seconds", ""),
+        "e2e": ("trtllm_e2e_request_latency_seconds", ""),
+        "queue_time": ("trtllm_request_queue_time_seconds", ""),
+        "prefill_time": ("trtllm_request_prefill_time_seconds", ""),
+        "decode_time": ("trtllm_request_decode_time_seconds", ""),
+    },
+    stems={"ttft": "ttft_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds", "queue_time": "queue_time_seconds",
+           "prefill_time": "prefill_time_seconds", "decode_time": "decode_time_seconds"},
+    running="trtllm_num_requests_running", waiting="trtllm_num_requests_waiting", preemptions=None,
+    kv_usage="trtllm_kv_cache_utilization",
+)
+
+ENGINES = (VLLM, TGI, SGLANG, TRTLLM)
 SLO_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E latency", "queue_time": "queue time",
              "prefill_time": "prefill time", "decode_time": "decode time"}
 
@@ -334,7 +377,7 @@ class _Group:
             return self.record(name, f"{p}\n/\n({p}\n + ({self.sum_rate(decode + '_sum', d_sel, w)} > 0))")
         metric, _ = e.histograms["itl"]
         terms = []
-        bounds = (*VLLM_ITL_BUCKETS, math.inf)
+        bounds = (*e.itl_buckets, math.inf)
         for lower, upper in zip(bounds, bounds[1:]):
             if lower < STALL_SECONDS:
                 continue
@@ -352,9 +395,9 @@ class _Group:
     def kv_max(self, w: str) -> str:
         e = self.engine
         name = self.rec("kv_cache_usage", "max", w)
-        if e.name == "vllm":
+        if e.kv_usage is not None:
             return self.record(name, f"avg by ({e.labels}) "
-                                     f"(max_over_time({e.select('vllm:kv_cache_usage_perc')}[{w}]))")
+                                     f"(max_over_time({e.select(e.kv_usage)}[{w}]))")
         usage = (f"clamp_max(\n    sum by ({e.labels}) ({e.select('tgi_batch_current_max_tokens')})\n    /\n"
                  f"    (sum by ({e.labels}) ({e.select('tgi_batch_max_total_tokens')}) > 0),\n    1\n  )")
         return self.record(name, f"max_over_time(\n  {usage}[{w}:]\n)")
@@ -375,27 +418,33 @@ class _Group:
                            self.sum_rate(metric + "_count", selector, w, "increase"))
 
     def all_signals(self, w: str) -> dict[str, str | None]:
-        """Every number a regime rule reads, recorded over ``w``."""
+        """Every number a regime rule reads, recorded over ``w``. A number the engine does not
+        export is absent (a twin reading it raises ``KeyError`` and exports no alert for the
+        engine); ``preemptions`` is None where no preemption counter exists."""
+        e = self.engine
         out: dict[str, str | None] = {}
         for signal in ("ttft", "itl"):
-            for q in STANDARD_QUANTILES:
-                out[f"{signal}_{quantile_name(q)}"] = self.quantile(signal, q, w)
-        out["ttft_mean"] = self.mean("ttft", w)
-        out["itl_mean"] = self.mean("itl", w)
+            if e.supports(signal):
+                for q in STANDARD_QUANTILES:
+                    out[f"{signal}_{quantile_name(q)}"] = self.quantile(signal, q, w)
+                out[f"{signal}_mean"] = self.mean(signal, w)
         out["queue_mean"] = queue_mean = self.mean("queue_time", w)
         out["prefill_mean"] = prefill_mean = self.prefill_per_request(w)
         out["queue_share"] = self.share("queue", queue_mean, w)
         out["prefill_share"] = self.share("prefill", prefill_mean, w)
-        out["prompt_mean"] = self.mean("prompt_tokens", w)
-        out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
-        out["itl_ratio"] = self.itl_ratio(w)
-        out["stall_share"] = self.stall_share(w)
-        out["running"] = self.gauge_avg("num_requests_running", self.engine.running, w)
-        out["waiting"] = self.gauge_avg("num_requests_waiting", self.engine.waiting, w)
+        if e.supports("prompt_tokens"):
+            out["prompt_mean"] = self.mean("prompt_tokens", w)
+            out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
+        if e.supports("itl"):
+            out["itl_ratio"] = self.itl_ratio(w)
+            out["stall_share"] = self.stall_share(w)
+        out["running"] = self.gauge_avg("num_requests_running", e.running, w)
+        out["waiting"] = self.gauge_avg("num_requests_waiting", e.waiting, w)
         out["kv_max"] = self.kv_max(w)
         out["preemptions"] = self.preemption_rate(w)
         out["requests"] = self.requests(w)
-        out["steps"] = self.decode_steps(w)
+        if e.supports("itl"):
+            out["steps"] = self.decode_steps(w)
         return out
 
 
@@ -443,6 +492,8 @@ class RegimeAlerts:
     def gate(self) -> str:
         """Enough engine traffic in the window, like ``engine.data_problems``."""
         r, t = self.recorded, self.t
+        if "steps" not in r:  # no per-step ITL: requests only
+            return f"({r['requests']} >= {num(t.min_requests)})"
         return f"({r['requests']} >= {num(t.min_requests)}) or ({r['steps']} >= {num(t.min_decode_steps)})"
 
     def and_(self, *parts: str) -> str:
@@ -464,18 +515,25 @@ def _regime_alerts(g: _Group, recorded: dict[str, str | None], t: Thresholds, w:
     exported = [rule for rule in reversed(RULES) if rule.promql is not None]
     out: list[dict[str, Any]] = []
 
-    def writer(rule: Rule) -> RegimeAlerts:
-        return RegimeAlerts(rule.regime, g.engine, recorded, t, w, hold, links, hardware, out)
+    def write(rule: Rule, twin: Callable[..., None], *args: Any) -> None:
+        """The twin's alerts for this engine, or none when it reads a number the engine does not
+        export (the built-in diagnosis lists that regime as not judged)."""
+        alerts: list[dict[str, Any]] = []
+        try:
+            twin(RegimeAlerts(rule.regime, g.engine, recorded, t, w, hold, links, hardware, alerts), *args)
+        except KeyError:
+            return
+        out.extend(alerts)
 
     plain = [(rule, rule.promql) for rule in exported if rule.promql and rule.promql_profiled is None]
     profiled = [(rule, rule.promql, rule.promql_profiled) for rule in exported if rule.promql and rule.promql_profiled]
     for rule, twin in plain:
-        twin(writer(rule))
+        write(rule, twin)
     for target in hardware:
         for rule, _, twin_with_floor in profiled:
-            twin_with_floor(writer(rule), target)
+            write(rule, twin_with_floor, target)
     for rule, twin, _ in profiled:
-        twin(writer(rule))
+        write(rule, twin)
     return out
 
 
@@ -637,7 +695,7 @@ def rules() -> None:
                    "there are several).")
 @click.option("--check", is_flag=True, help="Do not write: exit 1 if --out differs from what would be generated.")
 def export(config_file: Path | None, out_file: Path | None, source: str | None, check: bool) -> None:
-    """Write Prometheus recording + alerting rules (vLLM and TGI metric names).
+    """Write Prometheus recording + alerting rules (vLLM, TGI, SGLang and TensorRT-LLM metric names).
 
     For a config with a Prometheus source, the rules read that source's series (its
     selector) and name a target by its target_labels instead of job/instance."""

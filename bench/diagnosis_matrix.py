@@ -1,7 +1,9 @@
 """Diagnosis accuracy on every emulator scenario, through the real scrape -> store -> diagnose path.
 
-    python3 bench/diagnosis_matrix.py                # 3 seeds x (vLLM, TGI), ~2 minutes
+    python3 bench/diagnosis_matrix.py                # 3 seeds x (vLLM, TGI, SGLang, TensorRT-LLM)
+    python3 bench/diagnosis_matrix.py --seeds 1 --engines sglang,trtllm
     python3 bench/diagnosis_matrix.py --seeds 1 --quick
+    python3 bench/diagnosis_matrix.py --offline      # no HTTP: for a loaded machine (see below)
 
 The emulated engines run in a child process (so they do not share the monitor's GIL),
 each on its own loopback port, sped up ``--time-scale`` times. The monitor is the real
@@ -20,6 +22,18 @@ Prints
 * for each transition scenario (``healthy->REGIME``): the detection latency, counted in
   evaluation intervals from the moment of the switch to the first evaluation whose
   primary finding is REGIME, and to the evaluation where that finding became active.
+
+A regime whose rule could not be judged on an engine (the engine does not export what the
+rule reads: trtllm-serve has no per-step ITL histogram, for example) is counted in the
+``not_judged`` column, never as healthy and never as correct; accuracy is over the runs
+whose engine exposes the regime's signals, and a per-engine table shows which those are.
+
+``--offline`` runs the same scenarios without HTTP or wall-clock time: each emulator is advanced
+on its own simulated clock, its page is rendered and processed in-process every scrape interval
+(``PageProcessor`` -> store -> signals -> rules -> lifecycle, the service's path after the
+fetch), and evaluated every evaluation interval. On a machine too loaded for real-time
+emulation (scrapes that time out turn every verdict into ``insufficient_data``) it still
+measures the diagnosis; it does not measure the scraper.
 
 Targets: every regime scenario gets its own label as the primary finding; ``healthy``
 and ``healthy_bursty`` get no finding at any evaluation; detection within three
@@ -51,7 +65,7 @@ from app.emulator import scenarios
 STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_interference", "bandwidth_bound",
           "kv_cache_pressure", "weights_offloaded"]
 REGIMES = STEADY[2:]
-VERDICTS = ["healthy", *REGIMES, "insufficient_data"]
+VERDICTS = ["healthy", *REGIMES, "insufficient_data", "not_judged"]
 WARMUP = 60.0  # simulated seconds run before serving
 
 
@@ -71,7 +85,7 @@ def hardware_of(spec: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--engines", default="vllm,tgi")
+    parser.add_argument("--engines", default="vllm,tgi,sglang,trtllm")
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--scrape-interval", type=float, default=10.0, help="simulated seconds between scrapes")
     parser.add_argument("--steady", type=float, default=180.0, help="simulated seconds observed")
@@ -83,6 +97,7 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=defaults.window,
                         help="simulated seconds each evaluation looks at")
     parser.add_argument("--quick", action="store_true", help="1 seed, vLLM only")
+    parser.add_argument("--offline", action="store_true", help="simulated clocks, pages processed in-process")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.engines = 1, "vllm"
@@ -96,13 +111,18 @@ def main() -> int:
                 name = f"{engine}-{scenario}-{seed}".replace("_", "-")
                 specs.append(dict(name=name, scenario=scenario, engine=engine, seed=seed, time_scale=ts,
                                   warmup_s=WARMUP))
-                expected[name] = ("steady", scenario)
+                expected[name] = ("steady", scenario, engine)
             for regime in REGIMES:
                 spec = f"healthy->{regime}@{WARMUP + args.switch:g}"
                 name = f"{engine}-to-{regime}-{seed}".replace("_", "-")
                 specs.append(dict(name=name, scenario=spec, engine=engine, seed=100 + seed, time_scale=ts,
                                   warmup_s=WARMUP))
-                expected[name] = ("transition", regime)
+                expected[name] = ("transition", regime, engine)
+
+    if args.offline:
+        timeline, unjudged = run_offline(specs, args)
+        print(f"{len(specs)} emulated targets, offline", file=sys.stderr)
+        return report(args, engines, expected, timeline, unjudged)
 
     parent, child = mp.get_context("spawn").Pipe()
     proc = mp.get_context("spawn").Process(target=serve_fleet, args=(specs, child), daemon=True)
@@ -132,6 +152,7 @@ def main() -> int:
                             max_concurrent_scrapes=128)
         app = create_app(settings)
         timeline: dict[str, list[tuple[float, str, list, list]]] = defaultdict(list)
+        unjudged: dict[str, set[str]] = {}  # per target: the regimes its last evaluation could not judge
         with TestClient(app):
             monitor = app.state.monitor
             end = fleet_started + args.steady / ts
@@ -142,6 +163,7 @@ def main() -> int:
                 for diagnosis, transitions in monitor.evaluate_diagnoses(now=now):
                     timeline[diagnosis.target].append((now, diagnosis.verdict, [f.regime for f in diagnosis.findings],
                                                        transitions))
+                    unjudged[diagnosis.target] = {n["regime"] for n in diagnosis.not_judged}
                 next_eval += interval_real
             # each emulated clock, read from its ground truth: simulated time = offset + real time * scale
             import httpx
@@ -163,20 +185,83 @@ def main() -> int:
 
     timeline = {name: [(offsets[name] + t * ts, v, regimes, tr) for t, v, regimes, tr in events]
                 for name, events in timeline.items()}
+    return report(args, engines, expected, timeline, unjudged)
+
+
+def run_offline(specs: list[dict], args: argparse.Namespace) -> tuple[dict[str, list], dict[str, set[str]]]:
+    """Every target on its simulated clock: a scrape every ``--scrape-interval``, an evaluation
+    every ``--eval-interval`` over ``--window``, both in simulated seconds from the warm-up on."""
+    from app.diagnosis import engine as diagnosis_engine
+    from app.diagnosis.profile import HardwareProfile
+    from app.emulator.simulation import Simulation
+    from app.scrape.jobs import PageProcessor
+    from app.scrape.record import ScrapeRecord
+    from app.store import db, repository
+    from app.store.repository import SampleWriter
+
+    t = DiagnosisConfig().thresholds
+    timeline: dict[str, list[tuple[float, str, list, list]]] = {}
+    unjudged: dict[str, set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            url = f"sqlite:///{Path(tmp) / (spec['name'] + '.db')}"
+            db.upgrade(url)
+            sql = db.make_engine(url)
+            sessions = db.make_sessionmaker(sql)
+            hardware = HardwareProfile(**hardware_of(spec["scenario"]))
+            with sessions.begin() as session:
+                target_id = repository.create_target(session, name=spec["name"], url="http://emulated/metrics",
+                                                     engine="auto", labels={}).id
+            sim = Simulation(spec["scenario"], engine=spec["engine"], seed=spec["seed"])
+            sim.run_for(WARMUP)
+            processor, writer, events = PageProcessor("auto"), SampleWriter(sql), []
+            end, next_eval = WARMUP + args.steady, WARMUP + args.eval_interval
+            while sim.clock + 1e-9 < end:
+                sim.run_for(args.scrape_interval)
+                page, canonical, _ = processor.process(sim.render_metrics())
+                writer.write([ScrapeRecord(target_id, round(sim.clock, 3), True, 0.001, 0, page.samples_seen,
+                                           page.samples_kept, page.malformed, processor.engine, None, None,
+                                           canonical)])
+                if sim.clock + 1e-9 >= next_eval:
+                    now = round(sim.clock, 3)
+                    with sessions.begin() as session:
+                        for d in diagnosis_engine.evaluate_target(session, target_id, spec["name"],
+                                                                  processor.engine or "vllm", now, args.window, t,
+                                                                  hardware):
+                            transitions = diagnosis_engine.apply_lifecycle(session, target_id, d, t, now)
+                            events.append((now, d.verdict, [f.regime for f in d.findings], transitions))
+                            unjudged[spec["name"]] = {n["regime"] for n in d.not_judged}
+                    next_eval += args.eval_interval
+            timeline[spec["name"]] = events
+            sql.dispose()
+    return timeline, unjudged
+
+
+def report(args: argparse.Namespace, engines: list[str], expected: dict, timeline: dict[str, list],
+           unjudged: dict[str, set[str]]) -> int:
+    """Print the tables; 0 when every target is met."""
     matrix: dict[str, Counter] = defaultdict(Counter)
+    per_engine: dict[tuple[str, str], Counter] = defaultdict(Counter)  # (scenario, engine) -> right / judged / n/j
     detection: dict[str, list] = defaultdict(list)
     false_findings: dict[str, tuple[int, list]] = {}  # healthy run -> (evaluations, [(t, regimes)] with a finding)
-    for name, (kind, label) in expected.items():
+    for name, (kind, label, engine) in expected.items():
         events = timeline.get(name, [])
         if kind == "steady" and label.startswith("healthy"):
             wrong = [(round(t), regimes) for t, _, regimes, _ in events if regimes]
             false_findings[name] = (len(events), wrong)
-            matrix[label][wrong[0][1][0] if wrong else ("healthy" if events else "insufficient_data")] += 1
+            verdict = wrong[0][1][0] if wrong else ("healthy" if events else "insufficient_data")
+            matrix[label][verdict] += 1
+            per_engine[label, engine]["right" if verdict == "healthy" else "wrong"] += 1
         elif kind == "steady":
             final = events[-1][1] if events else "insufficient_data"
+            if final != label and label in unjudged.get(name, set()):
+                final = "not_judged"
             matrix[label][final] += 1
+            per_engine[label, engine]["right" if final == label else "n/j" if final == "not_judged" else "wrong"] += 1
             if final != label:
                 print(f"{name}: verdicts {[v for _, v, _, _ in events]}", file=sys.stderr)
+        elif label in unjudged.get(name, set()):
+            continue  # this engine does not export what the rule reads: no detection to time
         else:
             switch = WARMUP + args.switch
             first = next((t for t, v, _, _ in events if t > switch and v == label), None)
@@ -198,16 +283,29 @@ def main() -> int:
           f"every {args.eval_interval:g} s)\n")
     print("| scenario \\ verdict | " + " | ".join(VERDICTS) + " | correct |")
     print("|---|" + "---|" * (len(VERDICTS) + 1))
-    total = correct = 0
+    total = correct = unjudged_runs = 0
     for scenario in STEADY:
         want = "healthy" if scenario.startswith("healthy") else scenario
         row = matrix[scenario]
-        n = sum(row.values())
+        n = sum(row.values()) - row["not_judged"]
         total += n
         correct += row[want]
+        unjudged_runs += row["not_judged"]
         print(f"| {scenario} | " + " | ".join(str(row[v]) if row[v] else "." for v in VERDICTS)
               + f" | {row[want]}/{n} |")
-    print(f"\nAccuracy: {correct}/{total}")
+    print(f"\nAccuracy: {correct}/{total} (runs whose engine exposes the regime's signals); not judged: "
+          f"{unjudged_runs}")
+    print("\n## Per engine (right / runs; n/j = not judged: the engine does not export what the rule reads)\n")
+    print("| scenario | " + " | ".join(engines) + " |")
+    print("|---|" + "---|" * len(engines))
+    for scenario in STEADY:
+        cells = []
+        for engine in engines:
+            c = per_engine[scenario, engine]
+            judged = c["right"] + c["wrong"]
+            cells.append(f"{c['right']}/{judged}" + (f" ({c['n/j']} n/j)" if c["n/j"] else "") if judged
+                         else f"n/j ({c['n/j']})")
+        print(f"| {scenario} | " + " | ".join(cells) + " |")
     print("\n## False findings in the healthy scenarios (every evaluation; target 0)\n")
     print("| run | evaluations | with a pending or active finding | regimes |")
     print("|---|---|---|---|")
@@ -224,6 +322,9 @@ def main() -> int:
     for regime in REGIMES:
         runs = detection[regime]
         fmt = lambda xs: ", ".join("never" if x is None else f"{x:.1f}" for x in xs)  # noqa: E731
+        if not runs:
+            print(f"| {regime} | n/j | n/j | - | n/j |")
+            continue
         ok = all(f is not None and f <= 3 for f, _, _ in runs)
         all_ok &= ok and all(w == 0 for _, _, w in runs)
         print(f"| {regime} | {fmt([r[0] for r in runs])} | {fmt([r[1] for r in runs])} | "

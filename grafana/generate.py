@@ -138,7 +138,8 @@ class EngineLabels:
 
 
 #: One always-present gauge per engine: a target label's values are read from these series.
-PRESENCE_METRICS = ("vllm:num_requests_running", "tgi_batch_current_size")
+PRESENCE_METRICS = ("vllm:num_requests_running", "tgi_batch_current_size", "sglang:num_running_reqs",
+                    "trtllm_num_requests_running")
 
 #: The engine labels of the dashboards being rendered (:func:`render` sets them).
 ENGINE = EngineLabels()
@@ -227,16 +228,17 @@ class Q:
         return f"sum by ({by or ENGINE.by}) (rate({metric}{{{ENGINE.tgi}{extra}}}[{w}]))"
 
     @staticmethod
-    def vllm_quantile(q: str, family: str) -> str:
-        return f"histogram_quantile({q}, {Q.vllm_rate(family + '_bucket', f'le, {ENGINE.by}')})"
+    def vllm_quantile(q: str, family: str, extra: str = "") -> str:
+        """Also SGLang's and trtllm-serve's families: they carry ``model_name`` as vLLM does."""
+        return f"histogram_quantile({q}, {Q.vllm_rate(family + '_bucket', f'le, {ENGINE.by}', extra)})"
 
     @staticmethod
     def tgi_quantile(q: str, family: str, extra: str = "") -> str:
         return f"histogram_quantile({q}, {Q.tgi_rate(family + '_bucket', f'le, {ENGINE.by}', extra)})"
 
     @staticmethod
-    def vllm_mean(family: str) -> str:
-        return f"{Q.vllm_rate(family + '_sum')} / {Q.vllm_rate(family + '_count')}"
+    def vllm_mean(family: str, extra: str = "") -> str:
+        return f"{Q.vllm_rate(family + '_sum', extra=extra)} / {Q.vllm_rate(family + '_count', extra=extra)}"
 
     @staticmethod
     def tgi_mean(family: str, extra: str = "") -> str:
@@ -248,23 +250,30 @@ class Q:
         dashboard and the monitor's latency API (``derived: true``) do."""
         prefill = Q.tgi_quantile(q, "tgi_batch_inference_duration", extra=', method="prefill"')
         tgi = f"{Q.tgi_quantile(q, 'tgi_request_queue_duration')}\n+ {prefill}"
-        return either(Q.vllm_quantile(q, "vllm:time_to_first_token_seconds"), tgi)
+        return either(Q.vllm_quantile(q, "vllm:time_to_first_token_seconds"),
+                      Q.vllm_quantile(q, "sglang:time_to_first_token_seconds"),
+                      Q.vllm_quantile(q, "trtllm_time_to_first_token_seconds"), tgi)
 
     @staticmethod
     def engine_itl_quantile(q: str) -> str:
-        """vLLM's ITL histogram (one observation per engine step); TGI: decode step time."""
+        """vLLM's ITL histogram (one observation per engine step), SGLang's (per token); TGI:
+        decode step time. trtllm-serve has no ITL histogram."""
         return either(Q.vllm_quantile(q, "vllm:inter_token_latency_seconds"),
+                      Q.vllm_quantile(q, "sglang:inter_token_latency_seconds"),
                       Q.tgi_quantile(q, "tgi_batch_inference_duration", extra=', method="decode"'))
 
     @staticmethod
     def engine_queue_mean() -> str:
-        return either(Q.vllm_mean("vllm:request_queue_time_seconds"), Q.tgi_mean("tgi_request_queue_duration"))
+        return either(Q.vllm_mean("vllm:request_queue_time_seconds"), Q.vllm_mean("sglang:queue_time_seconds"),
+                      Q.vllm_mean("trtllm_request_queue_time_seconds"), Q.tgi_mean("tgi_request_queue_duration"))
 
     @staticmethod
     def engine_prefill_mean() -> str:
         """vLLM: first scheduled -> first token; TGI: mean prefill batch time (what every
         request of the batch waits)."""
         return either(Q.vllm_mean("vllm:request_prefill_time_seconds"),
+                      Q.vllm_mean("sglang:per_stage_req_latency_seconds", extra=', stage="prefill_forward"'),
+                      Q.vllm_mean("trtllm_request_prefill_time_seconds"),
                       Q.tgi_mean("tgi_batch_inference_duration", extra=', method="prefill"'))
 
     @staticmethod
@@ -275,12 +284,15 @@ class Q:
 
     @staticmethod
     def running() -> str:
-        return either(f"sum by ({ENGINE.by}) (vllm:num_requests_running{{{ENGINE.vllm}}})",
+        return either(*(f"sum by ({ENGINE.by}) ({m}{{{ENGINE.vllm}}})"
+                        for m in ("vllm:num_requests_running", "sglang:num_running_reqs",
+                                  "trtllm_num_requests_running")),
                       f"sum by ({ENGINE.by}) (tgi_batch_current_size{{{ENGINE.tgi}}})")
 
     @staticmethod
     def waiting() -> str:
-        return either(f"sum by ({ENGINE.by}) (vllm:num_requests_waiting{{{ENGINE.vllm}}})",
+        return either(*(f"sum by ({ENGINE.by}) ({m}{{{ENGINE.vllm}}})"
+                        for m in ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "trtllm_num_requests_waiting")),
                       f"sum by ({ENGINE.by}) (tgi_queue_size{{{ENGINE.tgi}}})")
 
     @staticmethod
@@ -289,11 +301,13 @@ class Q:
         TGI: tokens reserved by the running batch / the KV capacity in tokens."""
         e = ENGINE
         tgi = f"tgi_batch_current_max_tokens{{{e.tgi}}} / tgi_batch_max_total_tokens{{{e.tgi}}}"
-        return either(f"avg by ({e.by}) (vllm:kv_cache_usage_perc{{{e.vllm}}})", f"avg by ({e.by}) ({tgi})")
+        return either(*(f"avg by ({e.by}) ({m}{{{e.vllm}}})"
+                        for m in ("vllm:kv_cache_usage_perc", "sglang:token_usage", "trtllm_kv_cache_utilization")),
+                      f"avg by ({e.by}) ({tgi})")
 
     @staticmethod
     def preemptions() -> str:
-        return Q.vllm_rate("vllm:num_preemptions_total")
+        return either(Q.vllm_rate("vllm:num_preemptions_total"), Q.vllm_rate("sglang:num_retracted_requests_total"))
 
     @staticmethod
     def prefix_hit_rate() -> str:
@@ -301,15 +315,18 @@ class Q:
 
     @staticmethod
     def requests() -> str:
-        return either(Q.vllm_rate("vllm:request_success_total"), Q.tgi_rate("tgi_request_success"))
+        return either(Q.vllm_rate("vllm:request_success_total"), Q.vllm_rate("sglang:num_requests_total"),
+                      Q.vllm_rate("trtllm_request_success_total"), Q.tgi_rate("tgi_request_success"))
 
     @staticmethod
     def prompt_tokens() -> str:
-        return either(Q.vllm_rate("vllm:prompt_tokens_total"), Q.tgi_rate("tgi_request_input_length_sum"))
+        return either(Q.vllm_rate("vllm:prompt_tokens_total"), Q.vllm_rate("sglang:prompt_tokens_total"),
+                      Q.vllm_rate("trtllm_prompt_tokens_total"), Q.tgi_rate("tgi_request_input_length_sum"))
 
     @staticmethod
     def generation_tokens() -> str:
-        return either(Q.vllm_rate("vllm:generation_tokens_total"), Q.tgi_rate("tgi_request_generated_tokens_sum"))
+        return either(Q.vllm_rate("vllm:generation_tokens_total"), Q.vllm_rate("sglang:generation_tokens_total"),
+                      Q.vllm_rate("trtllm_generation_tokens_total"), Q.tgi_rate("tgi_request_generated_tokens_sum"))
 
     @staticmethod
     def tgi_prefill_merges() -> str:

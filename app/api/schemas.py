@@ -165,6 +165,8 @@ class SignalsLatency(BaseModel):
     prompt_tokens: SignalSummary | None = None
     generation_tokens: SignalSummary | None = None
     iteration_tokens: SignalSummary | None = None
+    kv_transfer_time: SignalSummary | None = None
+    render_time: SignalSummary | None = None
     rates: dict[str, float] = Field(description="per-second rates of the counters (``<counter>_per_second``) "
                                                 "and ``prefix_cache_hit_rate``")
     gauges: dict[str, GaugeSummary] = Field(description="per gauge signal (running, waiting, kv_usage)")
@@ -271,6 +273,13 @@ class FindingOut(BaseModel):
     runbook_url: str | None = None
 
 
+class NotJudgedOut(BaseModel):
+    """A regime the diagnosis could not judge, and why."""
+
+    regime: str
+    reason: str
+
+
 class DiagnosisOut(BaseModel):
     """The verdict for one target and model. ``active`` and ``evaluated_at`` only in the
     scheduled diagnosis."""
@@ -285,6 +294,9 @@ class DiagnosisOut(BaseModel):
     findings: list[FindingOut]
     notes: list[str]
     signals: dict[str, Any] = Field(description="the numbers the rules read (only those known in the window)")
+    not_judged: list[NotJudgedOut] = Field(
+        default_factory=list, description="regimes whose rule could not run because a signal it needs is not "
+                                          "exported by this engine (or release); a healthy verdict covers the others")
 
 
 class FindingRecordOut(BaseModel):

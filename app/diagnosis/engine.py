@@ -53,6 +53,11 @@ def data_problems(s: Signals, t: Thresholds) -> list[str]:
     return problems
 
 
+def not_judged_reason(engine: str, missing: list[str]) -> str:
+    """Why a rule was not run: what it needs that this engine's page did not have in the window."""
+    return f"needs {' and '.join(missing)}, which this {engine} target's window does not have"
+
+
 def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
     """Run every rule on one target/model's signals and rank what fired."""
     diagnosis = Diagnosis(s.target, s.model, s.engine, s.window_start, s.window_end, "healthy",
@@ -72,7 +77,13 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
     problems = data_problems(s, t)
     diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
     rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES
-    findings = [f for f in (rule.evaluate(s, t) for rule in rules) if f is not None]
+    judged = []
+    for rule in rules:
+        if missing := rule.missing(s):
+            diagnosis.not_judged.append({"regime": rule.regime, "reason": not_judged_reason(s.engine, missing)})
+        else:
+            judged.append(rule)
+    findings = [f for f in (rule.evaluate(s, t) for rule in judged) if f is not None]
     for finding in findings:
         finding.window_start, finding.window_end = s.window_start, s.window_end
     rank(findings)

@@ -158,11 +158,14 @@ class Diagnosis:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     signals: dict = field(default_factory=dict)
+    #: regimes whose rule could not run, each ``{"regime": ..., "reason": ...}``: the signals
+    #: it needs are not on this engine's page. A "healthy" verdict holds for the others only.
+    not_judged: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
             "target": self.target, "model": self.model, "engine": self.engine,
             "window": window_dict(self.window_start, self.window_end),
             "verdict": self.verdict, "findings": [f.to_dict() for f in self.findings],
-            "notes": self.notes, "signals": self.signals,
+            "notes": self.notes, "signals": self.signals, "not_judged": self.not_judged,
         }

@@ -26,6 +26,9 @@ from app.store.repository import SampleWriter
 from app.thresholds import Thresholds
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
+#: Nothing fired, but some regime could not be judged (its signals are not on this engine's page):
+#: not the same as healthy, so not 0.
+EXIT_NOT_JUDGED = 5
 #: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics.
 _WRONG_PAGE = ("http_status", "parse_error", "no_engine_metrics")
 
@@ -46,6 +49,8 @@ class OneShotResult:
             return EXIT_FINDING
         if all(d.verdict == "insufficient_data" for d in self.diagnoses):
             return EXIT_INSUFFICIENT
+        if any(d.not_judged for d in self.diagnoses):
+            return EXIT_NOT_JUDGED
         return EXIT_HEALTHY
 
     @property
@@ -141,6 +146,8 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
         lines.append(f"\nDiagnosis{model}: {d.verdict}")
         for note in d.notes:
             lines.append(f"  note: {note}")
+        for item in d.not_judged:
+            lines.append(f"  not judged: {item['regime']}: {item['reason']}")
         for f in d.findings:
             role = "PRIMARY" if f.primary else (f"caused by {f.caused_by}" if f.caused_by else "also")
             lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence:.2f}): {f.summary}")

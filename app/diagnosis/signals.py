@@ -62,6 +62,7 @@ class Signals:
     prompt_tokens: LatencySummary | None = None
     generation_tokens: LatencySummary | None = None
     queue_share: float | None = None          # mean queue / mean TTFT
+    queue_mean_estimated: float | None = None  # no queue histogram: mean waiting / first tokens per second
     prefill_share: float | None = None        # mean prefill / mean TTFT
     prefill_per_request: float | None = None  # seconds of prefill a request waits for its first token
     ttft_per_1k_prompt_tokens: float | None = None
@@ -197,6 +198,8 @@ def from_window(window: TargetWindow, target: str, engine: str,
         s.decode_stall_share = _stall_share(engine, merged["itl"], merged["prefill_time"])
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(merged["iteration_tokens"])
         _gauges_and_rates(s, m)
+        if s.queue_time is None:
+            s.queue_mean_estimated = _queue_from_gauges(s)
         s.step_budget = infer_step_budget(merged["iteration_tokens"], merged["prompt_tokens"], merged["itl"],
                                           merged["prefill_time"], s.running_mean, s.preemptions_per_second)
         _itl_by_batch(s, m.itl_intervals)
@@ -209,6 +212,16 @@ def from_window(window: TargetWindow, target: str, engine: str,
             s.itl_over_floor = _ratio(itl_small, s.decode_floor_seconds)
         out.append(s)
     return out
+
+
+def _queue_from_gauges(s: Signals) -> float | None:
+    """Mean time in the queue by Little's law, for pages without a queue-time histogram (SGLang
+    0.4.0-0.4.3): requests waiting on average / requests leaving the queue per second (those
+    that got their first token in the window). An estimate: exact for a steady queue, and
+    the queueing rule says it is one."""
+    if s.waiting_mean is None or s.ttft is None or not s.ttft.count or s.window_seconds <= 0:
+        return None
+    return s.waiting_mean / (s.ttft.count / s.window_seconds)
 
 
 def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:

@@ -1,4 +1,4 @@
-"""``llm-latency emulate``: serve emulated vLLM/TGI engines until Ctrl-C.
+"""``llm-latency emulate``: serve emulated vLLM, TGI, SGLang and TensorRT-LLM (trtllm-serve) engines until Ctrl-C.
 
 Examples::
 
@@ -111,7 +111,7 @@ def build_specs(scenario_names: tuple[str, ...], targets: tuple[str, ...], *, en
 @click.option("--model-name", default=None, help="Served model name (default: the scenario's).")
 @click.option("--list-scenarios", is_flag=True, help="List the scenarios and their signatures, then exit.")
 def emulate(scenario_names, targets, engine, port, host, seed, time_scale, warmup, model_name, list_scenarios) -> None:
-    """Serve emulated vLLM/TGI engines (real-format /metrics and OpenAI streaming) until Ctrl-C."""
+    """Serve emulated vLLM/TGI/SGLang/TensorRT-LLM engines (real-format /metrics and OpenAI streaming) until Ctrl-C."""
     if list_scenarios:
         for s in scenarios.describe_all():
             click.echo(f"{s['name']:<22} [{s['regime'] or 'healthy'}] {s['summary']}")

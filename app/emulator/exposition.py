@@ -28,6 +28,19 @@ TTFT of 1 s is seen by an HTTP client after 0.1 s):
   requests (decodes are paused during them), ``{method="decode"}`` otherwise;
   ``tgi_request_mean_time_per_token_duration`` = inference time / generated tokens
   (prefill included, as in TGI).
+
+SGLang (0.5 names, labels and default buckets of ``metrics_collector.py``) and TensorRT-LLM's
+``trtllm-serve`` (``tensorrt_llm/metrics/collector.py``) are written with prometheus_client as
+those engines do:
+
+* SGLang: scheduler families carry ``model_name, engine_type, tp_rank, pp_rank`` (TP rank 0
+  reports), tokenizer families ``model_name, engine_type``; ``inter_token_latency_seconds`` is
+  per token (one token per step here, so the same observations as vLLM's);
+  ``per_stage_req_latency_seconds{stage="prefill_forward"}`` = first scheduled -> first token;
+  no prefill/decode histograms otherwise, no iteration-token histogram;
+* trtllm-serve: per-request histograms observed when a request finishes (TTFT, queue,
+  prefill, decode, inference, e2e, and ``time_per_output_token`` = the request's mean decode
+  time per token - no per-step ITL exists), gauges from the iteration stats.
 """
 
 from __future__ import annotations
@@ -162,7 +175,7 @@ HELP = {
 FINISHED_REASONS = {"vllm": ("stop", "length", "abort", "error", "repetition"),
                     "vllm-legacy": ("stop", "length", "abort")}
 
-ENGINES = ("vllm", "vllm-legacy", "tgi")
+ENGINES = ("vllm", "vllm-legacy", "tgi", "sglang", "trtllm")
 
 
 def _fmt_float(v: float) -> str:
@@ -606,10 +619,217 @@ class TgiExporter:
         return ("\n".join(out) + "\n").encode()
 
 
+# ---- SGLang ---------------------------------------------------------------------------------
+SGLANG_TTFT_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400]
+SGLANG_ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0]
+SGLANG_E2E_BUCKETS = [0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
+                      2400]
+SGLANG_QUEUE_BUCKETS = [0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80,
+                        90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500,
+                        3000]
+SGLANG_STAGE_BUCKETS = [0.001 * 1.62 ** k for k in range(30)]
+SGLANG_TOKEN_BUCKETS = [100, 300, 500, 1000, 1200, 1500, 1700, 2000, 2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000,
+                        8000, 9000, 10000, 12000, 15000, 20000, 22000, 25000, 30000, 35000, 40000, 66000, 99000,
+                        132000, 300000, 600000, 900000, 1100000]
+
+
+class SglangExporter:
+    """SGLang 0.5's ``SchedulerMetricsCollector`` and ``TokenizerMetricsCollector``."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
+                 **_: object) -> None:
+        self.registry = reg = CollectorRegistry()
+        sched, tok = ["model_name", "engine_type", "tp_rank", "pp_rank"], ["model_name", "engine_type"]
+        sv, tv = (model_name, "unified", "0", "0"), (model_name, "unified")
+
+        def hist(name: str, doc: str, buckets: list, labels=tok, values=tv):
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(*values)
+
+        self.running = Gauge("sglang:num_running_reqs", "The number of running requests.", sched,
+                             registry=reg).labels(*sv)
+        self.waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sched,
+                             registry=reg).labels(*sv)
+        self.kv_usage = Gauge("sglang:token_usage", "The token usage.", sched, registry=reg).labels(*sv)
+        self.used_tokens = Gauge("sglang:num_used_tokens", "The number of used tokens.", sched,
+                                 registry=reg).labels(*sv)
+        self.retracted = Counter("sglang:num_retracted_requests", "The number of retracted requests.", sched,
+                                 registry=reg).labels(*sv)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tok,
+                                     registry=reg).labels(*tv)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", tok,
+                                         registry=reg).labels(*tv)
+        self.requests = Counter("sglang:num_requests", "The number of processed requests.", tok,
+                                registry=reg).labels(*tv)
+        self.h_ttft = hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                           SGLANG_TTFT_BUCKETS)
+        self.h_itl = hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                          SGLANG_ITL_BUCKETS)
+        self.h_tpot = hist("sglang:request_time_per_output_token_seconds",
+                           "Histogram of time per output token of each request in seconds.", SGLANG_ITL_BUCKETS)
+        self.h_e2e = hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                          SGLANG_E2E_BUCKETS)
+        self.h_prompt = hist("sglang:prompt_tokens_histogram", "Histogram of prompt token length.",
+                             SGLANG_TOKEN_BUCKETS)
+        self.h_generation = hist("sglang:generation_tokens_histogram", "Histogram of generation token length.",
+                                 SGLANG_TOKEN_BUCKETS)
+        self.h_queue = hist("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                            SGLANG_QUEUE_BUCKETS, sched, sv)
+        self.h_prefill = Histogram("sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
+                                   sched + ["stage"], buckets=SGLANG_STAGE_BUCKETS,
+                                   registry=reg).labels(*sv, "prefill_forward")
+
+    def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
+        pass
+
+    def on_arrival(self, req: Request, t: float) -> None:
+        pass
+
+    def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
+        pass
+
+    def on_preempt(self, req: Request, t: float) -> None:
+        self.retracted.inc()
+
+    def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
+                deployment: Deployment) -> None:
+        for req in first_tokens:
+            self.h_ttft.observe(t - req.arrival)
+            self.h_queue.observe(req.first_scheduled - req.queued)
+            self.h_prefill.observe(t - req.first_scheduled)
+            self.prompt_tokens.inc(req.prompt_len)
+        for last, n in itl_groups.items():
+            observe_n(self.h_itl, t - last, n)
+        if generated:
+            self.generation_tokens.inc(generated)
+
+    def on_finish(self, req: Request, t: float) -> None:
+        if req.finish_reason in ("abort", "error") or req.first_token is None:
+            return
+        self.requests.inc()
+        self.h_e2e.observe(t - req.arrival)
+        self.h_prompt.observe(req.prompt_len)
+        self.h_generation.observe(req.num_output)
+        decode = t - req.first_token
+        self.h_tpot.observe(decode / (req.num_output - 1) if req.num_output > 1 else 0.0)
+
+    def set_state(self, running: int, waiting: int, kv_usage: float, kv_used_tokens: int, kv_total_tokens: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        self.used_tokens.set(kv_used_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# ---- TensorRT-LLM (trtllm-serve) -----------------------------------------------------------------
+TRTLLM_PREFILL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+                          160.0, 640.0, 2560.0]
+
+
+class TrtllmExporter:
+    """trtllm-serve's ``MetricsCollector``: per-request histograms at finish, iteration gauges."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
+                 **_: object) -> None:
+        self.registry = reg = CollectorRegistry()
+        ln, lv = ["model_name", "engine_type"], (model_name, "trtllm")
+
+        def hist(name: str, doc: str, buckets: list):
+            return Histogram(name, doc, ln, buckets=buckets, registry=reg).labels(*lv)
+
+        def gauge(name: str, doc: str):
+            return Gauge(name, doc, ln, registry=reg).labels(*lv)
+
+        self.success = Counter("trtllm_request_success", "Count of successfully processed requests.",
+                               ln + ["finished_reason"], registry=reg)
+        self.lv = lv
+        self.h_e2e = hist("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                          REQUEST_LATENCY_BUCKETS)
+        self.h_ttft = hist("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                           TTFT_BUCKETS)
+        self.h_tpot = hist("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+                           ITL_BUCKETS)
+        self.h_queue = hist("trtllm_request_queue_time_seconds",
+                            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.h_prefill = hist("trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase duration "
+                              "in seconds (first_token_time - first_scheduled_time).", TRTLLM_PREFILL_BUCKETS)
+        self.h_decode = hist("trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase duration "
+                             "in seconds (last_token_time - first_token_time).", REQUEST_LATENCY_BUCKETS)
+        self.h_inference = hist("trtllm_request_inference_time_seconds", "Histogram of total inference duration in "
+                                "seconds (last_token_time - first_scheduled_time).", REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = Counter("trtllm_prompt_tokens", "Cumulative number of prompt (input) tokens processed.",
+                                     ln, registry=reg).labels(*lv)
+        self.generation_tokens = Counter("trtllm_generation_tokens",
+                                         "Cumulative number of generation (output) tokens produced.", ln,
+                                         registry=reg).labels(*lv)
+        self.running = gauge("trtllm_num_requests_running", "Number of active requests")
+        self.waiting = gauge("trtllm_num_requests_waiting", "Number of queued requests")
+        self.kv_usage = gauge("trtllm_kv_cache_utilization", "KV cache utilization")
+        self.kv_max_blocks = gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks")
+        self.kv_used_blocks = gauge("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks")
+        self.block_size = config.block_size
+
+    def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
+        self.block_size = config.block_size
+
+    def on_arrival(self, req: Request, t: float) -> None:
+        pass
+
+    def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
+        pass
+
+    def on_preempt(self, req: Request, t: float) -> None:
+        pass
+
+    def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
+                deployment: Deployment) -> None:
+        pass  # trtllm-serve logs per request at finish and per iteration in gauges only
+
+    def on_finish(self, req: Request, t: float) -> None:
+        first_token, scheduled = req.first_token, req.first_scheduled
+        if first_token is None or scheduled is None:
+            return
+        self.success.labels(*self.lv, req.finish_reason).inc()
+        if req.finish_reason in ("abort", "error"):
+            return
+        decode = t - first_token
+        self.h_e2e.observe(t - req.arrival)
+        self.h_ttft.observe(first_token - req.arrival)
+        if req.num_output > 1:
+            self.h_tpot.observe(decode / (req.num_output - 1))
+        self.h_queue.observe(scheduled - req.queued)
+        self.h_prefill.observe(first_token - scheduled)
+        if decode > 0:
+            self.h_decode.observe(decode)
+        self.h_inference.observe(t - scheduled)
+        self.prompt_tokens.inc(req.prompt_len)
+        self.generation_tokens.inc(req.num_output)
+
+    def set_state(self, running: int, waiting: int, kv_usage: float, kv_used_tokens: int, kv_total_tokens: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        self.kv_max_blocks.set(kv_total_tokens // max(1, self.block_size))
+        self.kv_used_blocks.set(kv_used_tokens // max(1, self.block_size))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
 def make_exporter(engine: str, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
                   *, process_metrics: bool = False, mfu_metrics: bool = True):
     if engine == "tgi":
         return TgiExporter(model_name, deployment, config, num_gpu_blocks)
+    if engine == "sglang":
+        return SglangExporter(model_name, deployment, config, num_gpu_blocks)
+    if engine == "trtllm":
+        return TrtllmExporter(model_name, deployment, config, num_gpu_blocks)
     if engine in ("vllm", "vllm-legacy"):
         return VllmExporter(engine, model_name, deployment, config, num_gpu_blocks,
                             process_metrics=process_metrics, mfu_metrics=mfu_metrics)

@@ -44,7 +44,7 @@ from app.emulator.scenarios import resolve as resolve_scenario
 from app.emulator.simulation import Simulation
 
 TICK_S = 0.25
-VLLM_VERSION = {"vllm": "0.32.0", "vllm-legacy": "0.8.5"}
+VLLM_VERSION = {"vllm": "0.32.0", "vllm-legacy": "0.8.5", "sglang": "0.5.2", "trtllm": "1.1.0"}
 TGI_VERSION = "3.3.6"
 
 _LETTERS = "etaoinshrdlucmfwypvbgkjqxz"
@@ -69,7 +69,7 @@ class TargetSpec:
 
     name: str
     scenario: str | Scenario | ScenarioPlan
-    engine: str = "vllm"  # "vllm" | "vllm-legacy" | "tgi"
+    engine: str = "vllm"  # "vllm" | "vllm-legacy" | "tgi" | "sglang" | "trtllm"
     port: int = 0
     seed: int = 0
     model_name: str | None = None
@@ -213,7 +213,7 @@ class EmulatedTarget:
         })
 
     async def h_models(self, request: web.Request) -> web.Response:
-        owned = "tgi" if self.spec.engine == "tgi" else "vllm"
+        owned = {"tgi": "tgi", "sglang": "sglang", "trtllm": "tensorrt_llm"}.get(self.spec.engine, "vllm")
         return web.json_response({"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": owned,
             "root": self.model_name, "parent": None, "max_model_len": self.sim.engine.config.max_model_len}]})

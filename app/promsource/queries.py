@@ -18,31 +18,45 @@ from dataclasses import dataclass
 
 from app.promql import format_matchers
 from app.promql import prom_duration as _whole_ms_duration
-from app.sources import sglang, tgi, vllm
+from app.sources import sglang, tgi, trtllm, vllm
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
 
 FAMILY_LABEL = "llm_latency_family"
 STAT_LABEL = "llm_latency_stat"
-MODEL_LABEL = "model_name"  # vLLM and SGLang; TGI serves one unnamed model
-ENGINE_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_"}
+MODEL_LABEL = "model_name"  # vLLM, SGLang 0.4+ and trtllm-serve; TGI serves one unnamed model (SGLang 0.3: ``name``)
+ENGINE_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "trtllm": "trtllm_"}
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
-    """One engine's metric family for a signal, with the matchers that select it."""
+    """One engine's metric family for a signal, with the matchers that select it. ``scale``
+    divides a histogram's bounds and sum into seconds (SGLang's ``kv_transfer_latency_ms``: 1000)."""
 
     engine: str
     name: str
     matchers: tuple[tuple[str, str, str], ...] = ()
+    scale: float = 1.0
 
 
-def _families(signal: str, tables: list[tuple[str, dict[str, tuple[str, ...]]]]) -> list[Family]:
-    return [Family(engine, name) for engine, table in tables for name in table.get(signal, ())]
+#: The engines whose adapters are plain tables (name candidates per signal, newest first).
+_TABLES = (("vllm", vllm), ("sglang", sglang), ("trtllm", trtllm))
+
+
+def _families(signal: str, kind: str) -> list[Family]:
+    return [Family(engine, name) for engine, module in _TABLES for name in getattr(module, kind).get(signal, ())]
 
 
 def _histogram_families() -> dict[str, list[Family]]:
     out: dict[str, list[Family]] = {}
-    for signal in {*vllm.HISTOGRAMS, *sglang.HISTOGRAMS, *tgi.HISTOGRAMS}:
-        families = _families(signal, [("vllm", vllm.HISTOGRAMS), ("sglang", sglang.HISTOGRAMS)])
+    signals = {*vllm.HISTOGRAMS, *sglang.HISTOGRAMS, *sglang.STAGES, *trtllm.HISTOGRAMS, *tgi.HISTOGRAMS,
+               "kv_transfer_time"}
+    for signal in sorted(signals):
+        families = _families(signal, "HISTOGRAMS")
+        if signal in sglang.STAGES:
+            families.append(Family("sglang", sglang.STAGE_FAMILY, (("stage", "=", sglang.STAGES[signal]),)))
+        if signal == "kv_transfer_time":
+            families += [Family("sglang", name, tuple((k, "=", v) for k, v in (label_filter or {}).items()), scale)
+                         for name, scale, label_filter in sglang.KV_TRANSFER]
         if signal in tgi.HISTOGRAMS:
             name, label_filter = tgi.HISTOGRAMS[signal]
             families.append(Family("tgi", name, tuple((k, "=", v) for k, v in (label_filter or {}).items())))
@@ -51,18 +65,17 @@ def _histogram_families() -> dict[str, list[Family]]:
 
 
 def _gauge_families() -> dict[str, list[Family]]:
+    """Every gauge signal (an empty list where no engine exports it: no query is run)."""
     out: dict[str, list[Family]] = {}
-    for signal in {*vllm.GAUGES, *sglang.GAUGES}:
-        out[signal] = _families(signal, [("vllm", vllm.GAUGES), ("sglang", sglang.GAUGES)])
+    for signal in GAUGE_SIGNALS:
+        out[signal] = _families(signal, "GAUGES")
         if signal in tgi.GAUGES:
             out[signal].append(Family("tgi", tgi.GAUGES[signal]))
     return out
 
 
 def _counter_families() -> dict[str, list[Family]]:
-    out: dict[str, list[Family]] = {}
-    for signal in {*vllm.COUNTERS, *sglang.COUNTERS}:
-        out[signal] = _families(signal, [("vllm", vllm.COUNTERS), ("sglang", sglang.COUNTERS)])
+    out: dict[str, list[Family]] = {signal: _families(signal, "COUNTERS") for signal in COUNTER_SIGNALS}
     out["requests_total"] += [Family("tgi", name) for name in tgi.REQUESTS]
     for signal, histogram in tgi.TOKEN_COUNTERS.items():  # TGI counts tokens in its length histograms
         out[signal].append(Family("tgi", f"{histogram}_sum"))

@@ -20,6 +20,7 @@ from app import quantiles
 from app.latency import series_point
 from app.promql import parse_selector
 from app.promsource.queries import (
+    COUNTER_FAMILIES,
     FAMILY_LABEL,
     GAUGE_FAMILIES,
     HISTOGRAM_FAMILIES,
@@ -83,6 +84,22 @@ def _first_family(by_family: dict[int, Any]) -> Any:
     return by_family[min(by_family)]
 
 
+def _rescaled(buckets: dict[str, float], scale: float) -> dict[str, float]:
+    """A histogram answer in another unit (SGLang's milliseconds) -> seconds: bounds and sum
+    divided by ``scale`` (division, so 5 ms is the double nearest 0.005 s); counts unchanged."""
+    if scale == 1.0:
+        return buckets
+    out = {}
+    for le, value in buckets.items():
+        if le == "sum":
+            out[le] = value / scale
+        elif le == "count" or _bound(le) == math.inf:
+            out[le] = value
+        else:
+            out[repr(_bound(le) / scale)] = value
+    return out
+
+
 def _histogram(buckets: dict[str, float]) -> WindowHistogram:
     bounds = sorted((_bound(le), v) for le, v in buckets.items() if le not in ("sum", "count"))
     count = buckets.get("count")
@@ -138,8 +155,8 @@ class SourceReader:
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
-        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS]
-        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS]
+        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
+        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20)
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         if diagnosis:
@@ -177,7 +194,7 @@ class SourceReader:
         for index, answer in self.client.map_as_completed(run, jobs):
             kind, signal, _ = jobs[index]
             if kind == "histogram":
-                for key, per_model in self._pick(answer.data, "le").items():
+                for key, per_model in self._pick(answer.data, "le", signal).items():
                     for name, buckets in per_model.items():
                         model(key, name).histograms[signal] = _histogram(buckets)
             elif kind == "gauge":
@@ -230,7 +247,9 @@ class SourceReader:
             name, le = series.labels.get(MODEL_LABEL, ""), series.labels.get("le", "")
             for t, value in series.points:
                 by_time[round(t, 3)].setdefault(name, {})[le] = value
-        chosen = [_first_family(by_family) for _, by_family in sorted(grouped.items())]
+        families = HISTOGRAM_FAMILIES[signal]
+        chosen = [{t: {m: _rescaled(b, families[min(by_family)].scale) for m, b in per_t.items()}
+                   for t, per_t in _first_family(by_family).items()} for _, by_family in sorted(grouped.items())]
         points = []
         n = int(math.floor((end - first) / step + 1e-9)) + 1
         for i in range(n):
@@ -240,9 +259,11 @@ class SourceReader:
             points.append(series_point(t, merged, q))
         return points
 
-    def _pick(self, samples: Sequence[_Sample], sub_label: str | None) -> dict[TargetKey, dict[str, dict[str, float]]]:
+    def _pick(self, samples: Sequence[_Sample], sub_label: str | None, histogram: str | None = None
+              ) -> dict[TargetKey, dict[str, dict[str, float]]]:
         """Samples -> target -> model -> {sub label value: value}, from the first family (engine
-        name, newest first) that answered for the target."""
+        name, newest first) that answered for the target; a ``histogram`` signal's buckets in
+        seconds whatever the unit of the family chosen."""
         grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = {}
         names = self.target_labels
         for sample in samples:
@@ -260,7 +281,11 @@ class SourceReader:
             if subs is None:
                 subs = per_model[name] = {}
             subs[labels.get(sub_label, "") if sub_label else ""] = sample.value
-        return {key: by_family[min(by_family)] for key, by_family in grouped.items()}
+        if histogram is None:
+            return {key: _first_family(by_family) for key, by_family in grouped.items()}
+        families = HISTOGRAM_FAMILIES[histogram]
+        return {key: {name: _rescaled(buckets, families[min(by_family)].scale)
+                      for name, buckets in _first_family(by_family).items()} for key, by_family in grouped.items()}
 
     def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
         used: dict[TargetKey, dict[float, float]] = {}

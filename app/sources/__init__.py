@@ -10,9 +10,10 @@ from app.exposition.parser import ParsedPage
 from app.sources.base import Adapter
 from app.sources.sglang import SglangAdapter
 from app.sources.tgi import TgiAdapter
+from app.sources.trtllm import TrtllmAdapter
 from app.sources.vllm import VllmAdapter
 
-_ALL: tuple[Adapter, ...] = (VllmAdapter(), TgiAdapter(), SglangAdapter())
+_ALL: tuple[Adapter, ...] = (VllmAdapter(), TgiAdapter(), SglangAdapter(), TrtllmAdapter())
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in _ALL}
 DETECTION_PREFIXES = tuple(p for a in ADAPTERS.values() for p in a.family_prefixes)
 

@@ -1,38 +1,106 @@
-"""SGLang adapter (``sglang:`` prefix, needs ``--enable-metrics``), 0.4 through 0.5.
+"""SGLang adapter (``sglang:`` prefix, needs ``--enable-metrics``), 0.3 through 0.5.
 
-SGLang's ITL is observed per *token* (a step interval divided by the tokens it
-emitted), vLLM's per engine step; both are stored as ``itl``. 0.4.3 named it
-``time_per_output_token_seconds``. Only TP rank 0 reports scheduler metrics by default,
-so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
+Releases name things differently, and the tables below list every name, newest first:
+
+* 0.3 labels its series ``name="<model>"`` instead of ``model_name``, calls the gauges
+  ``num_requests_running`` / ``num_requests_waiting``, the queue-time histogram
+  ``waiting_request_latency_seconds``, the per-request token histograms
+  ``request_prompt_tokens`` / ``request_generation_tokens`` and counts finished requests in
+  ``request_success_total{finished_reason}``; ``decode_request_latency_seconds`` is the decode time.
+* 0.4.0-0.4.3 has no queue-time histogram at all (only the ``num_queue_reqs`` gauge: the
+  queueing rule then reads the gauges, see :mod:`app.diagnosis.rules.queueing`) and names
+  the ITL ``time_per_output_token_seconds``.
+* 0.4.6+ and 0.5 have ``queue_time_seconds``, ``inter_token_latency_seconds``, the token
+  histograms ``prompt_tokens_histogram`` / ``generation_tokens_histogram``, and for P/D
+  disaggregation, speculative decoding and DP attention the families below.
+
+0.5's ``per_stage_req_latency_seconds{stage="prefill_forward"}`` is read as ``prefill_time``
+(first scheduled -> first token), so the prefill rules can be judged on SGLang too.
+
+SGLang's ITL is observed per *token* (a step interval divided by the tokens it emitted),
+vLLM's per engine step; both are stored as ``itl``. Only TP rank 0 reports scheduler
+metrics by default, so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
+
+KV transfer time (P/D): ``kv_transfer_latency_ms`` is a histogram in **milliseconds**
+(buckets 1 ... 5000): bounds and sum are divided by 1000 so ``kv_transfer_time`` is in
+seconds like every other time signal. Without it, ``per_stage_req_latency_seconds`` with
+``stage="prefill_transfer_kv_cache"`` (seconds) is read. 0.4.x exported
+``kv_transfer_latency_ms`` as a gauge (the last transfer only): not a distribution, so not read.
+``dp_attention_token_imbalance_ratio`` is read where it is a gauge; releases that export it as a
+histogram are compared rank by rank from the running/waiting gauges instead (a note says so).
 """
 
 from __future__ import annotations
 
-from app.exposition.parser import ParsedPage
-from app.sources.base import Canonical, map_families
+from app.exposition.parser import MetricFamily, ParsedPage
+from app.sources.base import (
+    Canonical,
+    CanonicalHistogram,
+    CanonicalInfo,
+    CanonicalScalar,
+    first_family,
+    histogram_series,
+    scalar_series,
+)
 
 GROUP = ("model_name", "dp_rank")
+GROUP_03 = ("name", "dp_rank")  # SGLang 0.3 named the model label ``name``
 HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "ttft": ("sglang:time_to_first_token_seconds",),
     "itl": ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
     "tpot": ("sglang:request_time_per_output_token_seconds",),
     "e2e": ("sglang:e2e_request_latency_seconds",),
-    "queue_time": ("sglang:queue_time_seconds",),
-    "prompt_tokens": ("sglang:prompt_tokens_histogram",),
-    "generation_tokens": ("sglang:generation_tokens_histogram",),
+    "queue_time": ("sglang:queue_time_seconds", "sglang:waiting_request_latency_seconds"),
+    "decode_time": ("sglang:decode_request_latency_seconds",),
+    "prompt_tokens": ("sglang:prompt_tokens_histogram", "sglang:request_prompt_tokens"),
+    "generation_tokens": ("sglang:generation_tokens_histogram", "sglang:request_generation_tokens"),
 }
+#: KV transfer: (family, unit scale to seconds, label filter), first present wins.
+KV_TRANSFER: tuple[tuple[str, float, dict[str, str] | None], ...] = (
+    ("sglang:kv_transfer_latency_ms", 1000.0, None),
+    ("sglang:per_stage_req_latency_seconds", 1.0, {"stage": "prefill_transfer_kv_cache"}),
+)
+#: Time signals read from ``per_stage_req_latency_seconds`` (0.5) when no histogram of their own exists:
+#: ``prefill_forward`` is first scheduled -> first token, vLLM's prefill time.
+STAGES: dict[str, str] = {"prefill_time": "prefill_forward"}
+STAGE_FAMILY = "sglang:per_stage_req_latency_seconds"
 GAUGES: dict[str, tuple[str, ...]] = {
-    "running": ("sglang:num_running_reqs",),
-    "waiting": ("sglang:num_queue_reqs",),
+    "running": ("sglang:num_running_reqs", "sglang:num_requests_running"),
+    "waiting": ("sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"),
     "kv_usage": ("sglang:token_usage",),
+    "spec_accept_rate": ("sglang:spec_accept_rate",),
+    "spec_accept_length": ("sglang:spec_accept_length",),
+    "dp_token_imbalance_ratio": ("sglang:dp_attention_token_imbalance_ratio",),
 }
 COUNTERS: dict[str, tuple[str, ...]] = {
     "prompt_tokens_total": ("sglang:prompt_tokens_total",),
     "generation_tokens_total": ("sglang:generation_tokens_total",),
     "preemptions_total": ("sglang:num_retracted_requests_total",),
-    "requests_total": ("sglang:num_requests_total",),
+    "requests_total": ("sglang:num_requests_total", "sglang:request_success_total"),
+    "kv_transfer_failures_total": ("sglang:num_transfer_failed_reqs_total",),
 }
-FAMILIES = frozenset(n for table in (HISTOGRAMS, GAUGES, COUNTERS) for names in table.values() for n in names)
+#: ``spec_num_draft_tokens`` is a configured value (drafts per step), kept as configuration.
+SPEC_CONFIG = "sglang:spec_num_draft_tokens"
+FAMILIES = frozenset({n for table in (HISTOGRAMS, GAUGES, COUNTERS) for names in table.values() for n in names}
+                     | {name for name, _, _ in KV_TRANSFER} | {SPEC_CONFIG})
+
+
+def group_of(family: MetricFamily) -> tuple[str, str]:
+    """``(model label, rank label)`` of a family: ``name`` on 0.3 pages, else ``model_name``."""
+    for sample in family.samples:
+        if "model_name" in sample.labels:
+            return GROUP
+        if "name" in sample.labels:
+            return GROUP_03
+    return GROUP
+
+
+def _scaled(bounds: tuple[float, ...], counts: tuple[float, ...], total: float, scale: float
+            ) -> tuple[tuple[float, ...], float]:
+    if scale == 1.0:
+        return bounds, total
+    # division, not multiplication by 0.001: 5 / 1000 is the double nearest 0.005, 5 * 0.001 is not
+    return tuple(b / scale for b in bounds), total / scale
 
 
 class SglangAdapter:
@@ -45,5 +113,43 @@ class SglangAdapter:
 
     def to_canonical(self, page: ParsedPage) -> Canonical:
         out = Canonical(engine=self.name)
-        map_families(page, out, GROUP, HISTOGRAMS, GAUGES, COUNTERS)
+        for signal, candidates in HISTOGRAMS.items():
+            family = first_family(page, candidates)
+            if family is not None and family.type in ("histogram", "untyped"):
+                self._histogram(out, signal, family, group_of(family))
+        stages = page.families.get(STAGE_FAMILY)
+        if stages is not None and stages.type in ("histogram", "untyped"):
+            for signal, stage in STAGES.items():
+                self._histogram(out, signal, stages, group_of(stages), label_filter={"stage": stage})
+        for name, scale, label_filter in KV_TRANSFER:
+            family = page.families.get(name)
+            if family is None or family.type not in ("histogram", "untyped"):
+                continue
+            if self._histogram(out, "kv_transfer_time", family, group_of(family), scale, label_filter):
+                break
+        for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
+            for signal, candidates in table.items():
+                family = first_family(page, candidates)
+                if family is None:
+                    continue
+                if signal == "dp_token_imbalance_ratio" and family.type != "gauge":
+                    out.notes.append("sglang:dp_attention_token_imbalance_ratio is a histogram on this page: "
+                                     "ranks are compared by their running and waiting requests")
+                    continue
+                for (model, rank), value in scalar_series(family, group_of(family)).items():
+                    out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
+        spec = page.families.get(SPEC_CONFIG)
+        if spec is not None:
+            for (model, rank), value in scalar_series(spec, group_of(spec)).items():
+                out.infos.append(CanonicalInfo("speculative_config", model, rank or "0",
+                                               {"num_draft_tokens": f"{value:g}"}))
         return out
+
+    @staticmethod
+    def _histogram(out: Canonical, signal: str, family: MetricFamily, group: tuple[str, str], scale: float = 1.0,
+                   label_filter: dict[str, str] | None = None) -> bool:
+        series = histogram_series(family, group, out.problems, label_filter)
+        for (model, rank), (bounds, counts, total, count) in series.items():
+            bounds, total = _scaled(bounds, counts, total, scale)
+            out.histograms.append(CanonicalHistogram(signal, model, rank or "0", bounds, counts, total, count))
+        return bool(series)

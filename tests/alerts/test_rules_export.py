@@ -142,7 +142,11 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
     assert critical == {("LLMLatencyQueueing", "vllm"), ("LLMLatencyQueueing", "tgi"),
                         ("LLMLatencyPrefillCompute", "vllm"), ("LLMLatencyPrefillCompute", "tgi"),
                         ("LLMLatencyPrefillInterference", "vllm"), ("LLMLatencyPrefillInterference", "tgi"),
-                        ("LLMLatencyKVCachePressure", "vllm"), ("LLMLatencyWeightsOffloaded", "vllm")}
+                        ("LLMLatencyKVCachePressure", "vllm"), ("LLMLatencyWeightsOffloaded", "vllm"),
+                        ("LLMLatencyQueueing", "sglang"), ("LLMLatencyPrefillCompute", "sglang"),
+                        ("LLMLatencyPrefillInterference", "sglang"), ("LLMLatencyKVCachePressure", "sglang"),
+                        # trtllm-serve has no per-step ITL and no prompt-length histogram: only what it can judge
+                        ("LLMLatencyQueueing", "trtllm")}
 
 
 def test_without_external_url_runbooks_are_repository_paths() -> None:
@@ -186,7 +190,9 @@ def test_every_threshold_comes_from_the_config() -> None:
     slo = [a for a in alerts if "slo" in a["labels"]]
     assert [(a["expr"], a["for"], a["labels"]["severity"]) for a in slo] == [
         ("llm_latency:vllm_ttft_seconds:p95_10m > 1.5", "90s", "critical"),
-        ("llm_latency:tgi_ttft_seconds:p95_10m > 1.5", "90s", "critical")]
+        ("llm_latency:tgi_ttft_seconds:p95_10m > 1.5", "90s", "critical"),
+        ("llm_latency:sglang_ttft_seconds:p95_10m > 1.5", "90s", "critical"),
+        ("llm_latency:trtllm_ttft_seconds:p95_10m > 1.5", "90s", "critical")]
     down = next(a for a in alerts if a["alert"] == TARGET_DOWN)
     assert (down["expr"], down["for"]) == ('up{instance="10.0.0.5:8000"} == 0', "3m")
     # and nothing of the defaults survived (except where a rule's own fixed constant has the same value)
@@ -203,10 +209,13 @@ def test_slo_targets_restrict_the_alert_to_those_instances_and_unknown_targets_a
     alerts = alerts_of(build_rules(FileConfig.model_validate({"targets": targets, "alerts": {"slos": [slo]}})))
     assert [a["expr"] for a in alerts if "slo" in a["labels"]] == [
         'llm_latency:vllm_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30',
-        'llm_latency:tgi_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30']
-    decode = {"name": "decode", "signal": "decode_time", "threshold": "1m"}  # TGI has no decode-time histogram
+        'llm_latency:tgi_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30',
+        'llm_latency:sglang_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30',
+        'llm_latency:trtllm_e2e_seconds:p50_5m{instance=~"a\\\\.example:8000|b\\\\.example|b\\\\.example:443"} > 30']
+    # TGI and SGLang have no decode-time histogram
+    decode = {"name": "decode", "signal": "decode_time", "threshold": "1m"}
     alerts = alerts_of(build_rules(FileConfig.model_validate({"alerts": {"slos": [decode]}})))
-    assert [a["labels"]["engine"] for a in alerts if "slo" in a["labels"]] == ["vllm"]
+    assert [a["labels"]["engine"] for a in alerts if "slo" in a["labels"]] == ["vllm", "trtllm"]
     with pytest.raises(ValueError, match=r"alerts.slos\[0\].targets: unknown target\(s\) 'nope'"):
         build_rules(FileConfig.model_validate({"alerts": {"slos": [{**slo, "targets": ["nope"]}]}}))
 
@@ -350,7 +359,8 @@ def test_static_targets_next_to_a_source_do_not_leak_into_its_rules() -> None:
     # the SLO of the static target is not this Prometheus' business; the fleet-wide one is
     assert [(a["alert"], a["expr"]) for a in alerts if "slo" in a["labels"]] == [
         ("LLMLatencyITLHigh", "llm_latency:vllm_itl_seconds:p99_5m > 0.1"),
-        ("LLMLatencyITLHigh", "llm_latency:tgi_itl_seconds:p99_5m > 0.1")]
+        ("LLMLatencyITLHigh", "llm_latency:tgi_itl_seconds:p99_5m > 0.1"),
+        ("LLMLatencyITLHigh", "llm_latency:sglang_itl_seconds:p99_5m > 0.1")]
     # no decode floor of the static target's instance, no instance selector
     assert not [a for a in alerts if "target" in a["labels"]]
     assert "10.0.0.5" not in yaml.safe_dump(document)

@@ -1,5 +1,6 @@
 """Every emulator regime scenario gets its label as the primary finding; healthy ones
-stay quiet — for vLLM and TGI pages, through parse -> store -> signals -> rules."""
+stay quiet — for vLLM, TGI, SGLang and trtllm-serve pages, through parse -> store -> signals
+-> rules. A regime whose signals an engine does not export is listed as not judged instead."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ REGIME_SCENARIOS = ["queueing", "prefill_compute", "prefill_interference", "band
                     "weights_offloaded"]
 
 
-@pytest.mark.parametrize("engine", ["vllm", "tgi"])
+#: trtllm-serve exports no per-step ITL and no prompt-length histogram
+UNJUDGED = {"trtllm": {"prefill_compute", "prefill_interference", "bandwidth_bound", "weights_offloaded"}}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi", "sglang", "trtllm"])
 @pytest.mark.parametrize("scenario", ["healthy", "healthy_bursty", *REGIME_SCENARIOS])
 def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> None:
     target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
@@ -23,6 +28,11 @@ def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> 
         diagnosis = target.diagnose(120)
     finally:
         target.close()
+    not_judged = {n["regime"] for n in diagnosis.not_judged}
+    assert not_judged == UNJUDGED.get(engine, set()), diagnosis.not_judged
+    if scenario in not_judged:  # never "found healthy": listed, with the reason
+        assert scenario not in {f.regime for f in diagnosis.findings}
+        return
     expected = "healthy" if scenario.startswith("healthy") else scenario
     assert diagnosis.verdict == expected, [(f.regime, f.summary) for f in diagnosis.findings]
     if expected == "healthy":

@@ -51,11 +51,11 @@ def test_list_scenarios():
 @pytest.mark.parametrize("args, needle", [
     ([], "at least one --scenario or --target"),
     (["--scenario", "nope"], "unknown scenario 'nope'; valid: healthy, healthy_bursty"),
-    (["--target", "a=healthy:sglang"], "unknown engine 'sglang'"),
+    (["--target", "a=healthy:lmdeploy"], "unknown engine 'lmdeploy'"),
     (["--target", "healthy"], "expected name=scenario"),
     (["--target", "a=healthy", "--target", "a=queueing"], "duplicate target name"),
     (["--scenario", "healthy->queueing"], "expected NAME@SECONDS"),
-    (["--scenario", "healthy", "--engine", "sglang"], "sglang"),
+    (["--scenario", "healthy", "--engine", "lmdeploy"], "lmdeploy"),
     (["--scenario", "healthy", "--time-scale", "0"], "time-scale"),
 ])
 def test_bad_arguments(args, needle):

@@ -245,7 +245,7 @@ def test_async_targets_and_clean_stop():
 
 def test_fleet_rejects_bad_specs():
     with pytest.raises(ValueError, match="unknown engine"):
-        EmulatorFleet([TargetSpec("x", "healthy", engine="sglang")])
+        EmulatorFleet([TargetSpec("x", "healthy", engine="lmdeploy")])
     with pytest.raises(ValueError, match="unknown scenario"):
         EmulatorFleet([TargetSpec("x", "nope")])
     with pytest.raises(ValueError, match="duplicate"):

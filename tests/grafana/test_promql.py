@@ -52,6 +52,10 @@ def test_every_metric_a_dashboard_reads_is_exported_by_the_monitor_or_a_supporte
     service = service_names()
     vllm_real = sample_names((FIXTURES / "vllm-0.32-cpu-real.prom").read_text(encoding="utf-8"))
     tgi = sample_names((FIXTURES / "tgi-3.3-constructed.prom").read_text(encoding="utf-8")) | emulator_names("tgi")
+    # SGLang and trtllm-serve: the recorded pages built from their collectors' definitions
+    sglang = sample_names((FIXTURES / "sglang-0.5-pd-constructed.prom").read_text(encoding="utf-8")) \
+        | emulator_names("sglang")
+    trtllm = sample_names((FIXTURES / "trtllm-serve-constructed.prom").read_text(encoding="utf-8"))
     assert "llm_latency_diagnosis_verdict" in service and "llm_latency_scrapes_total" in service
     unknown = {}
     for query in QUERIES:
@@ -62,6 +66,10 @@ def test_every_metric_a_dashboard_reads_is_exported_by_the_monitor_or_a_supporte
                 known = name in vllm_real     # a page of a real vLLM (0.32), not the emulator's
             elif name.startswith("tgi_"):
                 known = name in tgi
+            elif name.startswith("sglang:"):
+                known = name in sglang
+            elif name.startswith("trtllm_"):
+                known = name in trtllm
             else:
                 known = name in PROMETHEUS_SYNTHETIC
             if not known:

@@ -91,7 +91,8 @@ def test_variables_are_the_target_labels_and_target_is_derived_from_them(name: s
     variables = {v["name"]: v for v in DASHBOARDS[name]["templating"]["list"]}
     assert list(variables) == ["datasource", "namespace", "pod", "target", "model", "ttft_slo", "itl_slo",
                                "monitor_url"]
-    presence = '__name__=~"vllm:num_requests_running|tgi_batch_current_size", job="llm-engines"'
+    presence = ('__name__=~"vllm:num_requests_running|tgi_batch_current_size|sglang:num_running_reqs|'
+                'trtllm_num_requests_running", job="llm-engines"')
     assert variables["namespace"]["query"]["query"] == f"label_values({{{presence}}}, namespace)"
     assert variables["pod"]["query"]["query"] == f'label_values({{{presence}, namespace=~"$namespace"}}, pod)'
     target = variables["target"]

@@ -93,6 +93,11 @@ def test_index_is_a_fleet_table_most_severe_first(service, fleet) -> None:
     assert verdicts == {"busy": ["queueing"], "dead": ["insufficient_data"], "garbled": ["insufficient_data"],
                         "docs": ["prefill_compute"], "fresh": ["none"], "idle": ["insufficient_data"],
                         "calm": ["healthy"], "tgi": ["healthy"]}
+    # never healthy by omission: TGI without a hardware profile exports nothing weights_offloaded reads
+    assert "1 not judged" in text_of(found["tgi"]) and "not judged" not in text_of(found["calm"])
+    tgi_page = c.get("/targets/tgi", params={"end": end}).text
+    assert 'data-regime="weights_offloaded"' in tgi_page and "Not judged" in tgi_page
+    assert "No latency regime detected among those judged; 1 could not be judged" in text_of(tgi_page)
     assert "down: connect" in text_of(found["dead"]) and "down: parse_error" in text_of(found["garbled"])
     assert "queueing" in text_of(found["busy"]) and "prefill compute" in text_of(found["docs"])
     assert "garbage" not in found["garbled"]  # the page's text is never quoted

@@ -360,7 +360,10 @@ def diagnosis_view(diagnosis: dict) -> dict:
     verdict = diagnosis["verdict"]
     kind = "healthy" if verdict == "healthy" else "unknown" if verdict == "insufficient_data" else \
         (primary or {}).get("severity", "warning")
-    return {**diagnosis, "primary": primary, "others": others, "kind": kind}
+    # regimes the engine's metrics do not let be judged: shown next to the verdict (a healthy
+    # verdict covers the others only); absent from diagnoses saved by older versions
+    not_judged = diagnosis.get("not_judged") or []
+    return {**diagnosis, "primary": primary, "others": others, "kind": kind, "not_judged": not_judged}
 
 
 def triage_level(health: Health, diagnoses: list[dict]) -> str:

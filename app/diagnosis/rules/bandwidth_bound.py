@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.thresholds import Thresholds
@@ -113,4 +113,6 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
-            promql_profiled=promql_profiled)
+            promql_profiled=promql_profiled, needs=(
+    Need("per-step ITL histogram", ("itl",)), Need("running-requests gauge", ("running_mean",)),
+))

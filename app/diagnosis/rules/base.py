@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Need:
+    """What a rule reads, for "not judged" verdicts: the rule can be judged when any of
+    ``signals`` (attributes of :class:`Signals`, alternatives) has a value in the window.
+    ``what`` names it for people ("queue time", "the ITL histogram")."""
+
+    what: str
+    signals: tuple[str, ...]
+
+    def met(self, s: Signals) -> bool:
+        return any(getattr(s, name) not in (None, {}, []) for name in self.signals)
+
+
+@dataclass(frozen=True)
 class Rule:
     """One regime, declared once in its own module."""
 
@@ -52,6 +65,14 @@ class Rule:
     #: judged from client-side probes rather than the engine's metrics: runs even when the
     #: window has too little engine traffic for the others (``findings.PROBE_REGIMES``)
     from_probes: bool = False
+    #: the signals ``evaluate`` reads: when one is absent from the window (the engine or its
+    #: release does not export it), the rule is not run and the diagnosis lists the regime
+    #: under ``not_judged`` with the reason - never "healthy" by omission
+    needs: tuple[Need, ...] = ()
+
+    def missing(self, s: Signals) -> list[str]:
+        """What this rule needs and the window does not have (empty: it can be judged)."""
+        return [need.what for need in self.needs if not need.met(s)]
 
 
 def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:
@@ -100,5 +121,8 @@ def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:
                  f"probe run {b.run_id}, {b.prompt_tokens} prompt tokens, {b.age_seconds:.0f} s ago")]
 
 
-def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str]) -> list[str]:
-    return {"vllm": vllm, "tgi": tgi, "sglang": sglang}.get(engine, vllm)
+def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str],
+             trtllm: list[str] | None = None) -> list[str]:
+    """The remedies phrased for ``engine``; TensorRT-LLM falls back to the vLLM wording where a
+    rule has none of its own (both are configured by similar limits)."""
+    return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "trtllm": trtllm or vllm}.get(engine, vllm)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.promql import human_share, num
 from app.thresholds import Thresholds
@@ -91,4 +91,7 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
-            causes=("queueing", "prefill_interference"))
+            causes=("queueing", "prefill_interference"), needs=(
+    Need("KV-cache usage gauge", ("kv_usage_max",)),
+    Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean")),
+))

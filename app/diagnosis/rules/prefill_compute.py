@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
@@ -86,4 +86,6 @@ def promql(x: RegimeAlerts) -> None:
               text.replace("{min}", human_seconds(min_prefill)))
 
 
-RULE = Rule("prefill_compute", evaluate, precedence=40, colour="yellow", promql=promql)
+RULE = Rule("prefill_compute", evaluate, precedence=40, colour="yellow", promql=promql, needs=(
+    Need("prefill time", ("prefill_per_request",)), Need("prompt-length histogram", ("prompt_tokens",)),
+))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import STALL_SECONDS, Signals
 from app.diagnosis.step_budget import StepBudget
 from app.promql import human_seconds, human_share, num
@@ -130,4 +130,7 @@ def promql(x: RegimeAlerts) -> None:
                                   f"ITL p99 >= {human_seconds(t.interference_critical_itl_p99_seconds)}"))
 
 
-RULE = Rule("prefill_interference", evaluate, precedence=30, colour="purple", promql=promql)
+RULE = Rule("prefill_interference", evaluate, precedence=30, colour="purple", promql=promql, needs=(
+    Need("per-step ITL histogram", ("itl",)), Need("prompt-length histogram", ("prompt_tokens",)),
+    Need("running-requests gauge", ("running_mean",)),
+))

@@ -5,7 +5,10 @@ requests are waiting (``vllm:request_queue_time_seconds``, ``vllm:num_requests_w
 Why it matters: the fix is capacity or scheduler limits, not the model or the prompt —
 shortening prompts will not help.
 Queue share is computed from means (``increase(_sum)/increase(_count)``), which stay
-exact although vLLM's queue histogram has no bucket below 300 ms.
+exact although vLLM's queue histogram has no bucket below 300 ms. Pages without a queue-time
+histogram (SGLang 0.4.0-0.4.3) are judged from the gauges: the mean queue time is estimated by
+Little's law (mean waiting requests / first tokens per second), its share of TTFT capped at 1,
+and the evidence says it is an estimate.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
 from app.diagnosis.signals import Signals
 from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
@@ -23,10 +26,18 @@ if TYPE_CHECKING:
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    queue_mean = s.queue_time.mean if s.queue_time else None
+    estimated = s.queue_time is None
+    queue_mean = s.queue_mean_estimated if estimated else s.queue_time.mean if s.queue_time else None
+    share = s.queue_share
+    ttft_mean = s.ttft.mean if s.ttft else None
+    if estimated and queue_mean is not None and ttft_mean:
+        # the estimate and TTFT come from different request sets: a share above 1 says only "all of it"
+        share = min(1.0, queue_mean / ttft_mean)
+    how = "estimated: mean waiting requests / first tokens per second (Little's law); this engine exports " \
+          "no queue-time histogram" if estimated else ""
     conditions = [
-        check("queue share of TTFT", s.queue_share, ">=", t.queue_share, "ratio"),
-        check("mean queue time", queue_mean, ">=", t.queue_seconds, "s"),
+        check("queue share of TTFT", share, ">=", t.queue_share, "ratio", "at most 1" if estimated else ""),
+        check("mean queue time", queue_mean, ">=", t.queue_seconds, "s", how),
         check("mean waiting requests", s.waiting_mean, ">=", t.queue_waiting),
     ]
     if not all(c.met for c in conditions):
@@ -58,12 +69,18 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Raise --max-running-requests" + (" (the KV pool has room)" if kv_low else ""),
         "Add replicas or data-parallel workers (--dp-size).",
     ]
+    trtllm = [
+        "Raise max_batch_size / max_num_tokens of the engine" + (" (the KV cache has room)" if kv_low else ""),
+        "Add replicas (or attention data parallelism) behind the load balancer.",
+        "Make sure the in-flight batching scheduler (not the static batcher) serves this traffic.",
+    ]
     severity = "critical" if (queue_mean or 0) >= t.queue_critical_factor * t.queue_seconds else "warning"
     return Finding(
         "queueing", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
-        f"Requests wait {queue_mean:.2f} s in the queue on average, {s.queue_share:.0%} of TTFT; "
-        f"{s.waiting_mean:.1f} requests waiting.",
-        evidence, remedies(s.engine, vllm, tgi, sglang),
+        f"Requests wait {queue_mean:.2f} s in the queue on average"
+        + (" (estimated from the waiting gauge)" if estimated else "")
+        + f", {share:.0%} of TTFT; {s.waiting_mean:.1f} requests waiting.",
+        evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
 
 
@@ -83,4 +100,9 @@ def promql(x: RegimeAlerts) -> None:
               text.replace("{min}", human_seconds(min_queue)))
 
 
-RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql)
+RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql, needs=(
+    Need("queue time (a queue-time histogram, or the waiting gauge with TTFT counts)",
+         ("queue_time", "queue_mean_estimated")),
+    Need("waiting-requests gauge", ("waiting_mean",)),
+    Need("TTFT", ("ttft",)),
+))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.thresholds import Thresholds
@@ -109,4 +109,7 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("weights_offloaded", evaluate, precedence=20, colour="dark-red", promql=promql,
-            promql_profiled=promql_profiled, causes=("bandwidth_bound", "queueing", "prefill_compute"))
+            promql_profiled=promql_profiled, causes=("bandwidth_bound", "queueing", "prefill_compute"), needs=(
+    Need("per-step ITL with a hardware profile (the decode floor), or offload configuration from the engine",
+         ("itl_over_floor", "config")),
+))

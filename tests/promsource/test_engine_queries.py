@@ -1,0 +1,81 @@
+"""A Prometheus source's queries name SGLang and trtllm-serve families, stay within the round's
+query budget, and read SGLang's millisecond KV-transfer histogram in seconds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.promsource.queries import COUNTER_FAMILIES, FAMILY_LABEL, GAUGE_FAMILIES, HISTOGRAM_FAMILIES, SourceQueries
+from app.promsource.reader import SourceReader
+
+
+@dataclass
+class _Sample:
+    labels: dict[str, str]
+    value: float
+
+
+@dataclass
+class _Answer:
+    data: list[Any] = field(default_factory=list)
+
+
+class FakeClient:
+    """Answers the one SGLang transfer family (index of ``sglang:kv_transfer_latency_ms``), nothing else."""
+
+    def __init__(self, samples: list[_Sample]) -> None:
+        self.samples = samples
+        self.queries: list[str] = []
+
+    def query(self, promql: str, time: float) -> _Answer:
+        self.queries.append(promql)
+        return _Answer(self.samples if "sglang:kv_transfer_latency_ms_bucket" in promql else [])
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> _Answer:
+        self.queries.append(promql)
+        return _Answer()
+
+    def query_samples(self, selector: str, time: float) -> _Answer:
+        self.queries.append(selector)
+        return _Answer()
+
+    def map(self, fn, items):
+        return [fn(item) for item in items]
+
+
+def test_every_engine_is_in_the_queries() -> None:
+    engines = {f.engine for families in HISTOGRAM_FAMILIES.values() for f in families}
+    assert engines == {"vllm", "tgi", "sglang", "trtllm"}
+    assert [f.name for f in GAUGE_FAMILIES["running"]] == [
+        "vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running",
+        "trtllm_num_requests_running", "trtllm:num_requests_running", "tgi_batch_current_size"]
+    names = {f.name for f in HISTOGRAM_FAMILIES["kv_transfer_time"]}
+    assert names == {"trtllm_kv_transfer_latency_seconds", "trtllm:kv_transfer_latency_seconds",
+                     "sglang:kv_transfer_latency_ms", "sglang:per_stage_req_latency_seconds"}
+    assert [f.name for f in COUNTER_FAMILIES["kv_transfer_failures_total"]] == ["sglang:num_transfer_failed_reqs_total"]
+    text = SourceQueries(("pod",)).histogram("kv_transfer_time", 60)
+    assert 'sglang:per_stage_req_latency_seconds_bucket{stage="prefill_transfer_kv_cache"}' in text
+
+
+def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
+    client = FakeClient([])
+    SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    assert len(client.queries) == 29  # + presence and up of discovery = 31 per round, at most 40
+    assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
+
+
+def test_sglang_milliseconds_are_read_as_seconds() -> None:
+    index = next(i for i, f in enumerate(HISTOGRAM_FAMILIES["kv_transfer_time"])
+                 if f.name == "sglang:kv_transfer_latency_ms")
+    tag = {FAMILY_LABEL: str(index), "pod": "p0", "model_name": "m"}
+    samples = [_Sample({**tag, "le": le}, v) for le, v in (("1.0", 0), ("5.0", 10), ("50.0", 18), ("1000.0", 20),
+                                                            ("+Inf", 20), ("sum", 1750.0), ("count", 20))]
+    windows = SourceReader(FakeClient(samples), ["pod"]).windows(0.0, 60.0, ("kv_transfer_time",))
+    h = windows[("p0",)].models["m"].histograms["kv_transfer_time"]
+    assert h.bounds == (0.001, 0.005, 0.05, 1.0, math.inf)
+    assert h.sum == pytest.approx(1.75) and h.count == 20
