@@ -14,9 +14,18 @@ so a 28-day window costs one indexed SUM, not a read of every stored snapshot.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy.orm import Session
+
 from app.durations import format_duration
+from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.slo import buckets, record
+from app.slo import repository as slo_repository
+from app.slo.config import SloObjective
+from app.store import repository
+from app.store.models import Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,3 +143,94 @@ class SloStatus:
             return None
         seconds = remaining * self.period_seconds / burn
         return seconds if math.isfinite(seconds) else None
+
+
+def _window(window: float, sums: tuple[float, float, float | None] | None, now: float) -> SloWindow:
+    if sums is None:
+        return SloWindow(window, 0.0, 0.0, 0.0)
+    good, total, oldest = sums
+    covered = 0.0 if oldest is None else min(window, now - oldest)
+    return SloWindow(window, good, total, covered)
+
+
+def _aggregate(window: float, parts: Sequence[SloWindow]) -> SloWindow:
+    return SloWindow(window, sum(p.good for p in parts), sum(p.total for p in parts),
+                     max((p.covered for p in parts), default=0.0))
+
+
+def target_errors(session: Session, slo: SloObjective, targets: Sequence[Target]) -> dict[int, str]:
+    """Targets the SLO cannot be evaluated on, and why: no histogram of the signal scraped
+    yet, or one without a bucket at the threshold (the SLI would be interpolated: refused)."""
+    series = repository.find_series(session, [t.id for t in targets], [slo.signal])
+    errors = {}
+    for target in targets:
+        mine = [s for s in series if s.target_id == target.id and s.kind == "histogram"]
+        if not mine:
+            errors[target.id] = f"no {slo.signal} histogram scraped from {target.name} yet"
+            continue
+        for ref in mine:
+            problem = buckets.not_a_bound(ref.bounds, slo.threshold, f"{target.name}'s {slo.signal} histogram")
+            if problem is not None:
+                errors[target.id] = problem + " - this target is not evaluated"
+                break
+    return errors
+
+
+def _burn_alerts(slo: SloObjective, windows: dict[float, SloWindow]) -> tuple[BurnAlertState, ...]:
+    return tuple(BurnAlertState(alert.kind, slo.severities[alert.kind], windows[alert.long], windows[alert.short],
+                                alert.factor, windows[alert.long].burn_rate(slo.objective),
+                                windows[alert.short].burn_rate(slo.objective))
+                 for alert in slo.burn_alerts)
+
+
+def slo_status(session: Session, slo: SloObjective, now: float, retention: float,
+               targets: Sequence[Target] | None = None,
+               source_sums: Mapping[int, Sequence[tuple[float, float, float | None]]] | None = None,
+               source_errors: Mapping[int, str] | None = None) -> SloStatus:
+    """The SLO now. ``source_sums``: per target a Prometheus source reads, (good, total,
+    oldest) over each of :meth:`SloObjective.windows` then the period, as
+    :func:`app.slo.promql.source_sums` computes them; the other targets' come from
+    ``slo_increments``. ``source_errors``: targets whose source could not answer."""
+    chosen = record.matched_targets(session, slo, targets)
+    own = [t for t in chosen if t.source not in DISCOVERED_BY_SOURCES]
+    windows = slo.windows()
+    spans = [*windows, slo.period]
+    errors = target_errors(session, slo, own)
+    errors.update(source_errors or {})
+    sums = slo_repository.window_sums(session, slo.name, slo.signal, slo.threshold,
+                                      [t.id for t in own if t.id not in errors], spans, now)
+    sums.update({k: list(v) for k, v in (source_sums or {}).items() if k not in errors})
+    parts = []
+    for target in chosen:
+        error = errors.get(target.id)
+        if error is None and target.source in DISCOVERED_BY_SOURCES and target.id not in sums:
+            error = "its Prometheus source has not answered this SLO's queries"
+        per = sums.get(target.id)
+        by_window = {span: _window(span, per[i] if per else None, now) for i, span in enumerate(spans)}
+        parts.append(SloTargetStatus(target.name, dict(target.labels), by_window[slo.period],
+                                     tuple(by_window[w] for w in windows),
+                                     () if error else _burn_alerts(slo, by_window), error))
+    evaluated = [p for p in parts if p.error is None]
+    period = _aggregate(slo.period, [p.period for p in evaluated if p.period is not None])
+    total_windows = tuple(_aggregate(w, [p.windows[i] for p in evaluated]) for i, w in enumerate(windows))
+    coverage = min(1.0, period.covered / slo.period)
+    note = None
+    if coverage < 0.999 and evaluated:
+        note = (f"data covers {format_duration(round(period.covered))} of the {format_duration(slo.period)} period; "
+                "SLI and budget are over what exists")
+        if slo.period > retention:
+            note += (f" (samples are kept {format_duration(retention)}, the SLO's recorded increments for its whole "
+                     "period, so coverage grows as the service runs)")
+        if any(t.source in DISCOVERED_BY_SOURCES for t in chosen):
+            note += " (a Prometheus source's numbers cover what its server still holds)"
+    return SloStatus(slo.name, slo.signal, slo.threshold, slo.objective, slo.period, period, total_windows,
+                     tuple(parts), coverage, note, tuple(f"{p.target}: {p.error}" for p in parts if p.error))
+
+
+def slo_statuses(session: Session, slos: Sequence[SloObjective], now: float, retention: float,
+                 source_sums: Mapping[str, Mapping[int, Sequence[tuple[float, float, float | None]]]] | None = None,
+                 source_errors: Mapping[str, Mapping[int, str]] | None = None) -> list[SloStatus]:
+    """Every SLO now (see :func:`slo_status`); the sources' numbers per SLO name."""
+    targets = repository.list_targets(session)
+    return [slo_status(session, slo, now, retention, targets, (source_sums or {}).get(slo.name),
+                       (source_errors or {}).get(slo.name)) for slo in slos]
