@@ -27,7 +27,7 @@ def metric_samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], fl
     return out
 
 
-def test_burn_rate_alerts_api_and_metrics_agree(database_url: str, tmp_path: Path) -> None:
+def test_burn_rate_alerts_api_and_metrics_agree(migrated_url: str, tmp_path: Path) -> None:
     pages = {"chat-a": VllmPage(), "chat-b": VllmPage()}
     with StaticPageServer(b"") as server_a, StaticPageServer(b"") as server_b, WebhookReceiver() as hook:
         servers = {"chat-a": server_a, "chat-b": server_b}
@@ -43,7 +43,7 @@ def test_burn_rate_alerts_api_and_metrics_agree(database_url: str, tmp_path: Pat
         }
         path = tmp_path / "targets.yaml"
         path.write_text(yaml.safe_dump(config))
-        for svc in make_service(database_url, tmp_path, config_file=path, alert_interval="1h",
+        for svc in make_service(migrated_url, tmp_path, config_file=path, alert_interval="1h",
                                 delivery_interval="1h"):
             def scrape_all() -> None:
                 for name, page in pages.items():
