@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
-from sqlalchemy import and_, case, delete, func, insert, not_, select
+from sqlalchemy import CursorResult, and_, case, delete, func, insert, not_, select
 from sqlalchemy.orm import Session
 
 from app.store.models import SloIncrementRow
 
 
-def _of(slo: str, signal: str, threshold: float):  # noqa: ANN202 - a SQLAlchemy clause
+def _of(slo: str, signal: str, threshold: float):
     return and_(SloIncrementRow.slo == slo, SloIncrementRow.signal == signal, SloIncrementRow.threshold == threshold)
 
 
@@ -52,10 +53,11 @@ def window_sums(session: Session, slo: str, signal: str, threshold: float, targe
 def prune(session: Session, keep: dict[str, float], now: float) -> int:
     """Delete increments of SLOs no longer configured, and those older than their SLO's
     period (``keep``: SLO name -> seconds to keep)."""
-    deleted = session.execute(delete(SloIncrementRow).where(not_(SloIncrementRow.slo.in_(list(keep)))))
+    gone = delete(SloIncrementRow).where(not_(SloIncrementRow.slo.in_(list(keep))))
+    deleted = cast(CursorResult, session.execute(gone))
     count = deleted.rowcount or 0
     for name, seconds in keep.items():
-        result = session.execute(delete(SloIncrementRow).where(SloIncrementRow.slo == name,
-                                                               SloIncrementRow.ts_end < now - seconds))
+        result = cast(CursorResult, session.execute(delete(SloIncrementRow).where(
+            SloIncrementRow.slo == name, SloIncrementRow.ts_end < now - seconds)))
         count += result.rowcount or 0
     return count

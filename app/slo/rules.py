@@ -98,9 +98,8 @@ def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence
             good, total = [], []
             for family in HISTOGRAM_FAMILIES[slo.signal]:
                 own = format_matchers(list(family.matchers))
-                good.append(f"sum by ({labels}) (rate("
-                            f"{_selector(family.name + '_bucket', [own, _le(family, slo.signal, slo.threshold), *matchers])}"
-                            f"[{w}]))")
+                bucket = _selector(family.name + "_bucket", [own, _le(family, slo.signal, slo.threshold), *matchers])
+                good.append(f"sum by ({labels}) (rate({bucket}[{w}]))")
                 total.append(f"sum by ({labels}) (rate({_selector(family.name + '_count', [own, *matchers])}[{w}]))")
             expr = f"1 - (\n  ({' or '.join(good)})\n/\n  ({' or '.join(total)})\n)"
             rules.append({"record": ratio_name(span), "expr": expr, "labels": {"slo": slo.name}})

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from app.emulator.simulation import Simulation
 from app.promapi import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.service import SourceService
@@ -30,7 +31,6 @@ from app.store import repository
 from tests.slo.harness import RETENTION, T0, SloHarness
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
-from app.emulator.simulation import Simulation
 
 ENGINES = {"burning": "healthy->queueing@600", "fine": "healthy_bursty"}
 SLOS = [{"name": "chat-ttft", "signal": "ttft", "threshold": "2.5s", "objective": "99%"}]
