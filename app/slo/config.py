@@ -32,6 +32,8 @@ from app.limits import MAX_TEXT_LENGTH, Labels
 from app.slo import buckets
 
 SLO_SIGNALS = ("ttft", "itl", "e2e", "queue_time")
+#: The burn-rate alert's name (built in and exported); ``burn`` = page | ticket.
+SLO_BURN_ALERT = "LLMLatencySLOBurnRate"
 BurnKind = Literal["page", "ticket"]
 #: The service's alert severities (app/alerts/config.py); page and ticket map onto them.
 Severity = Literal["critical", "warning", "info"]

@@ -60,7 +60,7 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
             client = PrometheusClient(prom.url, timeout=60)
             try:
                 prom_ratio: dict[tuple[str, float], float] = {}
-                for rule in slo_rules(h.slos, [], ("instance",), "", ""):
+                for rule in slo_rules(h.slos, [], ("instance",), "", "docs/runbooks/slo_burn.md"):
                     if "record" in rule and rule["record"].startswith("llm_latency_slo:sli_error"):
                         window = next(w for w in [*slo.windows(), slo.period] if ratio_name(w) == rule["record"])
                         for sample in client.query(rule["expr"], end).data:
