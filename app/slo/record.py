@@ -78,6 +78,7 @@ def record_increments(session: Session, slos: Sequence[SloObjective], now: float
         chosen = [t for t in matched_targets(session, slo, targets) if t.source not in DISCOVERED_BY_SOURCES]
         if not chosen:
             continue
+        slo_repository.forget_changed(session, slo.name, slo.signal, slo.threshold)
         last = slo_repository.last_recorded(session, slo.name, slo.signal, slo.threshold)
         series = repository.find_series(session, [t.id for t in chosen], [slo.signal])
         rows = []

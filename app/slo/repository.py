@@ -22,6 +22,13 @@ def last_recorded(session: Session, slo: str, signal: str, threshold: float) -> 
     return {target_id: ts for target_id, ts in rows}
 
 
+def forget_changed(session: Session, slo: str, signal: str, threshold: float) -> int:
+    """Delete the SLO's rows recorded for another signal or threshold (the SLO was edited):
+    they count other requests as good, and the new record starts from the stored samples."""
+    stale = delete(SloIncrementRow).where(SloIncrementRow.slo == slo, not_(_of(slo, signal, threshold)))
+    return cast(CursorResult, session.execute(stale)).rowcount or 0
+
+
 def add_increments(session: Session, rows: Sequence[dict]) -> None:
     if rows:
         session.execute(insert(SloIncrementRow), list(rows))
