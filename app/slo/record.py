@@ -4,8 +4,9 @@ Every alerting round, for each SLO and each matched target the service scrapes i
 good requests (``bucket{le=threshold}``) and all requests (``count``) between consecutive
 stored snapshots since the last round are added up and written as one row of
 ``slo_increments``. Counter resets are handled as Prometheus' ``increase`` does: a value
-below the previous one counts from zero. Burn rates over 5 m .. 28 d then read a SUM of at
-most (window / alerting interval) rows per target instead of every snapshot.
+below the previous one counts from zero. Burn rates over 5 m .. 28 d then read a SUM of a
+few thousand rows per target (older rows are merged, see ``COMPACTION``) instead of every
+snapshot.
 
 Differences from ``increase()`` over the same data, by design: no extrapolation to the
 window's edges (good and total are counted between the same snapshots, so the ratio is what
@@ -19,6 +20,7 @@ by default); after that each round reads only the snapshots since the last one.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
@@ -71,6 +73,39 @@ def chunk_rows(pairs: Sequence[tuple[float, float, float]], start: float) -> lis
     return rows
 
 
+#: (age, size): rows older than ``age`` are merged into rows of ``size`` seconds, so an SLO
+#: holds ~2,800 rows per target for 28 days instead of 160,000 (a 28-day SUM stays cheap).
+#: A window's edge is then as coarse as the rows it falls on: 5 m for the 6 h and 1 d windows
+#: (under 1.4 %), 1 h for 3 d and the period (under 1.4 %, 0.15 % of 28 d).
+COMPACTION = ((6 * 3600.0, 300.0), (3 * 86400.0, 3600.0))
+
+
+def compact(session: Session, slo: SloObjective, now: float, full: bool = False) -> int:
+    """Merge the SLO's rows that crossed an age of :data:`COMPACTION` into rows of its size
+    (whole buckets of ``size`` seconds only); ``full``: look at every row, not only the
+    latest few buckets (after a backfill). Returns the rows removed."""
+    removed = 0
+    for age, size in COMPACTION:
+        cutoff = math.floor((now - age) / size) * size  # only buckets that are complete
+        since = None if full else cutoff - 3 * size
+        rows = slo_repository.rows_to_compact(session, slo.name, slo.signal, slo.threshold, cutoff, since,
+                                              size / 2)
+        buckets: dict[tuple[int, float], list] = {}
+        for row in rows:
+            buckets.setdefault((row.target_id, math.ceil(row.ts_end / size) * size), []).append(row)
+        merge = {key: group for key, group in buckets.items() if len(group) > 1}
+        if not merge:
+            continue
+        new = [{"slo": slo.name, "target_id": target_id, "ts_end": max(r.ts_end for r in group),
+                "signal": slo.signal, "threshold": slo.threshold, "ts_start": min(r.ts_start for r in group),
+                "good": sum(r.good for r in group), "total": sum(r.total for r in group)}
+               for (target_id, _), group in merge.items()]
+        old = [row for group in merge.values() for row in group]
+        slo_repository.replace_rows(session, old, new)
+        removed += len(old) - len(new)
+    return removed
+
+
 def record_increments(session: Session, slos: Sequence[SloObjective], now: float, retention: float) -> int:
     """Write this round's increments of every SLO and scraped target; returns the rows written."""
     targets = repository.list_targets(session)
@@ -100,4 +135,5 @@ def record_increments(session: Session, slos: Sequence[SloObjective], now: float
                      for begin, end, good, total in chunk_rows(pairs, start)]
         slo_repository.add_increments(session, rows)
         written += len(rows)
+        compact(session, slo, now, full=any(t.id not in last for t in chosen))
     return written

@@ -34,6 +34,23 @@ def add_increments(session: Session, rows: Sequence[dict]) -> None:
         session.execute(insert(SloIncrementRow), list(rows))
 
 
+def rows_to_compact(session: Session, slo: str, signal: str, threshold: float, before: float, since: float | None,
+                    shorter_than: float) -> list[SloIncrementRow]:
+    """Rows ending before ``before`` (and after ``since``) that span less than ``shorter_than``."""
+    query = select(SloIncrementRow).where(_of(slo, signal, threshold), SloIncrementRow.ts_end < before,
+                                          SloIncrementRow.ts_end - SloIncrementRow.ts_start < shorter_than)
+    if since is not None:
+        query = query.where(SloIncrementRow.ts_end >= since)
+    return list(session.scalars(query))
+
+
+def replace_rows(session: Session, old: Sequence[SloIncrementRow], new: Sequence[dict]) -> None:
+    for row in old:
+        session.delete(row)
+    session.flush()
+    add_increments(session, new)
+
+
 def window_sums(session: Session, slo: str, signal: str, threshold: float, target_ids: Sequence[int],
                 windows: Sequence[float], now: float) -> dict[int, list[tuple[float, float, float | None]]]:
     """Per target, for each of ``windows`` (seconds ending at ``now``): (good, total, start of the

@@ -85,3 +85,43 @@ def test_migration_creates_the_slo_table_as_the_model_says(database_url: str) ->
         assert "slo_increments" in set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_old_rows_are_merged_keeping_every_request(migrated_url: str) -> None:
+    """Four days of 15 s rows: the last 6 h stay, 6 h .. 3 d become 5 m rows, older ones 1 h
+    rows; nothing is lost, and the windows' sums move by at most one coarse row at their edge."""
+    from app.slo.config import SloObjective
+    from app.slo.record import compact
+
+    engine = db.make_engine(migrated_url)
+    sessions = db.make_sessionmaker(engine)
+    slo = SloObjective(name="s", signal="ttft", threshold=2.5, objective=0.99)
+    now = 1_800_000_000.0
+    try:
+        with sessions.begin() as session:
+            target_id = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics",
+                                                 engine="vllm", labels={}).id
+            start = now - 4 * 86400
+            slo_repository.add_increments(session, [
+                {"slo": "s", "target_id": target_id, "ts_end": start + k * 15.0, "signal": "ttft", "threshold": 2.5,
+                 "ts_start": start + (k - 1) * 15.0, "good": 1.0 if k % 10 else 0.0, "total": 1.0}
+                for k in range(1, 4 * 5760 + 1)])
+        windows = [*slo.windows(), slo.period]
+        with sessions() as session:
+            before = slo_repository.window_sums(session, "s", "ttft", 2.5, [target_id], windows, now)[target_id]
+        with sessions.begin() as session:
+            removed = compact(session, slo, now, full=True)
+        with sessions() as session:
+            after = slo_repository.window_sums(session, "s", "ttft", 2.5, [target_id], windows, now)[target_id]
+            count = len(slo_repository.rows_to_compact(session, "s", "ttft", 2.5, now + 1, None, 1e9))
+        # 6 h of 15 s rows, 66 h of 5 m rows, a day of 1 h rows (and a row or two where the tiers meet)
+        assert 1440 + 792 + 24 <= count <= 1440 + 792 + 24 + 3 and removed == 4 * 5760 - count
+        assert after[-1][:2] == before[-1][:2] == (4 * 5760 * 0.9, 4 * 5760)  # every request kept
+        for window, (good_b, total_b, _), (good_a, total_a, _) in zip(windows, before, after, strict=True):
+            edge = 0 if window <= 6 * 3600 - 300 else (300 if window < 3 * 86400 else 3600) / 15
+            assert abs(total_a - total_b) <= edge, window
+            assert abs(good_a / total_a - good_b / total_b) < 0.002, window
+        with sessions.begin() as session:  # a later round compacts only what newly crossed an age
+            assert compact(session, slo, now) == 0
+    finally:
+        engine.dispose()
