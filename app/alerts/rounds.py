@@ -7,10 +7,12 @@ up a round.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import engine as alerts_engine
@@ -22,6 +24,8 @@ from app.slo.sources import source_sums as slo_source_sums
 from app.slo.status import slo_statuses
 from app.store import repository
 from app.window import TargetWindow
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
     from app.promsource.service import SourceService
@@ -71,7 +75,11 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
                                                                                            now)
     with sessions.begin() as session:
-        record_increments(session, slos, now, retention)
+        try:  # a savepoint: a recording that fails (another instance wrote the same rows) must not stop alerting
+            with session.begin_nested():
+                record_increments(session, slos, now, retention)
+        except SQLAlchemyError:
+            log.warning("recording the SLO increments failed; SLOs use what is recorded", exc_info=True)
         statuses = slo_statuses(session, slos, now, retention, source_sums, source_errors)
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
                                         eval_interval=eval_interval, source_windows=source_windows,
