@@ -38,6 +38,16 @@ Diagnosis (after every diagnosis round)
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
+SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round; ``window`` = 5m, 1h, ..., the period)
+    llm_latency_slo_objective{slo,signal}, llm_latency_slo_threshold_seconds{slo,signal}
+    llm_latency_slo_sli{slo,window}                      share of good requests, matched targets together
+    llm_latency_slo_requests{slo,window,kind}            good | total requests over the window
+    llm_latency_slo_burn_rate{slo,window}                error-budget burn rate (1 = spent exactly over the period)
+    llm_latency_slo_error_budget_remaining{slo}          share of the budget left over the period
+    llm_latency_slo_time_to_exhaustion_seconds{slo}      at the current burn (absent when nothing burns)
+    llm_latency_slo_period_coverage{slo}                 share of the period with data
+    llm_latency_slo_target_burn_rate{slo,target,window}, llm_latency_slo_target_error_budget_remaining{slo,target}
+    llm_latency_slo_target_error{slo,target}             1 when a target is not evaluated (no bucket at the threshold)
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from prometheus_client.registry import Collector
 
 from app.probe.telemetry import ProbeCollector
 from app.quantiles import LatencySummary
+from app.slo.telemetry import SloCollector
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -161,6 +172,8 @@ class Telemetry:
         r.register(self.diagnosis)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
+        self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
+        r.register(self.slo)
 
     def observe_round(self, name: str, seconds: float, interval: float) -> None:
         """One run of a periodic round (:func:`app.scheduling.add_round`)."""

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
 from app.durations import Seconds
 from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels, Url
+from app.slo.config import SLO_BURN_ALERT
 from app.urls import check_url_in_file
 
 Severity = Literal["critical", "warning", "info"]
@@ -54,6 +55,8 @@ def slo_alertname(signal: str) -> str:
 
 
 TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
+#: The burn-rate alert of the ``slos:`` section (app/slo/): one name, ``burn`` = page | ticket.
+SLO_BURN = SLO_BURN_ALERT
 
 #: Every alert the service (app/alerts/engine.py) or the exported Prometheus rules
 #: (app/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,
@@ -63,6 +66,7 @@ ALERT_RUNBOOKS: dict[str, str] = {
     **{regime_alertname(regime): regime for regime in REGIMES},
     **{slo_alertname(signal): f"slo_{signal}" for signal in SLO_SIGNALS},
     TARGET_DOWN: "target_down",
+    SLO_BURN: "slo_burn",
 }
 
 
