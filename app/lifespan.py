@@ -338,10 +338,25 @@ class Monitor:
             except Exception:
                 log.exception("leaving the replicas table failed (the others take over after the expiry)")
         self._replica_threads.shutdown(wait=False)
+        await self._wait_for_connections_returned()
         self.engine.dispose()
         if self._sqlite_lock is not None:
             self._sqlite_lock.close()
             self._sqlite_lock = None
+
+    async def _wait_for_connections_returned(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) until worker threads that are still finishing a round, a delivery or a
+        write have returned their database connections. ``Engine.dispose`` closes only the
+        connections in the pool; one returned after it goes back to a pool nobody closes and
+        is left open until the garbage collector finds it."""
+        checked_out = getattr(self.engine.pool, "checkedout", None)
+        if checked_out is None:
+            return
+        deadline = time.monotonic() + timeout
+        while checked_out() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if checked_out() > 0:
+            log.warning("stopping with %d database connections still in use", checked_out())
 
 
 @asynccontextmanager
