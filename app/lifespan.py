@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import scheduling, summaries
+from app import capacity, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -154,8 +154,11 @@ class Monitor:
                                     sources=self.sources)
 
     def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
-        return diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis, now,
-                                                   sources=self.sources)
+        results = diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis,
+                                                      now, sources=self.sources)
+        self.telemetry.capacity.assessments = capacity.assess_all(self.telemetry.diagnosis.diagnoses,
+                                                                  self.diagnosis_config.thresholds)
+        return results
 
     def next_diagnosis_at(self) -> float:
         """When the next diagnosis round starts (unix seconds), so the status page can tell a

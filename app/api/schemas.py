@@ -495,3 +495,23 @@ class TargetConsistencyOut(BaseModel):
     other_traffic: bool | None = None
     runs: list[int] | None = None
     models: list[str] | None = None
+
+
+class CapacityOut(BaseModel):
+    """The capacity signal of one target (or Prometheus-source service) and model
+    (:mod:`app.capacity`): what ``llm_latency_capacity_*`` exports."""
+
+    target: str
+    model: str
+    kind: str = Field(description="engine (one replica) | service (a Prometheus source's replicas as one)")
+    current_replicas: int
+    desired_replicas: int = Field(description="replicas the load needs; current_replicas when scaling_helps is false")
+    scaling_helps: bool = Field(description="false: more replicas do not fix what the diagnosis found, or too "
+                                            "little data; the count is held")
+    reason: str = Field(description="the verdict that decided (a regime, healthy, insufficient_data) or "
+                                    "no_load_data")
+    utilization: float | None = Field(description="the largest input; 1.0 = exactly current_replicas")
+    bound_by: str | None = Field(description="the input that was largest")
+    inputs: dict[str, float] = Field(description="slots, kv_cache, arrival: each a utilization")
+    evaluated_at: float | None = Field(description="when the diagnosis it comes from was made (unix seconds)")
+    summary: str

@@ -52,6 +52,13 @@ class Rule:
     #: judged from client-side probes rather than the engine's metrics: runs even when the
     #: window has too little engine traffic for the others (``findings.PROBE_REGIMES``)
     from_probes: bool = False
+    #: more replicas of the same engine fix this regime: it comes from the load each replica
+    #: carries (requests waiting for a slot, a KV cache too small for the batch). False where a
+    #: request is slow however the load is spread (one prompt's prefill, decode at the memory
+    #: bandwidth floor, stalls behind other prefills, offloaded weights) or the time is lost
+    #: outside the engine or between replicas: the capacity signal (:mod:`app.capacity`) then
+    #: holds the replica count and names the regime.
+    replicas_help: bool = False
 
 
 def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:

@@ -91,4 +91,4 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
-            causes=("queueing", "prefill_interference"))
+            causes=("queueing", "prefill_interference"), replicas_help=True)

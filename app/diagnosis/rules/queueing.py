@@ -83,4 +83,4 @@ def promql(x: RegimeAlerts) -> None:
               text.replace("{min}", human_seconds(min_queue)))
 
 
-RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql)
+RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql, replicas_help=True)
