@@ -15,6 +15,7 @@ Example::
       window: 1m
       thresholds: {queue_share: 0.5}   # see app/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
+    slos: [...]                 # optional: latency SLOs with error budgets; see app/slo/config.py
     file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
       - files: [/etc/llm-latency/targets/*.json]
         refresh_interval: 1m
@@ -60,6 +61,7 @@ from app.limits import (
 from app.probe.canary import CanaryConfig
 from app.promsource.config import PrometheusSourceConfig
 from app.scrape.discovery import FileSDConfig, HttpSDConfig
+from app.slo.config import SloObjective, threshold_problems
 from app.thresholds import Thresholds
 from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
@@ -144,6 +146,12 @@ class FileConfig(BaseModel):
         return unique_names(sources, "sources", "source")
     file_sd_configs: list[FileSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
     http_sd_configs: list[HttpSDConfig] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+    slos: list[SloObjective] = Field(default_factory=list, max_length=MAX_LIST_LENGTH)
+
+    @field_validator("slos")
+    @classmethod
+    def _unique_slos(cls, slos: list[SloObjective]) -> list[SloObjective]:
+        return unique_names(slos, "slos", "SLO")
 
     @field_validator("targets")
     @classmethod
@@ -190,9 +198,14 @@ def load_config(path: Path, allowed_hosts: list[str] | None = None) -> FileConfi
         raise ConfigError([f"{path}:1: the top level must be a mapping with a 'targets' list"])
     context = {ALLOWED_HOSTS_CONTEXT: allowed_hosts or [], UNITS_REQUIRED_CONTEXT: True}
     try:
-        return FileConfig.model_validate(raw, context=context)
+        config = FileConfig.model_validate(raw, context=context)
     except ValidationError as exc:
         problems = [(_line_of(loc, lines), message) for loc, message in validation_messages(exc)]
+    else:
+        # thresholds against the engines' bucket layouts: needs the SLOs and the targets together
+        problems = [(_line_of(loc, lines), message) for loc, message in threshold_problems(config.slos, config.targets)]
+        if not problems:
+            return config
     raise ConfigError([f"{path}:{line}: {message}" for line, message in sorted(problems, key=lambda p: p[0])])
 
 

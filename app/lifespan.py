@@ -42,6 +42,8 @@ from app.scrape.discovery import DiscoveryService
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
+from app.slo import repository as slo_repository
+from app.slo.config import SloObjective
 from app.store import db, repository, retention
 from app.telemetry import Telemetry
 
@@ -67,6 +69,7 @@ class Monitor:
         self.started_at = time.time()
         self.diagnosis_config = DiagnosisConfig()
         self.alerts_config = AlertsConfig()
+        self.slos: list[SloObjective] = []
         self.delivery = DeliveryWorker(self.sessions, functools.partial(alert_rounds.load_receivers, self.sessions),
                                        settings.secret,
                                        on_attempt=self._delivery_attempted)
@@ -103,6 +106,7 @@ class Monitor:
         config = load_config(self.settings.config_file, self.settings.allowed_target_hosts)
         self.diagnosis_config = config.diagnosis
         self.alerts_config = config.alerts
+        self.slos = config.slos
         self.delivery.max_age = config.alerts.max_delivery_age
         self.sources.configure(config.sources)
         self.discovery.configure(config, self.settings.config_file.parent)
@@ -172,7 +176,12 @@ class Monitor:
         return alert_rounds.evaluate_alerts(self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
-                                            now=now, sources=self.sources)
+                                            now=now, sources=self.sources, slos=self.slos,
+                                            retention=self.settings.retention)
+
+    def _prune_slo_increments(self, session: Session, before: float) -> int:
+        """SLO increments are kept for their SLO's period, not the samples' retention."""
+        return slo_repository.prune(session, {s.name: s.period for s in self.slos}, before + self.settings.retention)
 
     def _delivery_attempted(self, receiver: str, ok: bool, latency: float) -> None:
         self.telemetry.deliveries.labels(receiver, "ok" if ok else "error").inc()
@@ -197,7 +206,8 @@ class Monitor:
         await self.discovery.start(self.scheduler)
         s = self.settings
         prune = functools.partial(retention.prune, self.sessions, s.retention,
-                                  also={"probe_runs": probe_repository.prune})  # the probe feature's own tables
+                                  also={"probe_runs": probe_repository.prune,  # features' own tables
+                                        "slo_increments": self._prune_slo_increments})
         scheduling.add_round(self.scheduler, scheduling.PRUNE_JOB, prune, s.prune_interval)
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval)
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB, self.evaluate_diagnoses,

@@ -41,6 +41,16 @@ Capacity (app/capacity.py, after every diagnosis round; per target or service an
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
+SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round; ``window`` = 5m, 1h, ..., the period)
+    llm_latency_slo_objective{slo,signal}, llm_latency_slo_threshold_seconds{slo,signal}
+    llm_latency_slo_sli{slo,window}                      share of good requests, matched targets together
+    llm_latency_slo_requests{slo,window,kind}            good | total requests over the window
+    llm_latency_slo_burn_rate{slo,window}                error-budget burn rate (1 = spent exactly over the period)
+    llm_latency_slo_error_budget_remaining{slo}          share of the budget left over the period
+    llm_latency_slo_time_to_exhaustion_seconds{slo}      at the current burn (absent when nothing burns)
+    llm_latency_slo_period_coverage{slo}                 share of the period with data
+    llm_latency_slo_target_burn_rate{slo,target,window}, llm_latency_slo_target_error_budget_remaining{slo,target}
+    llm_latency_slo_target_error{slo,target}             1 when a target cannot be evaluated (e.g. no bucket at the threshold)
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ from prometheus_client.registry import Collector
 
 from app.probe.telemetry import ProbeCollector
 from app.quantiles import LatencySummary
+from app.slo.telemetry import SloCollector
 
 if TYPE_CHECKING:  # the capacity signal is computed from diagnoses; telemetry only exports it
     from app.capacity import Capacity
@@ -197,6 +208,8 @@ class Telemetry:
         r.register(self.capacity)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
+        self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
+        r.register(self.slo)
 
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None:

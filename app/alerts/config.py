@@ -54,6 +54,8 @@ def slo_alertname(signal: str) -> str:
 
 
 TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
+#: The burn-rate alert of the ``slos:`` section (app/slo/): one name, ``burn`` = page | ticket.
+SLO_BURN = PRODUCT_PREFIX + "SLOBurnRate"
 
 #: Every alert the service (app/alerts/engine.py) or the exported Prometheus rules
 #: (app/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,
@@ -63,6 +65,7 @@ ALERT_RUNBOOKS: dict[str, str] = {
     **{regime_alertname(regime): regime for regime in REGIMES},
     **{slo_alertname(signal): f"slo_{signal}" for signal in SLO_SIGNALS},
     TARGET_DOWN: "target_down",
+    SLO_BURN: "slo_burn",
 }
 
 

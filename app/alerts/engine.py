@@ -2,7 +2,8 @@
 
 Every evaluation:
 1. collects the conditions that are true now — active diagnosis findings (one alert per
-   target x model x regime), SLO breaches per target, targets whose scrapes fail;
+   target x model x regime), SLO breaches per target, error-budget burn rates of the
+   ``slos:`` section per SLO x target x window pair, targets whose scrapes fail;
 2. advances each alert (keyed by the fingerprint of its labels): pending while its
    condition holds for less than ``for``, then firing; resolved when it clears;
 3. plans notifications per group (``group_by`` labels) and receiver: a receiver is
@@ -29,11 +30,12 @@ from sqlalchemy.orm import Session
 
 from app import latency, quantiles
 from app.alerts import silences as silence_rules
-from app.alerts.config import TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
+from app.alerts.config import SLO_BURN, TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
-from app.durations import format_utc
+from app.durations import format_duration, format_utc
 from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.slo.status import SloStatus
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow
 from app.window import TargetWindow
@@ -133,6 +135,46 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
     return out
 
 
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.3g}%"
+
+
+def slo_burn_conditions(config: AlertsConfig, statuses: list[SloStatus]) -> list[Condition]:
+    """One condition per SLO, target and burn alert (window pair) whose burn rate exceeds
+    its factor over both windows (the SRE workbook's multiwindow, multi-burn-rate alert).
+    No ``for``: the short window is what keeps it from firing on a blip, and what lets it
+    resolve soon after the burn stops."""
+    out = []
+    for status in statuses:
+        for part in status.targets:
+            for alert in part.alerts:
+                if not alert.firing:
+                    continue
+                long_w, short_w = format_duration(alert.long.window), format_duration(alert.short.window)
+                labels = {**part.labels, "alertname": SLO_BURN, "target": part.target, "slo": status.name,
+                          "severity": alert.severity, "burn": alert.kind, "long_window": long_w,
+                          "short_window": short_w}
+                budget = None if part.period is None else part.period.burn_rate(status.objective)
+                left = None if budget is None else 1.0 - budget
+                annotations = {
+                    "summary": f"{part.target}: SLO {status.name} burns its error budget {alert.long_burn:.1f}x "
+                               f"over {long_w} and {alert.short_burn:.1f}x over {short_w} (threshold "
+                               f"{alert.factor:g}x, {alert.kind})",
+                    "description": f"{status.objective * 100:g}% of requests should have {status.signal} at or "
+                                   f"under {status.threshold:g}s over {format_duration(status.period_seconds)}. "
+                                   f"Good requests: {_percent(alert.long.sli)} over {long_w}, "
+                                   f"{_percent(alert.short.sli)} over {short_w}. Budget left over the period: "
+                                   f"{_percent(left)} on this target, {_percent(status.budget_remaining)} for the "
+                                   f"SLO (coverage {status.coverage * 100:.0f}%).",
+                    "long_burn_rate": f"{alert.long_burn:.4g}",
+                    "short_burn_rate": f"{alert.short_burn:.4g}",
+                    "budget_left": "" if left is None else f"{left:.4g}",
+                    **_links(config, part.target, SLO_BURN),
+                }
+                out.append(Condition(labels, annotations, 0.0, alert.long_burn))
+    return out
+
+
 def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
     out = []
     latest = repository.latest_scrapes(session)
@@ -152,19 +194,25 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
 def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
              generator_url: str = "", eval_interval: float = 15.0,
              source_windows: dict[tuple[str, int], TargetWindow] | None = None,
-             held_targets: frozenset[str] = frozenset()) -> dict[str, int]:
+             held_targets: frozenset[str] = frozenset(), slo_statuses: list[SloStatus] | None = None,
+             ) -> dict[str, int]:
     """One alerting round inside the caller's transaction. Returns counts for telemetry.
 
     ``eval_interval`` is how often rounds run; with ``resend_interval`` it bounds how long
     an Alertmanager may keep an alert firing without hearing from us again.
     ``source_windows`` are the SLO windows of targets a Prometheus source reads;
     ``held_targets`` are those whose source could not answer: their SLO alerts stay as they
-    are (missing data neither fires nor resolves an alert)."""
+    are (missing data neither fires nor resolves an alert). ``slo_statuses``: the ``slos:``
+    section now (app/slo/status.py), for the burn-rate alerts; a target it could not evaluate
+    (an error) keeps its burn-rate alerts as they are, for the same reason."""
     conditions = {c.fp: c for c in (diagnosis_conditions(session, config)
                                     + slo_conditions(session, config, now, source_windows)
+                                    + slo_burn_conditions(config, slo_statuses or [])
                                     + target_down_conditions(session, config))}
+    unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}
     rows = {row.fingerprint: row for row in repository.open_alerts(session)
-            if not (row.labels.get("slo") and row.labels.get("target") in held_targets)}
+            if not (row.labels.get("slo") and row.labels.get("target") in held_targets)
+            and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
         row = rows.get(fp) or repository.get_alert(session, fp)

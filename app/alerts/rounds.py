@@ -8,6 +8,7 @@ up a round.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,6 +16,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig, ReceiverConfig
 from app.promsource.service import SOURCE_KIND
+from app.slo.config import SloObjective
+from app.slo.record import record_increments
+from app.slo.sources import source_sums as slo_source_sums
+from app.slo.status import slo_statuses
 from app.store import repository
 from app.window import TargetWindow
 
@@ -52,20 +57,29 @@ def slo_source_windows(sessions: sessionmaker[Session], config: AlertsConfig, no
 
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
                     eval_interval: float, telemetry: Telemetry | None = None,
-                    now: float | None = None, sources: SourceService | None = None) -> dict[str, int]:
+                    now: float | None = None, sources: SourceService | None = None,
+                    slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0) -> dict[str, int]:
     """One alerting round; returns the numbers of conditions and of notifications written.
     ``generator_url`` is this service's alerts page, the ``generatorURL`` of every alert;
-    the open alerts and the notification count go to ``telemetry`` for ``/metrics``."""
+    the open alerts and the notification count go to ``telemetry`` for ``/metrics``.
+    ``slos`` (the ``slos:`` section): the round first records their increments
+    (app/slo/record.py, reading back ``retention`` the first time), then their burn-rate
+    alerts read the same :class:`~app.slo.status.SloStatus` the API and ``/metrics`` show."""
     now = time.time() if now is None else now
     receivers = list(load_receivers(sessions).values())
     source_windows, held = slo_source_windows(sessions, config, now, sources) if sources else ({}, frozenset())
+    source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
+                                                                                           now)
     with sessions.begin() as session:
+        record_increments(session, slos, now, retention)
+        statuses = slo_statuses(session, slos, now, retention, source_sums, source_errors)
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
                                         eval_interval=eval_interval, source_windows=source_windows,
-                                        held_targets=held)
+                                        held_targets=held, slo_statuses=statuses)
         open_alerts = [(row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
                        for row in repository.open_alerts(session)]
     if telemetry is not None:
+        telemetry.slo.statuses = statuses
         telemetry.diagnosis.alerts = open_alerts
         telemetry.alert_notifications.inc(result["notifications"])
     return result

@@ -515,3 +515,59 @@ class CapacityOut(BaseModel):
     inputs: dict[str, float] = Field(description="slots, kv_cache, arrival: each a utilization")
     evaluated_at: float | None = Field(description="when the diagnosis it comes from was made (unix seconds)")
     summary: str
+
+
+# --------------------------------------------------------------------------- SLOs (app/slo/)
+
+class SloWindowOut(BaseModel):
+    window: str = Field(description="Prometheus duration: 5m, 1h, ... or the period")
+    seconds: float
+    good: float = Field(description="requests at or under the threshold")
+    total: float
+    sli: float | None = Field(description="good / total; null without requests")
+    burnRate: float | None = Field(description="(1 - sli) / (1 - objective); 1 spends the budget exactly over the period")
+    coveredSeconds: float = Field(description="how much of the window has data")
+
+
+class BurnAlertOut(BaseModel):
+    kind: str = Field(description="page | ticket")
+    severity: str
+    longWindow: str
+    shortWindow: str
+    factor: float
+    longBurnRate: float | None
+    shortBurnRate: float | None
+    firing: bool = Field(description="both burn rates above the factor (the alert's condition now)")
+
+
+class SloTargetOut(BaseModel):
+    target: str
+    labels: dict[str, str]
+    sli: float | None
+    budgetRemaining: float | None
+    windows: list[SloWindowOut]
+    alerts: list[BurnAlertOut]
+    error: str | None = Field(description="why the SLO is not evaluated on this target (e.g. no bucket at the "
+                                          "threshold); null when it is")
+
+
+class SloOut(BaseModel):
+    name: str
+    signal: str
+    threshold: float = Field(description="seconds; a bucket bound of the histogram")
+    objective: float
+    period: str
+    periodSeconds: float
+    sli: float | None = Field(description="over the period (what of it has data, see coverage)")
+    budgetRemaining: float | None = Field(description="share of the error budget left; negative when overspent")
+    burnRates: dict[str, float | None] = Field(description="per alert window")
+    currentBurnRate: float | None = Field(description="over the shortest window with requests")
+    timeToExhaustion: float | None = Field(description="seconds until the budget left is spent at the current burn; "
+                                                       "null when nothing burns")
+    coverage: float = Field(description="share of the period with data; below 1 the numbers are over what exists")
+    note: str | None
+    periodWindow: SloWindowOut
+    windows: list[SloWindowOut]
+    targets: list[SloTargetOut] = Field(description="each matched target's part (built-in SLOs are evaluated "
+                                                    "per target, and summed over them for the totals)")
+    errors: list[str]

@@ -202,6 +202,15 @@ class SourceReader:
             tw.overall = _overall(tw.models)
         return out
 
+    def histograms_over(self, signal: str, windows: Sequence[float], end: float
+                        ) -> list[dict[TargetKey, dict[str, WindowHistogram]]]:
+        """Per window ending at ``end``: every target's ``signal`` histogram increase per model,
+        one query per window for all targets (the SLOs' exact SLI, app/slo/sources.py)."""
+        q = self._queries(None, None)
+        answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
+        return [{key: {name: _histogram(b) for name, b in per_model.items()}
+                 for key, per_model in self._pick(answer.data, "le").items()} for answer in answers]
+
     def quantile_series(self, signal: str, q: float | None, first: float, end: float, step: float,
                         lookback: float, only: TargetKey | None, model: str | None = None,
                         where: dict[str, str] | None = None) -> list[dict]:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.promapi import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
+from app.quantiles import WindowHistogram
 from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
@@ -307,6 +308,32 @@ class SourceService:
                 window = windows.get(source.key_of(target))
                 if window is not None:
                     out[target.id] = window
+        return out, failed
+
+    def histograms_over(self, targets: Sequence[Target], signal: str, windows: Sequence[float], end: float
+                        ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:
+        """Per replica of ``targets`` (ids), its ``signal`` histogram per model over each of
+        ``windows`` ending at ``end`` (one query per source and window), and the ids whose
+        source could not answer."""
+        by_source: dict[str, list[Target]] = {}
+        for target in targets:
+            if target.source == SOURCE_KIND:
+                by_source.setdefault(target.origin or "", []).append(target)
+        out: dict[int, list[dict[str, WindowHistogram]]] = {}
+        failed: set[int] = set()
+        for name, members in by_source.items():
+            source = self.get(name)
+            try:
+                if source is None:
+                    raise SourceMissing(name)
+                answers = source.reader.histograms_over(signal, windows, end)
+            except (PromAPIError, SourceMissing) as exc:
+                log.info("source %s: no SLO histograms (%s)", name, exc)
+                failed.update(t.id for t in members)
+                continue
+            for target in members:
+                key = source.key_of(target)
+                out[target.id] = [answer.get(key, {}) for answer in answers]
         return out, failed
 
     def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,

@@ -28,6 +28,10 @@ Layout, and why:
   receiver until a notification carrying it is enqueued for that receiver.
 * ``target_info``: engine configuration revealed by info metrics
   (``vllm:cache_config_info`` labels), latest value per target/model/rank.
+* ``slo_increments``: the SLO recording rule's output (app/slo/record.py): per SLO, target
+  and alerting round, the good and total requests between consecutive stored snapshots,
+  so a burn rate over any window up to the SLO's period is a SUM over few rows. Kept for
+  the longest SLO period (they are tiny), so a 28-day budget outlives a 7-day retention.
 
 Timestamps are unix seconds as doubles: exact, cheap to compare, and identical on
 SQLite and PostgreSQL.
@@ -302,3 +306,21 @@ class ProbeRequestRow(Base):
     status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(String(16), nullable=True)
     detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class SloIncrementRow(Base):
+    """Good (``bucket{le=threshold}``) and total (``count``) requests a target served between
+    two stored snapshots, ``ts_start`` < ts <= ``ts_end``, for one SLO (signal + threshold:
+    a changed threshold starts a new record instead of mixing two)."""
+
+    __tablename__ = "slo_increments"
+    __table_args__ = (Index("ix_slo_increments_window", "slo", "signal", "threshold", "ts_end"),)
+
+    slo: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
+    ts_end: Mapped[float] = mapped_column(Float, primary_key=True)
+    signal: Mapped[str] = mapped_column(String(32))
+    threshold: Mapped[float] = mapped_column(Float)
+    ts_start: Mapped[float] = mapped_column(Float)
+    good: Mapped[float] = mapped_column(Float)
+    total: Mapped[float] = mapped_column(Float)
