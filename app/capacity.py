@@ -26,6 +26,12 @@ numbers of its own, in two steps:
    and ``current`` unchanged while utilization is within ``capacity_tolerance`` (0.1) of 1.
    ``current`` is 1 for an engine and the replicas with data for a service.
 
+   **SLO burn.** The load model estimates; the SLOs of the ``slos:`` section measure. When an
+   SLO evaluated on the target burns its error budget faster than it lasts over both of its two
+   shortest windows (5 m and 30 m by default; burn rate > 1 in each, so one slow request does
+   not count), ``desired`` is at least ``current + 1``. The burn rates are the latest alerting
+   round's (:class:`app.slo.status.SloStatus`, the numbers of ``GET /api/v1/slos``).
+
 2. **Whether replicas help.** The diagnosis decides. When the verdict is a regime whose
    rule says more replicas do not fix it (``Rule.replicas_help`` False: prefill
    interference, bandwidth-bound decode, weights offloaded, long-prompt prefill, a slow
@@ -43,11 +49,12 @@ round exports), so the API and ``/metrics`` give the same answer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.diagnosis.rules import RULES
+from app.slo.status import SloStatus
 from app.thresholds import Thresholds
 
 #: the load inputs, in the order they are shown
@@ -74,6 +81,25 @@ class Capacity:
     inputs: dict[str, float] = field(default_factory=dict)  # input -> utilization (1.0 = at capacity)
     evaluated_at: float | None = None
     summary: str = ""
+    slo: str | None = None                # the SLO on this target burning fastest over its two shortest windows
+    slo_burn_rate: float | None = None    # ... the lower of those two burn rates (> 1: burning)
+
+
+def slo_burn(statuses: Sequence[SloStatus], target: str) -> tuple[str, float] | None:
+    """(SLO, burn rate) of the SLO evaluated on ``target`` that burns fastest, the burn rate
+    being the lower of its two shortest windows' (both must agree); None without such an SLO."""
+    best: tuple[str, float] | None = None
+    for status in statuses:
+        for part in status.targets:
+            if part.target != target or part.error is not None or len(part.windows) < 2:
+                continue
+            rates = [w.burn_rate(status.objective) for w in part.windows[:2]]
+            if any(r is None for r in rates):
+                continue
+            burn = min(r for r in rates if r is not None)
+            if best is None or burn > best[1]:
+                best = (status.name, burn)
+    return best
 
 
 def _number(signals: Mapping[str, Any], key: str) -> float | None:
@@ -113,8 +139,9 @@ def _evaluated_at(diagnosis: Mapping[str, Any]) -> float | None:
     return float(window["end"]) if isinstance(window.get("end"), (int, float)) else None
 
 
-def assess(diagnosis: Mapping[str, Any], t: Thresholds) -> Capacity:
-    """The capacity signal of one diagnosis (a dict as ``GET /api/v1/diagnoses`` lists it)."""
+def assess(diagnosis: Mapping[str, Any], t: Thresholds, slos: Sequence[SloStatus] = ()) -> Capacity:
+    """The capacity signal of one diagnosis (a dict as ``GET /api/v1/diagnoses`` lists it), with
+    the burn rates of ``slos`` (the latest alerting round's statuses)."""
     signals: Mapping[str, Any] = diagnosis.get("signals") or {}
     replicas = signals.get("replicas") or []
     kind = "service" if replicas else "engine"
@@ -125,6 +152,9 @@ def assess(diagnosis: Mapping[str, Any], t: Thresholds) -> Capacity:
     bound_by = max(inputs, key=lambda k: inputs[k]) if inputs else None
     base = Capacity(diagnosis["target"], diagnosis.get("model") or "", kind, current, current, False, verdict,
                     utilization, bound_by, inputs, _evaluated_at(diagnosis))
+    burning = slo_burn(slos, base.target)
+    if burning is not None:
+        base.slo, base.slo_burn_rate = burning
     if verdict != "healthy" and verdict not in SCALING_REGIMES:
         base.summary = (f"Holding {current} replica(s): the diagnosis is {verdict}, which more replicas do not fix."
                         if verdict != "insufficient_data" else
@@ -138,14 +168,19 @@ def assess(diagnosis: Mapping[str, Any], t: Thresholds) -> Capacity:
     base.scaling_helps = True
     if abs(utilization - 1.0) > t.capacity_tolerance:
         base.desired_replicas = max(1, math.ceil(current * utilization - 1e-9))
+    if base.slo_burn_rate is not None and base.slo_burn_rate > 1.0 and base.desired_replicas <= current:
+        base.desired_replicas, base.bound_by = current + 1, "slo_burn"
     change = ("keep" if base.desired_replicas == current else
               "add" if base.desired_replicas > current else "remove")
-    base.summary = (f"{change.capitalize()} replicas: {current} -> {base.desired_replicas} "
-                    f"({bound_by} utilization {utilization:.2f}, verdict {verdict})." if change != "keep" else
+    why = (f"SLO {base.slo} burns its budget {base.slo_burn_rate:.1f}x as fast as it lasts"
+           if base.bound_by == "slo_burn" else f"{bound_by} utilization {utilization:.2f}")
+    base.summary = (f"{change.capitalize()} replicas: {current} -> {base.desired_replicas} ({why}, verdict "
+                    f"{verdict})." if change != "keep" else
                     f"Keep {current} replica(s): utilization {utilization:.2f} ({bound_by}), verdict {verdict}.")
     return base
 
 
-def assess_all(diagnoses: Iterable[Mapping[str, Any]], t: Thresholds) -> list[Capacity]:
+def assess_all(diagnoses: Iterable[Mapping[str, Any]], t: Thresholds,
+               slos: Sequence[SloStatus] = ()) -> list[Capacity]:
     """Every diagnosis' capacity signal, by target and model."""
-    return sorted((assess(d, t) for d in diagnoses), key=lambda c: (c.target, c.model))
+    return sorted((assess(d, t, slos) for d in diagnoses), key=lambda c: (c.target, c.model))

@@ -160,8 +160,8 @@ class Monitor:
     def evaluate_diagnoses(self, now: float | None = None) -> list[diagnosis_rounds.RoundResult]:
         results = diagnosis_rounds.evaluate_diagnoses(self.sessions, self.diagnosis_config, self.telemetry.diagnosis,
                                                       now, sources=self.sources)
-        self.telemetry.capacity.assessments = capacity.assess_all(self.telemetry.diagnosis.diagnoses,
-                                                                  self.diagnosis_config.thresholds)
+        self.telemetry.capacity.assessments = capacity.assess_all(
+            self.telemetry.diagnosis.diagnoses, self.diagnosis_config.thresholds, self.telemetry.slo.statuses)
         return results
 
     def next_diagnosis_at(self) -> float:

@@ -36,6 +36,7 @@ Capacity (app/capacity.py, after every diagnosis round; per target or service an
     llm_latency_capacity_current_replicas{target,model}  1 for an engine, the replicas with data for a service
     llm_latency_capacity_utilization{target,model}       the largest input (1 = exactly the current replicas)
     llm_latency_capacity_input_utilization{target,model,input}   each input: slots, kv_cache, arrival
+    llm_latency_capacity_slo_burn_rate{target,model,slo} the fastest SLO burn on the target (two shortest windows)
     llm_latency_capacity_scaling_helps{target,model,reason}      1 when an autoscaler may act on it; reason = the
                                                          verdict that decided (a regime, healthy, insufficient_data)
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
@@ -160,6 +161,9 @@ class CapacityCollector(Collector):
         inputs = GaugeMetricFamily("llm_latency_capacity_input_utilization",
                                    "One load input of the capacity signal (slots, kv_cache, arrival).",
                                    labels=[*labels, "input"])
+        burn = GaugeMetricFamily("llm_latency_capacity_slo_burn_rate",
+                                 "Burn rate of the SLO burning fastest on the target, the lower of its two shortest "
+                                 "windows'; above 1 the signal asks for one more replica.", labels=[*labels, "slo"])
         helps = GaugeMetricFamily("llm_latency_capacity_scaling_helps",
                                   "1 when more or fewer replicas are the answer; 0 holds, reason says why.",
                                   labels=[*labels, "reason"])
@@ -171,8 +175,10 @@ class CapacityCollector(Collector):
                 utilization.add_metric(key, c.utilization)
             for name, value in c.inputs.items():
                 inputs.add_metric([*key, name], value)
+            if c.slo is not None and c.slo_burn_rate is not None:
+                burn.add_metric([*key, c.slo], c.slo_burn_rate)
             helps.add_metric([*key, c.reason], 1.0 if c.scaling_helps else 0.0)
-        yield from (desired, current, utilization, inputs, helps)
+        yield from (desired, current, utilization, inputs, burn, helps)
 
 
 class Telemetry:

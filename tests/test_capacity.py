@@ -158,3 +158,41 @@ def test_an_unevenly_loaded_service_holds_its_count(replicas: dict[str, TargetWi
     c = _service(replicas)
     assert (c.current_replicas, c.reason, c.scaling_helps, c.desired_replicas) == (2, "replica_imbalance", False, 2)
     assert c.inputs["slots"] > 2  # summed, the load would have asked for more
+
+
+# ---------------------------------------------------------------- SLO burn (the slos: section)
+
+def test_an_slo_burning_its_budget_asks_for_one_more_replica(tmp_path: Path) -> None:
+    """A healthy engine whose load alone needs no more replicas, under two TTFT SLOs: a tight
+    one (99.9 % within 0.1 s, which its tail misses) burns over 5 m and 30 m and raises the
+    signal to 2; a loose one (2.5 s) alone would not."""
+    from app.emulator.simulation import Simulation
+    from tests.slo.harness import T0 as SLO_T0
+    from tests.slo.harness import SloHarness
+
+    slos = [{"name": "tight", "signal": "ttft", "threshold": "0.1s", "objective": "99.9%", "period": "28d"},
+            {"name": "loose", "signal": "ttft", "threshold": "2.5s", "objective": "99%", "period": "28d"}]
+    harness = SloHarness(tmp_path, slos, {"chat": Simulation("healthy", seed=2)})
+    try:
+        statuses = list(harness.run(35 * 60))[-1]
+        now = round(SLO_T0 + harness.clock, 3)
+        with harness.sessions() as session:
+            [diagnosis] = diagnosis_engine.evaluate_target(session, harness.engines[0].target_id, "chat", "vllm",
+                                                           now, WINDOW, Thresholds())
+    finally:
+        harness.close()
+    tight, loose = statuses
+    burns = {s.name: [w.burn_rate(s.objective) for w in s.targets[0].windows[:2]] for s in statuses}
+    assert [w.label for w in tight.windows[:2]] == ["5m", "30m"]
+    assert min(burns["tight"]) > 1.0 and max(burns["loose"]) == 0.0
+
+    alone = capacity.assess(diagnosis.to_dict(), Thresholds(), [loose])
+    assert (alone.reason, alone.scaling_helps, alone.desired_replicas) == ("healthy", True, 1)
+    assert (alone.slo, alone.slo_burn_rate) == ("loose", 0.0)
+    c = capacity.assess(diagnosis.to_dict(), Thresholds(), statuses)
+    assert (c.slo, c.slo_burn_rate) == ("tight", pytest.approx(min(burns["tight"])))
+    assert (c.desired_replicas, c.bound_by, c.utilization < 1.0) == (2, "slo_burn", True)
+    assert "SLO tight burns its budget" in c.summary
+    # the diagnosis still decides: a regime replicas do not fix holds the count whatever burns
+    held = capacity.assess({**diagnosis.to_dict(), "verdict": "prefill_interference"}, Thresholds(), statuses)
+    assert (held.desired_replicas, held.scaling_helps, held.slo) == (1, False, "tight")

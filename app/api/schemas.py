@@ -511,10 +511,14 @@ class CapacityOut(BaseModel):
     reason: str = Field(description="the verdict that decided (a regime, healthy, insufficient_data) or "
                                     "no_load_data")
     utilization: float | None = Field(description="the largest input; 1.0 = exactly current_replicas")
-    bound_by: str | None = Field(description="the input that was largest")
+    bound_by: str | None = Field(description="the input that was largest, or slo_burn when an SLO's burn raised "
+                                             "desired_replicas")
     inputs: dict[str, float] = Field(description="slots, kv_cache, arrival: each a utilization")
     evaluated_at: float | None = Field(description="when the diagnosis it comes from was made (unix seconds)")
     summary: str
+    slo: str | None = Field(description="the SLO on this target burning fastest over its two shortest windows")
+    slo_burn_rate: float | None = Field(description="the lower of those two windows' burn rates; above 1 "
+                                                    "desired_replicas is at least current_replicas + 1")
 
 
 # --------------------------------------------------------------------------- SLOs (app/slo/)

@@ -21,9 +21,11 @@ def list_capacity(session: SessionDep, monitor: MonitorDep,
                   ) -> list[capacity.Capacity]:
     """From the latest diagnosis of every present target and model: the replicas the load needs
     (``desired_replicas``) and whether more replicas are the answer (``scaling_helps``, with the
-    verdict that decided as ``reason``). The same numbers as ``llm_latency_capacity_*`` on
-    ``/metrics``."""
+    verdict that decided as ``reason``), raised to one more replica while an SLO on the target
+    burns its budget (the latest alerting round's burn rates). The same numbers as
+    ``llm_latency_capacity_*`` on ``/metrics``."""
     target_id = get_or_404(session, target).id if target else None
     gone = {t.name for t in repository.list_targets(session) if t.gone_at is not None}
     return [c for c in capacity.assess_all(current_diagnoses(session, monitor, target_id),
-                                           monitor.diagnosis_config.thresholds) if c.target not in gone]
+                                           monitor.diagnosis_config.thresholds, monitor.telemetry.slo.statuses)
+            if c.target not in gone]
