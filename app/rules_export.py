@@ -107,6 +107,7 @@ from app.promql import (
     quantile_name,
 )
 from app.promsource.config import PrometheusSourceConfig
+from app.slo.rules import slo_rules
 from app.thresholds import Thresholds
 
 PREFIX = "llm_latency"
@@ -585,6 +586,10 @@ def build_rules(config: FileConfig, source: str | None = None) -> dict[str, Any]
         alerts += _regime_alerts(g, signals[regime_window], t, regime_window, hold, links, hardware)
         groups.append({"name": f"llm-latency-{engine.name}", "rules": g.rules + alerts})
     groups.append({"name": "llm-latency-targets", "rules": [_target_down(config, links, scope)]})
+    if config.slos:  # the slos: section: SLI ratios per window and burn-rate alerts (app/slo/rules.py)
+        groups.append({"name": "llm-latency-slos", "rules": slo_rules(
+            config.slos, config.targets, scope.labels, scope.matchers, links.external_url,
+            scoped=scope.source is not None)})
     return {"groups": groups}
 
 
