@@ -117,7 +117,9 @@ class SloObjective(BaseModel):
         budget = 1.0 - self.objective
         for index, alert in enumerate(self.burn_alerts):
             if alert.factor * budget > 1.0:
-                raise ValueError(f"burn_alerts[{index}]: factor {alert.factor:g} can never be reached: with an "
+                which = f"burn_alerts[{index}]" if "burn_alerts" in self.model_fields_set else (
+                    f"the default {alert.kind} alert (burn_alerts[{index}], write burn_alerts for this objective)")
+                raise ValueError(f"{which}: factor {alert.factor:g} can never be reached: with an "
                                  f"objective of {self.objective:g} the burn rate is at most {1 / budget:.4g} "
                                  "(every request bad)")
             if alert.long > self.period:
