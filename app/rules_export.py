@@ -90,7 +90,7 @@ from typing import Any
 import click
 import yaml
 
-from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, runbook_url
+from app.alerts.config import SLO_BURN, TARGET_DOWN, SloConfig, regime_alertname, runbook_url
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
 from app.diagnosis.rules import RULES
 from app.diagnosis.rules.base import Rule
@@ -588,7 +588,7 @@ def build_rules(config: FileConfig, source: str | None = None) -> dict[str, Any]
     groups.append({"name": "llm-latency-targets", "rules": [_target_down(config, links, scope)]})
     if config.slos:  # the slos: section: SLI ratios per window and burn-rate alerts (app/slo/rules.py)
         groups.append({"name": "llm-latency-slos", "rules": slo_rules(
-            config.slos, config.targets, scope.labels, scope.matchers, links.external_url,
+            config.slos, config.targets, scope.labels, scope.matchers, runbook_url(links.external_url, SLO_BURN),
             scoped=scope.source is not None)})
     return {"groups": groups}
 

@@ -51,7 +51,7 @@ SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round;
     llm_latency_slo_time_to_exhaustion_seconds{slo}      at the current burn (absent when nothing burns)
     llm_latency_slo_period_coverage{slo}                 share of the period with data
     llm_latency_slo_target_burn_rate{slo,target,window}, llm_latency_slo_target_error_budget_remaining{slo,target}
-    llm_latency_slo_target_error{slo,target}             1 when a target cannot be evaluated (e.g. no bucket at the threshold)
+    llm_latency_slo_target_error{slo,target}             1 when a target is not evaluated (no bucket at the threshold)
 """
 
 from __future__ import annotations

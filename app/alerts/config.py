@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
 from app.durations import Seconds
 from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels, Url
+from app.slo.config import SLO_BURN_ALERT
 from app.urls import check_url_in_file
 
 Severity = Literal["critical", "warning", "info"]
@@ -55,7 +56,7 @@ def slo_alertname(signal: str) -> str:
 
 TARGET_DOWN = PRODUCT_PREFIX + "TargetDown"
 #: The burn-rate alert of the ``slos:`` section (app/slo/): one name, ``burn`` = page | ticket.
-SLO_BURN = PRODUCT_PREFIX + "SLOBurnRate"
+SLO_BURN = SLO_BURN_ALERT
 
 #: Every alert the service (app/alerts/engine.py) or the exported Prometheus rules
 #: (app/rules_export.py) can raise -> its runbook, ``docs/runbooks/<name>.md``,

@@ -529,7 +529,8 @@ class SloWindowOut(BaseModel):
     good: float = Field(description="requests at or under the threshold")
     total: float
     sli: float | None = Field(description="good / total; null without requests")
-    burnRate: float | None = Field(description="(1 - sli) / (1 - objective); 1 spends the budget exactly over the period")
+    burnRate: float | None = Field(description="(1 - sli) / (1 - objective); 1 spends the budget exactly over "
+                                               "the period")
     coveredSeconds: float = Field(description="how much of the window has data")
 
 

@@ -32,6 +32,8 @@ from app.limits import MAX_TEXT_LENGTH, Labels
 from app.slo import buckets
 
 SLO_SIGNALS = ("ttft", "itl", "e2e", "queue_time")
+#: The burn-rate alert's name (built in and exported); ``burn`` = page | ticket.
+SLO_BURN_ALERT = "LLMLatencySLOBurnRate"
 BurnKind = Literal["page", "ticket"]
 #: The service's alert severities (app/alerts/config.py); page and ticket map onto them.
 Severity = Literal["critical", "warning", "info"]
@@ -80,6 +82,11 @@ def default_burn_alerts() -> list[BurnAlert]:
             BurnAlert(kind="ticket", long=3 * 86400, short=6 * 3600, factor=1)]
 
 
+def default_severities() -> dict[BurnKind, Severity]:
+    """A page is the service's ``critical``, a ticket its ``warning``."""
+    return {"page": "critical", "ticket": "warning"}
+
+
 class SloObjective(BaseModel):
     """One SLO: ``objective`` of the requests of the matched targets have ``signal`` at or
     under ``threshold``, over every ``period``."""
@@ -92,7 +99,7 @@ class SloObjective(BaseModel):
     objective: Objective = Field(description="Share of requests at or under the threshold: 99% or 0.99.")
     period: Seconds = Field(28 * 86400.0, gt=0, le=MAX_PERIOD_SECONDS)
     match: Labels = Field(default_factory=dict, description="`name`: a target name; other keys: target labels.")
-    severities: dict[BurnKind, Severity] = Field(default_factory=lambda: {"page": "critical", "ticket": "warning"})
+    severities: dict[BurnKind, Severity] = Field(default_factory=default_severities)
     burn_alerts: list[BurnAlert] = Field(default_factory=default_burn_alerts, max_length=16)
     custom_buckets: bool = Field(False, description=(
         "The engines run with custom histogram buckets: skip the check against their default layouts "

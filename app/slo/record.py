@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
-from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.promsource.service import DISCOVERED_BY_SOURCES, SERVICE_KIND
 from app.quantiles import HistogramSnapshot
 from app.slo import repository as slo_repository
 from app.slo.buckets import bound_index
@@ -33,9 +33,10 @@ from app.store.models import Target
 
 
 def matched_targets(session: Session, slo: SloObjective, targets: Sequence[Target] | None = None) -> list[Target]:
-    """The live targets of ``slo``: those the service scrapes itself, or a source reads."""
+    """The live targets of ``slo``: those the service scrapes itself, or a source's replicas
+    (not the services a source groups them into: their requests are the replicas')."""
     rows = repository.list_targets(session) if targets is None else targets
-    return [t for t in rows if t.gone_at is None and slo.matches(t.name, dict(t.labels))]
+    return [t for t in rows if t.gone_at is None and t.source != SERVICE_KIND and slo.matches(t.name, dict(t.labels))]
 
 
 #: The longest span one row covers: a round normally records one alerting interval; the first
@@ -78,6 +79,7 @@ def record_increments(session: Session, slos: Sequence[SloObjective], now: float
         chosen = [t for t in matched_targets(session, slo, targets) if t.source not in DISCOVERED_BY_SOURCES]
         if not chosen:
             continue
+        slo_repository.forget_changed(session, slo.name, slo.signal, slo.threshold)
         last = slo_repository.last_recorded(session, slo.name, slo.signal, slo.threshold)
         series = repository.find_series(session, [t.id for t in chosen], [slo.signal])
         rows = []

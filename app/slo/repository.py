@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
-from sqlalchemy import and_, case, delete, func, insert, not_, select
+from sqlalchemy import CursorResult, and_, case, delete, func, insert, not_, select
 from sqlalchemy.orm import Session
 
 from app.store.models import SloIncrementRow
 
 
-def _of(slo: str, signal: str, threshold: float):  # noqa: ANN202 - a SQLAlchemy clause
+def _of(slo: str, signal: str, threshold: float):
     return and_(SloIncrementRow.slo == slo, SloIncrementRow.signal == signal, SloIncrementRow.threshold == threshold)
 
 
@@ -19,6 +20,13 @@ def last_recorded(session: Session, slo: str, signal: str, threshold: float) -> 
     rows = session.execute(select(SloIncrementRow.target_id, func.max(SloIncrementRow.ts_end))
                            .where(_of(slo, signal, threshold)).group_by(SloIncrementRow.target_id))
     return {target_id: ts for target_id, ts in rows}
+
+
+def forget_changed(session: Session, slo: str, signal: str, threshold: float) -> int:
+    """Delete the SLO's rows recorded for another signal or threshold (the SLO was edited):
+    they count other requests as good, and the new record starts from the stored samples."""
+    stale = delete(SloIncrementRow).where(SloIncrementRow.slo == slo, not_(_of(slo, signal, threshold)))
+    return cast(CursorResult, session.execute(stale)).rowcount or 0
 
 
 def add_increments(session: Session, rows: Sequence[dict]) -> None:
@@ -52,10 +60,11 @@ def window_sums(session: Session, slo: str, signal: str, threshold: float, targe
 def prune(session: Session, keep: dict[str, float], now: float) -> int:
     """Delete increments of SLOs no longer configured, and those older than their SLO's
     period (``keep``: SLO name -> seconds to keep)."""
-    deleted = session.execute(delete(SloIncrementRow).where(not_(SloIncrementRow.slo.in_(list(keep)))))
+    gone = delete(SloIncrementRow).where(not_(SloIncrementRow.slo.in_(list(keep))))
+    deleted = cast(CursorResult, session.execute(gone))
     count = deleted.rowcount or 0
     for name, seconds in keep.items():
-        result = session.execute(delete(SloIncrementRow).where(SloIncrementRow.slo == name,
-                                                               SloIncrementRow.ts_end < now - seconds))
+        result = cast(CursorResult, session.execute(delete(SloIncrementRow).where(
+            SloIncrementRow.slo == name, SloIncrementRow.ts_end < now - seconds)))
         count += result.rowcount or 0
     return count

@@ -27,11 +27,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.alerts.config import SLO_BURN, runbook_url
 from app.promql import format_matchers, instance_regex, le_matcher, num, prom_duration
 from app.promsource.queries import HISTOGRAM_FAMILIES, Family
 from app.slo import buckets
-from app.slo.config import SloObjective
+from app.slo.config import SLO_BURN_ALERT, SloObjective
 
 RATIO = "llm_latency_slo:sli_error:ratio_rate"
 BUDGET = "llm_latency_slo:error_budget_remaining:ratio"
@@ -85,9 +84,10 @@ def _lookup(query_format: str, by: Sequence[str]) -> str:
 
 
 def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence[str], source_matchers: str,
-              external_url: str, scoped: bool = False) -> list[dict[str, Any]]:
+              runbook: str, scoped: bool = False) -> list[dict[str, Any]]:
     """The recording and alerting rules of every SLO (one group's ``rules``); ``by``: the
-    labels of one target, ``source_matchers``: a source's selector (or "")."""
+    labels of one target, ``source_matchers``: a source's selector (or ""), ``runbook``: the
+    burn-rate runbook's link."""
     rules: list[dict[str, Any]] = []
     labels = ", ".join(by)
     for slo in slos:
@@ -98,9 +98,8 @@ def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence
             good, total = [], []
             for family in HISTOGRAM_FAMILIES[slo.signal]:
                 own = format_matchers(list(family.matchers))
-                good.append(f"sum by ({labels}) (rate("
-                            f"{_selector(family.name + '_bucket', [own, _le(family, slo.signal, slo.threshold), *matchers])}"
-                            f"[{w}]))")
+                bucket = _selector(family.name + "_bucket", [own, _le(family, slo.signal, slo.threshold), *matchers])
+                good.append(f"sum by ({labels}) (rate({bucket}[{w}]))")
                 total.append(f"sum by ({labels}) (rate({_selector(family.name + '_count', [own, *matchers])}[{w}]))")
             expr = f"1 - (\n  ({' or '.join(good)})\n/\n  ({' or '.join(total)})\n)"
             rules.append({"record": ratio_name(span), "expr": expr, "labels": {"slo": slo.name}})
@@ -112,7 +111,7 @@ def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence
             long_ratio, short_ratio = ratio_name(alert.long), ratio_name(alert.short)
             who = "/".join(f"{{{{ $labels.{label} }}}}" for label in by)
             rules.append({
-                "alert": SLO_BURN,
+                "alert": SLO_BURN_ALERT,
                 "expr": (f'{long_ratio}{{slo="{slo.name}"}} / {budget} > {num(alert.factor)}\n'
                          f'and {short_ratio}{{slo="{slo.name}"}} / {budget} > {num(alert.factor)}'),
                 "labels": {"slo": slo.name, "severity": slo.severities[alert.kind], "burn": alert.kind,
@@ -127,7 +126,7 @@ def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence
                     "long_burn_rate": '{{ $value | printf "%.4g" }}',
                     "short_burn_rate": _lookup(f"{short_ratio}{{{_labels(slo.name, by)}}} / {budget}", by),
                     "budget_left": _lookup(f"{BUDGET}{{{_labels(slo.name, by)}}}", by),
-                    "runbook_url": runbook_url(external_url, SLO_BURN),
+                    "runbook_url": runbook,
                 },
             })
     return rules

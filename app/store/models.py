@@ -311,7 +311,7 @@ class ProbeRequestRow(Base):
 class SloIncrementRow(Base):
     """Good (``bucket{le=threshold}``) and total (``count``) requests a target served between
     two stored snapshots, ``ts_start`` < ts <= ``ts_end``, for one SLO (signal + threshold:
-    a changed threshold starts a new record instead of mixing two)."""
+    an edited SLO's rows are deleted and its record starts again from the stored samples)."""
 
     __tablename__ = "slo_increments"
     __table_args__ = (Index("ix_slo_increments_window", "slo", "signal", "threshold", "ts_end"),)

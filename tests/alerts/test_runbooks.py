@@ -27,6 +27,9 @@ from app.main import create_app
 from app.rules_export import build_rules
 from app.scrape.record import ScrapeRecord
 from app.settings import Settings
+from app.slo.config import SloObjective
+from app.slo.record import record_increments
+from app.slo.status import slo_statuses
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import db, repository
 from app.store.repository import SampleWriter
@@ -68,8 +71,8 @@ def assert_runbook(client: TestClient, url: str) -> None:
 
 def test_every_runbook_is_served_and_nothing_else(client: TestClient) -> None:
     names = sorted(set(ALERT_RUNBOOKS.values()))
-    assert len(ALERT_RUNBOOKS) == len(REGIMES) + len(SLO_SIGNALS) + 1
-    assert {f"slo_{s}" for s in SLO_SIGNALS} | {"target_down"} | set(REGIMES) == set(names)
+    assert len(ALERT_RUNBOOKS) == len(REGIMES) + len(SLO_SIGNALS) + 2  # + target down, SLO burn rate
+    assert {f"slo_{s}" for s in SLO_SIGNALS} | {"target_down", "slo_burn"} | set(REGIMES) == set(names)
     assert sorted(p.stem for p in (ROOT / "docs" / "runbooks").glob("*.md")) == names  # no runbook unserved
     for name in names:
         assert_runbook(client, f"{EXTERNAL}/runbooks/{name}")
@@ -87,7 +90,7 @@ def test_the_index_links_every_runbook_with_its_title(client: TestClient) -> Non
     items = re.findall(r'<li data-runbook="([a-z0-9_]+)"><a href="/runbooks/\1">([^<]+)</a><br>'
                        r'<span class="muted">([^<]+)</span></li>', response.text)
     names = sorted(set(ALERT_RUNBOOKS.values()))
-    assert len(names) == 16 and [name for name, _, _ in items] == names
+    assert len(names) == 17 and [name for name, _, _ in items] == names
     titles = {name: (title, summary) for name, title, summary in items}
     assert titles["queueing"] == ("queueing", "Time to first token is high, and most of it is spent waiting for "
                                   "the scheduler: the request is queued because every batch slot (or the "
@@ -139,8 +142,12 @@ def test_every_alert_the_engine_raises_links_its_runbook(migrated_url: str, clie
     SampleWriter(engine).write(records)
     config = AlertsConfig(external_url=EXTERNAL, target_down_for=0, slos=[
         SloConfig(name=f"{signal}_p99", signal=signal, threshold=0.5, **{"for": 0}) for signal in SLO_SIGNALS])
+    burn = [SloObjective(name="ttft", signal="ttft", threshold=1.0, objective=0.99,
+                         burn_alerts=[{"kind": "page", "long": 3600, "short": 300, "factor": 14.4}])]
     with sessions.begin() as session:
-        counts = alerts_engine.evaluate(session, config, [], t0 + 60)
+        record_increments(session, burn, t0 + 60, 7 * 86400)
+        statuses = slo_statuses(session, burn, t0 + 60, 7 * 86400)
+        counts = alerts_engine.evaluate(session, config, [], t0 + 60, slo_statuses=statuses)
         alerts = {row.alertname: row.annotations for row in repository.open_alerts(session)}
     engine.dispose()
     assert counts["conditions"] == len(ALERT_RUNBOOKS) == len(alerts)
@@ -155,11 +162,13 @@ def test_every_exported_alert_links_its_runbook(client: TestClient) -> None:
     every_slo = [{"name": f"{s}_p99", "signal": s, "threshold": "1s"} for s in SLO_SIGNALS]
     for external in (EXTERNAL, ""):
         config = FileConfig.model_validate({"targets": targets,
-                                            "alerts": {"external_url": external, "slos": every_slo}})
+                                            "alerts": {"external_url": external, "slos": every_slo},
+                                            "slos": [{"name": "burn", "signal": "ttft", "threshold": "1s",
+                                                      "objective": "99%"}]})
         alerts = [rule for group in build_rules(config)["groups"] for rule in group["rules"] if "alert" in rule]
         exported = {a["alert"] for a in alerts}
         assert {"LLMLatencyTTFTHigh", "LLMLatencyDecodeTimeHigh", "LLMLatencyTargetDown",
-                "LLMLatencyBandwidthBound"} <= exported <= set(ALERT_RUNBOOKS)
+                "LLMLatencyBandwidthBound", "LLMLatencySLOBurnRate"} <= exported <= set(ALERT_RUNBOOKS)
         for alert in alerts:
             assert alert["annotations"]["runbook_url"] == runbook_url(external, alert["alert"])
             assert_runbook(client, alert["annotations"]["runbook_url"])
@@ -181,6 +190,6 @@ def test_with_an_external_url_every_runbook_link_the_service_serves_is_absolute(
     with TestClient(app) as c:
         page = c.get("/")
         links = re.findall(r'href="([^"]*/runbooks/[^"]*)"', page.text)
-        assert page.status_code == 200 and len(links) == len(set(ALERT_RUNBOOKS.values())) == 16
+        assert page.status_code == 200 and len(links) == len(set(ALERT_RUNBOOKS.values())) == 17
         assert links == [f"{EXTERNAL}/runbooks/{name}" for name in sorted(set(ALERT_RUNBOOKS.values()))]
         assert c.app.state.monitor.external_url == EXTERNAL

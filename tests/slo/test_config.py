@@ -58,7 +58,8 @@ def test_a_threshold_between_buckets_is_refused_with_the_two_nearest_bounds_and_
         "the nearest bounds are 1s and 2.5s (an SLI between bounds would be interpolated, a guess)"]
     # every target engine written in the file is checked: TGI's geometric bounds, and TTFT it does not have
     assert problems(tmp_path, "  - {name: b, signal: e2e, threshold: 2s, objective: 0.99, match: {service: batch}}\n"
-                              "  - {name: c, signal: ttft, threshold: 1s, objective: 0.99, match: {name: tgi-a}}\n") == [
+                              "  - {name: c, signal: ttft, threshold: 1s, objective: 0.99, match: {name: tgi-a}}\n"
+                    ) == [
         "13: slos[0].threshold: threshold 2s is not a bucket bound of tgi's e2e histogram (default buckets); the "
         "nearest bounds are 1.68341s and 2.52512s (an SLI between bounds would be interpolated, a guess)",
         "14: slos[1].signal: tgi exports no ttft histogram, so its SLI cannot be computed exactly"]
@@ -108,7 +109,8 @@ def test_duplicate_names_unreachable_factors_and_bad_windows_are_refused(tmp_pat
 
 def test_check_config_refuses_a_threshold_between_buckets(tmp_path: Path) -> None:
     path = tmp_path / "targets.yaml"
-    path.write_text(TARGETS + "slos:\n  - {name: a, signal: itl, threshold: 120ms, objective: 99%, match: {name: chat-a}}\n")
+    path.write_text(TARGETS + "slos:\n  - {name: a, signal: itl, threshold: 120ms, objective: 99%, "
+                    "match: {name: chat-a}}\n")
     result = CliRunner().invoke(main, ["check-config", str(path)])
     assert result.exit_code == 1
     assert result.stderr == (f"{path}:13: slos[0].threshold: threshold 0.12s is not a bucket bound of vllm's itl "

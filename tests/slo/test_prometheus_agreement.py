@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from app.emulator.simulation import Simulation
 from app.promapi import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.service import SourceService
@@ -30,7 +31,6 @@ from app.store import repository
 from tests.slo.harness import RETENTION, T0, SloHarness
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
-from app.emulator.simulation import Simulation
 
 ENGINES = {"burning": "healthy->queueing@600", "fine": "healthy_bursty"}
 SLOS = [{"name": "chat-ttft", "signal": "ttft", "threshold": "2.5s", "objective": "99%"}]
@@ -60,7 +60,7 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
             client = PrometheusClient(prom.url, timeout=60)
             try:
                 prom_ratio: dict[tuple[str, float], float] = {}
-                for rule in slo_rules(h.slos, [], ("instance",), "", ""):
+                for rule in slo_rules(h.slos, [], ("instance",), "", "docs/runbooks/slo_burn.md"):
                     if "record" in rule and rule["record"].startswith("llm_latency_slo:sli_error"):
                         window = next(w for w in [*slo.windows(), slo.period] if ratio_name(w) == rule["record"])
                         for sample in client.query(rule["expr"], end).data:

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.api.conftest import make_service
+from tests.api.conftest import Service, make_service
 from tests.support.engine_pages import VllmPage
 from tests.support.pages import StaticPageServer
 from tests.support.receiver import WebhookReceiver
@@ -45,7 +45,7 @@ def test_burn_rate_alerts_api_and_metrics_agree(migrated_url: str, tmp_path: Pat
         path.write_text(yaml.safe_dump(config))
         for svc in make_service(migrated_url, tmp_path, config_file=path, alert_interval="1h",
                                 delivery_interval="1h"):
-            def scrape_all() -> None:
+            def scrape_all(svc: Service = svc) -> None:
                 for name, page in pages.items():
                     servers[name].page = page.render()
                     svc.scrape(name)
@@ -87,7 +87,8 @@ def test_burn_rate_alerts_api_and_metrics_agree(migrated_url: str, tmp_path: Pat
                 for name in ("chat-a", "chat-b")]
             assert itl["sli"] is None and all(t["alerts"] == [] for t in itl["targets"])
 
-            alerts = [al for al in svc.client.get("/api/v1/alerts").json() if al["alertname"] == "LLMLatencySLOBurnRate"]
+            alerts = [al for al in svc.client.get("/api/v1/alerts").json()
+                      if al["alertname"] == "LLMLatencySLOBurnRate"]
             assert sorted((al["labels"]["burn"], al["labels"]["long_window"], al["labels"]["short_window"],
                            al["labels"]["severity"], al["state"]) for al in alerts) == [
                 ("page", "1h", "5m", "critical", "firing"), ("page", "6h", "30m", "critical", "firing"),
@@ -95,7 +96,7 @@ def test_burn_rate_alerts_api_and_metrics_agree(migrated_url: str, tmp_path: Pat
             page = next(al for al in alerts if al["labels"]["long_window"] == "1h")
             assert page["labels"]["target"] == "chat-a" and page["labels"]["slo"] == "chat-ttft"
             assert page["labels"]["service"] == "chat"
-            assert page["annotations"]["long_burn_rate"] == "66.67" and page["annotations"]["short_burn_rate"] == "66.67"
+            assert page["annotations"]["long_burn_rate"] == page["annotations"]["short_burn_rate"] == "66.67"
             assert page["annotations"]["budget_left"] == "-65.67"
             assert page["annotations"]["runbook_url"] == "http://llm-latency.test/runbooks/slo_burn"
             # the pages went to the critical receiver through the outbox, one group per window pair
