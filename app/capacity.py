@@ -30,7 +30,8 @@ numbers of its own, in two steps:
    SLO evaluated on the target burns its error budget faster than it lasts over both of its two
    shortest windows (5 m and 30 m by default; burn rate > 1 in each, so one slow request does
    not count), ``desired`` is at least ``current + 1``. The burn rates are the latest alerting
-   round's (:class:`app.slo.status.SloStatus`, the numbers of ``GET /api/v1/slos``).
+   round's (:class:`app.slo.status.SloStatus`, the numbers of ``GET /api/v1/slos``). A service
+   takes the fastest burn among its replicas (SLOs are evaluated on a source's replicas).
 
 2. **Whether replicas help.** The diagnosis decides. When the verdict is a regime whose
    rule says more replicas do not fix it (``Rule.replicas_help`` False: prefill
@@ -85,13 +86,16 @@ class Capacity:
     slo_burn_rate: float | None = None    # ... the lower of those two burn rates (> 1: burning)
 
 
-def slo_burn(statuses: Sequence[SloStatus], target: str) -> tuple[str, float] | None:
-    """(SLO, burn rate) of the SLO evaluated on ``target`` that burns fastest, the burn rate
-    being the lower of its two shortest windows' (both must agree); None without such an SLO."""
+def slo_burn(statuses: Sequence[SloStatus], targets: Iterable[str]) -> tuple[str, float] | None:
+    """(SLO, burn rate) of the SLO evaluated on one of ``targets`` (a target, or a service's
+    replicas: SLOs are evaluated on a source's replicas, not on the services grouping them)
+    that burns fastest, the burn rate being the lower of its two shortest windows' (both must
+    agree); None without such an SLO."""
+    names = set(targets)
     best: tuple[str, float] | None = None
     for status in statuses:
         for part in status.targets:
-            if part.target != target or part.error is not None or len(part.windows) < 2:
+            if part.target not in names or part.error is not None or len(part.windows) < 2:
                 continue
             rates = [w.burn_rate(status.objective) for w in part.windows[:2]]
             if any(r is None for r in rates):
@@ -152,7 +156,7 @@ def assess(diagnosis: Mapping[str, Any], t: Thresholds, slos: Sequence[SloStatus
     bound_by = max(inputs, key=lambda k: inputs[k]) if inputs else None
     base = Capacity(diagnosis["target"], diagnosis.get("model") or "", kind, current, current, False, verdict,
                     utilization, bound_by, inputs, _evaluated_at(diagnosis))
-    burning = slo_burn(slos, base.target)
+    burning = slo_burn(slos, [base.target, *(r["target"] for r in replicas if isinstance(r, Mapping))])
     if burning is not None:
         base.slo, base.slo_burn_rate = burning
     if verdict != "healthy" and verdict not in SCALING_REGIMES:

@@ -196,3 +196,22 @@ def test_an_slo_burning_its_budget_asks_for_one_more_replica(tmp_path: Path) -> 
     # the diagnosis still decides: a regime replicas do not fix holds the count whatever burns
     held = capacity.assess({**diagnosis.to_dict(), "verdict": "prefill_interference"}, Thresholds(), statuses)
     assert (held.desired_replicas, held.scaling_helps, held.slo) == (1, False, "tight")
+
+
+def test_a_service_takes_the_fastest_burn_among_its_replicas() -> None:
+    """SLOs are evaluated on a source's replicas; their service's signal sees their burn."""
+    from app.slo.status import SloStatus, SloTargetStatus, SloWindow
+
+    def part(target: str, bad: float) -> SloTargetStatus:
+        windows = (SloWindow(300, 1000 - bad, 1000, 300), SloWindow(1800, 6000 - 6 * bad, 6000, 1800))
+        return SloTargetStatus(target, {}, SloWindow(86400, 1, 1, 86400), windows, ())
+
+    period = SloWindow(28 * 86400, 1, 1, 86400)
+    status = SloStatus("chat-ttft", "ttft", 2.5, 0.99, 28 * 86400, period, (), (part("r0", 30), part("r1", 5)),
+                       0.03, None, ())
+    signals = {"running_mean": 4.0, "running_max": 8.0, "waiting_mean": 0.0,
+               "replicas": [{"target": "r0"}, {"target": "r1"}]}
+    c = capacity.assess({"target": "prod.svc.llm.chat", "verdict": "healthy", "signals": signals}, Thresholds(),
+                        [status])
+    assert (c.slo, c.slo_burn_rate) == ("chat-ttft", pytest.approx(3.0))  # r0: 3 % bad of a 1 % budget
+    assert (c.current_replicas, c.desired_replicas, c.bound_by) == (2, 3, "slo_burn")
