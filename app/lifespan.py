@@ -35,7 +35,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import replicas, scheduling, summaries
+from app import capacity, replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -245,9 +245,12 @@ class Monitor:
 
     def evaluate_diagnoses(self, now: float | None = None,
                            sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:
-        return diagnosis_rounds.evaluate_diagnoses(sessions or self.sessions, self.diagnosis_config,
-                                                   self.telemetry.diagnosis, now, sources=self.sources,
-                                                   keep=self._keep_round_summaries)
+        results = diagnosis_rounds.evaluate_diagnoses(sessions or self.sessions, self.diagnosis_config,
+                                                      self.telemetry.diagnosis, now, sources=self.sources,
+                                                      keep=self._keep_round_summaries)
+        self.telemetry.capacity.assessments = capacity.assess_all(
+            self.telemetry.diagnosis.diagnoses, self.diagnosis_config.thresholds, self.telemetry.slo.statuses)
+        return results
 
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
         self.round_summaries = kept  # one assignment: a page reads the old or the new, never half

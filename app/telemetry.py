@@ -35,6 +35,14 @@ Diagnosis (after every diagnosis round)
     llm_latency_finding_evidence{target,model,regime,evidence}    the numbers behind a finding
     llm_latency_finding_threshold{target,model,regime,evidence}   ... and what they were compared with
     llm_latency_finding_remedy_info{target,model,regime,rank,remedy}   1, the remedies in order
+Capacity (app/capacity.py, after every diagnosis round; per target or service and model)
+    llm_latency_capacity_desired_replicas{target,model}  replicas the load needs (= current when scaling won't help)
+    llm_latency_capacity_current_replicas{target,model}  1 for an engine, the replicas with data for a service
+    llm_latency_capacity_utilization{target,model}       the largest input (1 = exactly the current replicas)
+    llm_latency_capacity_input_utilization{target,model,input}   each input: slots, kv_cache, arrival
+    llm_latency_capacity_slo_burn_rate{target,model,slo} the fastest SLO burn on the target (two shortest windows)
+    llm_latency_capacity_scaling_helps{target,model,reason}      1 when an autoscaler may act on it; reason = the
+                                                         verdict that decided (a regime, healthy, insufficient_data)
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
@@ -53,6 +61,7 @@ SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round;
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -61,6 +70,10 @@ from prometheus_client.registry import Collector
 from app.probe.telemetry import ProbeCollector
 from app.quantiles import LatencySummary
 from app.slo.telemetry import SloCollector
+
+if TYPE_CHECKING:  # the capacity signal is computed from diagnoses; telemetry only exports it
+    from app.capacity import Capacity
+
 
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -134,6 +147,46 @@ class DiagnosisCollector(Collector):
         yield from (verdict, confidence, evidence, threshold, remedy, alerts)
 
 
+class CapacityCollector(Collector):
+    """Exports the capacity signal (:mod:`app.capacity`); the list is replaced after each
+    diagnosis round."""
+
+    def __init__(self) -> None:
+        self.assessments: list[Capacity] = []
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        labels = ["target", "model"]
+        desired = GaugeMetricFamily("llm_latency_capacity_desired_replicas",
+                                    "Replicas the current load needs; the current count when more replicas would "
+                                    "not help (see scaling_helps).", labels=labels)
+        current = GaugeMetricFamily("llm_latency_capacity_current_replicas",
+                                    "Replicas the signal was computed for: 1 for an engine, a service's replicas.",
+                                    labels=labels)
+        utilization = GaugeMetricFamily("llm_latency_capacity_utilization",
+                                        "Largest load input; 1 = exactly the current replicas.", labels=labels)
+        inputs = GaugeMetricFamily("llm_latency_capacity_input_utilization",
+                                   "One load input of the capacity signal (slots, kv_cache, arrival).",
+                                   labels=[*labels, "input"])
+        burn = GaugeMetricFamily("llm_latency_capacity_slo_burn_rate",
+                                 "Burn rate of the SLO burning fastest on the target, the lower of its two shortest "
+                                 "windows'; above 1 the signal asks for one more replica.", labels=[*labels, "slo"])
+        helps = GaugeMetricFamily("llm_latency_capacity_scaling_helps",
+                                  "1 when more or fewer replicas are the answer; 0 holds, reason says why.",
+                                  labels=[*labels, "reason"])
+        for c in self.assessments:
+            key = [c.target, c.model]
+            desired.add_metric(key, float(c.desired_replicas))
+            current.add_metric(key, float(c.current_replicas))
+            if c.utilization is not None:
+                utilization.add_metric(key, c.utilization)
+            for name, value in c.inputs.items():
+                inputs.add_metric([*key, name], value)
+            if c.slo is not None and c.slo_burn_rate is not None:
+                burn.add_metric([*key, c.slo], c.slo_burn_rate)
+            helps.add_metric([*key, c.reason], 1.0 if c.scaling_helps else 0.0)
+        yield from (desired, current, utilization, inputs, burn, helps)
+
+
 class Telemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -170,6 +223,8 @@ class Telemetry:
         r.register(self.derived)
         self.diagnosis = DiagnosisCollector()
         r.register(self.diagnosis)
+        self.capacity = CapacityCollector()
+        r.register(self.capacity)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
         self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
@@ -202,4 +257,5 @@ class Telemetry:
                 pass
         self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}
         self.diagnosis.diagnoses = [d for d in self.diagnosis.diagnoses if d["target"] != target]
+        self.capacity.assessments = [c for c in self.capacity.assessments if c.target != target]
         self.probes.forget_target(target)

@@ -102,6 +102,14 @@ class Thresholds(BaseModel):
                                                        "window count (seconds): longer than the canary interval "
                                                        "(default 5 m), so the finding holds between canaries.")
 
+    # capacity signal (app/capacity.py): replicas needed for the load, not a regime rule
+    capacity_kv_usage: float = Field(0.8, gt=0, le=1, description="Mean KV-cache usage per replica the capacity "
+                                                                   "signal aims for: above it, a replica is short of "
+                                                                   "KV blocks before it preempts (kv_usage, 0.9).")
+    capacity_tolerance: float = Field(0.1, ge=0, lt=1, description="Utilization within this of 1 keeps the current "
+                                                                   "replica count (the HPA's own default tolerance), "
+                                                                   "so the signal does not flap around a boundary.")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

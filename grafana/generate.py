@@ -5,13 +5,16 @@
     python3 grafana/generate.py --check    # exit 1 when the committed JSON is stale (CI)
     python3 grafana/generate.py --config targets.yaml --out DIR   # for a Prometheus source
 
-Two dashboards, built from the same query builders below:
+Three dashboards, built from the same query builders below:
 
 * ``llm-latency-fleet.json`` (uid ``llm-latency-fleet``): every target at once -- regimes,
   SLO attainment, latency, the "why" panels, findings, alerts, scrape health;
 * ``llm-latency-target.json`` (uid ``llm-latency-target``, the ``alerts.dashboard_url`` the
   service links to with ``?var-target=<name>``): one target in depth, the service's
-  quantiles next to the engine's own buckets.
+  quantiles next to the engine's own buckets;
+* ``llm-latency-slo.json`` (uid ``llm-latency-slo``): the ``slos:`` section's error budgets,
+  SLIs and burn rates per window (``llm_latency_slo_*``), and the capacity signal
+  (``llm_latency_capacity_*``: replicas the load needs, and whether replicas help).
 
 The datasource is a Prometheus that scrapes the engines *and* this service's ``/metrics``
 (no Grafana plugin). Engine series and service series join on the ``target`` label:
@@ -51,6 +54,7 @@ TAGS = ["llm-latency"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
 FLEET_UID = "llm-latency-fleet"
 TARGET_UID = "llm-latency-target"
+SLO_UID = "llm-latency-slo"
 
 # ----------------------------------------------------------------------------- regimes
 
@@ -862,7 +866,7 @@ def annotations() -> dict:
 
 
 def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, list[Panel]]],
-              multi_target: bool) -> dict:
+              multi_target: bool, extra_variables: list[dict] | None = None) -> dict:
     if ENGINE.source:
         description += (f" Engine panels: Prometheus source {ENGINE.source!r}, one target per "
                         f"{', '.join(ENGINE.labels)}.")
@@ -874,7 +878,7 @@ def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, 
                    "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
                    "tooltip": "", "url": ""}],
         "annotations": annotations(),
-        "templating": {"list": variables(multi_target)},
+        "templating": {"list": variables(multi_target) + (extra_variables or [])},
         "panels": layout(sections),
     }
 
@@ -1005,7 +1009,88 @@ def target() -> dict:
         multi_target=False)
 
 
-DASHBOARDS = {"llm-latency-fleet.json": fleet, "llm-latency-target.json": target}
+SLO = 'slo=~"$slo"'  # the slos: section's series, per SLO
+BURN_STEPS = [{"color": "green", "value": None}, {"color": "yellow", "value": 1}, {"color": "orange", "value": 6},
+              {"color": "red", "value": 14.4}]  # the SRE workbook's burn-rate factors (defaults of burn_alerts)
+
+
+def slos() -> dict:
+    """The ``slos:`` section and the capacity signal, from the monitor's own gauges."""
+    budget_steps = [{"color": "red", "value": None}, {"color": "orange", "value": 0},
+                    {"color": "yellow", "value": 0.25}, {"color": "green", "value": 0.5}]
+    budgets = [
+        stat("Error budget left", "Share of each SLO's error budget not spent over its period "
+             "(llm_latency_slo_error_budget_remaining; negative: overspent). Matched targets together.",
+             [Target(f"llm_latency_slo_error_budget_remaining{{{SLO}}}", "{{slo}}", instant=True)], "percentunit",
+             width=8, height=6, thresholds=budget_steps),
+        stat("Burn rates now", "Burn rate over each window (1 = the budget lasts exactly the period); by default "
+             "the page alerts fire above 14.4x over 1 h and 5 m, or 6x over 6 h and 30 m.",
+             [Target(f"llm_latency_slo_burn_rate{{{SLO}}}", "{{slo}} {{window}}", instant=True)],
+             "suffix:x", width=8, height=6, thresholds=BURN_STEPS),
+        stat("Budget exhausted in", "At the current burn rate (absent when nothing burns).",
+             [Target(f"llm_latency_slo_time_to_exhaustion_seconds{{{SLO}}}", "{{slo}}", instant=True)], "s",
+             width=4, height=6, thresholds=[{"color": "red", "value": None}, {"color": "orange", "value": 86400},
+                                            {"color": "green", "value": 7 * 86400}]),
+        stat("Period covered", "Share of each SLO's period with data: below 100 % the SLI and budget are over what "
+             "exists (a new service, or a period longer than the data kept).",
+             [Target(f"llm_latency_slo_period_coverage{{{SLO}}}", "{{slo}}", instant=True)], "percentunit",
+             width=4, height=6),
+        timeseries("Error budget left over time", "llm_latency_slo_error_budget_remaining per SLO.",
+                   [Target(f"llm_latency_slo_error_budget_remaining{{{SLO}}}", "{{slo}}")], "percentunit",
+                   minimum=None),
+        timeseries("SLI per window", "Share of requests at or under the SLO's threshold over each alert window and "
+                   "the period (llm_latency_slo_sli), matched targets together.",
+                   [Target(f"llm_latency_slo_sli{{{SLO}}}", "{{slo}} {{window}}")], "percentunit", minimum=None,
+                   maximum=1),
+    ]
+    burn = [
+        timeseries("Burn rate per window", "Error-budget burn rate over each alert window (llm_latency_slo_burn_rate);"
+                   " an alert fires when both of its windows exceed its factor.",
+                   [Target(f"llm_latency_slo_burn_rate{{{SLO}}}", "{{slo}} {{window}}")], "suffix:x"),
+        timeseries("Burn rate per target", "Each matched target's burn rate over each window "
+                   "(llm_latency_slo_target_burn_rate): which replica spends the budget.",
+                   [Target(f"llm_latency_slo_target_burn_rate{{{SLO}, {SVC_T}}}", "{{slo}} {{target}} {{window}}")],
+                   "suffix:x"),
+        table("Burn-rate alerts", "Pending and firing LLMLatencySLOBurnRate alerts of the monitor.",
+              [Target(f'llm_latency_alert_state{{alertname="LLMLatencySLOBurnRate", {SVC_T}}}', instant=True,
+                      table=True)],
+              [organize(["Time", "Value", "__name__", "instance", "job"], {}, ["alertname", "target", "severity",
+                                                                              "state"])], width=12, height=6),
+        table("Targets not evaluated", "Targets an SLO matches but cannot evaluate (no bucket at the threshold, no "
+              "histogram of the signal, a failing source): llm_latency_slo_target_error == 1.",
+              [Target(f"llm_latency_slo_target_error{{{SLO}, {SVC_T}}} == 1", instant=True, table=True)],
+              [organize(["Time", "Value", "__name__", "instance", "job"], {}, ["slo", "target"])],
+              width=12, height=6, sort_by="slo"),
+    ]
+    capacity = [
+        timeseries("Replicas: desired vs. current", "llm_latency_capacity_desired_replicas (solid, the largest over "
+                   "models) next to the replicas it was computed for (dashed): what an autoscaler would do "
+                   "(deploy/autoscaling/).",
+                   [Target(f"max by (target) (llm_latency_capacity_desired_replicas{{{SVC}}})", "{{target}} desired"),
+                    Target(f"max by (target) (llm_latency_capacity_current_replicas{{{SVC}}})", "{{target}} current")],
+                   "short", overrides=[by_ref("B", [DASHED])]),
+        timeseries("Capacity utilization", "The largest load input (1 = exactly the current replicas): requests "
+                   "in the engine over its batch, KV-cache usage over 0.8, arrivals over completions.",
+                   [Target(f"llm_latency_capacity_utilization{{{SVC}}}", "{{target}} · {{model}}")], "percentunit"),
+        table("Does scaling help?", "llm_latency_capacity_scaling_helps per target and model: 0 holds the replica "
+              "count, and reason names the regime more replicas do not fix.",
+              [Target(f"llm_latency_capacity_scaling_helps{{{SVC}}}", instant=True, table=True)],
+              [organize(["Time", "__name__", "instance", "job"], {"Value": "scaling helps"},
+                        ["target", "model", "reason", "scaling helps"])], width=12, height=6),
+        regime_timeline(6),
+    ]
+    slo_variable = query_variable("slo", "SLO", "label_values(llm_latency_slo_objective, slo)", multi=True,
+                                  description="An SLO of the slos: section of the targets YAML.")
+    return dashboard(
+        SLO_UID, "LLM Latency / SLOs and capacity",
+        "Error budgets, SLIs and burn rates per window of the slos: section (the monitor's llm_latency_slo_* "
+        "gauges), and the capacity signal an autoscaler acts on. Generated by grafana/generate.py -- do not edit "
+        "by hand.",
+        [("Error budgets", budgets), ("Burn rates", burn), ("Capacity", capacity)],
+        multi_target=True, extra_variables=[slo_variable])
+
+
+DASHBOARDS = {"llm-latency-fleet.json": fleet, "llm-latency-target.json": target, "llm-latency-slo.json": slos}
 
 
 def render(engine: EngineLabels | None = None) -> dict[str, str]:

@@ -509,6 +509,30 @@ class TargetConsistencyOut(BaseModel):
     models: list[str] | None = None
 
 
+class CapacityOut(BaseModel):
+    """The capacity signal of one target (or Prometheus-source service) and model
+    (:mod:`app.capacity`): what ``llm_latency_capacity_*`` exports."""
+
+    target: str
+    model: str
+    kind: str = Field(description="engine (one replica) | service (a Prometheus source's replicas as one)")
+    current_replicas: int
+    desired_replicas: int = Field(description="replicas the load needs; current_replicas when scaling_helps is false")
+    scaling_helps: bool = Field(description="false: more replicas do not fix what the diagnosis found, or too "
+                                            "little data; the count is held")
+    reason: str = Field(description="the verdict that decided (a regime, healthy, insufficient_data) or "
+                                    "no_load_data")
+    utilization: float | None = Field(description="the largest input; 1.0 = exactly current_replicas")
+    bound_by: str | None = Field(description="the input that was largest, or slo_burn when an SLO's burn raised "
+                                             "desired_replicas")
+    inputs: dict[str, float] = Field(description="slots, kv_cache, arrival: each a utilization")
+    evaluated_at: float | None = Field(description="when the diagnosis it comes from was made (unix seconds)")
+    summary: str
+    slo: str | None = Field(description="the SLO on this target burning fastest over its two shortest windows")
+    slo_burn_rate: float | None = Field(description="the lower of those two windows' burn rates; above 1 "
+                                                    "desired_replicas is at least current_replicas + 1")
+
+
 # --------------------------------------------------------------------------- SLOs (app/slo/)
 
 class SloWindowOut(BaseModel):

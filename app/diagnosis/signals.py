@@ -76,8 +76,10 @@ class Signals:
     step_budget: StepBudget | None = None     # chunked prefill and the per-step token budget, inferred
     running_mean: float | None = None
     running_max: float | None = None
+    running_last: float | None = None
     waiting_mean: float | None = None
     waiting_max: float | None = None
+    waiting_last: float | None = None
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
     preemptions_per_second: float | None = None
@@ -240,12 +242,12 @@ def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:
 
 
 def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
-    def gauge(signal: str) -> tuple[float | None, float | None]:
+    def gauge(signal: str) -> tuple[float | None, float | None, float | None]:
         g = m.gauges.get(signal)
-        return (None, None) if g is None else (g.mean, g.max)
-    s.running_mean, s.running_max = gauge("running")
-    s.waiting_mean, s.waiting_max = gauge("waiting")
-    s.kv_usage_mean, s.kv_usage_max = gauge("kv_usage")
+        return (None, None, None) if g is None else (g.mean, g.max, g.last)
+    s.running_mean, s.running_max, s.running_last = gauge("running")
+    s.waiting_mean, s.waiting_max, s.waiting_last = gauge("waiting")
+    s.kv_usage_mean, s.kv_usage_max, _ = gauge("kv_usage")
     s.preemptions_per_second = m.rates.get("preemptions_total")
     s.requests_per_second = m.rates.get("requests_total")
     s.generation_tokens_per_second = m.rates.get("generation_tokens_total")

@@ -103,6 +103,7 @@ def test_answers_with_data_validate_against_their_schemas(service: Any) -> None:
         ("GET", "/api/v1/targets/{name}/latency", c.get("/api/v1/targets/busy/latency", params={"window": "1h"})),
         ("GET", "/api/v1/latency", c.get("/api/v1/latency", params={"window": "1h"})),
         ("GET", "/api/v1/diagnoses", c.get("/api/v1/diagnoses")),
+        ("GET", "/api/v1/capacity", c.get("/api/v1/capacity")),
         ("GET", "/api/v1/diagnoses/history", c.get("/api/v1/diagnoses/history")),
         ("GET", "/api/v1/targets/{name}/diagnosis", c.get("/api/v1/targets/busy/diagnosis",
                                                           params={"window": "2m", "end": last.ts})),
@@ -130,13 +131,15 @@ def test_answers_with_data_validate_against_their_schemas(service: Any) -> None:
     assert all(value is not None for value in latency.values())  # a signal without data is absent, not null
     assert [d["verdict"] for d in answers[2][2].json() if d["target"] == "busy"] == ["queueing"]
     assert answers[2][2].json()[0]["findings"][0]["evidence"][0]["name"]
-    down = [a for a in answers[5][2].json() if a["alertname"] == "LLMLatencyTargetDown"]
+    assert [(a["reason"], a["scaling_helps"]) for a in answers[3][2].json() if a["target"] == "busy"] == [
+        ("queueing", True)]
+    down = [a for a in answers[6][2].json() if a["alertname"] == "LLMLatencyTargetDown"]
     assert [(a["labels"]["target"], a["silencedBy"]) for a in down] == [("gone", [silence.json()["id"]])]
-    assert answers[7][2].json()[0]["headers"] == {"X-Team": "<redacted>"}
-    probe = answers[8][2].json()
+    assert answers[8][2].json()[0]["headers"] == {"X-Team": "<redacted>"}
+    probe = answers[9][2].json()
     assert len(probe["requests"]) >= 3 and probe["consistency"]["client_requests"] >= 3
-    assert answers[10][2].json()["status"] in ("ok", "insufficient_data")
-    assert answers[11][2].json()["status"] == "no_probes" and "target_id" not in answers[11][2].json()
+    assert answers[11][2].json()["status"] in ("ok", "insufficient_data")
+    assert answers[12][2].json()["status"] == "no_probes" and "target_id" not in answers[12][2].json()
 
     # and the validator is not vacuous: a wrong type or a missing field is caught
     check = validator(spec, "GET", "/api/v1/targets/{name}/latency")

@@ -97,7 +97,8 @@ def _verdict_colours(node: object) -> dict[str, str]:
 
 
 def test_every_regime_has_its_own_colour_in_the_dashboards() -> None:
-    assert [p.name for p in DASHBOARDS] == ["llm-latency-fleet.json", "llm-latency-target.json"]
+    assert [p.name for p in DASHBOARDS] == ["llm-latency-fleet.json", "llm-latency-slo.json",
+                                            "llm-latency-target.json"]
     for dashboard in DASHBOARDS:
         colours = _verdict_colours(json.loads(dashboard.read_text(encoding="utf-8")))
         assert colours == {"healthy": "green", "insufficient_data": "text",

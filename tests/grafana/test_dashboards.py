@@ -80,7 +80,7 @@ def test_the_committed_dashboards_are_what_the_generator_writes() -> None:
     result = subprocess.run([sys.executable, str(GRAFANA / "generate.py"), "--check"], capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert set(DASHBOARDS) == {"llm-latency-fleet.json", "llm-latency-target.json"}
+    assert set(DASHBOARDS) == {"llm-latency-fleet.json", "llm-latency-target.json", "llm-latency-slo.json"}
 
 
 def test_check_mode_names_stale_missing_and_foreign_files(tmp_path: Path) -> None:
@@ -296,7 +296,34 @@ REQUIRED_PANELS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+#: The SLO dashboard's panels: budget, SLI and burn rate per window of the slos: section, and the
+#: capacity signal with whether scaling helps.
+SLO_PANELS = {
+    "error budget left": lambda p: _uses(p, "llm_latency_slo_error_budget_remaining"),
+    "SLI per window": lambda p: p["type"] == "timeseries" and _uses(p, "llm_latency_slo_sli"),
+    "burn rate per window": lambda p: p["type"] == "timeseries" and _uses(p, "llm_latency_slo_burn_rate")
+                                      and p["targets"][0].get("legendFormat") == "{{slo}} {{window}}",
+    "time to exhaustion": lambda p: _uses(p, "llm_latency_slo_time_to_exhaustion_seconds"),
+    "burn-rate alerts": lambda p: _uses(p, 'alertname="LLMLatencySLOBurnRate"'),
+    "desired vs. current replicas": lambda p: _uses(p, "llm_latency_capacity_desired_replicas",
+                                                    "llm_latency_capacity_current_replicas"),
+    "whether scaling helps, and why": lambda p: p["type"] == "table"
+                                                and _uses(p, "llm_latency_capacity_scaling_helps"),
+}
+LATENCY_DASHBOARDS = ("llm-latency-fleet.json", "llm-latency-target.json")
+
+
+def test_the_slo_dashboard_has_its_panels_and_an_slo_variable() -> None:
+    dashboard = DASHBOARDS["llm-latency-slo.json"]
+    found = {requirement: [p["title"] for p in panels(dashboard) if matches(p)]
+             for requirement, matches in SLO_PANELS.items()}
+    assert all(found.values()), [requirement for requirement, titles in found.items() if not titles]
+    slo = next(v for v in dashboard["templating"]["list"] if v["name"] == "slo")
+    assert slo["query"]["query"] == "label_values(llm_latency_slo_objective, slo)" and slo["includeAll"]
+    assert all('slo=~"$slo"' in t["expr"] for p in panels(dashboard) for t in p["targets"] if "_slo_" in t["expr"])
+
+
+@pytest.mark.parametrize("name", LATENCY_DASHBOARDS)
 def test_every_required_panel_is_on_every_dashboard(name: str) -> None:
     found = {requirement: [p["title"] for p in panels(DASHBOARDS[name]) if matches(p)]
              for requirement, matches in REQUIRED_PANELS.items()}

@@ -36,5 +36,5 @@ def test_the_dashboard_provider_loads_the_generated_files_read_only() -> None:
     assert provider["type"] == "file" and provider["allowUiUpdates"] is False and provider["disableDeletion"]
     assert provider["options"]["path"].startswith("/var/lib/grafana/dashboards/")
     uids = {d["uid"] for d in load_dashboards().values()}
-    assert uids == {"llm-latency-fleet", "llm-latency-target"}
+    assert uids == {"llm-latency-fleet", "llm-latency-target", "llm-latency-slo"}
     assert all(d["tags"] == ["llm-latency"] for d in load_dashboards().values())

@@ -52,7 +52,8 @@ def reads_engine(expr: str) -> bool:
 def test_the_committed_source_dashboards_are_fresh_and_the_default_ones_unchanged(tmp_path: Path) -> None:
     result = generate("--config", str(SOURCE_CONFIG), "--out", str(SOURCE_DASHBOARDS), "--check")
     assert result.returncode == 0, result.stderr
-    assert set(DASHBOARDS) == set(DEFAULT) == {"llm-latency-fleet.json", "llm-latency-target.json"}
+    assert set(DASHBOARDS) == set(DEFAULT) == {"llm-latency-fleet.json", "llm-latency-target.json",
+                                               "llm-latency-slo.json"}
     generator = load_generator()
     # a config without sources gives the scrape-mode dashboards, byte for byte
     plain = tmp_path / "plain.yaml"
@@ -90,7 +91,7 @@ def test_every_key_survives_the_foundation_sdk_model(name: str) -> None:
 def test_variables_are_the_target_labels_and_target_is_derived_from_them(name: str) -> None:
     variables = {v["name"]: v for v in DASHBOARDS[name]["templating"]["list"]}
     assert list(variables) == ["datasource", "namespace", "pod", "target", "model", "ttft_slo", "itl_slo",
-                               "monitor_url"]
+                               "monitor_url"] + (["slo"] if name == "llm-latency-slo.json" else [])
     presence = ('__name__=~"vllm:num_requests_running|tgi_batch_current_size|sglang:num_running_reqs|'
                 'trtllm_num_requests_running", job="llm-engines"')
     assert variables["namespace"]["query"]["query"] == f"label_values({{{presence}}}, namespace)"
@@ -99,13 +100,17 @@ def test_variables_are_the_target_labels_and_target_is_derived_from_them(name: s
     assert target["query"]["query"] == (
         'label_values(llm_latency_diagnosis_verdict{target=~"demo\\\\.$namespace\\\\.$pod"}, target)')
     assert target["hide"] == 2 and "allValue" not in target  # All = the names the chosen pods give
-    fleet = name == "llm-latency-fleet.json"
+    fleet = name in ("llm-latency-fleet.json", "llm-latency-slo.json")  # many targets at once
     for label in ("namespace", "pod", "target"):
         assert variables[label]["multi"] is fleet and variables[label]["includeAll"] is fleet
     assert variables["namespace"].get("allValue") == (".*" if fleet else None)
 
 
-@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_the_slo_dashboard_reads_only_the_monitors_series() -> None:
+    assert [q.id for q in QUERIES if q.dashboard == "llm-latency-slo.json" and reads_engine(q.expr)] == []
+
+
+@pytest.mark.parametrize("name", ["llm-latency-fleet.json", "llm-latency-target.json"])
 def test_engine_panels_select_by_the_source_and_group_by_its_labels(name: str) -> None:
     engine = [q for q in QUERIES if q.dashboard == name and reads_engine(q.expr)]
     assert len(engine) >= 10

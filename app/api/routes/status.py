@@ -111,6 +111,24 @@ def fmt_percent(value: float | None) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value * 100:.1f} %"
 
 
+def fmt_slo_percent(value: float | None) -> str:
+    """An SLI or objective: enough digits to tell 99.9 % from 99.95 % (``99.42 %``)."""
+    return "–" if value is None or not math.isfinite(value) else f"{value * 100:.2f} %"
+
+
+def fmt_exhaustion(seconds: float | None) -> str:
+    """When an SLO's budget runs out at the current burn: ``exhausted in 3.5 h``."""
+    if seconds is None:
+        return "not burning"
+    if seconds <= 0:
+        return "exhausted"
+    if seconds < 5400:
+        return f"exhausted in {seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"exhausted in {seconds / 3600:.1f} h"
+    return f"exhausted in {seconds / 86400:.1f} d"
+
+
 def fmt_value(value: float | None, signal: str) -> str:
     return fmt_number(value) if signal in TOKEN_SIGNALS else fmt_seconds(value)
 
@@ -181,7 +199,7 @@ def _environment() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
-                       value=fmt_value, span=fmt_span)
+                       value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env
@@ -417,6 +435,45 @@ def common(request: Request, monitor, window: float, end: float, live: bool) -> 
             "runbook_base": monitor.external_url}  # runbook links: absolute when the external URL is known
 
 
+# --------------------------------------------------------------------------- error budgets
+
+BUDGET_WARNING = 0.25  # a budget bar turns amber below this share left (red when spent or a page alert fires)
+
+
+def budget_views(monitor) -> list[dict[str, Any]]:
+    """One budget bar per SLO of the ``slos:`` section, as the latest alerting round computed
+    it (the :class:`app.slo.status.SloStatus` that ``/metrics`` and the burn-rate alerts use;
+    ``GET /api/v1/slos`` computes the same at request time). Level: ``critical`` when the
+    budget is spent or a page alert's burn rates both exceed its factor, ``warning`` when a
+    ticket alert's do or less than :data:`BUDGET_WARNING` is left, else ``healthy``;
+    ``unknown`` before the first round or without requests."""
+    statuses = {s.name: s for s in monitor.telemetry.slo.statuses}
+    views = []
+    for slo in monitor.slos:
+        status = statuses.get(slo.name)
+        budget = status.budget_remaining if status else None
+        firing = sorted({(a.kind, a.long.label, a.short.label, a.factor) for part in (status.targets if status else ())
+                         for a in part.alerts if a.firing}, key=lambda a: (a[0] != "page", -a[3]))
+        kinds = {kind for kind, *_ in firing}
+        if budget is None:
+            level = "unknown"
+        elif budget <= 0 or "page" in kinds:
+            level = "critical"
+        elif "ticket" in kinds or budget < BUDGET_WARNING:
+            level = "warning"
+        else:
+            level = "healthy"
+        views.append({
+            "name": slo.name, "signal": slo.signal, "threshold": slo.threshold, "objective": slo.objective,
+            "period": format_duration(slo.period), "status": status, "budget": budget, "level": level,
+            "fill": 0.0 if budget is None else min(1.0, max(0.0, budget)) * 100.0,
+            "burn": status.current_burn if status else None,
+            "exhaustion": status.time_to_exhaustion if status else None,
+            "firing": [f"{kind}: over {long} and {short} above {factor:g}x" for kind, long, short, factor in firing],
+        })
+    return views
+
+
 # --------------------------------------------------------------------------- routes
 
 @router.get("/ui/status.css")
@@ -477,6 +534,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
     down = sum(r["health"].state == "down" for r in rows)
     return html("index.html", rows=rows, counts=counts, down=down, levels=LEVELS, level_text=LEVEL_TEXT,
+                budgets=budget_views(monitor),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
                 **common(request, monitor, seconds, shown_end, live))

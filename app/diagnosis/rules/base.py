@@ -74,6 +74,14 @@ class Rule:
         """What this rule needs and the window does not have (empty: it can be judged)."""
         return [need.what for need in self.needs if not need.met(s)]
 
+    #: more replicas of the same engine fix this regime: it comes from the load each replica
+    #: carries (requests waiting for a slot, a KV cache too small for the batch). False where a
+    #: request is slow however the load is spread (one prompt's prefill, decode at the memory
+    #: bandwidth floor, stalls behind other prefills, offloaded weights) or the time is lost
+    #: outside the engine or between replicas: the capacity signal (:mod:`app.capacity`) then
+    #: holds the replica count and names the regime.
+    replicas_help: bool = False
+
 
 def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:
     """Evidence for one comparison; a missing value never meets its condition."""

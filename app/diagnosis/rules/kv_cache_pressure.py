@@ -91,7 +91,7 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
-            causes=("queueing", "prefill_interference"), needs=(
+            causes=("queueing", "prefill_interference"), replicas_help=True, needs=(
     Need("KV-cache usage gauge", ("kv_usage_max",)),
     Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean")),
 ))

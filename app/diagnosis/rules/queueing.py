@@ -100,7 +100,7 @@ def promql(x: RegimeAlerts) -> None:
               text.replace("{min}", human_seconds(min_queue)))
 
 
-RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql, needs=(
+RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql, replicas_help=True, needs=(
     Need("queue time (a queue-time histogram, or the waiting gauge with TTFT counts)",
          ("queue_time", "queue_mean_estimated")),
     Need("waiting-requests gauge", ("waiting_mean",)),
