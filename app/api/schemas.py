@@ -140,8 +140,17 @@ class SignalSummary(BaseModel):
     p99: float | None
     mean: float | None
     count: float = Field(description="observations in the window (increase of _count)")
+    intervals: dict[str, list[float | None]] | None = Field(None, description=(
+        "per quantile, the histogram bucket [lower, upper] that holds it (upper null: the +Inf bucket); "
+        "the quantile is interpolated inside it, the buckets know no more"))
+    count_estimate: bool | None = Field(None, description=(
+        "true when count is extrapolated to the window's edges like Prometheus' increase() (not a whole "
+        "number of observations)"))
     derived: bool | None = Field(None, description="true when computed from other signals (TGI TTFT)")
     derivation: str | None = Field(None, description="how a derived signal was computed")
+    bounds: dict[str, list[float | None]] | None = Field(None, description=(
+        "a derived signal's quantiles are not computed (quantiles do not add): per quantile, the interval "
+        "[lower, upper] the true quantile lies in (upper null: unbounded)"))
 
 
 class GaugeSummary(BaseModel):
