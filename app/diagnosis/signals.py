@@ -96,7 +96,19 @@ class Signals:
         return self.window_end - self.window_start
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in as_plain(self).items() if v not in (None, [], {})}
+        """The JSON form (stored with each diagnosis): an infinite bucket edge (+Inf) becomes null."""
+        return {k: _finite(v) for k, v in as_plain(self).items() if v not in (None, [], {})}
+
+
+def _finite(value: object) -> object:
+    """JSON has no Infinity (PostgreSQL's json type refuses it): the +Inf edge of a bucket is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _mean(h: LatencySummary | None) -> float | None:

@@ -115,7 +115,7 @@ def fmt_value(value: float | None, signal: str) -> str:
 
 
 def _unit(signal: str) -> str:
-    return "tokens" if signal in TOKEN_SIGNALS else "s"
+    return "" if signal in TOKEN_SIGNALS else "s"  # token counts are plain numbers in the tables
 
 
 def fmt_quantile(summary: object, key: str, signal: str = "ttft") -> str:
