@@ -79,5 +79,6 @@ def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None 
         out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
                     "active": [f["regime"] for f in findings if f["state"] == "active"],
                     "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
-                    "notes": details.get("notes", []), "signals": details.get("signals", {})})
+                    "notes": details.get("notes", []), "signals": details.get("signals", {}),
+                    "undecided": details.get("undecided", [])})
     return out

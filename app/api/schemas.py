@@ -294,6 +294,9 @@ class DiagnosisOut(BaseModel):
     findings: list[FindingOut]
     notes: list[str]
     signals: dict[str, Any] = Field(description="the numbers the rules read (only those known in the window)")
+    undecided: list[dict[str, str]] = Field(default_factory=list, description=(
+        "regimes the numbers could not decide ({regime, reason}): a threshold inside the histogram bucket that "
+        "holds a quantile, or fewer samples than the rule's evidence needs; neither a finding nor healthy"))
 
 
 class FindingRecordOut(BaseModel):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import Rule, check, confidence, info, probe_evidence, quantile_info, remedies
 from app.diagnosis.signals import Signals
 from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     queue_mean = s.queue_time.mean if s.queue_time else None
     conditions = [
-        check("queue share of TTFT", s.queue_share, ">=", t.queue_share, "ratio"),
+        check("queue share of TTFT", s.queue_share, ">=", t.queue_share, "ratio", s.share_notes.get("queue_share", "")),
         check("mean queue time", queue_mean, ">=", t.queue_seconds, "s"),
         check("mean waiting requests", s.waiting_mean, ">=", t.queue_waiting),
     ]
@@ -33,7 +33,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         return None
     evidence = conditions + [
         info("TTFT mean", s.ttft.mean if s.ttft else None, "s", "derived: queue + prefill" if s.ttft_derived else ""),
-        info("TTFT p99", s.ttft.p99 if s.ttft else None, "s"),
+        quantile_info("TTFT p99", s.ttft, "p99"),
         info("running requests (mean / max)", f"{s.running_mean or 0:.1f} / {s.running_max or 0:.0f}"),
         info("waiting requests (max)", s.waiting_max),
         info("KV-cache usage (max)", s.kv_usage_max, "%"),
