@@ -84,9 +84,9 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     long_prompts = mean_long if mean_long.met or not p90_long.met else p90_long
     running = check("mean running requests", s.running_mean, ">=", t.interference_running)
     context = [long_prompts, running]
-    stalled = True if stall.met else _all(ratio_verdict, tail_verdict)
+    stalling = True if stall.met else _all(ratio_verdict, tail_verdict)
     prompts_long = True if mean_long.met else p90_verdict
-    verdict = _all(stalled, prompts_long, running.met)
+    verdict = _all(stalling, prompts_long, running.met)
     if verdict is None:  # no condition fails, one cannot be decided: not judged rather than "no"
         reasons = [undecided_reason(e) for e, v in ((tail, tail_verdict), (p90_long, p90_verdict))
                    if v is None and e.interval]
