@@ -12,6 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -24,29 +25,45 @@ from app.store.repository import SeriesRef
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 
+def _bucket_json(bucket: tuple[float, float]) -> list[float | None]:
+    """A bucket as JSON: ``[lower, upper]``, an infinite end as null (JSON has no Infinity)."""
+    return [b if math.isfinite(b) else None for b in bucket]
+
+
 @dataclass(frozen=True, slots=True)
 class SignalSummary(LatencySummary):
     """One signal's summary in a latency answer. ``derivation`` is set when the engine has no
-    histogram of the signal and it is computed from others (TGI's TTFT = queue + prefill)."""
+    histogram of the signal and it is computed from others (TGI's TTFT from queue and
+    prefill): then the quantiles are None and ``bounds`` holds, per quantile, the interval
+    the true quantile must lie in (:func:`derived_ttft`)."""
 
     derivation: str | None = None
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, summary: LatencySummary, derivation: str | None = None) -> SignalSummary:
-        return cls(summary.p50, summary.p90, summary.p95, summary.p99, summary.mean, summary.count, derivation)
+        return cls(summary.p50, summary.p90, summary.p95, summary.p99, summary.mean, summary.count,
+                   dict(summary.intervals), summary.count_estimate, derivation)
 
     @property
     def derived(self) -> bool:
         return self.derivation is not None
 
-    def to_dict(self) -> dict[str, float | bool | str | None]:
-        """The JSON form: the quantiles, plus ``derived``/``derivation`` for a derived signal."""
-        out: dict[str, float | bool | str | None] = {
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: the quantiles, the bucket interval of each (``intervals``), whether the
+        count is an extrapolated estimate, plus ``derived``/``derivation``/``bounds`` for a
+        derived signal."""
+        out: dict[str, Any] = {
             "p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99, "mean": self.mean,
             "count": self.count}
+        if self.intervals:
+            out["intervals"] = {key: _bucket_json(b) for key, b in self.intervals.items()}
+        if self.count_estimate:
+            out["count_estimate"] = True
         if self.derivation is not None:
             out["derived"] = True
             out["derivation"] = self.derivation
+            out["bounds"] = {key: _bucket_json(b) for key, b in self.bounds.items()}
         return out
 
 
@@ -79,26 +96,51 @@ def load_histograms(session: Session, target_ids: Sequence[int], signals: Sequen
     return LoadedHistograms(series, snapshots)
 
 
-def _derived_ttft(queue: LatencySummary, prefill: LatencySummary) -> SignalSummary:
-    """TGI: TTFT ≈ queue + prefill, per quantile (what TGI's own dashboard shows)."""
+def derived_ttft(queue: WindowHistogram, prefill: WindowHistogram) -> SignalSummary:
+    """TGI's TTFT from its queue and prefill histograms: the mean exactly, each quantile as a bound.
 
-    def add(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else a + b
+    Per request TTFT = Q + P (queue wait, then prefill), both >= 0. Means add:
+    ``mean(T) = mean(Q) + mean(P)``, each from its own ``_sum/_count``. Quantiles do not: the
+    sum of the two p99 is neither the p99 of the sum nor a bound of it in general. What holds
+    for any dependence between Q and P:
 
-    return SignalSummary(add(queue.p50, prefill.p50), add(queue.p90, prefill.p90), add(queue.p95, prefill.p95),
-                         add(queue.p99, prefill.p99), add(queue.mean, prefill.mean), queue.count, TTFT_DERIVATION)
+    * lower: T >= Q and T >= P for every request, so ``q_T(a) >= max(q_Q(a), q_P(a))``;
+    * upper: ``P(Q + P > x + y) <= P(Q > x) + P(P > y)``; with x = ``q_Q(b)``, y = ``q_P(b)``,
+      ``b = (1 + a) / 2`` each tail is at most ``(1 - a) / 2``, so ``q_T(a) <= q_Q(b) + q_P(b)``
+      (p99 needs the p99.5 of each part).
+
+    The histograms only know which bucket holds each quantile, so the lower bound takes the
+    buckets' lower edges and the upper bound their upper edges (:func:`quantiles.histogram_quantile_interval`);
+    an upper edge of +Inf leaves the bound open. TGI's prefill histogram counts prefill *batches*,
+    so where a batch holds several requests the bound is on the batch time a request waits.
+    """
+    queue_s, prefill_s = quantiles.summarize(queue), quantiles.summarize(prefill)
+    bounds: dict[str, tuple[float, float]] = {}
+    for key, q in quantiles.QUANTILES:
+        lower_q = quantiles.histogram_quantile_interval(q, queue.bounds, queue.increases)
+        lower_p = quantiles.histogram_quantile_interval(q, prefill.bounds, prefill.increases)
+        upper_q = quantiles.histogram_quantile_interval((1 + q) / 2, queue.bounds, queue.increases)
+        upper_p = quantiles.histogram_quantile_interval((1 + q) / 2, prefill.bounds, prefill.increases)
+        if None in (lower_q, lower_p, upper_q, upper_p):
+            continue
+        assert lower_q and lower_p and upper_q and upper_p
+        bounds[key] = (max(lower_q[0], lower_p[0], 0.0), upper_q[1] + upper_p[1])
+    mean = None if queue_s.mean is None or prefill_s.mean is None else queue_s.mean + prefill_s.mean
+    return SignalSummary(None, None, None, None, mean, queue_s.count, {}, queue_s.count_estimate,
+                         TTFT_DERIVATION, bounds)
 
 
 def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict[str, SignalSummary]:
     """The latency answer's per-signal summaries: every histogram signal with data in the
-    window, plus TGI's TTFT derived from queue + prefill when the engine has no TTFT."""
+    window, plus TGI's TTFT derived from queue and prefill when the engine has no TTFT."""
     out: dict[str, SignalSummary] = {}
     for signal in HISTOGRAM_SIGNALS:
         merged = histograms.get(signal)
         if merged is not None:
             out[signal] = SignalSummary.of(quantiles.summarize(merged))
-    if "ttft" not in out and "queue_time" in out and "prefill_time" in out:
-        out["ttft"] = _derived_ttft(out["queue_time"], out["prefill_time"])
+    queue, prefill = histograms.get("queue_time"), histograms.get("prefill_time")
+    if "ttft" not in out and queue is not None and prefill is not None:
+        out["ttft"] = derived_ttft(queue, prefill)
     return out
 
 
@@ -107,7 +149,7 @@ def summarize_signals(loaded: LoadedHistograms, start: float, end: float,
     return summarize_histograms({signal: loaded.merged(start, end, signal, model) for signal in HISTOGRAM_SIGNALS})
 
 
-def summaries_dict(summaries: dict[str, SignalSummary]) -> dict[str, dict[str, float | bool | str | None]]:
+def summaries_dict(summaries: dict[str, SignalSummary]) -> dict[str, dict[str, Any]]:
     """Per-signal summaries in their JSON form."""
     return {signal: summary.to_dict() for signal, summary in summaries.items()}
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = [
     "Point",
@@ -51,6 +51,9 @@ __all__ = [
     "merge",
     "histogram_quantile",
     "histogram_quantiles",
+    "histogram_quantile_interval",
+    "bucket_quantile",
+    "bucket_quantiles",
     "summarize",
 ]
 
@@ -466,11 +469,37 @@ def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[f
        Go's division semantics are kept: q=0 with an empty lowest bucket is 0/0 =
        NaN in Prometheus and here.
     """
-    return histogram_quantiles((q,), bounds, cumulative)[0]
+    return bucket_quantiles((q,), bounds, cumulative)[0][0]
 
 
 def histogram_quantiles(qs: Sequence[float], bounds: Sequence[float], cumulative: Sequence[float]) -> list[float]:
-    """:func:`histogram_quantile` for several ``qs`` of one histogram: the buckets are sorted,
+    """:func:`histogram_quantile` for several ``qs`` of one histogram (see :func:`bucket_quantiles`)."""
+    return [value for value, _ in bucket_quantiles(qs, bounds, cumulative)]
+
+
+def histogram_quantile_interval(q: float, bounds: Sequence[float],
+                                cumulative: Sequence[float]) -> tuple[float, float] | None:
+    """The bucket that holds ``histogram_quantile(q, ...)``: ``(lower, upper)`` bounds.
+
+    The interpolated value is one point of this interval; the histogram knows no more than
+    "the q-quantile of the observations is somewhere in here". Found by the very steps of
+    :func:`histogram_quantile` (:func:`bucket_quantile`), so the two always agree. The
+    lowest bucket's lower end is 0 (Prometheus' implicit lower bound; ``-inf`` when its upper
+    bound is <= 0); a quantile in the +Inf bucket is ``(largest finite bound, inf)``. None
+    where the quantile is NaN or ``q`` is outside [0, 1].
+    """
+    return bucket_quantiles((q,), bounds, cumulative)[0][1]
+
+
+def bucket_quantile(q: float, bounds: Sequence[float],
+                    cumulative: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
+    """:func:`histogram_quantile` and :func:`histogram_quantile_interval` in one pass."""
+    return bucket_quantiles((q,), bounds, cumulative)[0]
+
+
+def bucket_quantiles(qs: Sequence[float], bounds: Sequence[float],
+                     cumulative: Sequence[float]) -> list[tuple[float, tuple[float, float] | None]]:
+    """:func:`bucket_quantile` for several ``qs`` of one histogram: the buckets are sorted,
     coalesced and made monotonic once (a diagnosis round asks four quantiles of every
     histogram of every target), then each ``q`` is answered by the same rules 1 and 4-8."""
     if len(bounds) != len(cumulative):
@@ -485,25 +514,26 @@ def histogram_quantiles(qs: Sequence[float], bounds: Sequence[float], cumulative
     return [_bucket_quantile(float(q), prepared) for q in qs]
 
 
-def _bucket_quantile(q: float, buckets: list[list[float]] | None) -> float:
-    """One quantile of buckets already sorted, coalesced and monotonic (None: no +Inf bucket)."""
+def _bucket_quantile(q: float, buckets: list[list[float]] | None) -> tuple[float, tuple[float, float] | None]:
+    """One quantile of buckets already sorted, coalesced and monotonic (None: no +Inf bucket),
+    with the bucket that holds it."""
     if math.isnan(q):
-        return math.nan
+        return math.nan, None
     if q < 0:
-        return -math.inf
+        return -math.inf, None
     if q > 1:
-        return math.inf
+        return math.inf, None
     if buckets is None or len(buckets) < 2:
-        return math.nan
+        return math.nan, None
     observations = buckets[-1][1]
     if observations == 0:
-        return math.nan
+        return math.nan, None
     rank = q * observations
     b = _go_sort_search(len(buckets) - 1, lambda i: buckets[i][1] >= rank)
     if b == len(buckets) - 1:
-        return buckets[-2][0]
+        return buckets[-2][0], (buckets[-2][0], math.inf)
     if b == 0 and buckets[0][0] <= 0:
-        return buckets[0][0]
+        return buckets[0][0], (-math.inf, buckets[0][0])
     bucket_start = 0.0
     bucket_end = buckets[b][0]
     count = buckets[b][1]
@@ -511,7 +541,8 @@ def _bucket_quantile(q: float, buckets: list[list[float]] | None) -> float:
         bucket_start = buckets[b - 1][0]
         count -= buckets[b - 1][1]
         rank -= buckets[b - 1][1]
-    return bucket_start + (bucket_end - bucket_start) * _go_div(rank, count)
+    value = bucket_start + (bucket_end - bucket_start) * _go_div(rank, count)
+    return value, (None if math.isnan(value) else (bucket_start, bucket_end))
 
 
 # --------------------------------------------------------------------------- summary
@@ -519,7 +550,14 @@ def _bucket_quantile(q: float, buckets: list[list[float]] | None) -> float:
 
 @dataclass(frozen=True, slots=True)
 class LatencySummary:
-    """JSON-friendly quantiles of a window: NaN/±Inf become None."""
+    """JSON-friendly quantiles of a window: NaN/±Inf become None.
+
+    ``intervals`` holds, per quantile with a value, the bucket ``(lower, upper)`` that
+    contains it (:func:`histogram_quantile_interval`; ``upper`` is ``inf`` for the +Inf
+    bucket): the interpolated value is a point in it, not a measurement. ``count_estimate``
+    is True when ``count`` is an ``increase()`` extrapolated to the window's edges (so not
+    a whole number of requests).
+    """
 
     p50: float | None
     p90: float | None
@@ -527,6 +565,12 @@ class LatencySummary:
     p99: float | None
     mean: float | None
     count: float
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    count_estimate: bool = False
+
+    def interval(self, key: str) -> tuple[float, float] | None:
+        """The bucket holding quantile ``key`` (``"p99"``), None without a value."""
+        return self.intervals.get(key)
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -539,11 +583,18 @@ def summarize(h: WindowHistogram | None) -> LatencySummary:
     Any NaN or infinite value (no data, no observations in the window, a series
     without +Inf bucket, ...) becomes None so the result serialises to JSON.
     ``mean`` is None unless ``count > 0``. ``count`` is the (extrapolated) increase
-    of ``_count``, 0.0 when there is no window histogram.
+    of ``_count``, 0.0 when there is no window histogram. Each quantile carries the
+    bucket that holds it (``intervals``), from the same computation.
     """
     if h is None:
         return LatencySummary(None, None, None, None, None, 0.0)
-    values = histogram_quantiles([q for _, q in QUANTILES], h.bounds, h.increases)
-    qs = {name: _finite_or_none(v) for (name, _), v in zip(QUANTILES, values, strict=True)}
+    qs: dict[str, float | None] = {}
+    intervals: dict[str, tuple[float, float]] = {}
+    answers = bucket_quantiles([q for _, q in QUANTILES], h.bounds, h.increases)
+    for (name, _), (value, interval) in zip(QUANTILES, answers, strict=True):
+        qs[name] = _finite_or_none(value)
+        if qs[name] is not None and interval is not None:
+            intervals[name] = interval
     mean = _finite_or_none(h.sum / h.count) if h.count > 0 else None
-    return LatencySummary(mean=mean, count=h.count, **qs)
+    return LatencySummary(mean=mean, count=h.count, intervals=intervals,
+                          count_estimate=h.count != 0, **qs)

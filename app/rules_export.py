@@ -63,7 +63,13 @@ Known differences from the built-in evaluation (the generated file's header poin
   alerts.diagnosis_for``; Prometheus evaluates every ``evaluation_interval``, not every
   ``diagnosis.interval``. Resolution is immediate (no ``resolve_after``).
 * "ITL at small batch" (mean ITL over scrape intervals with <= 2 running requests) has
-  no PromQL equivalent; the rules use ITL p50, the built-in rules' own fallback.
+  no PromQL equivalent; the exported rules use ITL p50, where the built-in rules fall back to
+  the window's exact mean ITL (``_sum/_count``): inside a coarse bucket (25-50 ms) the two can
+  sit on different sides of ``slow_itl_seconds``.
+* Thresholds on quantiles (ITL p99/p50, ITL p99, prompt-length p90) compare the interpolated
+  value; the built-in rules decide them on the bucket that holds the quantile and leave a
+  regime "not judged" when the threshold lies inside it, or when "steady" rests on fewer than
+  ``steady_min_scrapes`` scrapes. Prometheus has no bucket interval to compare.
 * TGI KV usage max is a subquery over ``evaluation_interval`` steps, not over scrapes.
 * Stall share (vLLM) weights each ITL bucket at or above the stall bound by its midpoint
   (the +Inf bucket by its lower bound), like ``signals._stall_share``; it needs the
@@ -362,7 +368,10 @@ class _Group:
                            f"{self.sum_rate(queue + '_count', '', w)}")
 
     def share(self, what: str, numerator: str, w: str) -> str:
-        return self.record(self.rec(f"{what}_share", "ratio", w), f"{numerator}\n/\n({self.mean('ttft', w)} > 0)")
+        """A mean over mean TTFT, bounded to [0, 1] like the built-in share (the two means count
+        different requests of the window, so the raw ratio can exceed 1)."""
+        return self.record(self.rec(f"{what}_share", "ratio", w),
+                           f"clamp(\n{numerator}\n/\n({self.mean('ttft', w)} > 0), 0, 1)")
 
     def itl_ratio(self, w: str) -> str:
         return self.record(self.rec("itl_p99_over_p50", "ratio", w),

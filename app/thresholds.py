@@ -74,6 +74,15 @@ class Thresholds(BaseModel):
     low_batch_running: float = Field(8.0, description="Mean running requests at or below this = small batch.")
     floor_ratio_max: float = Field(2.0, description="ITL/floor at or below this = at the hardware limit.")
     steady_itl_ratio: float = Field(2.5, description="ITL p99/p50 at or below this = steady decode (no stalls).")
+    # "Steady" is a claim about the window's traffic. Three scrapes just after an engine start
+    # hold a few decode steps of one or two requests: calm, and one burst later it stalls (a
+    # false bandwidth_bound on a healthy engine). The default window (60 s) at the default
+    # scrape interval (15 s) holds 4-5 scrapes once the engine has run a full window, and a
+    # p99 means something (more than "the largest step") only from 100 observations.
+    steady_min_scrapes: int = Field(4, ge=2, description="Scrapes in the window needed before decode is judged "
+                                                         "steady; with fewer, bandwidth_bound is not judged.")
+    steady_min_decode_steps: float = Field(100, description="ITL observations needed before decode is judged "
+                                                            "steady (a p99 of fewer is the largest step).")
 
     # kv_cache_pressure: the KV cache is full and sequences are evicted
     kv_usage: float = Field(0.9, description="Max KV-cache usage at or above this.")

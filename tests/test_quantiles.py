@@ -325,14 +325,16 @@ def test_summarize_values_and_json_friendly_none() -> None:
     h = WindowHistogram(bounds=B4, increases=C4, sum=42.0, count=100.0)
     s = summarize(h)
     # p50 = 0.5 (see above); p90/p95/p99 ranks 90/95/99 are in the +Inf bucket -> 1.0
-    assert s == LatencySummary(p50=0.5, p90=1.0, p95=1.0, p99=1.0, mean=0.42, count=100.0)
+    assert s == LatencySummary(p50=0.5, p90=1.0, p95=1.0, p99=1.0, mean=0.42, count=100.0,
+                               intervals={"p50": (0.1, 0.5), "p90": (1.0, INF), "p95": (1.0, INF),
+                                          "p99": (1.0, INF)}, count_estimate=True)
     assert summarize(None) == LatencySummary(None, None, None, None, None, 0.0)
     # zero observations: every quantile NaN -> None, mean undefined
     z = summarize(WindowHistogram(bounds=B4, increases=(0, 0, 0, 0), sum=0.0, count=0.0))
     assert z == LatencySummary(None, None, None, None, None, 0.0)
     # no +Inf bucket -> NaN quantiles -> None, but the mean is still known
     n = summarize(WindowHistogram(bounds=(1.0, 2.0), increases=(1.0, 2.0), sum=3.0, count=2.0))
-    assert n == LatencySummary(None, None, None, None, 1.5, 2.0)
+    assert n == LatencySummary(None, None, None, None, 1.5, 2.0, count_estimate=True)
 
 
 # --------------------------------------------------------------------------- property tests

@@ -28,7 +28,7 @@ from urllib.parse import quote
 
 from sqlalchemy.orm import Session
 
-from app import latency, quantiles
+from app import human, latency, quantiles
 from app.alerts import silences as silence_rules
 from app.alerts.config import SLO_BURN, TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
@@ -111,23 +111,35 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
             if summary is None:
                 continue
             key = QUANTILE_KEYS.get(slo.quantile)
-            if key is not None:
-                value = getattr(summary, key)
+            merged = window.overall.histograms.get(slo.signal)
+            bucket: tuple[float, float] | None = None
+            if summary.derived:
+                # no quantile of a derived TTFT, only a bound: the objective is breached for sure
+                # when the bound's lower end is above it
+                bound = summary.bounds.get(key) if key is not None else None
+                value, bucket = (bound[0], bound) if bound is not None else (None, None)
+            elif key is not None:
+                value, bucket = getattr(summary, key), summary.interval(key)
             else:
-                merged = window.overall.histograms.get(slo.signal)
-                value = None if merged is None else quantiles.histogram_quantile(slo.quantile, merged.bounds,
-                                                                                 merged.increases)
+                assert merged is not None
+                value, bucket = quantiles.bucket_quantile(slo.quantile, merged.bounds, merged.increases)
             if value is None or value != value or value <= slo.threshold:
                 continue
-            derived = " (derived: queue + prefill)" if summary.derived else ""
             label = f"p{slo.quantile * 100:g} {slo.signal.upper().replace('_', ' ')}"
+            if summary.derived:
+                shown = f"at least {human.seconds(value)}"
+                how = (f" (derived from queue and prefill: the true {label} lies in "
+                       f"{human.bounded(bucket)}; quantiles do not add)")
+            else:
+                shown = human.quantile(value, bucket)
+                how = f" (interpolated inside the bucket {human.interval(bucket)})" if bucket else ""
             labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
                       "severity": slo.severity}
+            count = human.count(summary.count or 0, summary.count_estimate)
             annotations = {
-                "summary": f"{target.name}: {label} is {value:.3f}s, above the {slo.threshold:g}s objective",
-                "description": f"{label}{derived} over the last {slo.window:g}s is {value:.3f}s "
-                               f"(objective: at most {slo.threshold:g}s, {summary.count or 0:.0f} "
-                               "observations).",
+                "summary": f"{target.name}: {label} is {shown}, above the {slo.threshold:g}s objective",
+                "description": f"{label} over the last {slo.window:g}s is {shown}{how} "
+                               f"(objective: at most {slo.threshold:g}s, {count} observations).",
                 **_links(config, target.name, slo.alertname),
             }
             out.append(Condition(labels, annotations, slo.for_, value))

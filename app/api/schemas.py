@@ -140,8 +140,17 @@ class SignalSummary(BaseModel):
     p99: float | None
     mean: float | None
     count: float = Field(description="observations in the window (increase of _count)")
+    intervals: dict[str, list[float | None]] | None = Field(None, description=(
+        "per quantile, the histogram bucket [lower, upper] that holds it (upper null: the +Inf bucket); "
+        "the quantile is interpolated inside it, the buckets know no more"))
+    count_estimate: bool | None = Field(None, description=(
+        "true when count is extrapolated to the window's edges like Prometheus' increase() (not a whole "
+        "number of observations)"))
     derived: bool | None = Field(None, description="true when computed from other signals (TGI TTFT)")
     derivation: str | None = Field(None, description="how a derived signal was computed")
+    bounds: dict[str, list[float | None]] | None = Field(None, description=(
+        "a derived signal's quantiles are not computed (quantiles do not add): per quantile, the interval "
+        "[lower, upper] the true quantile lies in (upper null: unbounded)"))
 
 
 class GaugeSummary(BaseModel):
@@ -294,9 +303,10 @@ class DiagnosisOut(BaseModel):
     findings: list[FindingOut]
     notes: list[str]
     signals: dict[str, Any] = Field(description="the numbers the rules read (only those known in the window)")
-    not_judged: list[NotJudgedOut] = Field(
-        default_factory=list, description="regimes whose rule could not run because a signal it needs is not "
-                                          "exported by this engine (or release); a healthy verdict covers the others")
+    not_judged: list[NotJudgedOut] = Field(default_factory=list, description=(
+        "regimes not judged: a signal the rule needs is not exported by this engine (or release), or the "
+        "numbers cannot decide (a threshold inside the bucket that holds a quantile, fewer samples than the "
+        "evidence needs); a healthy verdict covers the others"))
 
 
 class FindingRecordOut(BaseModel):

@@ -29,6 +29,7 @@ from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
+from app.diagnosis.rules.base import NotJudged
 from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
@@ -77,13 +78,18 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
     problems = data_problems(s, t)
     diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
     rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES
-    judged = []
+    findings = []
     for rule in rules:
         if missing := rule.missing(s):
             diagnosis.not_judged.append({"regime": rule.regime, "reason": not_judged_reason(s.engine, missing)})
-        else:
-            judged.append(rule)
-    findings = [f for f in (rule.evaluate(s, t) for rule in judged) if f is not None]
+            continue
+        try:
+            finding = rule.evaluate(s, t)
+        except NotJudged as undecided:  # the numbers cannot decide (see app.diagnosis.rules.base.NotJudged)
+            diagnosis.not_judged.append({"regime": rule.regime, "reason": undecided.reason})
+            continue
+        if finding is not None:
+            findings.append(finding)
     for finding in findings:
         finding.window_start, finding.window_end = s.window_start, s.window_end
     rank(findings)

@@ -56,16 +56,24 @@ class Evidence:
     unit: str = ""
     met: bool = True
     note: str = ""
+    #: for a quantile: the histogram bucket ``[lower, upper]`` that holds it (upper None: +Inf)
+    interval: list[float | None] | None = None
 
     @classmethod
     def from_dict(cls, item: Mapping[str, Any]) -> Evidence:
         """The evidence a stored finding holds (its JSON form, :func:`dataclasses.asdict`);
         a missing key takes its default, so rows stored by older versions still read."""
+        interval = item.get("interval")
         return cls(item.get("name", ""), item.get("value"), item.get("op", ""), item.get("threshold"),
-                   item.get("unit") or "", bool(item.get("met", True)), item.get("note") or "")
+                   item.get("unit") or "", bool(item.get("met", True)), item.get("note") or "",
+                   list(interval) if isinstance(interval, (list, tuple)) and len(interval) == 2 else None)
 
     def text(self) -> str:
         value = _fmt(self.value, self.unit)
+        if self.interval is not None and isinstance(self.value, (int, float)):
+            from app import human  # a leaf module; imported here to keep this one's imports light
+
+            value = human.quantile(float(self.value), self.interval, "s" if self.unit == "s" else self.unit)
         if self.op == "info":
             return f"{self.name} = {value}" + (f" ({self.note})" if self.note else "")
         return f"{self.name} = {value} ({self.op} {_fmt(self.threshold, self.unit)})" + (
@@ -158,8 +166,10 @@ class Diagnosis:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     signals: dict = field(default_factory=dict)
-    #: regimes whose rule could not run, each ``{"regime": ..., "reason": ...}``: the signals
-    #: it needs are not on this engine's page. A "healthy" verdict holds for the others only.
+    #: regimes not judged, each ``{"regime": ..., "reason": ...}``: the signals the rule needs
+    #: are not on this engine's page, or the numbers cannot decide (a threshold inside the
+    #: bucket that holds a quantile, fewer samples than its evidence needs). A "healthy"
+    #: verdict holds for the others only.
     not_judged: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from app import latency
+from app import human, latency
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
@@ -128,19 +128,25 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
         lines.append(f"  {result.hint}")
     r = result.latency
 
-    def ms(block: str, key: str) -> str:
-        value = (r.get(block) or {}).get(key)
-        return "      n/a" if value is None else f"{value * 1000:9.1f}"
+    def cell(block: str, key: str) -> str:
+        """A quantile as the buckets know it (``< 0.3 s`` in the lowest bucket), the mean exact."""
+        summary = r.get(block) or {}
+        if key == "mean":
+            return f"{human.seconds(summary.get('mean')):>10}"
+        return f"{human.summary_quantile(summary, key):>10}"
 
     if r:
         lines.append(f"  window {r['window_seconds']:.0f} s        "
-                     f"{'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'count':>8}")
+                     f"{'p50':>10} {'p99':>10} {'mean':>10} {'count':>8}")
         for block, label in (("ttft", "TTFT"), ("queue_time", "  queue"), ("prefill_time", "  prefill"),
                              ("itl", "ITL"), ("e2e", "end-to-end")):
             if block in r:
-                derived = " (derived)" if r[block].get("derived") else ""
-                lines.append(f"  {label:<18}{ms(block, 'p50')} {ms(block, 'p99')} {ms(block, 'mean')} "
-                             f"{r[block].get('count') or 0:8.0f}{derived}")
+                derived = " (derived: mean exact, quantiles bounded)" if r[block].get("derived") else ""
+                count = human.count(r[block].get("count") or 0, bool(r[block].get("count_estimate")))
+                lines.append(f"  {label:<18}{cell(block, 'p50')} {cell(block, 'p99')} {cell(block, 'mean')} "
+                             f"{count:>8}{derived}")
+        if any((r.get(b) or {}).get("count_estimate") for b in ("ttft", "itl", "queue_time", "e2e")):
+            lines.append(f"  ≈: {human.ESTIMATE_NOTE}")
     for d in result.diagnoses:
         model = f" [{d.model}]" if d.model else ""
         lines.append(f"\nDiagnosis{model}: {d.verdict}")

@@ -61,9 +61,12 @@ class Signals:
     e2e: LatencySummary | None = None
     prompt_tokens: LatencySummary | None = None
     generation_tokens: LatencySummary | None = None
-    queue_share: float | None = None          # mean queue / mean TTFT
+    queue_share: float | None = None          # mean queue / mean TTFT, bounded to [0, 1] (see share_notes)
     queue_mean_estimated: float | None = None  # no queue histogram: mean waiting / first tokens per second
-    prefill_share: float | None = None        # mean prefill / mean TTFT
+    prefill_share: float | None = None        # mean prefill / mean TTFT, bounded to [0, 1]
+    share_notes: dict[str, str] = field(default_factory=dict)  # share -> why its raw ratio was bounded
+    prompt_mean_counters: float | None = None  # increase(prompt_tokens_total) / increase(requests_total)
+    itl_ratio_bounds: tuple[float, float] | None = None  # p99/p50 from the edges of their buckets
     prefill_per_request: float | None = None  # seconds of prefill a request waits for its first token
     ttft_per_1k_prompt_tokens: float | None = None
     itl_ratio: float | None = None            # p99 / p50
@@ -89,7 +92,7 @@ class Signals:
     config: dict[str, str] = field(default_factory=dict)
     hardware: str | None = None
     decode_floor_seconds: float | None = None
-    itl_over_floor: float | None = None       # small-batch ITL (or p50) / floor
+    itl_over_floor: float | None = None       # small-batch ITL (or mean ITL) / floor
     replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
     probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
     probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
@@ -98,8 +101,50 @@ class Signals:
     def window_seconds(self) -> float:
         return self.window_end - self.window_start
 
+    @property
+    def prompt_mean(self) -> float | None:
+        """Mean prompt length from the most exact source the page has: the prompt-length
+        histogram's ``_sum/_count``, else the token and request counters (:func:`_prompt_mean`)."""
+        if self.prompt_tokens is not None and self.prompt_tokens.mean is not None:
+            return self.prompt_tokens.mean
+        return self.prompt_mean_counters
+
+    @property
+    def prompt_mean_source(self) -> str | None:
+        if self.prompt_tokens is not None and self.prompt_tokens.mean is not None:
+            return "prompt-length histogram (_sum / _count)"
+        if self.prompt_mean_counters is not None:
+            return "prompt_tokens_total / requests_total (increase over the window; no prompt-length histogram)"
+        return None
+
+    @property
+    def itl_typical(self) -> float | None:
+        """A typical decode step, exactly: the mean ITL over small-batch scrape intervals when
+        there are enough of them, else the window's mean ITL (``_sum/_count``). Not the p50:
+        vLLM's ITL buckets are coarse (25-50 ms), and a p50 interpolated to 37.5 ms inside one
+        can sit on the other side of a threshold from the exact 28 ms mean."""
+        if self.itl_low_batch is not None:
+            return self.itl_low_batch
+        return self.itl.mean if self.itl is not None else None
+
+    @property
+    def itl_typical_name(self) -> str:
+        return "ITL at small batch (mean)" if self.itl_low_batch is not None else "ITL mean"
+
     def to_dict(self) -> dict:
-        return {k: v for k, v in as_plain(self).items() if v not in (None, [], {})}
+        """The JSON form (stored with each diagnosis): an infinite bucket edge (+Inf) becomes null."""
+        return {k: _finite(v) for k, v in as_plain(self).items() if v not in (None, [], {})}
+
+
+def _finite(value: object) -> object:
+    """JSON has no Infinity (PostgreSQL's json type refuses it): the +Inf edge of a bucket is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _mean(h: LatencySummary | None) -> float | None:
@@ -108,6 +153,52 @@ def _mean(h: LatencySummary | None) -> float | None:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def _bounded_share(s: Signals, name: str, part: float | None, whole: float | None) -> float | None:
+    """``part / whole`` of two means, bounded to [0, 1].
+
+    The two means come from different request sets: vLLM observes a request's queue time
+    when it is scheduled and its TTFT when its first token leaves, so in a window a request
+    can count in one histogram and not yet (or no longer) in the other, and mean queue can
+    exceed mean TTFT ("101 % of TTFT"). A share above 1 (or below 0) cannot be true of any one
+    request; it is bounded, and the raw ratio is kept in ``share_notes`` with the reason.
+    """
+    raw = _ratio(part, whole)
+    if raw is None or 0.0 <= raw <= 1.0:
+        return raw
+    bounded = min(1.0, max(0.0, raw))
+    s.share_notes[name] = (f"raw ratio {raw:.3f} bounded to {bounded:.0%}: the two means are over different "
+                           "requests of the window (a request is counted in one histogram when it is scheduled, "
+                           "in the other when its first token leaves)")
+    return bounded
+
+
+def _prompt_mean(s: Signals, m: ModelWindow) -> None:
+    """Mean prompt length from the most exact source the page has.
+
+    The prompt-length histogram's ``_sum/_count`` is exact for the requests it counted; an
+    engine without it (SGLang pages without ``prompt_tokens_histogram``) still counts prompt
+    tokens and requests, and ``increase(prompt_tokens_total) / increase(requests_total)``
+    (= the ratio of their rates over the same window) is the same mean over finished
+    requests. Never a quantile: a mean is what the rules compare.
+    """
+    tokens, requests = m.rates.get("prompt_tokens_total"), m.rates.get("requests_total")
+    if tokens is not None and requests:
+        s.prompt_mean_counters = tokens / requests
+
+
+def _ratio_bounds(num: LatencySummary | None, num_key: str, den: LatencySummary | None,
+                  den_key: str) -> tuple[float, float] | None:
+    """The range of ``num[num_key] / den[den_key]`` over every position inside their buckets."""
+    if num is None or den is None:
+        return None
+    a, b = num.interval(num_key), den.interval(den_key)
+    if a is None or b is None:
+        return None
+    low = a[0] / b[1] if b[1] > 0 else 0.0
+    high = a[1] / b[0] if b[0] > 0 else math.inf
+    return (max(low, 0.0), high)
 
 
 def _largest_used_bucket(h: WindowHistogram | None) -> tuple[float | None, float | None]:
@@ -188,15 +279,16 @@ def from_window(window: TargetWindow, target: str, engine: str,
                 prefill_mean = prefill_mean * s.prefill_time.count / s.queue_time.count
             s.ttft = LatencySummary(None, None, None, None, queue_mean + prefill_mean, s.queue_time.count)
         ttft_mean = _mean(s.ttft)
-        s.queue_share = _ratio(queue_mean, ttft_mean)
+        s.queue_share = _bounded_share(s, "queue_share", queue_mean, ttft_mean)
         if prefill_mean is not None:
-            s.prefill_share = _ratio(prefill_mean, ttft_mean)
+            s.prefill_share = _bounded_share(s, "prefill_share", prefill_mean, ttft_mean)
         s.prefill_per_request = prefill_mean
-        prompt_mean = _mean(s.prompt_tokens)
-        if ttft_mean is not None and prompt_mean:
-            s.ttft_per_1k_prompt_tokens = ttft_mean / (prompt_mean / 1000.0)
+        _prompt_mean(s, m)
+        if ttft_mean is not None and s.prompt_mean:
+            s.ttft_per_1k_prompt_tokens = ttft_mean / (s.prompt_mean / 1000.0)
         if s.itl is not None and s.itl.p50:
             s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
+            s.itl_ratio_bounds = _ratio_bounds(s.itl, "p99", s.itl, "p50")
         s.decode_stall_share = _stall_share(engine, merged["itl"], merged["prefill_time"])
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(merged["iteration_tokens"])
         _gauges_and_rates(s, m)
@@ -210,8 +302,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         if hardware is not None:
             s.hardware = hardware.describe()
             s.decode_floor_seconds = hardware.decode_floor_seconds
-            itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
-            s.itl_over_floor = _ratio(itl_small, s.decode_floor_seconds)
+            s.itl_over_floor = _ratio(s.itl_typical, s.decode_floor_seconds)
         out.append(s)
     return out
 

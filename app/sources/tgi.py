@@ -3,8 +3,10 @@
 TGI differs from vLLM in ways the rest of the product must know about:
 
 * No TTFT histogram. The official TGI dashboard (and the maintainers, TGI #2887)
-  take TTFT ≈ queue time + prefill batch time; the latency service derives it the
-  same way at query time and marks it ``derived``. The adapter stores the parts.
+  take TTFT ≈ queue time + prefill batch time; the latency service derives it at query
+  time and marks it ``derived``: the mean as the sum of the two means (means add), each
+  quantile as a bound (quantiles do not add; :func:`app.latency.derived_ttft`). The
+  adapter stores the parts.
 * ``tgi_batch_inference_duration{method="decode"}`` is the time of one decode step,
   observed once per batch step: every running request waits exactly that long for its
   next token, so it is the inter-token latency (weighted per step, not per request).
@@ -46,7 +48,10 @@ TOKEN_COUNTERS = {"prompt_tokens_total": "tgi_request_input_length",
 
 FAMILIES = frozenset({name for name, _ in HISTOGRAMS.values()} | set(GAUGES.values()) | {KV_USED, KV_CAPACITY}
                      | set(REQUESTS))
-TTFT_DERIVATION = "TTFT derived as queue_time + prefill_time (TGI exports no TTFT histogram)"
+TTFT_DERIVATION = ("TTFT derived from queue_time and prefill_time (TGI exports no TTFT histogram): the mean is "
+                   "mean queue + mean prefill (means add); quantiles are not added, each is given as a bound "
+                   "max(q_queue(a), q_prefill(a)) <= q_ttft(a) <= q_queue((1+a)/2) + q_prefill((1+a)/2) on the "
+                   "buckets' edges")
 
 
 def _gauge(page: ParsedPage, name: str) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -38,7 +39,8 @@ def test_queueing_engine_exits_1_with_the_split_and_the_remedy(fleet) -> None:
     assert "Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: queueing" in result.stdout
     assert "[PRIMARY] queueing" in result.stdout and "raise --max-num-seqs" in result.stdout
     queue_row = next(line for line in result.stdout.splitlines() if line.strip().startswith("queue"))
-    assert float(queue_row.split()[3]) > 5000  # mean queue time in ms
+    assert float(re.findall(r"([\d.]+) s\b", queue_row)[-1]) > 5  # mean queue time, seconds
+    assert re.search(r" ≈\d+$", queue_row)  # the count is an increase() estimate, rounded
     # the runbook: its path on a monitor, or its URL when the monitor's external URL is known
     assert "      runbook: /runbooks/queueing" in result.stdout.splitlines()
     linked = diagnose(fleet.urls["busy"] + "/metrics", "--window", "2s", "--interval", "1s",

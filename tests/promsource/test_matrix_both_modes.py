@@ -193,11 +193,15 @@ def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Ca
                       f'[{int(WINDOW_S)}s])))')
             (sample,) = client.query(promql, case.end).data
             assert math.isclose(report[signal][key], sample.value, rel_tol=1e-9), (signal, key)
+            # the bucket that holds it, from the bounds the source read: Prometheus' value lies inside
+            lower, upper = report[signal]["intervals"][key]
+            assert lower <= sample.value <= (math.inf if upper is None else upper), (signal, key)
             checked += 1
     assert checked == 12
     with case.target.sessions() as session:
         store_report = latency.latency_report(session, [case.target.target_id], WINDOW_S, case.end)
     assert math.isclose(store_report["ttft"]["p99"], report["ttft"]["p99"], rel_tol=1e-9)
+    assert store_report["ttft"]["intervals"] == report["ttft"]["intervals"]  # both sources carry the same bucket
     assert math.isclose(store_report["rates"]["requests_per_second"], report["rates"]["requests_per_second"],
                         rel_tol=1e-9)
 

@@ -55,7 +55,7 @@ def levels(page: str) -> dict[str, str]:
 
 def stat(row: str, name: str) -> tuple[str, str]:
     """(data-value, text) of a fleet-table number such as ``ttft-p50``."""
-    match = re.search(rf'<td class="num" data-stat="{name}" data-value="([^"]*)">([^<]*)', row)
+    match = re.search(rf'<td class="num" data-stat="{name}" data-value="([^"]*)"[^>]*>([^<]*)', row)
     assert match, f"no stat {name!r} in row"
     return match.group(1), html.unescape(match.group(2)).strip()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
-from app.api.routes.status import evidence_text, fmt_seconds
+from app.api.routes.status import evidence_text, fmt_quantile, fmt_seconds
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import repository
 from tests.api.conftest import make_service
@@ -120,14 +120,19 @@ def test_index_is_a_fleet_table_most_severe_first(service, fleet) -> None:
         for signal in ("ttft", "itl"):
             for q in ("p50", "p99"):
                 raw, shown = stat(found[name], f"{signal}-{q}")
-                assert float(raw) == api[signal][q], (name, signal, q)
-                assert shown == fmt_seconds(api[signal][q])
+                assert (float(raw) if raw else None) == api[signal][q], (name, signal, q)
+                assert shown == fmt_quantile(api[signal], q, signal)
+    # TGI's derived TTFT: no quantile, a bound (lower <= upper) from the same buckets as its /latency answer
+    tgi_api = c.get("/api/v1/targets/tgi/latency", params={"window": "1m", "end": end}).json()
+    lower, upper = tgi_api["ttft"]["bounds"]["p99"]
+    assert tgi_api["ttft"]["p99"] is None and 0 <= lower < upper
+    assert stat(found["tgi"], "ttft-p99")[1] == f"{fmt_seconds(lower)} – {fmt_seconds(upper)}"
     busy_api = c.get("/api/v1/targets/busy/latency", params={"window": "1m", "end": end}).json()
     assert busy_api["ttft"]["p50"] > 10 and stat(found["busy"], "ttft-p50")[1].endswith(" s")  # ~15 s queueing
     calm_itl = float(stat(found["calm"], "itl-p50")[0])
     assert 0.005 < calm_itl < 0.05 and stat(found["calm"], "itl-p50")[1].endswith(" ms")
-    derived = f'<abbr class="derived" title="{html.escape(TTFT_DERIVATION)}">q+p</abbr>'
-    assert derived in found["tgi"] and "q+p" not in found["calm"]
+    derived = re.search(r'<abbr class="derived" title="([^"]*)">q\+p</abbr>', found["tgi"])
+    assert derived and html.unescape(derived.group(1)) == TTFT_DERIVATION and "q+p" not in found["calm"]
     assert stat(found["dead"], "ttft-p99") == ("", "–") and stat(found["fresh"], "itl-p50") == ("", "–")
 
     # details are one click away, not on the index
@@ -222,7 +227,7 @@ def test_target_page_details(service, fleet) -> None:
         assert set(values) == {"p50", "p90", "p99", "mean", "count"}
         for key, raw in values.items():
             assert float(raw) == api[signal][key], (signal, key)
-    assert f">{fmt_seconds(api['ttft']['p90'])}<" in rows["ttft"]
+    assert f">{html.escape(fmt_quantile(api['ttft'], 'p90', 'ttft'))}<" in rows["ttft"]
     assert f">{api['prompt_tokens']['p50']:.3g}<" in rows["prompt_tokens"]  # tokens, not seconds
 
     # TTFT split: queue dominates under queueing
@@ -231,7 +236,7 @@ def test_target_page_details(service, fleet) -> None:
     assert share > 0.99
     assert f"Mean TTFT split: queue {fmt_seconds(queue)} ({share * 100:.1f} %), prefill {fmt_seconds(prefill)}" in page
     assert re.search(rf'<tr data-part="queue"><th scope="row">queue</th><td class="num" '
-                     rf'data-value="{re.escape(repr(api["queue_time"]["p50"]))}">', page)
+                     rf'data-value="{re.escape(repr(api["queue_time"]["p50"]))}" title=', page)
 
     # gauges and rates
     waiting = re.search(r'<tr data-gauge="waiting">(.*?)</tr>', page, re.S).group(1)

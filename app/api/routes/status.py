@@ -40,7 +40,7 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
-from app import latency, quantiles
+from app import human, latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.common import current_diagnoses, duration_param
 from app.api.deps import MonitorDep, SessionDep
@@ -133,6 +133,26 @@ def fmt_value(value: float | None, signal: str) -> str:
     return fmt_number(value) if signal in TOKEN_SIGNALS else fmt_seconds(value)
 
 
+def _unit(signal: str) -> str:
+    return "" if signal in TOKEN_SIGNALS else "s"  # token counts are plain numbers in the tables
+
+
+def fmt_quantile(summary: object, key: str, signal: str = "ttft") -> str:
+    """A quantile cell: ``< 0.3 s`` in the lowest bucket, ``> 60 s`` in +Inf, a bound for a
+    derived TTFT, else the value (:mod:`app.human`)."""
+    return human.summary_quantile(summary, key, _unit(signal))
+
+
+def fmt_bucket(summary: object, key: str, signal: str = "ttft") -> str:
+    """The cell's tooltip: the bucket that holds the quantile."""
+    return human.summary_bucket(summary, key, _unit(signal))
+
+
+def fmt_count(value: float | None, estimate: bool = True) -> str:
+    """``≈136``: a count extrapolated like Prometheus' increase()."""
+    return human.count(value, estimate)
+
+
 def fmt_ts(ts: float | None) -> str:
     return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
@@ -199,7 +219,9 @@ def _environment() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
-                       value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion)
+                       value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion,
+                       count=fmt_count)
+    env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env

@@ -15,7 +15,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import (
+    Need,
+    NotJudged,
+    Rule,
+    check,
+    confidence,
+    decided,
+    info,
+    probe_evidence,
+    quantile_info,
+    remedies,
+)
 from app.diagnosis.signals import Signals
 from app.promql import decode_floor_text, human_seconds, instance_selector, num
 from app.thresholds import Thresholds
@@ -25,22 +36,48 @@ if TYPE_CHECKING:
     from app.rules_export import RegimeAlerts
 
 
+def _steady(s: Signals, t: Thresholds) -> tuple[bool | None, str]:
+    """Is decode steady (ITL p99/p50 at most ``steady_itl_ratio``)? Decided on the ratio's range
+    over the two quantiles' buckets (:attr:`Signals.itl_ratio_bounds`), and only from as many
+    scrapes as "steady" needs: a few scrapes after an engine start show a calm that says nothing."""
+    if s.itl_ratio_bounds is not None:
+        verdict = decided(*s.itl_ratio_bounds, "<=", t.steady_itl_ratio)
+    else:  # quantiles without their buckets: the ratio as given
+        verdict = s.itl_ratio is not None and s.itl_ratio <= t.steady_itl_ratio
+    if verdict is None and s.itl_ratio_bounds is not None:
+        low, high = s.itl_ratio_bounds
+        return None, (f"ITL p99/p50 is between {low:.2f} and {high:.2f} over the buckets that hold them; the "
+                      f"steady limit {t.steady_itl_ratio:g} is inside that range")
+    steps = s.itl.count if s.itl is not None else 0.0
+    if verdict and (s.scrapes < t.steady_min_scrapes or steps < t.steady_min_decode_steps):
+        return None, (f"decode looks steady, but from {s.scrapes} scrape(s) and {steps:.0f} decode steps; "
+                      f"steadiness needs at least {t.steady_min_scrapes} scrapes and "
+                      f"{t.steady_min_decode_steps:g} steps (thresholds steady_min_scrapes, "
+                      "steady_min_decode_steps)")
+    return verdict, ""
+
+
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
+    itl_small = s.itl_typical
+    steady, why = _steady(s, t)
     conditions = [
-        check("ITL at small batch" if s.itl_low_batch is not None else "ITL p50", itl_small, ">=",
-              t.slow_itl_seconds, "s"),
+        check(s.itl_typical_name, itl_small, ">=", t.slow_itl_seconds, "s", "exact: _sum / _count"),
         check("mean running requests", s.running_mean, "<=", t.low_batch_running),
-        check("ITL p99/p50", s.itl_ratio, "<=", t.steady_itl_ratio, "ratio", "steady decode, no stalls"),
+        check("ITL p99/p50", s.itl_ratio, "<=", t.steady_itl_ratio, "ratio",
+              "steady decode, no stalls" + (f" (from {s.scrapes} scrapes)" if steady else "")),
     ]
+    conditions[-1].met = bool(steady)
     if s.decode_floor_seconds is not None:
         conditions.append(check("ITL / decode floor", s.itl_over_floor, "<=", t.floor_ratio_max, "ratio",
                                 f"floor {s.decode_floor_seconds * 1000:.1f} ms = weight bytes / HBM bandwidth "
                                 f"({s.hardware})"))
+    if steady is None and all(c.met for c in conditions[:-1] + conditions[3:]):
+        raise NotJudged(why)
     if not all(c.met for c in conditions):
         return None
     evidence = conditions + [
-        info("ITL p50 / p99", f"{s.itl.p50 * 1000:.1f} / {s.itl.p99 * 1000:.1f} ms" if s.itl and s.itl.p99 else None),
+        quantile_info("ITL p50", s.itl, "p50"),
+        quantile_info("ITL p99", s.itl, "p99"),
         info("generation throughput", s.generation_tokens_per_second, "tokens/s"),
     ]
     evidence += probe_evidence(s, "itl", "ITL")

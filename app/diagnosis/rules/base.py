@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Evidence, Finding
 from app.diagnosis.signals import Signals
+from app.quantiles import LatencySummary
 from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
@@ -81,6 +82,65 @@ class Rule:
     #: outside the engine or between replicas: the capacity signal (:mod:`app.capacity`) then
     #: holds the replica count and names the regime.
     replicas_help: bool = False
+
+
+class NotJudged(Exception):
+    """Raised by a rule whose other conditions hold but one cannot be decided from the data:
+    a threshold inside the bucket that holds a quantile, or fewer samples than the evidence
+    needs. The engine records the regime with this reason instead of a finding (never a
+    silent "healthy", never a finding the numbers do not support)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def decided(low: float, high: float, op: str, threshold: float) -> bool | None:
+    """Whether every value of the bucket ``(low, high]`` meets ``op threshold`` (True), none
+    does (False), or it depends on where inside the bucket the true value lies (None).
+
+    Buckets are ``le`` buckets, open below: every value in ``(low, high]`` is above a
+    threshold at or below ``low``, and none is above a threshold at or above ``high`` (the
+    single point ``high`` itself counts as not above, as almost every value there is below)."""
+    if op not in (">=", ">", "<="):
+        raise ValueError(op)
+    above = True if low >= threshold else False if high <= threshold else None
+    if op == "<=":
+        return None if above is None else not above
+    return above
+
+
+def check_quantile(name: str, summary: LatencySummary | None, key: str, op: str, threshold: float,
+                   unit: str = "", note: str = "") -> tuple[Evidence, bool | None]:
+    """A threshold on a histogram quantile, decided on the bucket that holds it, not on the
+    value ``histogram_quantile`` interpolated inside it: met when the whole bucket meets the
+    threshold, not met when none of it does, None (undecided) when the threshold lies inside
+    the bucket. The evidence carries the bucket. A summary without buckets is compared as given."""
+    value = getattr(summary, key) if summary is not None else None
+    bucket = summary.interval(key) if summary is not None else None
+    if value is None or bucket is None:  # no bucket known (a summary built without one): the value itself
+        plain = check(name, value, op, threshold, unit, note)
+        return plain, plain.met
+    verdict = decided(bucket[0], bucket[1], op, threshold)
+    evidence = Evidence(name, value, op, threshold, unit, bool(verdict), note,
+                        [bucket[0], bucket[1] if math.isfinite(bucket[1]) else None])
+    return evidence, verdict
+
+
+def quantile_info(name: str, summary: LatencySummary | None, key: str, unit: str = "s", note: str = "") -> Evidence:
+    """A quantile shown as evidence with the bucket that holds it (``< 0.3 s`` in the lowest)."""
+    value = getattr(summary, key) if summary is not None else None
+    bucket = summary.interval(key) if summary is not None else None
+    interval = None if bucket is None else [bucket[0], bucket[1] if math.isfinite(bucket[1]) else None]
+    return Evidence(name, value, "info", None, unit, True, note, interval)
+
+
+def undecided_reason(evidence: Evidence) -> str:
+    """Why a quantile comparison could not be made, in words for the not-judged list."""
+    low, high = evidence.interval or [None, None]
+    span = f"{low:g} – {'+Inf' if high is None else f'{high:g}'}"
+    return (f"{evidence.name} lies in the bucket {span}{' s' if evidence.unit == 's' else ''}, and the threshold "
+            f"{evidence.threshold} is inside it: where in the bucket the true value falls decides")
 
 
 def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:

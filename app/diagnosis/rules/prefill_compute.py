@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import (
+    Need,
+    Rule,
+    check,
+    confidence,
+    info,
+    probe_evidence,
+    quantile_info,
+    remedies,
+)
 from app.diagnosis.signals import Signals
 from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
@@ -23,11 +32,12 @@ if TYPE_CHECKING:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     queue_mean = s.queue_time.mean if s.queue_time else 0.0
     prefill_mean = s.prefill_per_request
-    prompt_mean = s.prompt_tokens.mean if s.prompt_tokens else None
+    prompt_mean = s.prompt_mean  # the histogram's _sum/_count, or the token and request counters
     conditions = [
         check("mean prefill time", prefill_mean, ">=", t.prefill_seconds, "s"),
-        check("prefill share of TTFT", s.prefill_share, ">=", t.prefill_share, "ratio"),
-        check("mean prompt length", prompt_mean, ">=", t.long_prompt_tokens, "tokens"),
+        check("prefill share of TTFT", s.prefill_share, ">=", t.prefill_share, "ratio",
+              s.share_notes.get("prefill_share", "")),
+        check("mean prompt length", prompt_mean, ">=", t.long_prompt_tokens, "tokens", s.prompt_mean_source or ""),
     ]
     if not all(c.met for c in conditions):
         return None
@@ -35,7 +45,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     hit_rate = s.prefix_cache_hit_rate
     evidence = conditions + [
         info("TTFT per 1k prompt tokens", s.ttft_per_1k_prompt_tokens, "s"),
-        info("TTFT p99", s.ttft.p99 if s.ttft else None, "s"),
+        quantile_info("TTFT p99", s.ttft, "p99"),
         info("mean queue time", queue_mean, "s"),
         info("prefix-cache hit rate", hit_rate, "%"),
         info("enable_prefix_caching", caching, note="from vllm:cache_config_info" if caching else ""),

@@ -16,7 +16,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import (
+    Need,
+    NotJudged,
+    Rule,
+    check,
+    check_quantile,
+    confidence,
+    decided,
+    info,
+    quantile_info,
+    remedies,
+    undecided_reason,
+)
 from app.diagnosis.signals import STALL_SECONDS, Signals
 from app.diagnosis.step_budget import StepBudget
 from app.promql import human_seconds, human_share, num
@@ -47,26 +59,51 @@ def _budget_remedies(budget: StepBudget | None) -> list[str]:
             "not what stalls the decodes here."]
 
 
+def _all(*verdicts: bool | None) -> bool | None:
+    """Three-valued "and": False if any is False, else None if any is undecided, else True."""
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
+
+
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    prompt_mean = s.prompt_tokens.mean if s.prompt_tokens else None
+    prompt_mean = s.prompt_mean  # the histogram's _sum/_count, or the token and request counters
     itl_p99 = s.itl.p99 if s.itl else None
     stall = check("stalled share of decode time", s.decode_stall_share, ">=", t.stall_share, "%",
                   "TGI: decode paused for prefill batches" if s.engine == "tgi" else "steps of 0.2 s or more")
+    # p99/p50, the p99 and the p90 prompt length are decided on their buckets, not on the values
+    # interpolated inside them (None: the threshold lies inside a bucket)
     ratio = check("ITL p99/p50", s.itl_ratio, ">=", t.itl_ratio, "ratio")
-    tail = check("ITL p99", itl_p99, ">=", t.itl_p99_seconds, "s")
-    mean_long = check("mean prompt length", prompt_mean, ">=", t.interference_prompt_tokens, "tokens")
-    p90_long = check("prompt length p90", s.prompt_tokens.p90 if s.prompt_tokens else None, ">=",
-                     t.interference_long_prompt_tokens, "tokens", "one request in ten brings a prompt this long")
+    ratio_verdict = decided(*s.itl_ratio_bounds, ">=", t.itl_ratio) if s.itl_ratio_bounds else ratio.met
+    ratio.met = bool(ratio_verdict)
+    tail, tail_verdict = check_quantile("ITL p99", s.itl, "p99", ">=", t.itl_p99_seconds, "s")
+    mean_long = check("mean prompt length", prompt_mean, ">=", t.interference_prompt_tokens, "tokens",
+                      s.prompt_mean_source or "")
+    p90_long, p90_verdict = check_quantile("prompt length p90", s.prompt_tokens, "p90", ">=",
+                                           t.interference_long_prompt_tokens, "tokens",
+                                           "one request in ten brings a prompt this long")
     long_prompts = mean_long if mean_long.met or not p90_long.met else p90_long
-    context = [long_prompts, check("mean running requests", s.running_mean, ">=", t.interference_running)]
-    if not ((stall.met or (ratio.met and tail.met)) and all(c.met for c in context)):
+    running = check("mean running requests", s.running_mean, ">=", t.interference_running)
+    context = [long_prompts, running]
+    stalling = True if stall.met else _all(ratio_verdict, tail_verdict)
+    prompts_long = True if mean_long.met else p90_verdict
+    verdict = _all(stalling, prompts_long, running.met)
+    if verdict is None:  # no condition fails, one cannot be decided: not judged rather than "no"
+        reasons = [undecided_reason(e) for e, v in ((tail, tail_verdict), (p90_long, p90_verdict))
+                   if v is None and e.interval]
+        if ratio_verdict is None and s.itl_ratio_bounds is not None and not stall.met:
+            low, high = s.itl_ratio_bounds
+            reasons.append(f"ITL p99/p50 is between {low:.2f} and {high:.2f} over the buckets that hold them; "
+                           f"the limit {t.itl_ratio:g} is inside that range")
+        raise NotJudged("; ".join(reasons) or "a threshold lies inside a bucket")
+    if not verdict:
         return None
     conditions = ([stall] if stall.met else [ratio, tail]) + context
     prefill_mean = s.prefill_time.mean if s.prefill_time else None
     alternatives = [info(e.name, e.value, e.unit, f"alternative condition {e.op} {e.threshold}, not needed")
                     for e in (stall, ratio, tail, mean_long, p90_long) if e not in conditions]
     evidence = conditions + alternatives + [
-        info("ITL p50", s.itl.p50 if s.itl else None, "s"),
+        quantile_info("ITL p50", s.itl, "p50"),
         info("mean prefill time", prefill_mean, "s", "an ITL spike of about this size = one whole prefill"),
         info("largest engine step", s.max_step_tokens, "tokens", "upper bucket bound of iteration_tokens"),
         info("running requests (mean)", s.running_mean),

@@ -16,7 +16,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, probe_evidence, remedies
+from app.diagnosis.rules.base import (
+    Need,
+    Rule,
+    check,
+    confidence,
+    info,
+    probe_evidence,
+    quantile_info,
+    remedies,
+)
 from app.diagnosis.signals import Signals
 from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
@@ -36,7 +45,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     how = "estimated: mean waiting requests / first tokens per second (Little's law); this engine exports " \
           "no queue-time histogram" if estimated else ""
     conditions = [
-        check("queue share of TTFT", share, ">=", t.queue_share, "ratio", "at most 1" if estimated else ""),
+        check("queue share of TTFT", share, ">=", t.queue_share, "ratio",
+              "at most 1" if estimated else s.share_notes.get("queue_share", "")),
         check("mean queue time", queue_mean, ">=", t.queue_seconds, "s", how),
         check("mean waiting requests", s.waiting_mean, ">=", t.queue_waiting),
     ]
@@ -44,7 +54,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         return None
     evidence = conditions + [
         info("TTFT mean", s.ttft.mean if s.ttft else None, "s", "derived: queue + prefill" if s.ttft_derived else ""),
-        info("TTFT p99", s.ttft.p99 if s.ttft else None, "s"),
+        quantile_info("TTFT p99", s.ttft, "p99"),
         info("running requests (mean / max)", f"{s.running_mean or 0:.1f} / {s.running_max or 0:.0f}"),
         info("waiting requests (max)", s.waiting_max),
         info("KV-cache usage (max)", s.kv_usage_max, "%"),

@@ -33,7 +33,7 @@ def _offload_gb(s: Signals) -> float:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     offload_gb = _offload_gb(s)
     sleeping = s.config.get("sleep_state") == "weights_offloaded"
-    itl_small = s.itl_low_batch if s.itl_low_batch is not None else (s.itl.p50 if s.itl else None)
+    itl_small = s.itl_typical  # exact means, not a p50 interpolated inside a coarse bucket
     conditions = []
     if s.decode_floor_seconds is not None:
         conditions.append(check("ITL / decode floor", s.itl_over_floor, ">=", t.offload_floor_ratio, "ratio",
@@ -43,7 +43,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         return None  # neither a floor to compare with nor a config that says so: stay quiet
     if conditions and not all(c.met for c in conditions):
         return None
-    conditions.append(check("slow decode (ITL at small batch or p50)", itl_small, ">=", t.slow_itl_seconds, "s"))
+    conditions.append(check(f"slow decode ({s.itl_typical_name})", itl_small, ">=", t.slow_itl_seconds, "s"))
     if not conditions[-1].met:
         return None
     evidence = conditions + [

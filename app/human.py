@@ -1,0 +1,131 @@
+"""Numbers as people read them: a quantile no more precise than its bucket, an estimate marked.
+
+The JSON answers keep every number exactly as computed (plus its bucket interval and an
+``estimate`` marker); the CLI, the status page and the alert annotations spell them with
+these functions, so all three say the same thing:
+
+* a quantile that lies in the lowest bucket is "< <bound>": ``histogram_quantile`` then
+  interpolates between 0 and the bound, and "150 ms" for a queue histogram whose lowest
+  bucket is 0.3 s would claim a precision the buckets do not have (the mean may be 0.5 ms);
+* a quantile in the +Inf bucket is "> <largest finite bound>" (Prometheus answers that
+  bound itself, whatever the observations were);
+* any other quantile is its interpolated value (its bucket is in the JSON and the page's
+  tooltip);
+* a count extrapolated like Prometheus' ``increase`` is "≈136", not "135.75441489463694".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["seconds", "bound", "quantile", "interval", "bounded", "count", "summary_quantile", "summary_bucket",
+           "ESTIMATE_NOTE"]
+
+#: What ``≈`` in front of a count means, for tooltips and footnotes.
+ESTIMATE_NOTE = ("estimate: the increase of the counter extrapolated to the window's edges, as Prometheus' "
+                 "increase() does")
+
+
+def seconds(value: float | None) -> str:
+    """``17.7 ms``, ``15.00 s``; ``–`` for no value (the status page's and the evidence's spelling)."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if abs(value) < 1:
+        return f"{value * 1000:.1f} ms"
+    return f"{value:.2f} s"
+
+
+def _plain(value: float | None, unit: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "–"
+    if unit == "s":
+        return seconds(value)
+    text = f"{value:,.0f}" if value != 0 and abs(value) >= 1000 else f"{value:.3g}"
+    return f"{text} {unit}" if unit else text
+
+
+def bound(value: float, unit: str = "s") -> str:
+    """A bucket bound as written in the engine's histogram: ``0.3 s``, ``2048 tokens``."""
+    if unit == "s":
+        return f"{value:g} s"
+    return f"{value:g} {unit}" if unit else f"{value:g}"
+
+
+def quantile(value: float | None, bucket: Sequence[float | None] | None, unit: str = "s") -> str:
+    """A quantile for people: ``< 0.3 s`` in the lowest bucket, ``> 60 s`` in the +Inf
+    bucket, else the interpolated value (``unit`` "s" for seconds, "tokens", or "")."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    if bucket is not None and len(bucket) == 2:
+        lower, upper = bucket
+        if upper is None or (isinstance(upper, float) and math.isinf(upper)):
+            return f"> {bound(float(lower if lower is not None else value), unit)}"
+        if lower is not None and lower <= 0 < upper:
+            return f"< {bound(float(upper), unit)}"
+    return _plain(value, unit)
+
+
+def interval(bucket: Sequence[float | None] | None, unit: str = "s") -> str:
+    """The bucket itself: ``0 – 0.3 s``, ``2.5 s – +Inf``; empty without one."""
+    if bucket is None or len(bucket) != 2:
+        return ""
+    lower, upper = bucket
+    low = "-Inf" if lower is None or math.isinf(lower) else f"{lower:g}"
+    high = "+Inf" if upper is None or math.isinf(upper) else f"{upper:g}"
+    suffix = " s" if unit == "s" else (f" {unit}" if unit else "")
+    return f"{low} – {high}{suffix}"
+
+
+def count(value: float | None, estimate: bool = True) -> str:
+    """``≈136`` for an extrapolated count, ``136`` for an exact one, ``–`` for none."""
+    if value is None or not math.isfinite(value):
+        return "–"
+    text = f"{round(value):,}"
+    return f"≈{text}" if estimate and value != 0 else text
+
+
+def bounded(bucket: Sequence[float | None] | None, unit: str = "s") -> str:
+    """A derived quantile known only as a bound: ``0.30 s – 1.20 s``, ``≥ 0.30 s`` when open above."""
+    if bucket is None or len(bucket) != 2 or bucket[0] is None:
+        return "–"
+    lower, upper = float(bucket[0]), bucket[1]
+    if upper is None or math.isinf(upper):
+        return f"≥ {_plain(lower, unit)}"
+    return f"{_plain(lower, unit)} – {_plain(float(upper), unit)}"
+
+
+def _field(summary: object, name: str) -> object:
+    """A field of a summary given as an object (:class:`app.latency.SignalSummary`) or its JSON form."""
+    if summary is None:
+        return None
+    if isinstance(summary, dict):
+        return summary.get(name)
+    return getattr(summary, name, None)
+
+
+def summary_quantile(summary: object, key: str, unit: str = "s") -> str:
+    """Quantile ``key`` of a summary (object or JSON) for people: with its bucket (:func:`quantile`),
+    or, for a derived signal without quantiles, its bound (:func:`bounded`)."""
+    value = _field(summary, key)
+    intervals = _field(summary, "intervals") or {}
+    assert isinstance(intervals, dict)
+    if value is None:
+        bounds = _field(summary, "bounds") or {}
+        assert isinstance(bounds, dict)
+        return bounded(bounds.get(key), unit) if key in bounds else "–"
+    assert isinstance(value, (int, float))
+    return quantile(float(value), intervals.get(key), unit)
+
+
+def summary_bucket(summary: object, key: str, unit: str = "s") -> str:
+    """A tooltip for quantile ``key``: which bucket holds it, or how a derived bound was made."""
+    intervals = _field(summary, "intervals") or {}
+    assert isinstance(intervals, dict)
+    if key in intervals:
+        return f"interpolated inside the bucket {interval(intervals[key], unit)}"
+    bounds = _field(summary, "bounds") or {}
+    assert isinstance(bounds, dict)
+    if key in bounds:
+        return f"derived: the true {key} lies in {bounded(bounds[key], unit)} (quantiles do not add)"
+    return ""
