@@ -21,7 +21,7 @@ from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, 
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import repository
 from app.store.repository import SeriesRef
-from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+from app.window import RANK_GAUGES, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +121,7 @@ def _model_window(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
         window.histograms[signal] = loaded.merged(start, end, signal, model)
     gauges: dict[str, list[GaugeStats]] = defaultdict(list)
     rates: dict[str, float] = {}
+    by_rank: dict[str, dict[str, float]] = defaultdict(dict)
     for s in scalar_series:
         if model is not None and s.model != model:
             continue
@@ -132,8 +133,12 @@ def _model_window(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
         elif pts:
             values = [v for _, v in pts]
             gauges[s.signal].append(GaugeStats(values[-1], sum(values) / len(values), max(values)))
+            if s.signal in RANK_GAUGES:
+                by_rank[s.rank][s.signal] = by_rank[s.rank].get(s.signal, 0.0) + sum(values) / len(values)
     window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
     window.rates = rates
+    if len(by_rank) > 1:
+        window.ranks = dict(sorted(by_rank.items()))
     return window
 
 

@@ -20,6 +20,7 @@ from app import quantiles
 from app.latency import series_point
 from app.promql import parse_selector
 from app.promsource.queries import (
+    COUNTER_FAMILIES,
     FAMILY_LABEL,
     GAUGE_FAMILIES,
     HISTOGRAM_FAMILIES,
@@ -137,11 +138,11 @@ class SourceReader:
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
         jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS]
-        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS]
+        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20)
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         if diagnosis:
-            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos())]
+            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos()), ("ranks", "", q.rank_gauges(w))]
             if w >= 2 * step:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
@@ -190,6 +191,11 @@ class SourceReader:
             elif kind == "tgi_kv":
                 for key, kv in self._tgi_kv(answer.data).items():
                     model(key, "").gauges.setdefault("kv_usage", kv)
+            elif kind == "ranks":
+                for key, by_model in self._ranks(answer.data).items():
+                    for name, ranks in by_model.items():
+                        if len(ranks) > 1 and name in window(key).models:
+                            model(key, name).ranks = dict(sorted(ranks.items()))
             elif kind == "infos":
                 for key, infos in self._infos(answer.data).items():
                     window(key).infos = infos
@@ -238,6 +244,27 @@ class SourceReader:
             sub = sample.labels.get(sub_label, "") if sub_label else ""
             per_model.setdefault(sample.labels.get(MODEL_LABEL, ""), {})[sub] = sample.value
         return {key: _first_family(by_family) for key, by_family in grouped.items()}
+
+    def _ranks(self, samples: Sequence[_Sample]) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
+        """target -> model -> rank -> {gauge signal: mean}, from the first family per signal and target."""
+        # target -> signal -> family -> model -> rank -> value
+        grouped: dict[TargetKey, dict[str, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
+        for sample in samples:
+            family = int(sample.labels.get(FAMILY_LABEL, "0"))
+            signal = sample.labels.get(STAT_LABEL, "")
+            rank = sample.labels.get("engine", sample.labels.get("dp_rank", "")) or "0"
+            per_family = grouped[_key(sample.labels, self.target_labels)].setdefault(signal, {})
+            per_family.setdefault(family, {}).setdefault(sample.labels.get(MODEL_LABEL, ""), {})[rank] = sample.value
+        out: dict[TargetKey, dict[str, dict[str, dict[str, float]]]] = {}
+        for key, by_signal in grouped.items():
+            per_model: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+            for signal, by_family in by_signal.items():
+                for model_name, ranks in _first_family(by_family).items():
+                    for rank, value in ranks.items():
+                        if not math.isnan(value):
+                            per_model[model_name][rank][signal] = value
+            out[key] = {m: dict(r) for m, r in per_model.items()}
+        return out
 
     def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
         used: dict[TargetKey, dict[float, float]] = {}
