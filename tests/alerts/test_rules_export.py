@@ -484,7 +484,8 @@ def test_unit_tests_cover_every_alert_firing() -> None:
                 fired |= {alert["exp_labels"]["alertname"] for alert in check["exp_alerts"]}
     assert fired == {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
-                     "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded"}
+                     "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencyKVTransfer",
+                     "LLMLatencySpeculationIneffective", "LLMLatencyFrontendBound"}
     sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
     assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
     in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
