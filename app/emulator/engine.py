@@ -68,8 +68,9 @@ class EngineConfig:
     num_speculative_tokens: int = 0
     spec_acceptance: float = 0.0
     #: P/D disaggregation, this engine the decode worker: the prompt's KV cache crosses a link of this
-    #: many Gbit/s (plus 2 ms setup) before the request joins the queue (None: not disaggregated). The
-    #: emulated worker still prefills the prompt itself (tens of ms for chat prompts).
+    #: many Gbit/s (plus 2 ms setup) before the request joins the queue (None: not disaggregated); the
+    #: worker then computes only the prompt's last token (a failed transfer: the whole prompt, as vLLM's
+    #: recompute policy does).
     kv_transfer_gbps: float | None = None
     kv_transfer_failure_rate: float = 0.0
     #: data-parallel ranks of the engine; the emulator serves every request on rank 0 (a router that pins
@@ -351,18 +352,23 @@ class Engine:
         hit = 0
         if p is not None:
             hit = min(p.blocks * kv.block_size, ((req.num_tokens - 1) // kv.block_size) * kv.block_size)
-        n_new = req.num_tokens - hit
+        # P/D decode worker: the prompt's KV arrived from the prefill worker (all but the last token
+        # is computed); a failed transfer, or a preempted request, computes it here (vLLM's recompute)
+        remote = req.prompt_len - 1 if req.kv_transfer_s and not req.kv_transfer_failed \
+            and not req.num_preemptions else 0
+        base = max(hit, remote)
+        n_new = req.num_tokens - base
         if whole and n_new > budget:
             return 0
         n_new = min(n_new, budget)
         hit_blocks = hit // kv.block_size
-        need = ceil_div(hit + n_new, kv.block_size) - hit_blocks
+        need = ceil_div(base + n_new, kv.block_size) - hit_blocks
         extra = p.blocks if (p is not None and hit_blocks and p.refs == 0) else 0
         if need + extra + reserve > kv.free:
             return 0
         if hit_blocks:
             kv.reference(req, p, hit_blocks)
-        req.num_computed = hit
+        req.num_computed = base
         kv.allocate(req, need)
         first = req.first_scheduled is None
         if kv.prefix_caching:

@@ -258,8 +258,8 @@ def _kv_transfer() -> Scenario:
     transfers fell back to TCP over a shared 5 Gbit/s path: RAG prompts of ~2k tokens (256 MB of KV
     each) take ~0.45 s to arrive, 2 % of transfers fail. 3 req/s. Signature:
     ``vllm:nixl_xfer_time_seconds`` mean ~0.45 s, about half of TTFT (~0.9 s), failed
-    transfers ~2 %; no queue (the worker is lightly loaded), prefill ~0.1 s (the emulated
-    worker still prefills the prompt itself), ITL normal."""
+    transfers ~2 % (those prompts are recomputed on the decode worker); no queue, the first
+    step short (the worker computes only the prompt's last token), ITL normal."""
     stream = _chat(rate=3.0, prompt=L.lognormal(2000, 0.3, 500, 6000), output=L.lognormal(150, 0.5, 8, 1000),
                    prefix_share=0.0)
     cfg = EngineConfig(kv_transfer_gbps=5.0, kv_transfer_failure_rate=0.02)
