@@ -264,7 +264,9 @@ def _kv_transfer() -> Scenario:
                    prefix_share=0.0)
     cfg = EngineConfig(kv_transfer_gbps=5.0, kv_transfer_failure_rate=0.02)
     return Scenario("kv_transfer", _a100_8b(), cfg, (stream,), "kv_transfer",
-                    "8B P/D decode worker, KV over 5 Gbit/s TCP", LLAMA_8B, {})
+                    "8B P/D decode worker, KV over 5 Gbit/s TCP", LLAMA_8B,
+                    {"kv_transfer_mean_min": 0.3, "kv_transfer_share_min": 0.6, "kv_transfer_failed_share_min": 0.01,
+                     "queue_share_max": 0.2})
 
 
 @scenario
@@ -277,7 +279,8 @@ def _speculation_ineffective() -> Scenario:
                            output=L.lognormal(250, 0.4, 16, 1500), max_tokens=2048)
     cfg = EngineConfig(num_speculative_tokens=5, spec_acceptance=0.1)
     return Scenario("speculation_ineffective", _a100_8b(), cfg, (stream,), "speculation_ineffective",
-                    "8B on A100, 5 draft tokens per step, ~2 % accepted", LLAMA_8B, {})
+                    "8B on A100, 5 draft tokens per step, ~2 % accepted", LLAMA_8B,
+                    {"spec_accept_rate_max": 0.05, "spec_accept_length_max": 1.2, "queue_mean_max": 0.05})
 
 
 @scenario
@@ -300,4 +303,5 @@ def _frontend_bound() -> Scenario:
     prefill short, ITL normal."""
     cfg = EngineConfig(render_seconds=0.3)
     return Scenario("frontend_bound", _a100_8b(), cfg, (_chat(),), "frontend_bound",
-                    "8B on A100, 0.3 s of front-end preprocessing per request", LLAMA_8B, {})
+                    "8B on A100, 0.3 s of front-end preprocessing per request", LLAMA_8B,
+                    {"render_mean_min": 0.25, "render_share_min": 0.6, "queue_mean_max": 0.05})
