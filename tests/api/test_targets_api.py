@@ -258,3 +258,8 @@ def test_a_pd_decode_worker_gets_its_ttft_split_across_the_prefill_worker(servic
         pytest.approx([0.2, 0.2, 0.3, 0.05, 0.05])
     assert split["ttft_mean"] == pytest.approx(0.8) and "means add" in split["note"]
     assert "disaggregation" not in service.client.get("/api/v1/targets/p/latency", params=params).json()
+    # the status page shows the same split
+    page = service.client.get("/targets/d", params={"window": "5m", "end": params["end"]}).text
+    row = page[page.index('data-part="kv_transfer"'):]
+    assert 'data-part="ttft_mean"' in page and 'href="/targets/p"' in page
+    assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(0.3)
