@@ -33,6 +33,7 @@ TTFT of 1 s is seen by an HTTP client after 0.1 s):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -344,7 +345,7 @@ class VllmExporter:
             self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens", token_buckets)
         self._cache_info_labels: dict[str, str] | None = None
         self._lv = lv
-        self._features: dict[str, object] = {}  # families of optional features, created when first enabled
+        self._features: dict[str, Any] = {}  # families of optional features, created when first enabled
         self._spec_carry = 0.0  # fractional accepted tokens not yet counted
         self.on_config(deployment, config, num_gpu_blocks)
 

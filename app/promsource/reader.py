@@ -192,8 +192,8 @@ class SourceReader:
                 for key, kv in self._tgi_kv(answer.data).items():
                     model(key, "").gauges.setdefault("kv_usage", kv)
             elif kind == "ranks":
-                for key, by_model in self._ranks(answer.data).items():
-                    for name, ranks in by_model.items():
+                for key, rank_models in self._ranks(answer.data).items():
+                    for name, ranks in rank_models.items():
                         if len(ranks) > 1 and name in window(key).models:
                             model(key, name).ranks = dict(sorted(ranks.items()))
             elif kind == "infos":

@@ -248,7 +248,8 @@ def test_kv_transfer_fires_on_slow_transfers_with_the_role_and_share() -> None:
 def test_kv_transfer_fires_on_failures_alone_and_is_critical_past_ten_percent() -> None:
     from app.diagnosis.rules import kv_transfer
 
-    base = dict(kv_transfer=summary(0.003, 0.004, 0.003, 200), kv_transfer_share=0.06, kv_transfers_per_second=200 / 120)
+    base = dict(kv_transfer=summary(0.003, 0.004, 0.003, 200), kv_transfer_share=0.06,
+                kv_transfers_per_second=200 / 120)
     quiet = kv_transfer.evaluate(healthy_signals(**base, kv_transfer_failures_per_second=1 / 120,
                                                  kv_transfer_failure_share=1 / 201), T)
     assert quiet is None  # 0.5 % failed: below 1 %
@@ -329,7 +330,8 @@ def test_dp_imbalance_is_the_cause_of_the_queueing_it_produces() -> None:
 def test_frontend_bound_fires_when_rendering_dominates_ttft() -> None:
     from app.diagnosis.rules import frontend_bound
 
-    s = healthy_signals(render=summary(0.4, 0.9, 0.45, 300), render_share=0.45 / 0.55, ttft=summary(0.5, 1.0, 0.55, 300))
+    s = healthy_signals(render=summary(0.4, 0.9, 0.45, 300), render_share=0.45 / 0.55,
+                        ttft=summary(0.5, 1.0, 0.55, 300))
     f = frontend_bound.evaluate(s, T)
     assert f is not None and f.severity == "warning"
     assert evidence(f, "render share of TTFT").value == pytest.approx(0.818, abs=1e-3)

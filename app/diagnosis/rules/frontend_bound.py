@@ -57,8 +57,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Pre-tokenize on the client (input_ids) and resize images before sending.",
     ]
     tgi = ["Raise --tokenizer-workers (or the router's validation workers) and pre-tokenize long prompts."]
-    severity = "critical" if s.render.mean is not None and s.render.mean >= t.render_critical_factor * t.render_seconds \
-        else "warning"
+    critical = s.render.mean is not None and s.render.mean >= t.render_critical_factor * t.render_seconds
+    severity = "critical" if critical else "warning"
     return Finding("frontend_bound", severity, confidence(conditions, s.render.count, 4 * t.min_requests),
                    f"Requests spend {s.render.mean:.3f} s being rendered (chat template, tokenization, "
                    f"preprocessing) before the engine sees them, {s.render_share:.0%} of TTFT.",

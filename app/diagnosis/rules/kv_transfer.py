@@ -84,7 +84,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         summary = f"{s.kv_transfer_failure_share:.1%} of KV transfers fail ({failed:.0f} in the window)."
     return Finding("kv_transfer", "critical" if critical else "warning",
                    confidence(conditions, completed + failed, 4 * t.kv_transfer_min_transfers),
-                   summary + f" Worker role: {s.pd_role or 'unknown'}.", evidence, remedies(s.engine, vllm, tgi, sglang))
+                   summary + f" Worker role: {s.pd_role or 'unknown'}.", evidence,
+                   remedies(s.engine, vllm, tgi, sglang))
 
 
 def promql(x: RegimeAlerts) -> None:
