@@ -137,7 +137,8 @@ class SourceReader:
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
-        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS]
+        # a signal no engine's adapter maps yet has no query (and costs none)
+        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20)
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
