@@ -220,7 +220,22 @@ class Monitor:
         await self.discovery.close()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
+        await self._wait_for_connections_returned()
         self.engine.dispose()
+
+    async def _wait_for_connections_returned(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) until worker threads that are still finishing a round, a delivery or a
+        write have returned their database connections. ``Engine.dispose`` closes only the
+        connections in the pool; one returned after it goes back to a pool nobody closes and
+        is left open until the garbage collector finds it."""
+        checked_out = getattr(self.engine.pool, "checkedout", None)
+        if checked_out is None:
+            return
+        deadline = time.monotonic() + timeout
+        while checked_out() > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if checked_out() > 0:
+            log.warning("stopping with %d database connections still in use", checked_out())
 
 
 @asynccontextmanager
