@@ -110,7 +110,7 @@ class Thresholds(BaseModel):
     kv_transfer_seconds: float = Field(0.1, description="... and mean KV transfer time at or above this (seconds) ...")
     kv_transfer_failure_share: float = Field(0.01, description="... or failed transfers / all transfers at or above "
                                                                "this.")
-    kv_transfer_min_transfers: float = Field(5, description="Transfers (completed + failed) needed in the window.")
+    kv_transfer_min_transfers: float = Field(10, description="Transfers (completed + failed) needed in the window.")
     kv_transfer_critical_failure_share: float = Field(0.1, description="Critical when the failed share of transfers "
                                                                        "is at or above this ...")
     kv_transfer_critical_share: float = Field(0.6, description="... or the transfer share of TTFT at or above this.")
@@ -121,7 +121,7 @@ class Thresholds(BaseModel):
     spec_accept_length: float = Field(1.5, description="... or mean tokens per verification step (1 + accepted / "
                                                        "drafts) at or below this: the draft and verify cost of a "
                                                        "step (~30-50 % for a draft model) eats the gain.")
-    spec_min_drafts: float = Field(50, description="Verification steps with a draft needed in the window.")
+    spec_min_drafts: float = Field(100, description="Verification steps with a draft needed in the window.")
     spec_critical_accept_length: float = Field(1.1, description="Critical when mean tokens per verification step "
                                                                 "is at or below this (drafts almost never accepted).")
 
