@@ -160,6 +160,10 @@ CUSTOM_THRESHOLDS = {
     "interference_long_prompt_tokens": 2444, "interference_running": 3,
     "slow_itl_seconds": 0.0333, "low_batch_running": 9, "floor_ratio_max": 2.2, "steady_itl_ratio": 2.7,
     "kv_usage": 0.88, "preemptions_per_second": 0.02, "offload_floor_ratio": 4.5,
+    "kv_transfer_share": 0.33, "kv_transfer_seconds": 0.122, "kv_transfer_failure_share": 0.013,
+    "kv_transfer_min_transfers": 12, "spec_accept_rate": 0.31, "spec_accept_length": 1.45, "spec_min_drafts": 111,
+    "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
+    "spec_critical_accept_length": 1.12,
 }
 
 
