@@ -22,7 +22,7 @@ from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, 
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import levels, repository
 from app.store.repository import SeriesRef
-from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+from app.window import RANK_GAUGES, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 
 def _bucket_json(bucket: tuple[float, float]) -> list[float | None]:
@@ -206,6 +206,7 @@ def _model_window(stored: StoredWindows, start: float, end: float, model: str | 
         window.histograms[signal] = stored.merged(start, end, signal, model)
     gauges: dict[str, list[GaugeStats]] = defaultdict(list)
     rates: dict[str, float] = {}
+    by_rank: dict[str, dict[str, float]] = defaultdict(dict)
     for s in stored.series:
         if s.kind == "histogram" or (model is not None and s.model != model):
             continue
@@ -217,8 +218,12 @@ def _model_window(stored: StoredWindows, start: float, end: float, model: str | 
             stats = stored.gauge(s, start, end)
             if stats is not None:
                 gauges[s.signal].append(stats)
+                if s.signal in RANK_GAUGES:
+                    by_rank[s.rank][s.signal] = by_rank[s.rank].get(s.signal, 0.0) + stats.mean
     window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
     window.rates = rates
+    if len(by_rank) > 1:
+        window.ranks = dict(sorted(by_rank.items()))
     return window
 
 
@@ -392,3 +397,25 @@ def series_point(t: float, merged: WindowHistogram | None, q: float | None) -> d
             result = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
             value = None if math.isnan(result) else result
     return {"ts": t, "value": value, "count": None if merged is None else merged.count}
+
+
+PD_PREFILL_LABEL = "llm_latency_prefill_target"  # on a decode worker's target: the name of its prefill worker
+PD_NOTE = ("means over the window, each from the requests its stage finished in it (the prefill and decode "
+           "workers see the same requests at different times); means add, quantiles do not")
+
+
+def pd_split(decode: dict, prefill: dict, prefill_target: str) -> dict:
+    """A disaggregated request's TTFT assembled from the latency answers of its decode and prefill
+    workers: prefill queue + prefill (prefill worker) + KV transfer + decode queue + first step
+    (decode worker: first scheduled -> first token). Means, which add; a stage without data is null
+    and so is the total."""
+
+    def mean(report: dict, signal: str) -> float | None:
+        return (report.get(signal) or {}).get("mean")
+
+    parts = {"prefill_queue": mean(prefill, "queue_time"), "prefill": mean(prefill, "prefill_time"),
+             "kv_transfer": mean(decode, "kv_transfer_time"), "decode_queue": mean(decode, "queue_time"),
+             "first_step": mean(decode, "prefill_time")}
+    values = list(parts.values())
+    total = None if any(v is None for v in values) else sum(v for v in values if v is not None)
+    return {"prefill_target": prefill_target, **parts, "ttft_mean": total, "note": PD_NOTE}

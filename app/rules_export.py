@@ -311,6 +311,12 @@ TRTLLM = Engine(
 )
 
 ENGINES = (VLLM, TGI, SGLANG, TRTLLM)
+#: vLLM families read only by the newer regimes (kv_transfer, speculation_ineffective, frontend_bound)
+VLLM_EXTRAS = {"kv_transfer": "vllm:nixl_xfer_time_seconds", "kv_failed": "vllm:nixl_num_failed_transfers_total",
+               "spec_drafts": "vllm:spec_decode_num_drafts_total",
+               "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+               "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
+               "render": "vllm:request_render_duration_seconds"}
 SLO_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E latency", "queue_time": "queue time",
              "prefill_time": "prefill time", "decode_time": "decode time"}
 
@@ -455,6 +461,39 @@ class _Group:
         out["requests"] = self.requests(w)
         if e.supports("itl"):
             out["steps"] = self.decode_steps(w)
+        if self.engine.name == "vllm":
+            out.update(self.vllm_extras(w))
+        return out
+
+    def ratio_of_rates(self, what: str, numerator: str, denominator: str, w: str) -> str:
+        return self.record(self.rec(what, "ratio", w), f"{self.sum_rate(numerator, '', w)}\n/\n"
+                                                       f"({self.sum_rate(denominator, '', w)} > 0)")
+
+    def vllm_extras(self, w: str) -> dict[str, str | None]:
+        """vLLM's KV-transfer (NIXL), speculative-decoding and front-end families, recorded for the
+        regimes that read them (each exists only when the feature is on)."""
+        out: dict[str, str | None] = {}
+        xfer, render = VLLM_EXTRAS["kv_transfer"], VLLM_EXTRAS["render"]
+        out["kv_transfer_mean"] = mean = self.ratio_of_rates("kv_transfer_seconds_mean", xfer + "_sum",
+                                                             xfer + "_count", w)
+        out["kv_transfer_share"] = self.share("kv_transfer", mean, w)
+        out["kv_transfers"] = self.record(self.rec("kv_transfers", "increase", w),
+                                          self.sum_rate(xfer + "_count", "", w, "increase"))
+        failed = self.sum_rate(VLLM_EXTRAS["kv_failed"], "", w)
+        out["kv_transfer_failure_share"] = self.record(
+            self.rec("kv_transfer_failure_share", "ratio", w),
+            f"{failed}\n/\n(({failed} + {self.sum_rate(xfer + '_count', '', w)}) > 0)")
+        out["spec_accept_rate"] = self.ratio_of_rates("spec_accept_rate", VLLM_EXTRAS["spec_accepted"],
+                                                      VLLM_EXTRAS["spec_draft_tokens"], w)
+        out["spec_accept_length"] = self.record(
+            self.rec("spec_accept_length", "mean", w),
+            f"1 + {self.sum_rate(VLLM_EXTRAS['spec_accepted'], '', w)}\n/\n"
+            f"({self.sum_rate(VLLM_EXTRAS['spec_drafts'], '', w)} > 0)")
+        out["spec_drafts"] = self.record(self.rec("spec_drafts", "increase", w),
+                                         self.sum_rate(VLLM_EXTRAS["spec_drafts"], "", w, "increase"))
+        out["render_mean"] = render_mean = self.ratio_of_rates("render_seconds_mean", render + "_sum",
+                                                               render + "_count", w)
+        out["render_share"] = self.share("render", render_mean, w)
         return out
 
 

@@ -119,6 +119,43 @@ class Thresholds(BaseModel):
                                                                    "replica count (the HPA's own default tolerance), "
                                                                    "so the signal does not flap around a boundary.")
 
+    # kv_transfer: P/D disaggregation, the KV cache moving from the prefill to the decode worker
+    # is a large part of TTFT, or fails. 0.1 s: a 2k-token prompt of an 8B model is ~260 MB of
+    # KV, ~10 ms over a 200 Gb/s RDMA link; 100 ms means a TCP fallback, a congested or
+    # cross-node path, or queued transfers.
+    kv_transfer_share: float = Field(0.3, description="Mean KV transfer time / mean TTFT at or above this ...")
+    kv_transfer_seconds: float = Field(0.1, description="... and mean KV transfer time at or above this (seconds) ...")
+    kv_transfer_failure_share: float = Field(0.01, description="... or failed transfers / all transfers at or above "
+                                                               "this.")
+    kv_transfer_min_transfers: float = Field(10, description="Transfers (completed + failed) needed in the window.")
+    kv_transfer_critical_failure_share: float = Field(0.1, description="Critical when the failed share of transfers "
+                                                                       "is at or above this ...")
+    kv_transfer_critical_share: float = Field(0.6, description="... or the transfer share of TTFT at or above this.")
+
+    # speculation_ineffective: the draft tokens are mostly rejected, so each verification step
+    # costs the draft and the wider verify but emits about one token, as without drafts
+    spec_accept_rate: float = Field(0.3, description="Accepted / proposed draft tokens at or below this ...")
+    spec_accept_length: float = Field(1.5, description="... or mean tokens per verification step (1 + accepted / "
+                                                       "drafts) at or below this: the draft and verify cost of a "
+                                                       "step (~30-50 % for a draft model) eats the gain.")
+    spec_min_drafts: float = Field(100, description="Verification steps with a draft needed in the window.")
+    spec_critical_accept_length: float = Field(1.1, description="Critical when mean tokens per verification step "
+                                                                "is at or below this (drafts almost never accepted).")
+
+    # dp_imbalance: the data-parallel ranks of one engine unevenly loaded; the replica_imbalance
+    # thresholds (imbalance_*) apply rank by rank
+    dp_token_imbalance_ratio: float = Field(2.0, description="Without per-rank gauges: the engine's own token "
+                                                             "imbalance ratio between ranks (SGLang DP attention) "
+                                                             "at or above this, with requests waiting "
+                                                             "(imbalance_waiting).")
+
+    # frontend_bound: chat template, tokenization and multimodal preprocessing before the
+    # engine sees the request (vLLM 0.34 render time) dominate TTFT
+    render_share: float = Field(0.3, description="Mean render time / mean TTFT at or above this ...")
+    render_seconds: float = Field(0.1, description="... and mean render time at or above this (seconds).")
+    render_critical_factor: float = Field(5.0, description="Critical when mean render time is at or above this "
+                                                           "multiple of render_seconds.")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

@@ -215,10 +215,26 @@ class DiscoveryOut(BaseModel):
 
 
 # Field order follows the bases from last to first: head, span, signals, then ``models``.
+class PdSplit(BaseModel):
+    """A prefill/decode-disaggregated request's TTFT assembled across its two workers, as means."""
+
+    prefill_target: str = Field(description="the prefill worker (the decode target's label "
+                                            "``llm_latency_prefill_target``)")
+    prefill_queue: float | None = Field(description="mean queue time on the prefill worker (s)")
+    prefill: float | None = Field(description="mean prefill time on the prefill worker (s)")
+    kv_transfer: float | None = Field(description="mean KV transfer time recorded by the decode worker (s)")
+    decode_queue: float | None = Field(description="mean queue time on the decode worker (s)")
+    first_step: float | None = Field(description="mean first scheduled -> first token on the decode worker (s)")
+    ttft_mean: float | None = Field(description="the sum of the five means (null when one is missing)")
+    note: str
+
+
 class TargetLatencyOut(SignalsLatency, LatencySpan, TargetLatencyHead):
     """``GET /api/v1/targets/{name}/latency``: the whole target, and per model."""
 
     models: dict[str, SignalsLatency] = Field(description="the same numbers per served model")
+    disaggregation: PdSplit | None = Field(None, description="a P/D decode worker: TTFT split across it and its "
+                                                             "prefill worker")
 
 
 class FleetLatencyOut(SignalsLatency, LatencySpan, FleetLatencyHead):

@@ -25,7 +25,7 @@ from app.sources.base import CanonicalInfo
 from app.window import ItlInterval, ModelWindow, TargetWindow
 
 DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
-                        "generation_tokens", "iteration_tokens")
+                        "generation_tokens", "iteration_tokens", "kv_transfer_time", "render_time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,25 @@ class Signals:
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or mean ITL) / floor
     replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
+    # P/D disaggregation: KV-cache transfers between prefill and decode workers
+    pd_role: str | None = None                # "prefill" | "decode" | "both", from config or metrics (_pd_role)
+    kv_transfer: LatencySummary | None = None
+    kv_transfer_share: float | None = None    # mean transfer / mean TTFT (bounded to 1)
+    kv_transfers_per_second: float | None = None
+    kv_transfer_failures_per_second: float | None = None
+    kv_transfer_failure_share: float | None = None  # failed / (failed + completed) transfers
+    # speculative decoding
+    spec_drafts: float | None = None          # verification steps with a draft in the window
+    spec_accept_rate: float | None = None     # accepted / proposed draft tokens
+    spec_accept_length: float | None = None   # tokens per verification step: 1 + accepted / drafts
+    spec_draft_length: float | None = None    # proposed draft tokens per draft (num_speculative_tokens)
+    # front end: chat template, tokenization, multimodal preprocessing
+    render: LatencySummary | None = None
+    render_share: float | None = None         # mean render / mean TTFT (bounded to 1)
+    # data-parallel ranks of this engine (more than one), busiest first
+    ranks: list[ReplicaLoad] = field(default_factory=list)
+    rank_kv_usage: dict[str, float] = field(default_factory=dict)  # rank -> mean KV usage
+    dp_token_imbalance_ratio: float | None = None  # the engine's own (SGLang DP attention), mean over the window
     probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
     probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
 
@@ -299,6 +318,11 @@ def from_window(window: TargetWindow, target: str, engine: str,
         _itl_by_batch(s, m.itl_intervals)
         s.replicas = _replicas(window, model)
         s.config = _config(window.infos, model)
+        s.kv_transfer, s.render = found.get("kv_transfer_time"), found.get("render_time")
+        _disaggregation(s, m, window.seconds)
+        _speculation(s, m, window.seconds)
+        s.render_share = _share(_mean(s.render), ttft_mean)
+        _ranks(s, m)
         if hardware is not None:
             s.hardware = hardware.describe()
             s.decode_floor_seconds = hardware.decode_floor_seconds
@@ -330,6 +354,66 @@ def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:
                                m.rates.get("requests_total"), quantiles.summarize(ttft).mean if ttft else None,
                                quantiles.summarize(queue).mean if queue else None))
     return sorted(out, key=lambda r: -r.load)
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    """``part / whole`` bounded to 1: a part measured over another request set (transfers,
+    renders) can exceed the TTFT mean of the requests that finished their prefill."""
+    ratio = _ratio(part, whole)
+    return None if ratio is None else min(1.0, ratio)
+
+
+def _pd_role(s: Signals, m: ModelWindow) -> str | None:
+    """The worker's part in prefill/decode disaggregation: from the engine's configuration when
+    it says (``kv_role``: kv_producer / kv_consumer / kv_both, SGLang's ``disaggregation_mode``),
+    else from its metrics: a worker that records KV transfers in (vLLM's NIXL connector times
+    the read on the decode side) is a decode worker."""
+    configured = s.config.get("kv_role") or s.config.get("disaggregation_mode")
+    if configured:
+        return {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "both"}.get(configured, configured)
+    if "kv_transfer_time" in m.histograms or "kv_transfers_total" in m.rates:
+        return "decode"
+    return None
+
+
+def _disaggregation(s: Signals, m: ModelWindow, seconds: float) -> None:
+    s.pd_role = _pd_role(s, m)
+    completed = m.rates.get("kv_transfers_total")
+    if completed is None and s.kv_transfer is not None and seconds > 0:
+        completed = s.kv_transfer.count / seconds
+    failed = m.rates.get("kv_transfer_failures_total")
+    s.kv_transfers_per_second, s.kv_transfer_failures_per_second = completed, failed
+    if failed is not None and (failed + (completed or 0.0)) > 0:
+        s.kv_transfer_failure_share = failed / (failed + (completed or 0.0))
+    s.kv_transfer_share = _share(_mean(s.kv_transfer), _mean(s.ttft))
+
+
+def _speculation(s: Signals, m: ModelWindow, seconds: float) -> None:
+    """Acceptance from the counters when the engine has them (vLLM: exact over the window),
+    else the engine's own gauges (SGLang), averaged over the window."""
+    drafts, proposed = m.rates.get("spec_drafts_total"), m.rates.get("spec_draft_tokens_total")
+    accepted = m.rates.get("spec_accepted_tokens_total")
+    if drafts is not None:
+        s.spec_drafts = drafts * seconds
+    if proposed and accepted is not None:
+        s.spec_accept_rate = accepted / proposed
+    elif "spec_accept_rate" in m.gauges:
+        s.spec_accept_rate = m.gauges["spec_accept_rate"].mean
+    if drafts and accepted is not None:
+        s.spec_accept_length = 1.0 + accepted / drafts
+        s.spec_draft_length = (proposed or 0.0) / drafts or None
+    elif "spec_accept_length" in m.gauges:
+        s.spec_accept_length = m.gauges["spec_accept_length"].mean
+
+
+def _ranks(s: Signals, m: ModelWindow) -> None:
+    """Each data-parallel rank's load (running + waiting, means over the window), busiest first."""
+    loads = [ReplicaLoad(rank, g.get("running", 0.0), g.get("waiting", 0.0), None, None, None)
+             for rank, g in m.ranks.items() if "running" in g]
+    s.ranks = sorted(loads, key=lambda r: -r.load) if len(loads) > 1 else []
+    s.rank_kv_usage = {rank: g["kv_usage"] for rank, g in m.ranks.items() if "kv_usage" in g}
+    ratio = m.gauges.get("dp_token_imbalance_ratio")
+    s.dp_token_imbalance_ratio = ratio.mean if ratio else None
 
 
 def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
@@ -381,9 +465,12 @@ def _config(infos: list[CanonicalInfo], model: str) -> dict[str, str]:
             continue
         if info.name == "cache_config":
             for key in ("enable_prefix_caching", "cpu_offload_gb", "block_size", "num_gpu_blocks", "cache_dtype",
-                        "kv_offloading_size"):
+                        "kv_offloading_size", "kv_role", "disaggregation_mode"):
                 if key in info.labels:
                     config[key] = info.labels[key]
         elif info.name == "sleep_state":
             config["sleep_state"] = info.labels.get("sleep_state", "")
+        for key in ("kv_role", "disaggregation_mode"):  # whichever info of an engine carries its P/D role
+            if info.labels.get(key):
+                config[key] = info.labels[key]
     return config

@@ -56,6 +56,26 @@ class EngineConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
+    # Serving features the newer regimes read (all off by default):
+    #: front-end preprocessing per request beyond tokenization (chat template, multimodal inputs), seconds;
+    #: the request reaches the engine's queue this much later (vLLM 0.34 ``request_render_duration_seconds``)
+    render_seconds: float = 0.0
+    #: speculative decoding: draft tokens proposed per decode step (``num_speculative_tokens``) and the
+    #: probability that each is accepted (position i is accepted with probability acceptance^i). The
+    #: verify cost (k more tokens per decode in the step) is physics; accepted tokens are counted in the
+    #: spec-decode metrics but a step still emits one token per request (the emulator does not shorten
+    #: outputs), which is what an ineffective drafter looks like.
+    num_speculative_tokens: int = 0
+    spec_acceptance: float = 0.0
+    #: P/D disaggregation, this engine the decode worker: the prompt's KV cache crosses a link of this
+    #: many Gbit/s (plus 2 ms setup) before the request joins the queue (None: not disaggregated); the
+    #: worker then computes only the prompt's last token (a failed transfer: the whole prompt, as vLLM's
+    #: recompute policy does).
+    kv_transfer_gbps: float | None = None
+    kv_transfer_failure_rate: float = 0.0
+    #: data-parallel ranks of the engine; the emulator serves every request on rank 0 (a router that pins
+    #: all traffic to one rank), the others idle
+    data_parallel_size: int = 1
 
     @property
     def token_budget(self) -> int:
@@ -86,6 +106,7 @@ class Request:
         "prefix_id", "prefix_len", "stream", "sink", "num_computed", "num_output", "first_scheduled",
         "first_token", "last_token", "num_preemptions", "cached_tokens", "shared_blocks",
         "private_blocks", "prefix_ref", "finished", "finish_reason", "finish_time", "http",
+        "frontend_s", "kv_transfer_s", "kv_transfer_failed",
     )
 
     def __init__(self, rid: str, arrival: float, queued: float, prompt_len: int, max_tokens: int,
@@ -118,6 +139,9 @@ class Request:
         self.finished = False
         self.finish_reason: str | None = None
         self.finish_time: float | None = None
+        self.frontend_s = queued - arrival  # tokenization + rendering before the engine sees it
+        self.kv_transfer_s = 0.0  # P/D: KV transfer before it joins the queue (part of queued - arrival)
+        self.kv_transfer_failed = False
 
     @property
     def num_tokens(self) -> int:
@@ -328,18 +352,23 @@ class Engine:
         hit = 0
         if p is not None:
             hit = min(p.blocks * kv.block_size, ((req.num_tokens - 1) // kv.block_size) * kv.block_size)
-        n_new = req.num_tokens - hit
+        # P/D decode worker: the prompt's KV arrived from the prefill worker (all but the last token
+        # is computed); a failed transfer, or a preempted request, computes it here (vLLM's recompute)
+        remote = req.prompt_len - 1 if req.kv_transfer_s and not req.kv_transfer_failed \
+            and not req.num_preemptions else 0
+        base = max(hit, remote)
+        n_new = req.num_tokens - base
         if whole and n_new > budget:
             return 0
         n_new = min(n_new, budget)
         hit_blocks = hit // kv.block_size
-        need = ceil_div(hit + n_new, kv.block_size) - hit_blocks
+        need = ceil_div(base + n_new, kv.block_size) - hit_blocks
         extra = p.blocks if (p is not None and hit_blocks and p.refs == 0) else 0
         if need + extra + reserve > kv.free:
             return 0
         if hit_blocks:
             kv.reference(req, p, hit_blocks)
-        req.num_computed = hit
+        req.num_computed = base
         kv.allocate(req, need)
         first = req.first_scheduled is None
         if kv.prefix_caching:
@@ -385,6 +414,13 @@ class Engine:
                 prefill_tokens += n
             if n == 1 and req.num_tokens - p > 1:  # a 1-token prefill chunk
                 prefill_tokens += 1
+        k = self.config.num_speculative_tokens
+        if k:  # verify k draft tokens per decode in the same forward pass
+            for req, n in entries:
+                if n == 1 and req.num_tokens - req.num_computed == 1:
+                    tokens += k
+                    kv_tokens += k
+                    pairs += k * (req.num_computed + 1) + k * (k + 1) / 2
         seconds = self.deployment.step_seconds(tokens, kv_tokens, pairs)
         return StepPlan(now, seconds, entries, tokens, kv_tokens, pairs, prefill_tokens, admitted,
                         stalled, len(self.running) - len(admitted))

@@ -46,6 +46,7 @@ those engines do:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -111,6 +112,10 @@ def observe_n(child, value: float, n: int) -> None:
             child._buckets[i].inc(n)
             break
 
+
+NIXL_XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]  # vLLM NixlPromMetrics
+RENDER_BUCKETS = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                  10]  # vllm/renderers/metrics.py (0.34)
 
 HELP = {
     "vllm:estimated_flops_per_gpu": "Estimated number of floating point operations per GPU "
@@ -272,8 +277,11 @@ class VllmExporter:
         def counter(name, extra=None, labelnames=ln):
             return Counter(name, HELP[name], labelnames + (extra or []), registry=reg)
 
+        self._gauges: dict[str, Gauge] = {}
+
         def gauge(name, extra=None):
-            return Gauge(name, HELP[name], ln + (extra or []), registry=reg)
+            family = self._gauges[name] = Gauge(name, HELP[name], ln + (extra or []), registry=reg)
+            return family
 
         def hist(name, buckets):
             return Histogram(name, HELP[name], ln, buckets=buckets, registry=reg).labels(*lv)
@@ -349,10 +357,58 @@ class VllmExporter:
             self.h_req_preempt = hist("vllm:request_num_preemptions", NUM_PREEMPTIONS_BUCKETS)
             self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens", token_buckets)
         self._cache_info_labels: dict[str, str] | None = None
+        self._lv = lv
+        self._features: dict[str, Any] = {}  # families of optional features, created when first enabled
+        self._spec_carry = 0.0  # fractional accepted tokens not yet counted
         self.on_config(deployment, config, num_gpu_blocks)
+
+    # ---- optional features (vLLM 0.34 names; each family appears once its feature is used) ---
+    def _feature(self, key: str, make):
+        found = self._features.get(key)
+        if found is None:
+            found = self._features[key] = make()
+        return found
+
+    def _enable_features(self, config: EngineConfig) -> None:
+        reg, lv, ln = self.registry, self._lv, ["model_name", "engine"]
+        if self.flavor != "vllm":
+            return
+        if config.kv_transfer_gbps is not None:
+            self._feature("nixl", lambda: (
+                Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+                          ln, buckets=NIXL_XFER_BUCKETS, registry=reg).labels(*lv),
+                Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", ln,
+                        registry=reg).labels(*lv)))
+        if config.num_speculative_tokens:
+            def spec():
+                names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                         "vllm:spec_decode_num_accepted_tokens")
+                return tuple(Counter(n, n.split(":")[1].replace("_", " "), ln, registry=reg).labels(*lv) for n in names)
+            self._feature("spec", spec)
+        for rank in range(1, config.data_parallel_size):
+            # idle data-parallel ranks: every request is served on rank 0
+            def idle(rank=str(rank)):
+                out = []
+                for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+                    child = self._gauges[name].labels(self.model_name, rank)
+                    child.set(0)
+                    out.append(child)
+                return out
+            self._feature(f"rank{rank}", idle)
+
+    def _render_histogram(self):
+        """``vllm:request_render_duration_seconds`` (0.34): labels model_name, request_type; registered
+        lazily, on the first request, as vLLM does."""
+        return self._feature("render", lambda: Histogram(
+            "vllm:request_render_duration_seconds",
+            "Time spent rendering a request, including chat templating, tokenization, and multimodal preprocessing.",
+            ["model_name", "request_type"], buckets=RENDER_BUCKETS, registry=self.registry).labels(self.model_name,
+                                                                                                   "chat"))
 
     # ---- configuration -----------------------------------------------------------------
     def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
+        self._config = config
+        self._enable_features(config)
         labels = cache_config_labels(self.flavor, deployment, config, num_gpu_blocks)
         if not hasattr(self, "_cache_info"):
             self._cache_info = Gauge("vllm:cache_config_info", HELP["vllm:cache_config_info"],
@@ -365,7 +421,15 @@ class VllmExporter:
 
     # ---- events ------------------------------------------------------------------------
     def on_arrival(self, req: Request, t: float) -> None:
-        pass
+        if self.flavor != "vllm":
+            return
+        self._render_histogram().observe(req.frontend_s)
+        if req.kv_transfer_s and "nixl" in self._features:
+            xfer, failed = self._features["nixl"]
+            if req.kv_transfer_failed:
+                failed.inc()
+            else:
+                xfer.observe(req.kv_transfer_s)
 
     def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
         if prefix_caching:
@@ -392,6 +456,20 @@ class VllmExporter:
                     self.prompt_cached.inc(req.cached_tokens)
         for last, n in itl_groups.items():
             observe_n(self.h_itl, t - last, n)
+        k = self._config.num_speculative_tokens
+        if k and "spec" in self._features:
+            drafts = sum(itl_groups.values())  # decode steps of requests past their first token
+            if drafts:
+                a = self._config.spec_acceptance
+                expected = sum(a ** i for i in range(1, k + 1))  # E[accepted] of k drafts, position i w.p. a^i
+                c_drafts, c_tokens, c_accepted = self._features["spec"]
+                c_drafts.inc(drafts)
+                c_tokens.inc(drafts * k)
+                self._spec_carry += drafts * expected
+                whole = int(self._spec_carry)
+                if whole:
+                    c_accepted.inc(whole)
+                    self._spec_carry -= whole
         if generated:
             self.generation_tokens.inc(generated)
             self.h_iteration.observe(prompt_iter + generated)

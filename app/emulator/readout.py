@@ -177,6 +177,21 @@ def signature(after: Page | str | bytes, before: Page | str | bytes | None = Non
         preemptions=preempt,
         prefix_hit_rate=_counter_delta(after, before, ph) / queries if queries > 0 else math.nan,
     )
+    xfer = _delta(after, before, "vllm:nixl_xfer_time_seconds")
+    if xfer is not None:  # P/D decode worker
+        failed = _counter_delta(after, before, "vllm:nixl_num_failed_transfers_total")
+        out["kv_transfer_mean"] = xfer.mean
+        out["kv_transfer_share"] = xfer.mean / ttft.mean if ttft and ttft.count else math.nan
+        out["kv_transfer_failed_share"] = failed / (failed + xfer.count) if failed + xfer.count else math.nan
+    drafts = _counter_delta(after, before, "vllm:spec_decode_num_drafts_total")
+    if drafts > 0:  # speculative decoding
+        accepted = _counter_delta(after, before, "vllm:spec_decode_num_accepted_tokens_total")
+        out["spec_accept_rate"] = accepted / _counter_delta(after, before, "vllm:spec_decode_num_draft_tokens_total")
+        out["spec_accept_length"] = 1 + accepted / drafts
+    render = _delta(after, before, "vllm:request_render_duration_seconds")
+    if render is not None and render.count:  # vLLM 0.34 front end
+        out["render_mean"] = render.mean
+        out["render_share"] = render.mean / ttft.mean if ttft and ttft.count else math.nan
     if seconds:
         out["preemptions_per_s"] = preempt / seconds
         out["requests_per_s"] = out["requests"] / seconds

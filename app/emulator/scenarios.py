@@ -250,3 +250,58 @@ def _weights_offloaded() -> Scenario:
     return Scenario("weights_offloaded", dep, EngineConfig(), (stream,), "weights_offloaded",
                     "8B BF16 on RTX 4090 with 4 GiB of weights offloaded", LLAMA_8B,
                     {"itl_over_floor_min": 5.0})
+
+
+@scenario
+def _kv_transfer() -> Scenario:
+    """The decode worker of a prefill/decode-disaggregated 8B deployment on A100s whose NIXL
+    transfers fell back to TCP over a shared 5 Gbit/s path: RAG prompts of ~2k tokens (256 MB of KV
+    each) take ~0.45 s to arrive, 2 % of transfers fail. 3 req/s. Signature:
+    ``vllm:nixl_xfer_time_seconds`` mean ~0.45 s, about half of TTFT (~0.9 s), failed
+    transfers ~2 % (those prompts are recomputed on the decode worker); no queue, the first
+    step short (the worker computes only the prompt's last token), ITL normal."""
+    stream = _chat(rate=3.0, prompt=L.lognormal(2000, 0.3, 500, 6000), output=L.lognormal(150, 0.5, 8, 1000),
+                   prefix_share=0.0)
+    cfg = EngineConfig(kv_transfer_gbps=5.0, kv_transfer_failure_rate=0.02)
+    return Scenario("kv_transfer", _a100_8b(), cfg, (stream,), "kv_transfer",
+                    "8B P/D decode worker, KV over 5 Gbit/s TCP", LLAMA_8B,
+                    {"kv_transfer_mean_min": 0.3, "kv_transfer_share_min": 0.6, "kv_transfer_failed_share_min": 0.01,
+                     "queue_share_max": 0.2})
+
+
+@scenario
+def _speculation_ineffective() -> Scenario:
+    """8B on A100 with a draft proposing 5 tokens per step that the traffic rarely accepts
+    (10 % per position: a drafter trained on chat meeting code and tool calls), 8 users.
+    Signature: acceptance rate ~2 %, ~1.1 tokens per verification step, each decode step
+    verifies 6 tokens per request (ITL a little above the healthy engine's); no queue."""
+    stream = TrafficStream(name="users", clients=8, think_time_s=1.0, prompt=L.lognormal(400, 0.5, 16, 4000),
+                           output=L.lognormal(250, 0.4, 16, 1500), max_tokens=2048)
+    cfg = EngineConfig(num_speculative_tokens=5, spec_acceptance=0.1)
+    return Scenario("speculation_ineffective", _a100_8b(), cfg, (stream,), "speculation_ineffective",
+                    "8B on A100, 5 draft tokens per step, ~2 % accepted", LLAMA_8B,
+                    {"spec_accept_rate_max": 0.05, "spec_accept_length_max": 1.2, "queue_mean_max": 0.05})
+
+
+@scenario
+def _dp_imbalance() -> Scenario:
+    """8B on two data-parallel A100 ranks (``--data-parallel-size 2``) behind a router that pins
+    every client to rank 0: 48 closed-loop users on rank 0's 8 slots (``--max-num-seqs 8``),
+    rank 1 idle. Signature: rank 0 ~8 running and ~36 waiting, rank 1 nothing; summed over the
+    ranks the engine shows queueing (queue share > 0.9)."""
+    stream = TrafficStream(name="users", clients=48, think_time_s=1.0, prompt=L.lognormal(400, 0.5, 16, 4000),
+                           output=L.lognormal(250, 0.4, 16, 1500), max_tokens=2048)
+    return Scenario("dp_imbalance", _a100_8b(), EngineConfig(max_num_seqs=8, data_parallel_size=2), (stream,),
+                    "dp_imbalance", "8B on 2 DP ranks, all traffic on rank 0", LLAMA_8B, {"waiting_min": 20})
+
+
+@scenario
+def _frontend_bound() -> Scenario:
+    """8B on A100 serving multimodal chat: each request spends ~0.3 s in the API server
+    (chat template, image decoding and resizing) before the engine sees it; 3 req/s. Signature:
+    ``vllm:request_render_duration_seconds`` mean ~0.3 s, ~85 % of TTFT (~0.35 s); no queue,
+    prefill short, ITL normal."""
+    cfg = EngineConfig(render_seconds=0.3)
+    return Scenario("frontend_bound", _a100_8b(), cfg, (_chat(),), "frontend_bound",
+                    "8B on A100, 0.3 s of front-end preprocessing per request", LLAMA_8B,
+                    {"render_mean_min": 0.25, "render_share_min": 0.6, "queue_mean_max": 0.05})

@@ -130,6 +130,7 @@ class Simulation:
         self._streams: list[StreamRuntime] = []
         self._phase = 0
         self._http_rng = random.Random(f"{seed}/http")
+        self._kv_rng = random.Random(f"{seed}/kv-transfer")
         self._http_inflight = 0
         self.arrived = 0
         self.records: deque[RequestRecord] = deque(maxlen=keep_records)
@@ -166,12 +167,27 @@ class Simulation:
             return self.plan.phases[self._phase + 1][0]
         return None
 
+    def _frontend_seconds(self, prompt_tokens: int) -> float:
+        """Tokenization plus the scenario's rendering cost, before the engine sees the request."""
+        return TOKENIZE_BASE_S + TOKENIZE_PER_TOKEN_S * prompt_tokens + self.scenario.engine.render_seconds
+
+    def _transfer(self, req: Request) -> None:
+        """P/D decode worker: the prompt's KV cache arrives over the link before the request queues."""
+        cfg = self.scenario.engine
+        if cfg.kv_transfer_gbps is None:
+            return
+        kv_bytes = req.prompt_len * self.engine.deployment.kv_bytes_per_token
+        req.kv_transfer_s = 0.002 + kv_bytes * 8 / (cfg.kv_transfer_gbps * 1e9)
+        req.kv_transfer_failed = self._kv_rng.random() < cfg.kv_transfer_failure_rate
+        req.queued += req.kv_transfer_s
+
     def _push_synthetic(self, rt: StreamRuntime, arrival: float) -> None:
         d = rt.draw()
         req = Request(f"{rt.stream.name}-{next(self._rid)}", arrival,
-                      arrival + TOKENIZE_BASE_S + TOKENIZE_PER_TOKEN_S * d.prompt_tokens,
+                      arrival + self._frontend_seconds(d.prompt_tokens),
                       d.prompt_tokens, d.max_tokens, d.natural_output, rt.stream.ignore_eos,
                       d.prefix_id, d.prefix_tokens, stream=rt)
+        self._transfer(req)
         heapq.heappush(self._heap, (req.queued, next(self._seq), req))
 
     def _pull_arrivals(self, now: float) -> None:
@@ -214,10 +230,10 @@ class Simulation:
             dist = self.scenario.workload[0].output if self.scenario.workload else None
             natural_output = dist.sample(self._http_rng) if dist else max_tokens
         arrival = self.clock
-        req = Request(f"http-{next(self._rid)}", arrival,
-                      arrival + TOKENIZE_BASE_S + TOKENIZE_PER_TOKEN_S * prompt_tokens,
+        req = Request(f"http-{next(self._rid)}", arrival, arrival + self._frontend_seconds(prompt_tokens),
                       prompt_tokens, max_tokens, natural_output, ignore_eos, prefix_id, prefix_tokens,
                       sink=sink, http=True)
+        self._transfer(req)
         heapq.heappush(self._heap, (req.queued, next(self._seq), req))
         self._http_inflight += 1
         return req

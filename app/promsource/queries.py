@@ -20,6 +20,7 @@ from app.promql import format_matchers
 from app.promql import prom_duration as _whole_ms_duration
 from app.sources import sglang, tgi, trtllm, vllm
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
+from app.window import AVERAGED_GAUGES, RANK_GAUGES
 
 FAMILY_LABEL = "llm_latency_family"
 STAT_LABEL = "llm_latency_stat"
@@ -77,6 +78,7 @@ def _gauge_families() -> dict[str, list[Family]]:
 def _counter_families() -> dict[str, list[Family]]:
     out: dict[str, list[Family]] = {signal: _families(signal, "COUNTERS") for signal in COUNTER_SIGNALS}
     out["requests_total"] += [Family("tgi", name) for name in tgi.REQUESTS]
+    out.setdefault("kv_transfers_total", []).append(Family("vllm", vllm.KV_TRANSFERS_FROM + "_count"))
     for signal, histogram in tgi.TOKEN_COUNTERS.items():  # TGI counts tokens in its length histograms
         out[signal].append(Family("tgi", f"{histogram}_sum"))
     return out
@@ -133,7 +135,7 @@ class SourceQueries:
 
     def gauge(self, signal: str, window: float) -> str:
         w = prom_duration(window)
-        combine = "avg" if signal == "kv_usage" else "sum"
+        combine = "avg" if signal in AVERAGED_GAUGES else "sum"
         parts = []
         for i, f in enumerate(GAUGE_FAMILIES[signal]):
             sel = _selector(f.name, f.matchers, list(self.matchers))
@@ -190,6 +192,22 @@ class SourceQueries:
             running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
             expr = f"sum by ({by}) (avg_over_time({_selector(running.name, running.matchers, sel)}[{w}]))"
             parts.append(_tag(_tag(expr, STAT_LABEL, "running"), FAMILY_LABEL, str(i)))
+        return " or ".join(parts)
+
+    def rank_gauges(self, window: float) -> str:
+        """Per target, model and data-parallel rank (vLLM ``engine``, SGLang ``dp_rank``): the mean
+        of each gauge :data:`app.window.RANK_GAUGES` over the window, for the comparison between
+        the ranks of one engine (one query for all of them)."""
+        w = prom_duration(window)
+        parts = []
+        for signal in RANK_GAUGES:
+            for i, f in enumerate(GAUGE_FAMILIES.get(signal, [])):
+                if f.engine == "tgi":
+                    continue  # TGI has no data-parallel ranks
+                rank = "engine" if f.engine == "vllm" else "dp_rank"
+                by = _by(*self.target_labels, MODEL_LABEL, rank)
+                expr = f"sum by ({by}) (avg_over_time({_selector(f.name, f.matchers, list(self.matchers))}[{w}]))"
+                parts.append(_tag(_tag(expr, STAT_LABEL, signal), FAMILY_LABEL, str(i)))
         return " or ".join(parts)
 
     def tgi_kv_samples(self, window: float) -> str:

@@ -155,12 +155,13 @@ class SourceReader:
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
+        # a signal no engine's adapter maps yet has no query (and costs none)
         jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20)
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         if diagnosis:
-            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos())]
+            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos()), ("ranks", "", q.rank_gauges(w))]
             if w >= 2 * step:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
@@ -189,6 +190,7 @@ class SourceReader:
 
         intervals: Any = None
         tgi_kv: Any = None
+        ranks_answer: Any = None
         # Each answer is regrouped as soon as it arrives, while the other queries are still
         # running on the server; the ITL split last, as it keeps only models other answers found.
         for index, answer in self.client.map_as_completed(run, jobs):
@@ -212,6 +214,8 @@ class SourceReader:
                     window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
             elif kind == "tgi_kv":
                 tgi_kv = answer  # after the gauges: an engine's own KV gauge wins
+            elif kind == "ranks":
+                ranks_answer = answer  # after the others: it keeps only models they found
             elif kind == "infos":
                 for key, infos in self._infos(answer.data).items():
                     window(key).infos = infos
@@ -220,6 +224,11 @@ class SourceReader:
         if tgi_kv is not None:
             for key, kv in self._tgi_kv(tgi_kv.data).items():
                 model(key, "").gauges.setdefault("kv_usage", kv)
+        if ranks_answer is not None:
+            for key, rank_models in self._ranks(ranks_answer.data).items():
+                for name, ranks in rank_models.items():
+                    if len(ranks) > 1 and name in window(key).models:
+                        model(key, name).ranks = dict(sorted(ranks.items()))
         if intervals is not None:
             for key, by_model in self._intervals(intervals.data).items():
                 for name, intervals_of_model in by_model.items():
@@ -238,7 +247,7 @@ class SourceReader:
         q = self._queries(None, None)
         answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
         return [{key: {name: _histogram(b) for name, b in per_model.items()}
-                 for key, per_model in self._pick(answer.data, "le").items()} for answer in answers]
+                 for key, per_model in self._pick(answer.data, "le", signal).items()} for answer in answers]
 
     def quantile_series(self, signal: str, q: float | None, first: float, end: float, step: float,
                         lookback: float, only: TargetKey | None, model: str | None = None,
@@ -295,6 +304,27 @@ class SourceReader:
         families = HISTOGRAM_FAMILIES[histogram]
         return {key: {name: _rescaled(buckets, families[min(by_family)].scale)
                       for name, buckets in _first_family(by_family).items()} for key, by_family in grouped.items()}
+
+    def _ranks(self, samples: Sequence[_Sample]) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
+        """target -> model -> rank -> {gauge signal: mean}, from the first family per signal and target."""
+        # target -> signal -> family -> model -> rank -> value
+        grouped: dict[TargetKey, dict[str, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
+        for sample in samples:
+            family = int(sample.labels.get(FAMILY_LABEL, "0"))
+            signal = sample.labels.get(STAT_LABEL, "")
+            rank = sample.labels.get("engine", sample.labels.get("dp_rank", "")) or "0"
+            per_family = grouped[_key(sample.labels, self.target_labels)].setdefault(signal, {})
+            per_family.setdefault(family, {}).setdefault(sample.labels.get(MODEL_LABEL, ""), {})[rank] = sample.value
+        out: dict[TargetKey, dict[str, dict[str, dict[str, float]]]] = {}
+        for key, by_signal in grouped.items():
+            per_model: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+            for signal, by_family in by_signal.items():
+                for model_name, ranks in _first_family(by_family).items():
+                    for rank, value in ranks.items():
+                        if not math.isnan(value):
+                            per_model[model_name][rank][signal] = value
+            out[key] = {m: dict(r) for m, r in per_model.items()}
+        return out
 
     def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
         used: dict[TargetKey, dict[float, float]] = {}

@@ -30,13 +30,15 @@ HISTOGRAM_SIGNALS = (
     "prompt_tokens",      # prompt length per request (tokens)
     "generation_tokens",  # output length per request (tokens)
     "iteration_tokens",   # tokens per engine step (reveals the batched-token budget)
-    "kv_transfer_time",   # P/D disaggregation: one KV-cache transfer from the prefill to the decode instance
-    "render_time",        # front end: chat template, tokenization, multimodal preprocessing
+    "kv_transfer_time",   # P/D disaggregation: one KV-cache transfer between prefill and decode workers
+    "render_time",        # front end: chat template, tokenization, multimodal preprocessing of a request
 )
-GAUGE_SIGNALS = ("running", "waiting", "kv_usage",
-                 "spec_accept_rate",           # speculative decoding: accepted / drafted tokens, 0..1
-                 "spec_accept_length",         # speculative decoding: tokens emitted per verification step
-                 "dp_token_imbalance_ratio")   # data-parallel attention: busiest rank's tokens / mean
+GAUGE_SIGNALS = (
+    "running", "waiting", "kv_usage",
+    "spec_accept_rate",          # speculative decoding: accepted / proposed draft tokens (0..1), engine-computed
+    "spec_accept_length",        # ... mean tokens emitted per verification step (accepted + 1)
+    "dp_token_imbalance_ratio",  # data-parallel attention: the engine's own token imbalance between ranks
+)
 COUNTER_SIGNALS = (
     "prompt_tokens_total",
     "generation_tokens_total",
@@ -44,13 +46,14 @@ COUNTER_SIGNALS = (
     "prefix_cache_queries_total",
     "prefix_cache_hits_total",
     "requests_total",
-    "kv_transfer_failures_total",
-    "kv_transfers_total",
-    "spec_drafts_total",
-    "spec_draft_tokens_total",
-    "spec_accepted_tokens_total",
+    "kv_transfer_failures_total",  # KV-cache transfers that failed
+    "kv_transfers_total",          # KV-cache transfers that completed (vLLM: the transfer histogram's count)
+    "spec_drafts_total",           # speculative decoding: verification steps with a draft
+    "spec_draft_tokens_total",     # ... draft tokens proposed
+    "spec_accepted_tokens_total",  # ... draft tokens accepted
 )
-TIME_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time")
+TIME_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time",
+                "kv_transfer_time", "render_time")
 
 
 @dataclass(slots=True)

@@ -7,12 +7,18 @@ signal the candidates are tried newest first, and the first family present wins,
 
 Series keep ``model_name`` and ``engine`` (the data-parallel rank; absent before 0.8,
 stored as "0"). Counters over ``finished_reason`` are summed.
+
+P/D disaggregation (NIXL connector): ``kv_transfer_time`` is ``vllm:nixl_xfer_time_seconds``
+(buckets 5 ms - 5 s), ``kv_transfers_total`` its ``_count`` (vLLM has no counter of completed
+transfers), ``kv_transfer_failures_total`` ``vllm:nixl_num_failed_transfers``. Speculative
+decoding: the three ``vllm:spec_decode_num_*`` counters (acceptance rate and length are
+computed from their rates; vLLM exports no gauge).
 """
 
 from __future__ import annotations
 
 from app.exposition.parser import ParsedPage
-from app.sources.base import Canonical, CanonicalInfo, map_families
+from app.sources.base import Canonical, CanonicalInfo, CanonicalScalar, map_families
 
 GROUP = ("model_name", "engine")
 
@@ -28,6 +34,11 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:request_prompt_tokens",),
     "generation_tokens": ("vllm:request_generation_tokens",),
     "iteration_tokens": ("vllm:iteration_tokens_total",),
+    # NIXL KV connector (P/D disaggregation), recorded where the transfer is read (the decode side).
+    "kv_transfer_time": ("vllm:nixl_xfer_time_seconds",),
+    # 0.34+: chat template, tokenization and multimodal preprocessing; labels model_name,
+    # request_type (summed over), no engine label (the API server, not an engine core).
+    "render_time": ("vllm:request_render_duration_seconds",),
 }
 GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running",),
@@ -41,7 +52,13 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
     "requests_total": ("vllm:request_success_total",),
+    "kv_transfer_failures_total": ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers"),
+    "spec_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
+# vLLM counts completed transfers only as the transfer-time histogram's _count (no counter).
+KV_TRANSFERS_FROM = "vllm:nixl_xfer_time_seconds"
 INFOS = {"cache_config": "vllm:cache_config_info", "sleep_state": "vllm:engine_sleep_state"}
 
 FAMILIES = frozenset(
@@ -64,6 +81,9 @@ class VllmAdapter:
         out = Canonical(engine=self.name)
         map_families(page, out, GROUP, HISTOGRAMS, GAUGES, COUNTERS)
         families = page.families
+        for h in out.histograms:
+            if h.signal == "kv_transfer_time":
+                out.scalars.append(CanonicalScalar("kv_transfers_total", "counter", h.model, h.rank, h.count))
         config = families.get(INFOS["cache_config"])
         if config is not None:
             for sample in config.samples:

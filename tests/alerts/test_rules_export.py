@@ -166,6 +166,10 @@ CUSTOM_THRESHOLDS = {
     "interference_long_prompt_tokens": 2444, "interference_running": 3,
     "slow_itl_seconds": 0.0333, "low_batch_running": 9, "floor_ratio_max": 2.2, "steady_itl_ratio": 2.7,
     "kv_usage": 0.88, "preemptions_per_second": 0.02, "offload_floor_ratio": 4.5,
+    "kv_transfer_share": 0.33, "kv_transfer_seconds": 0.122, "kv_transfer_failure_share": 0.013,
+    "kv_transfer_min_transfers": 12, "spec_accept_rate": 0.31, "spec_accept_length": 1.45, "spec_min_drafts": 111,
+    "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
+    "spec_critical_accept_length": 1.12,
 }
 
 
@@ -499,7 +503,9 @@ def test_unit_tests_cover_every_alert_firing() -> None:
                 fired |= {alert["exp_labels"]["alertname"] for alert in check["exp_alerts"]}
     assert fired == {"LLMLatencyTTFTHigh", "LLMLatencyITLHigh", "LLMLatencyQueueing", "LLMLatencyKVCachePressure",
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
-                     "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencySLOBurnRate"}
+                     "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencyKVTransfer",
+                     "LLMLatencySpeculationIneffective", "LLMLatencyFrontendBound",
+                     "LLMLatencySLOBurnRate"}
     sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
     assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
     in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
@@ -647,7 +653,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
 
 def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
-    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "dp_imbalance"}
     assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 

@@ -227,3 +227,39 @@ def test_fleet_view_sums_targets_and_a_gzip_bomb_is_refused(service) -> None:
     # 30 of ~40 observations are 3 s (bucket (2.5, 5.0]); 10 are 0.3 s: p50 lies in the 3 s bucket
     assert 2.5 < fleet["ttft"]["p50"] <= 5.0 and per_target[0]["ttft"]["p50"] <= 0.5
     assert set(fleet["models"]) == {"m1", "m2"}
+
+
+def test_a_pd_decode_worker_gets_its_ttft_split_across_the_prefill_worker(service) -> None:
+    from prometheus_client import Histogram
+
+    prefill, decode = VllmPage(model="llama"), VllmPage(model="llama")
+    xfer = Histogram("vllm:nixl_xfer_time_seconds", "NIXL transfer", ["model_name", "engine"],
+                     buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0),
+                     registry=decode.registry)
+    xfer.labels("llama", "0")  # vLLM creates each engine's series at start (create_metric_per_engine)
+    with StaticPageServer(prefill.render()) as p_server, StaticPageServer(decode.render()) as d_server:
+        assert service.client.post("/api/v1/targets", json={"name": "p", "url": p_server.url}).status_code == 201
+        assert service.client.post("/api/v1/targets", json={
+            "name": "d", "url": d_server.url, "labels": {"llm_latency_prefill_target": "p"}}).status_code == 201
+        first = [service.scrape("p"), service.scrape("d")]
+        prefill.observe(ttft=[0.4] * 10)  # queue 0.2 + prefill 0.2 on the prefill worker
+        decode.observe(ttft=[0.1] * 10)   # queue 0.05 + first step 0.05 on the decode worker
+        for _ in range(10):
+            xfer.labels("llama", "0").observe(0.3)
+        p_server.page, d_server.page = prefill.render(), decode.render()
+        time.sleep(0.01)
+        second = [service.scrape("p"), service.scrape("d")]
+    params = {"start": min(r.ts for r in first), "end": max(r.ts for r in second)}
+    body = service.client.get("/api/v1/targets/d/latency", params=params).json()
+    assert body["kv_transfer_time"]["count"] == 10.0 and body["kv_transfer_time"]["mean"] == pytest.approx(0.3)
+    split = body["disaggregation"]
+    assert split["prefill_target"] == "p"
+    assert [split[k] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step")] == \
+        pytest.approx([0.2, 0.2, 0.3, 0.05, 0.05])
+    assert split["ttft_mean"] == pytest.approx(0.8) and "means add" in split["note"]
+    assert "disaggregation" not in service.client.get("/api/v1/targets/p/latency", params=params).json()
+    # the status page shows the same split
+    page = service.client.get("/targets/d", params={"window": "5m", "end": params["end"]}).text
+    row = page[page.index('data-part="kv_transfer"'):]
+    assert 'data-part="ttft_mean"' in page and 'href="/targets/p"' in page
+    assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(0.3)

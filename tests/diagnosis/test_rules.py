@@ -225,3 +225,117 @@ def test_a_symptom_of_two_firing_causes_names_the_first_by_precedence_in_every_p
                               env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
                for seed in range(8)}
     assert answers == {"kv_cache_pressure:None weights_offloaded:None queueing:kv_cache_pressure"}
+
+
+# ---- kv_transfer, speculation_ineffective, dp_imbalance, frontend_bound ---------------------------------
+def test_kv_transfer_fires_on_slow_transfers_with_the_role_and_share() -> None:
+    from app.diagnosis.rules import kv_transfer
+
+    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_share=0.35 / 0.6,
+                        kv_transfers_per_second=2.0, kv_transfer_failures_per_second=0.0,
+                        kv_transfer_failure_share=0.0, pd_role="decode", ttft=summary(0.5, 1.0, 0.6, 240))
+    f = kv_transfer.evaluate(s, T)
+    assert f is not None and f.regime == "kv_transfer" and f.severity == "warning"
+    assert evidence(f, "KV transfer share of TTFT").value == pytest.approx(0.5833, abs=1e-3)
+    assert evidence(f, "mean KV transfer time").value == 0.35
+    assert evidence(f, "P/D role of this worker").value == "decode"
+    assert "Worker role: decode" in f.summary and any("RDMA" in r for r in f.remedies)
+    # the same transfers, fast: quiet (3 ms of a 50 ms TTFT)
+    assert kv_transfer.evaluate(healthy_signals(kv_transfer=summary(0.003, 0.004, 0.003, 240),
+                                                kv_transfer_share=0.06, kv_transfers_per_second=2.0), T) is None
+
+
+def test_kv_transfer_fires_on_failures_alone_and_is_critical_past_ten_percent() -> None:
+    from app.diagnosis.rules import kv_transfer
+
+    base = dict(kv_transfer=summary(0.003, 0.004, 0.003, 200), kv_transfer_share=0.06,
+                kv_transfers_per_second=200 / 120)
+    quiet = kv_transfer.evaluate(healthy_signals(**base, kv_transfer_failures_per_second=1 / 120,
+                                                 kv_transfer_failure_share=1 / 201), T)
+    assert quiet is None  # 0.5 % failed: below 1 %
+    f = kv_transfer.evaluate(healthy_signals(**base, kv_transfer_failures_per_second=30 / 120,
+                                             kv_transfer_failure_share=30 / 230), T)
+    assert f is not None and f.severity == "critical"
+    assert evidence(f, "failed share of KV transfers").value == pytest.approx(0.1304, abs=1e-3)
+    assert f.summary.startswith("13.0% of KV transfers fail (30 in the window)")
+
+
+def test_kv_transfer_needs_enough_transfers() -> None:
+    from app.diagnosis.rules import kv_transfer
+
+    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 3), kv_transfer_share=0.6, kv_transfers_per_second=3 / 120)
+    assert kv_transfer.evaluate(s, T) is None
+
+
+def test_speculation_ineffective_fires_on_low_acceptance_from_the_counters() -> None:
+    from app.diagnosis.rules import speculation_ineffective
+
+    s = healthy_signals(spec_drafts=6000.0, spec_accept_rate=0.08, spec_accept_length=1.32, spec_draft_length=4.0)
+    f = speculation_ineffective.evaluate(s, T)
+    assert f is not None and f.severity == "warning"
+    assert evidence(f, "draft acceptance rate").value == 0.08
+    assert evidence(f, "mean tokens per verification step").value == 1.32
+    assert any("below 4" in r for r in f.remedies)
+    # a good drafter: 70 % accepted, 3.8 tokens per step
+    assert speculation_ineffective.evaluate(healthy_signals(spec_drafts=6000.0, spec_accept_rate=0.7,
+                                                            spec_accept_length=3.8, spec_draft_length=4.0), T) is None
+    # too few steps to judge
+    assert speculation_ineffective.evaluate(healthy_signals(spec_drafts=20.0, spec_accept_rate=0.05,
+                                                            spec_accept_length=1.2), T) is None
+
+
+def test_speculation_ineffective_reads_sglang_gauges_and_is_critical_near_one_token() -> None:
+    from app.diagnosis.rules import speculation_ineffective
+
+    s = healthy_signals("sglang", spec_accept_rate=0.03, spec_accept_length=1.06)
+    f = speculation_ineffective.evaluate(s, T)  # no draft count: ITL steps (40,000) stand in
+    assert f is not None and f.severity == "critical"
+    assert any("--speculative-num-draft-tokens" in r for r in f.remedies)
+
+
+def test_dp_imbalance_compares_ranks_with_the_replica_thresholds() -> None:
+    from app.diagnosis.rules import dp_imbalance
+    from app.diagnosis.signals import ReplicaLoad
+
+    ranks = [ReplicaLoad("0", 8.0, 30.0, None, None, None), ReplicaLoad("1", 0.4, 0.0, None, None, None)]
+    s = healthy_signals(ranks=ranks, rank_kv_usage={"0": 0.5, "1": 0.01}, waiting_mean=30.0)
+    f = dp_imbalance.evaluate(s, T)
+    assert f is not None and f.severity == "critical"  # 38 / 0.4 = 95x >= 2.5 x 2
+    assert evidence(f, "load of the busiest / least busy rank").value == pytest.approx(95.0)
+    assert evidence(f, "rank 0").value == "running 8.0, waiting 30.0, KV usage 50%"
+    assert f.summary.startswith("Data-parallel rank 0 holds 95.0x the requests of rank 1")
+    even = [ReplicaLoad("0", 8.0, 2.0, None, None, None), ReplicaLoad("1", 7.5, 1.5, None, None, None)]
+    assert dp_imbalance.evaluate(healthy_signals(ranks=even), T) is None
+
+
+def test_dp_imbalance_from_sglangs_own_ratio_needs_waiting_requests() -> None:
+    from app.diagnosis.rules import dp_imbalance
+
+    assert dp_imbalance.evaluate(healthy_signals("sglang", dp_token_imbalance_ratio=3.0, waiting_mean=0.0), T) is None
+    f = dp_imbalance.evaluate(healthy_signals("sglang", dp_token_imbalance_ratio=3.0, waiting_mean=12.0), T)
+    assert f is not None and any("minimum_tokens" in r for r in f.remedies)
+
+
+def test_dp_imbalance_is_the_cause_of_the_queueing_it_produces() -> None:
+    from app.diagnosis.signals import ReplicaLoad
+
+    ranks = [ReplicaLoad("0", 8.0, 36.0, None, None, None), ReplicaLoad("1", 0.0, 0.0, None, None, None)]
+    s = healthy_signals(ranks=ranks, queue_time=summary(15, 20, 3.6, 120), ttft=summary(15, 20, 4.0, 120),
+                        queue_share=0.9, waiting_mean=36.0, waiting_max=40)
+    d = engine.diagnose(s, T)
+    assert d.verdict == "dp_imbalance"
+    assert [(f.regime, f.caused_by) for f in d.findings] == [("dp_imbalance", None), ("queueing", "dp_imbalance")]
+
+
+def test_frontend_bound_fires_when_rendering_dominates_ttft() -> None:
+    from app.diagnosis.rules import frontend_bound
+
+    s = healthy_signals(render=summary(0.4, 0.9, 0.45, 300), render_share=0.45 / 0.55,
+                        ttft=summary(0.5, 1.0, 0.55, 300))
+    f = frontend_bound.evaluate(s, T)
+    assert f is not None and f.severity == "warning"
+    assert evidence(f, "render share of TTFT").value == pytest.approx(0.818, abs=1e-3)
+    assert any("--api-server-count" in r for r in f.remedies)
+    # 2 ms of rendering in a 50 ms TTFT: quiet
+    assert frontend_bound.evaluate(healthy_signals(render=summary(0.002, 0.004, 0.002, 300), render_share=0.04), T) \
+        is None

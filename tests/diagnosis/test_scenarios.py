@@ -82,3 +82,38 @@ def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: 
     assert 120 < first_fire <= 120 + 3 * 15           # detected within three evaluation intervals
     assert active == first_fire + 15                   # active after two consecutive evaluations
     assert resolved > 300 and states[-1][2] == [("queueing", "resolved")]
+
+
+# Regimes whose signals only vLLM's page carries among the emulated formats (TGI exports no P/D
+# transfer, speculative-decoding, data-parallel or render metrics).
+VLLM_ONLY_SCENARIOS = ["kv_transfer", "speculation_ineffective", "dp_imbalance", "frontend_bound"]
+
+
+@pytest.mark.parametrize("scenario", VLLM_ONLY_SCENARIOS)
+def test_serving_feature_scenario_gets_its_label_on_a_vllm_page(tmp_path: Path, scenario: str) -> None:
+    target = OfflineTarget(tmp_path, scenario, seed=1, hardware=profile_of(scenario))
+    try:
+        target.run(180)
+        diagnosis = target.diagnose(120)
+    finally:
+        target.close()
+    assert diagnosis.verdict == scenario, [(f.regime, f.summary) for f in diagnosis.findings]
+    primary = diagnosis.findings[0]
+    assert primary.primary and primary.caused_by is None and primary.runbook == f"/runbooks/{scenario}"
+    numbers = {e.name: e.value for e in primary.evidence}
+    if scenario == "kv_transfer":  # ~0.45 s transfers of ~2k-token prompts over 5 Gbit/s, 2 % failing
+        assert 0.3 <= numbers["mean KV transfer time"] <= 0.6
+        assert 0.005 <= numbers["failed share of KV transfers"] <= 0.06
+        assert numbers["P/D role of this worker"] == "decode"
+    elif scenario == "speculation_ineffective":  # 5 drafts at 10 % per position: E[accepted] = 0.111
+        assert numbers["draft acceptance rate"] == pytest.approx(0.111 / 5, abs=0.002)
+        assert numbers["mean tokens per verification step"] == pytest.approx(1.111, abs=0.01)
+        assert numbers["draft tokens per step (num_speculative_tokens)"] == pytest.approx(5.0)
+    elif scenario == "dp_imbalance":  # rank 1 idle, rank 0 queueing; queueing is its symptom
+        assert numbers["mean waiting requests on the least busy rank"] == 0.0
+        assert numbers["mean waiting requests on the busiest rank"] >= 20
+        assert [(f.regime, f.caused_by) for f in diagnosis.findings] == [("dp_imbalance", None),
+                                                                         ("queueing", "dp_imbalance")]
+    else:  # 0.3 s of rendering per request
+        assert numbers["mean render time"] == pytest.approx(0.3, abs=0.01)
+        assert numbers["render share of TTFT"] >= 0.6

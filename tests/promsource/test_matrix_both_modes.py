@@ -43,7 +43,10 @@ from tests.support.victoria_metrics import running_victoria_metrics
 
 REGIMES = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
            "weights_offloaded"]
-CASES = [(s, "vllm") for s in ["healthy", "healthy_bursty", *REGIMES]] + [("healthy", "tgi"), ("queueing", "tgi")]
+# the regimes whose signals only vLLM's page carries among the emulated formats
+SERVING_REGIMES = ["kv_transfer", "speculation_ineffective", "dp_imbalance", "frontend_bound"]
+CASES = [(s, "vllm") for s in ["healthy", "healthy_bursty", *REGIMES, *SERVING_REGIMES]] + \
+    [("healthy", "tgi"), ("queueing", "tgi")]
 RUN_S, WINDOW_S, SCRAPE_S = 180.0, 120.0, 5.0
 # Two services of two replicas each: one queueing next to an idle one, and two without a queue.
 SERVICES = {"queueing-vllm": "imbalanced", "healthy-vllm": "imbalanced",
@@ -171,10 +174,20 @@ def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], P
     for name in ("queue_share", "prefill_share", "itl_ratio", "decode_stall_share", "max_step_tokens",
                  "large_step_fraction", "running_mean", "running_max", "waiting_mean", "waiting_max",
                  "kv_usage_mean", "kv_usage_max", "preemptions_per_second", "requests_per_second",
-                 "generation_tokens_per_second", "scrapes"):
+                 "generation_tokens_per_second", "scrapes", "kv_transfer_share", "kv_transfers_per_second",
+                 "kv_transfer_failures_per_second", "kv_transfer_failure_share", "spec_accept_rate",
+                 "spec_accept_length", "spec_draft_length", "render_share"):
         assert _close(prom_signals.get(name), store_signals.get(name)), (name, prom_signals.get(name),
                                                                          store_signals.get(name))
     assert prom_signals.get("config") == store_signals.get("config")
+    assert prom_signals.get("pd_role") == store_signals.get("pd_role")
+    # each data-parallel rank's load, from the per-rank query and from the store's per-rank series
+    prom_ranks, store_ranks = prom_signals.get("ranks", []), store_signals.get("ranks", [])
+    assert [r["target"] for r in prom_ranks] == [r["target"] for r in store_ranks]
+    for p, q in zip(prom_ranks, store_ranks):
+        assert _close(p["running_mean"], q["running_mean"]) and _close(p["waiting_mean"], q["waiting_mean"]), (p, q)
+    if scenario == "dp_imbalance":
+        assert [r["target"] for r in prom_signals["ranks"]] == ["0", "1"]
 
 
 def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Case], PrometheusClient]) -> None:

@@ -193,3 +193,35 @@ def test_series_layouts_reused_across_scrapes_give_what_a_fresh_grouping_gives(f
     page, result, _ = processor.process(changed)
     assert any(family.memo is not memos.get(name) for name, family in page.families.items())
     assert result == adapter.to_canonical(parse_page(changed, keep=adapter.families.__contains__))
+
+
+def test_vllm_034_serving_features_map_to_their_canonical_signals() -> None:
+    """An emulated vLLM 0.34 page (names, labels and buckets of vLLM's own definitions) of a P/D decode
+    worker with speculative decoding and two data-parallel ranks."""
+    from dataclasses import replace
+
+    from app.emulator import scenarios
+    from app.emulator.engine import EngineConfig
+    from app.emulator.simulation import Simulation
+
+    base = scenarios.get("healthy")
+    sc = replace(base, engine=EngineConfig(kv_transfer_gbps=5.0, kv_transfer_failure_rate=0.05,
+                                           num_speculative_tokens=3, spec_acceptance=0.5, render_seconds=0.05,
+                                           data_parallel_size=2))
+    sim = Simulation(sc, seed=3)
+    sim.run_for(60)
+    page, c, error = PageProcessor("auto").process(sim.render_metrics())
+    assert error is None and c is not None and c.engine == "vllm"
+    xfer = hist(c, "kv_transfer_time")
+    assert xfer.bounds[:3] == (0.005, 0.01, 0.025) and xfer.bounds[-2:] == (5.0, math.inf)
+    assert scalar(c, "kv_transfers_total") == xfer.count > 100  # completed transfers = the histogram's count
+    failed = scalar(c, "kv_transfer_failures_total")
+    assert 0.01 < failed / (failed + xfer.count) < 0.1
+    drafts, proposed = scalar(c, "spec_drafts_total"), scalar(c, "spec_draft_tokens_total")
+    accepted = scalar(c, "spec_accepted_tokens_total")
+    assert proposed == 3 * drafts
+    assert accepted / drafts == pytest.approx(0.5 + 0.25 + 0.125, abs=0.01)  # E[accepted] of 3 at 0.5 each
+    render = hist(c, "render_time")  # no engine label on the page: rank "0"
+    assert render.sum / render.count == pytest.approx(0.05 + 0.0003, abs=0.002)
+    assert scalar(c, "running", rank="1") == 0.0 and scalar(c, "waiting", rank="1") == 0.0
+    assert scalar(c, "running", rank="0") > 0

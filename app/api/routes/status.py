@@ -609,6 +609,11 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
         split = {"queue": queue, "prefill": prefill, "ttft": ttft,
                  "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
+    prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
+    prefill_target = repository.get_target(session, prefill_name) if prefill_name else None
+    pd = None if prefill_target is None else latency.pd_split(  # the same split as its /latency answer
+        report, latency.latency_report(session, [prefill_target.id], seconds, end, per_model=False),
+        prefill_target.name)
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     health = scrape_health(latest[0] if latest else None, interval, end)
     if stale is not None:
@@ -623,7 +628,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         model_tables=[(m, [s for s in HISTOGRAM_SIGNALS if s in body], body) for m, body in models.items()]
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
-        rates=sorted(report["rates"].items()), charts=charts, split=split,
+        rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd,
         diagnoses=[diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)],
         history=history, infos=repository.target_infos(session, target.id),
         probe=latest_probe_levels(session).get(target.id),

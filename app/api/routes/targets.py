@@ -203,6 +203,11 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
             report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
     else:
         report = latency.latency_report(session, [target.id], seconds, end)
+        prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
+        prefill = repository.get_target(session, prefill_name) if prefill_name else None
+        if prefill is not None:
+            prefill_report = latency.latency_report(session, [prefill.id], seconds, end, per_model=False)
+            report["disaggregation"] = latency.pd_split(report, prefill_report, prefill.name)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 

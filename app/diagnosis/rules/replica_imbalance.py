@@ -16,7 +16,7 @@ requests in a replica, running + waiting, as means over the window.
 
 from __future__ import annotations
 
-from app.diagnosis.findings import Finding
+from app.diagnosis.findings import Evidence, Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info
 from app.diagnosis.signals import ReplicaLoad, Signals
 from app.thresholds import Thresholds
@@ -31,19 +31,31 @@ def _describe(r: ReplicaLoad) -> str:
             f"TTFT mean {ttft}")
 
 
-def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    if len(s.replicas) < 2:
+def compare_loads(loads: list[ReplicaLoad], t: Thresholds, what: str) -> tuple[list[Evidence], float] | None:
+    """The busiest and least busy of ``loads`` (busiest first) compared with the ``imbalance_*``
+    thresholds: the conditions, and the load ratio. Shared by the replicas of a service and the
+    data-parallel ranks of one engine (``dp_imbalance``); ``what`` names the unit ("replica", "rank")."""
+    if len(loads) < 2:
         return None
-    busiest, idlest = s.replicas[0], s.replicas[-1]
+    busiest, idlest = loads[0], loads[-1]
     ratio = busiest.load / max(idlest.load, IDLE_FLOOR)
     conditions = [
-        check("mean waiting requests on the busiest replica", busiest.waiting_mean, ">=", t.imbalance_waiting, "",
+        check(f"mean waiting requests on the busiest {what}", busiest.waiting_mean, ">=", t.imbalance_waiting, "",
               busiest.target),
-        check("mean waiting requests on the least busy replica", idlest.waiting_mean, "<=", t.imbalance_idle_waiting,
+        check(f"mean waiting requests on the least busy {what}", idlest.waiting_mean, "<=", t.imbalance_idle_waiting,
               "", idlest.target),
-        check("load of the busiest / least busy replica", ratio, ">=", t.imbalance_load_ratio, "x",
+        check(f"load of the busiest / least busy {what}", ratio, ">=", t.imbalance_load_ratio, "x",
               "load = running + waiting requests"),
     ]
+    return conditions, ratio
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    compared = compare_loads(s.replicas, t, "replica")
+    if compared is None:
+        return None
+    conditions, ratio = compared
+    busiest, idlest = s.replicas[0], s.replicas[-1]
     if not all(c.met for c in conditions):
         return None
     evidence = conditions + [info(f"replica {r.target}", _describe(r)) for r in s.replicas]

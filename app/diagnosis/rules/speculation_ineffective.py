@@ -1,0 +1,97 @@
+"""speculation_ineffective — speculative decoding no longer pays: the draft tokens are mostly
+rejected.
+
+Symptom: each verification step runs the drafter (a draft model, EAGLE head, MTP or n-gram
+lookup) and verifies ``k`` extra tokens, but only a few are accepted, so a step emits about
+one token, as without drafts, and costs more: ITL is no better, often worse, than with
+speculation off. Acceptance drops silently when the traffic mix changes (other languages,
+code, tool calls, high temperature) or the target model was updated without its draft.
+Why it matters: the fix is the drafter or ``k``, not capacity; and at high concurrency the
+verify cost competes with batching.
+
+Reads vLLM's ``vllm:spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``
+counters (acceptance rate = accepted / draft tokens, mean tokens per verification step
+= 1 + accepted / drafts, exact over the window) or, where the engine computes them,
+SGLang's ``spec_accept_rate`` / ``spec_accept_length`` gauges.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.diagnosis.findings import Finding
+from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.signals import Signals
+from app.promql import human_share, num
+from app.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.rules_export import RegimeAlerts
+
+
+def evaluate(s: Signals, t: Thresholds) -> Finding | None:
+    if s.spec_accept_rate is None and s.spec_accept_length is None:
+        return None
+    steps = s.spec_drafts if s.spec_drafts is not None else (s.itl.count if s.itl else 0.0)
+    enough = check("verification steps with a draft", steps, ">=", t.spec_min_drafts, "",
+                   "ITL steps where the engine exports no draft count")
+    rate = check("draft acceptance rate", s.spec_accept_rate, "<=", t.spec_accept_rate, "ratio",
+                 "accepted / proposed draft tokens")
+    length = check("mean tokens per verification step", s.spec_accept_length, "<=", t.spec_accept_length, "",
+                   "1 + accepted / drafts")
+    if not enough.met or not (rate.met or length.met):
+        return None
+    conditions = [enough] + [c for c in (rate, length) if c.met]
+    evidence = conditions + [c for c in (rate, length) if not c.met and c.value is not None] + [
+        info("draft tokens per step (num_speculative_tokens)", s.spec_draft_length),
+        info("ITL mean", s.itl.mean if s.itl else None, "s", "per engine step: a step emits 1 + accepted tokens"),
+        info("running requests (mean)", s.running_mean),
+    ]
+    k = f"{s.spec_draft_length:.0f}" if s.spec_draft_length else "k"
+    busy = (s.running_mean or 0.0) >= 32
+    vllm = [
+        f"Propose fewer tokens: --speculative-config num_speculative_tokens below {k} (rejected positions cost "
+        "verify compute for nothing).",
+        "Use a better drafter: an EAGLE/EAGLE-3 head or MTP trained for this model, or a draft model tuned on this "
+        "traffic; n-gram lookup only pays on repetitive (RAG, code-edit) prompts.",
+        ("Turn speculation off at this concurrency: " if busy else "At high concurrency turn speculation off ")
+        + "(the batch already uses the GPU; vLLM's disable_by_batch_size in --speculative-config).",
+    ]
+    sglang = [
+        "Lower --speculative-num-draft-tokens / --speculative-num-steps.",
+        "Use an EAGLE/EAGLE-3 draft trained for this model (--speculative-algorithm EAGLE3).",
+        "Disable speculation at high batch sizes (it only pays when decode is memory-bound).",
+    ]
+    tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
+    critical = s.spec_accept_length is not None and s.spec_accept_length <= t.spec_critical_accept_length
+    parts = []
+    if s.spec_accept_rate is not None:
+        parts.append(f"{s.spec_accept_rate:.0%} of draft tokens are accepted")
+    if s.spec_accept_length is not None:
+        parts.append(f"a verification step emits {s.spec_accept_length:.2f} tokens on average")
+    return Finding("speculation_ineffective", "critical" if critical else "warning",
+                   confidence(conditions, steps, 4 * t.spec_min_drafts),
+                   "Speculative decoding is not paying off: " + ", ".join(parts)
+                   + "; the draft and verify cost of each step buys almost nothing.",
+                   evidence, remedies(s.engine, vllm, tgi, sglang))
+
+
+def promql(x: RegimeAlerts) -> None:
+    r, t, e = x.recorded, x.t, x.engine
+    if r.get("spec_accept_rate") is None:
+        return
+    expr = x.and_(f"({r['spec_accept_rate']} <= {num(t.spec_accept_rate)}) or "
+                  f"({r['spec_accept_length']} <= {num(t.spec_accept_length)})",
+                  f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}")
+    x.add("warning", expr, f"Speculative decoding is ineffective on {e.title}",
+          f"{e.who()}: over the last {x.w} at most {human_share(t.spec_accept_rate)} of draft tokens were accepted "
+          f"or a verification step emitted at most {t.spec_accept_length:g} tokens on average.")
+    x.add("critical", x.and_(f"{r['spec_accept_length']} <= {num(t.spec_critical_accept_length)}",
+                             f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}"),
+          f"Speculative drafts are almost never accepted on {e.title}",
+          f"{e.who()}: a verification step emitted at most {t.spec_critical_accept_length:g} tokens on average "
+          f"over the last {x.w}.")
+
+
+RULE = Rule("speculation_ineffective", evaluate, precedence=48, colour="light-blue", promql=promql,
+            causes=("bandwidth_bound",))
