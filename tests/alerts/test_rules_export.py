@@ -148,7 +148,10 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         ("LLMLatencyQueueing", "sglang"), ("LLMLatencyPrefillCompute", "sglang"),
                         ("LLMLatencyPrefillInterference", "sglang"), ("LLMLatencyKVCachePressure", "sglang"),
                         # trtllm-serve has no per-step ITL and no prompt-length histogram: only what it can judge
-                        ("LLMLatencyQueueing", "trtllm")}
+                        ("LLMLatencyQueueing", "trtllm"),
+                        # vLLM's P/D transfer, speculative-decoding and render families
+                        ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
+                        ("LLMLatencyFrontendBound", "vllm")}
 
 
 def test_without_external_url_runbooks_are_repository_paths() -> None:
@@ -169,7 +172,7 @@ CUSTOM_THRESHOLDS = {
     "kv_transfer_share": 0.33, "kv_transfer_seconds": 0.122, "kv_transfer_failure_share": 0.013,
     "kv_transfer_min_transfers": 12, "spec_accept_rate": 0.31, "spec_accept_length": 1.45, "spec_min_drafts": 111,
     "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
-    "spec_critical_accept_length": 1.12,
+    "spec_critical_accept_length": 1.12, "kv_transfer_critical_share": 0.62,
 }
 
 
@@ -532,7 +535,8 @@ EQUIVALENCE_CASES = [
     ("prefill_interference", "vllm", False), ("kv_cache_pressure", "vllm", False), ("bandwidth_bound", "vllm", True),
     ("weights_offloaded", "vllm", True), ("healthy_bursty", "tgi", False), ("queueing", "tgi", False),
     ("prefill_compute", "tgi", False), ("prefill_interference", "tgi", False), ("kv_cache_pressure", "tgi", False),
-    ("bandwidth_bound", "tgi", False), ("weights_offloaded", "tgi", True),
+    ("bandwidth_bound", "tgi", False), ("weights_offloaded", "tgi", True), ("kv_transfer", "vllm", False),
+    ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False),
 ]
 STEP = 5  # simulated seconds between scrapes (= promtool's interval)
 
@@ -574,7 +578,8 @@ def _rounded(value: float) -> tuple[str, float]:
 
 def _expected_alerts(findings) -> list[tuple[str, str]]:
     out = []
-    twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure"}
+    twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure", "kv_transfer",
+             "speculation_ineffective", "frontend_bound"}
     for f in findings:
         name = regime_alertname(f.regime)
         out.append((name, f.severity))

@@ -77,9 +77,9 @@ def promql(x: RegimeAlerts) -> None:
     for severity, min_render in (("warning", t.render_seconds), ("critical", t.render_critical_factor
                                                                  * t.render_seconds)):
         x.add(severity, expr(min_render), f"The front end dominates TTFT on {e.title}",
-              f"{e.who()}: rendering a request (chat template, tokenization, preprocessing) takes at least "
-              f"{human_seconds(min_render)} on average over the last {x.w}, at least "
-              f"{human_share(t.render_share)} of mean TTFT.")
+              f"{e.who()}: rendering a request (chat template, tokenization, preprocessing) takes "
+              f"{{{{ $value | humanizeDuration }}}} on average over the last {x.w} (at least "
+              f"{human_seconds(min_render)}), at least {human_share(t.render_share)} of mean TTFT.")
 
 
 RULE = Rule("frontend_bound", evaluate, precedence=47, colour="dark-yellow", promql=promql)

@@ -93,18 +93,25 @@ def promql(x: RegimeAlerts) -> None:
     r, t, e = x.recorded, x.t, x.engine
     if r.get("kv_transfer_mean") is None:
         return
-    slow = x.and_(f"{r['kv_transfer_mean']} >= {num(t.kv_transfer_seconds)}",
+    mean = r["kv_transfer_mean"]
+    slow = x.and_(f"{mean} >= {num(t.kv_transfer_seconds)}",
                   f"{r['kv_transfer_share']} >= {num(t.kv_transfer_share)}",
                   f"{r['kv_transfers']} >= {num(t.kv_transfer_min_transfers)}")
-    failing = f"{r['kv_transfer_failure_share']} >= {num(t.kv_transfer_failure_share)}"
+    failing = f"{mean} and ({r['kv_transfer_failure_share']} >= {num(t.kv_transfer_failure_share)})"
+    # both branches carry the mean transfer time, the alert's {{ $value }}
     x.add("warning", f"({slow})\nor\n({failing})", f"KV transfers are slow or failing on {e.title}",
-          f"{e.who()}: over the last {x.w} KV-cache transfers take at least {human_seconds(t.kv_transfer_seconds)} "
-          f"and {human_share(t.kv_transfer_share)} of mean TTFT, or at least "
-          f"{human_share(t.kv_transfer_failure_share)} of them fail.")
-    x.add("critical", f"{r['kv_transfer_failure_share']} >= {num(t.kv_transfer_critical_failure_share)}",
-          f"KV transfers fail on {e.title}",
-          f"{e.who()}: at least {human_share(t.kv_transfer_critical_failure_share)} of KV-cache transfers failed "
-          f"over the last {x.w}.")
+          f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
+          f"(fires at {human_seconds(t.kv_transfer_seconds)} and {human_share(t.kv_transfer_share)} of mean TTFT, "
+          f"or when at least {human_share(t.kv_transfer_failure_share)} of them fail).")
+    critical_slow = x.and_(f"{mean} >= {num(t.kv_transfer_seconds)}",
+                           f"{r['kv_transfer_share']} >= {num(t.kv_transfer_critical_share)}",
+                           f"{r['kv_transfers']} >= {num(t.kv_transfer_min_transfers)}")
+    critical_failing = f"{mean} and ({r['kv_transfer_failure_share']} >= {num(t.kv_transfer_critical_failure_share)})"
+    x.add("critical", f"({critical_slow})\nor\n({critical_failing})",
+          f"KV transfers dominate TTFT or fail on {e.title}",
+          f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
+          f"(critical at {human_share(t.kv_transfer_critical_share)} of mean TTFT, or when at least "
+          f"{human_share(t.kv_transfer_critical_failure_share)} of them fail).")
 
 
 RULE = Rule("kv_transfer", evaluate, precedence=45, colour="dark-purple", promql=promql)

@@ -80,17 +80,19 @@ def promql(x: RegimeAlerts) -> None:
     r, t, e = x.recorded, x.t, x.engine
     if r.get("spec_accept_rate") is None:
         return
-    expr = x.and_(f"({r['spec_accept_rate']} <= {num(t.spec_accept_rate)}) or "
-                  f"({r['spec_accept_length']} <= {num(t.spec_accept_length)})",
+    # both branches carry the mean tokens per verification step, the alert's {{ $value }}
+    length, rate = r["spec_accept_length"], r["spec_accept_rate"]
+    expr = x.and_(f"({length} <= {num(t.spec_accept_length)}) or ({length} and ({rate} <= {num(t.spec_accept_rate)}))",
                   f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}")
     x.add("warning", expr, f"Speculative decoding is ineffective on {e.title}",
-          f"{e.who()}: over the last {x.w} at most {human_share(t.spec_accept_rate)} of draft tokens were accepted "
-          f"or a verification step emitted at most {t.spec_accept_length:g} tokens on average.")
-    x.add("critical", x.and_(f"{r['spec_accept_length']} <= {num(t.spec_critical_accept_length)}",
+          f"{e.who()}: a verification step emitted {{{{ $value | printf \"%.2f\" }}}} tokens on average over the last "
+          f"{x.w} (at most {t.spec_accept_length:g}, or at most {human_share(t.spec_accept_rate)} of draft tokens "
+          f"accepted).")
+    x.add("critical", x.and_(f"{length} <= {num(t.spec_critical_accept_length)}",
                              f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}"),
           f"Speculative drafts are almost never accepted on {e.title}",
-          f"{e.who()}: a verification step emitted at most {t.spec_critical_accept_length:g} tokens on average "
-          f"over the last {x.w}.")
+          f"{e.who()}: a verification step emitted {{{{ $value | printf \"%.2f\" }}}} tokens on average over the last "
+          f"{x.w} (at most {t.spec_critical_accept_length:g}).")
 
 
 RULE = Rule("speculation_ineffective", evaluate, precedence=48, colour="light-blue", promql=promql,
