@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -33,6 +34,8 @@ from app.store.models import Target
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
+_Answer = TypeVar("_Answer")
+_Value = TypeVar("_Value")
 SOURCE_KIND = "prometheus"  # Target.source of a replica a Prometheus source discovered
 SERVICE_KIND = "service"  # Target.source of a group of those replicas (the source's service_labels)
 DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
@@ -289,51 +292,44 @@ class SourceService:
                              signals: Sequence[str]) -> tuple[dict[int, TargetWindow], set[int]]:
         """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
         numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
-        by_source: dict[str, list[Target]] = {}
-        for target in targets:
-            by_source.setdefault(target.origin or "", []).append(target)
-        out: dict[int, TargetWindow] = {}
-        failed: set[int] = set()
-        for name, members in by_source.items():
-            source = self.get(name)
-            try:
-                if source is None:
-                    raise SourceMissing(name)
-                windows = source.reader.windows(start, end, signals)
-            except (PromAPIError, SourceMissing) as exc:
-                log.info("source %s: no windows (%s)", name, exc)
-                failed.update(t.id for t in members)
-                continue
-            for target in members:
-                window = windows.get(source.key_of(target))
-                if window is not None:
-                    out[target.id] = window
-        return out, failed
+        return self._per_source(targets, lambda source: source.reader.windows(start, end, signals),
+                                lambda source, target, windows: windows.get(source.key_of(target)), "windows")
 
     def histograms_over(self, targets: Sequence[Target], signal: str, windows: Sequence[float], end: float
                         ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:
         """Per replica of ``targets`` (ids), its ``signal`` histogram per model over each of
         ``windows`` ending at ``end`` (one query per source and window), and the ids whose
         source could not answer."""
+        return self._per_source([t for t in targets if t.source == SOURCE_KIND],
+                                lambda source: source.reader.histograms_over(signal, windows, end),
+                                lambda source, target, answers: [a.get(source.key_of(target), {}) for a in answers],
+                                "SLO histograms")
+
+    def _per_source(self, targets: Sequence[Target], ask: Callable[[PrometheusSource], _Answer],
+                    pick: Callable[[PrometheusSource, Target, _Answer], _Value | None], what: str
+                    ) -> tuple[dict[int, _Value], set[int]]:
+        """Ask each source of ``targets`` once (``ask``), then take each target's part of the
+        answer (``pick``, None: nothing for it); also the ids of the targets whose source could
+        not answer (or is no longer configured): their numbers are unknown, not absent."""
         by_source: dict[str, list[Target]] = {}
         for target in targets:
-            if target.source == SOURCE_KIND:
-                by_source.setdefault(target.origin or "", []).append(target)
-        out: dict[int, list[dict[str, WindowHistogram]]] = {}
+            by_source.setdefault(target.origin or "", []).append(target)
+        out: dict[int, _Value] = {}
         failed: set[int] = set()
         for name, members in by_source.items():
             source = self.get(name)
             try:
                 if source is None:
                     raise SourceMissing(name)
-                answers = source.reader.histograms_over(signal, windows, end)
+                answer = ask(source)
             except (PromAPIError, SourceMissing) as exc:
-                log.info("source %s: no SLO histograms (%s)", name, exc)
+                log.info("source %s: no %s (%s)", name, what, exc)
                 failed.update(t.id for t in members)
                 continue
             for target in members:
-                key = source.key_of(target)
-                out[target.id] = [answer.get(key, {}) for answer in answers]
+                value = pick(source, target, answer)
+                if value is not None:
+                    out[target.id] = value
         return out, failed
 
     def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,

@@ -90,13 +90,7 @@ SECURITY_HEADERS = {
 
 # --------------------------------------------------------------------------- formatting
 
-def fmt_seconds(value: float | None) -> str:
-    """Latency text, the same spelling as diagnosis evidence: ``17.7 ms``, ``15.00 s``."""
-    if value is None or not math.isfinite(value):
-        return "–"
-    if abs(value) < 1:
-        return f"{value * 1000:.1f} ms"
-    return f"{value:.2f} s"
+fmt_seconds = human.seconds  # latency text, the same spelling as diagnosis evidence
 
 
 def fmt_number(value: float | None, digits: int = 3) -> str:
