@@ -47,6 +47,23 @@ class FakeClient:
     def map(self, fn, items):
         return [fn(item) for item in items]
 
+    def map_as_completed(self, fn, items):
+        """As ``PrometheusClient.map_as_completed`` with calls finishing in item order:
+        ``(index, result)`` as each call ends; after a failure every remaining call still
+        runs, then the first error is raised and nothing after it is yielded."""
+        items = list(items)
+        for i, item in enumerate(items):
+            try:
+                result = fn(item)
+            except Exception as error:
+                for rest in items[i + 1:]:
+                    try:
+                        fn(rest)
+                    except Exception:
+                        pass
+                raise error
+            yield i, result
+
 
 def test_every_engine_is_in_the_queries() -> None:
     engines = {f.engine for families in HISTOGRAM_FAMILIES.values() for f in families}
@@ -55,9 +72,12 @@ def test_every_engine_is_in_the_queries() -> None:
         "vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running",
         "trtllm_num_requests_running", "trtllm:num_requests_running", "tgi_batch_current_size"]
     names = {f.name for f in HISTOGRAM_FAMILIES["kv_transfer_time"]}
-    assert names == {"trtllm_kv_transfer_latency_seconds", "trtllm:kv_transfer_latency_seconds",
+    assert names == {"vllm:nixl_xfer_time_seconds",
+                     "trtllm_kv_transfer_latency_seconds", "trtllm:kv_transfer_latency_seconds",
                      "sglang:kv_transfer_latency_ms", "sglang:per_stage_req_latency_seconds"}
-    assert [f.name for f in COUNTER_FAMILIES["kv_transfer_failures_total"]] == ["sglang:num_transfer_failed_reqs_total"]
+    assert [f.name for f in COUNTER_FAMILIES["kv_transfer_failures_total"]] == [
+        "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers",
+        "sglang:num_transfer_failed_reqs_total"]
     text = SourceQueries(("pod",)).histogram("kv_transfer_time", 60)
     assert 'sglang:per_stage_req_latency_seconds_bucket{stage="prefill_transfer_kv_cache"}' in text
 
@@ -65,7 +85,10 @@ def test_every_engine_is_in_the_queries() -> None:
 def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
     client = FakeClient([])
     SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    assert len(client.queries) == 29  # + presence and up of discovery = 31 per round, at most 40
+    # 28 per-signal queries (histograms incl. kv_transfer_time and render_time, gauges, counters incl.
+    # spec_drafts_total), TGI's raw KV samples, scrapes, configuration, per-rank loads, the ITL split;
+    # + presence and up of discovery = 35 per round, at most 40
+    assert len(client.queries) == 33
     assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,9 +140,19 @@ def vm_matrix(recording: Recording) -> Iterator[tuple[dict[str, Case], Prometheu
             client.close()
 
 
-def _close(a: float | None, b: float | None, rel: float = 1e-9) -> bool:
+def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
+    """Numbers agree to ``rel``; the structured parts of a summary (each quantile's bucket
+    ``intervals``/``bounds``, flags, the derivation text) agree field by field, element by element."""
     if a is None or b is None:
         return a is b
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys()
+                and all(_close(a[k], b[k], rel) for k in a))
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b)
+                and all(_close(x, y, rel) for x, y in zip(a, b)))
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
+        return a == b
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
 
 
@@ -169,6 +180,7 @@ def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], P
     for name in ("ttft", "itl", "queue_time", "prefill_time", "e2e", "prompt_tokens", "generation_tokens"):
         assert (name in store_signals) == (name in prom_signals), name
         if name in store_signals:
+            assert prom_signals[name].keys() == store_signals[name].keys(), name
             for key, value in store_signals[name].items():
                 assert _close(prom_signals[name][key], value), (name, key, prom_signals[name][key], value)
     for name in ("queue_share", "prefill_share", "itl_ratio", "decode_stall_share", "max_step_tokens",
