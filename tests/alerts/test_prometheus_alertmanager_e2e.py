@@ -19,7 +19,7 @@ import pytest
 
 from app.config import FileConfig
 from app.emulator.server import EmulatorFleet, TargetSpec
-from app.rules_export import render_rules
+from app.rules_export import ENGINES, render_rules
 from tests.support.alertmanager import running_alertmanager
 from tests.support.prometheus import running_prometheus
 from tests.support.receiver import WebhookReceiver
@@ -92,8 +92,10 @@ def test_queueing_engine_alert_reaches_the_webhook_through_prometheus_and_alertm
             target_down = prom.query('ALERTS{alertname="LLMLatencyTargetDown"}')["result"]
             rule_groups = prom.api("rules")["groups"]
 
-    # Prometheus loaded every exported group
-    assert sorted(g["name"] for g in rule_groups) == ["llm-latency-targets", "llm-latency-tgi", "llm-latency-vllm"]
+    # Prometheus loaded every exported group: one per engine (vLLM, TGI, SGLang, TRT-LLM) and the targets'
+    assert sorted(g["name"] for g in rule_groups) == sorted(
+        [f"llm-latency-{e.name}" for e in ENGINES] + ["llm-latency-targets"])
+    assert len(rule_groups) == 5
     # the emulated engine really is queueing (simulated seconds: ~16 s in the queue, ~all of TTFT)
     assert queue_mean >= 2.5 and queue_share >= 0.5, (queue_mean, queue_share)
     assert target_down == []

@@ -45,12 +45,15 @@ def test_targets_are_scraped_on_schedule_with_prometheus_text_and_gzip(migrated_
 
 @pytest.mark.postgres
 def test_service_refuses_an_unmigrated_postgresql(postgres_database: str, tmp_path: Path) -> None:
+    from app.store.db import head_revision
     from tests.conftest import _reset_postgres
 
+    head = head_revision()
+    assert head is not None and head.isdigit()  # a numbered revision, so the message below names it exactly
     _reset_postgres(postgres_database)
     app = create_app(Settings(database_url=postgres_database, data_dir=tmp_path))
     with pytest.raises(RuntimeError,
-                       match=r"schema is at revision none, the service needs 0008: run `llm-latency db upgrade`"):
+                       match=rf"schema is at revision none, the service needs {head}: run `llm-latency db upgrade`"):
         with TestClient(app):
             pass
 

@@ -257,7 +257,8 @@ def test_prometheus_alertmanager_and_grafana_get_the_source_modes_files() -> Non
                if v.startswith(".")}
     assert grafana["/var/lib/grafana/dashboards/llm-latency"] == (SOURCE_DIR / "dashboards").resolve()
     assert {p.name for p in (SOURCE_DIR / "dashboards").glob("*.json")} == {"llm-latency-fleet.json",
-                                                                            "llm-latency-target.json"}
+                                                                            "llm-latency-target.json",
+                                                                            "llm-latency-slo.json"}
 
 
 @pytest.mark.prometheus
