@@ -524,8 +524,8 @@ def slo_time_panel(width: int) -> Panel:
     return bargauge(
         "SLO attainment: share of time p99 met the objective",
         "Fraction of the dashboard time range in which the monitor's p99 (over its latency window) was at or "
-        "below the objective chosen above ($ttft_slo s TTFT, $itl_slo s ITL). Works for every engine (TGI's "
-        "TTFT is derived as queue + prefill).",
+        "below the objective chosen above ($ttft_slo s TTFT, $itl_slo s ITL). TGI has ITL only: its TTFT, "
+        "derived from queue and prefill, has no p99 value, only a bound.",
         [Target(Q.time_attainment("ttft", "ttft_slo"), "{{target}} TTFT", instant=True),
          Target(Q.time_attainment("itl", "itl_slo"), "{{target}} ITL", instant=True)], width=width)
 
@@ -908,14 +908,18 @@ def fleet() -> dict:
     ]
     summary = table(
         "Fleet summary",
-        "Latest p99 TTFT and ITL (monitor, latency window) and the diagnosed verdict per target and model.",
-        [Target(ENGINE.with_labels(f"max by (target, model) ({Q.quantile('ttft', '0.99')})"), instant=True,
+        "The diagnosed verdict and the latest p99 TTFT and ITL (monitor, latency window) per target and model. "
+        "TGI exports no TTFT histogram and its derived TTFT has no p99 value, only a bound (latency API), so "
+        "its TTFT cell stays empty.",
+        # the verdict comes first: every diagnosed target and model is a row, the quantiles join into it
+        # (a TGI row has no TTFT p99 to lead with)
+        [Target(ENGINE.with_labels(Q.rows("llm_latency_diagnosis_verdict", "target, model, verdict")), instant=True,
+                table=True),
+         Target(ENGINE.with_labels(f"max by (target, model) ({Q.quantile('ttft', '0.99')})"), instant=True,
                 table=True),
          Target(ENGINE.with_labels(f"max by (target, model) ({Q.quantile('itl', '0.99')})"), instant=True,
-                table=True),
-         Target(ENGINE.with_labels(Q.rows("llm_latency_diagnosis_verdict", "target, model, verdict")), instant=True,
                 table=True)],
-        [MERGE, organize(["Time", "Value #C"], {"Value #A": "TTFT p99", "Value #B": "ITL p99"},
+        [MERGE, organize(["Time", "Value #A"], {"Value #B": "TTFT p99", "Value #C": "ITL p99"},
                          ["target", "model", "verdict", "TTFT p99", "ITL p99"])],
         width=12, height=10,
         overrides=[by_name("TTFT p99", [{"id": "unit", "value": "s"}]),
@@ -926,7 +930,8 @@ def fleet() -> dict:
     latency = [
         timeseries("TTFT p50 / p90 / p99 (monitor)",
                    "Time to first token per target, from the monitor's exact histogram quantiles over its latency "
-                   "window (llm_latency_quantile_seconds). TGI: queue + prefill (derived).",
+                   "window (llm_latency_quantile_seconds). None for TGI: its TTFT derived from queue and prefill "
+                   "has a mean and a bound per quantile, not a quantile.",
                    latency_quantiles("ttft", "{{target}} "), "s"),
         timeseries("ITL p50 / p90 / p99 (monitor)",
                    "Inter-token latency per target (one observation per engine step), from the monitor's "

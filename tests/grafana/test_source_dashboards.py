@@ -172,7 +172,7 @@ def test_every_expression_parses_and_target_names_split_into_the_labels(tmp_path
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and f"SUCCESS: {len(rules)} rules found" in result.stdout, result.stdout
     summary = next(q for q in QUERIES if q.dashboard == "llm-latency-fleet.json" and q.where == "Fleet summary"
-                   and q.ref == "C")
+                   and "llm_latency_diagnosis_verdict" in q.expr)
     test = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
         "interval": "15s",
         "input_series": [

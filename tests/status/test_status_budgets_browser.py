@@ -35,6 +35,13 @@ slos:
 """
 
 
+def slow_ttfts(page: str) -> float:
+    """Requests of the page with TTFT over 0.1 s: the +Inf bucket minus the one at 0.1."""
+    buckets = {line.split('le="')[1].split('"')[0]: float(line.split()[-1]) for line in page.splitlines()
+               if line.startswith("vllm:time_to_first_token_seconds_bucket")}
+    return buckets["+Inf"] - buckets["0.1"]
+
+
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client]]:
     config = tmp_path / "config.yaml"
@@ -48,9 +55,20 @@ def live(tmp_path: Path) -> Iterator[tuple[LiveServer, httpx.Client]]:
         monitor = app.state.monitor
         assert http.post("/api/v1/targets", json={"name": "chat", "url": fleet.urls["chat"] + "/metrics"}
                          ).status_code == 201
-        for _ in range(8):
-            server.call(monitor.scraping.scrape_now, "chat")
+        # scrape until the engine's own page shows a request over 0.1 s since the first scrape (the
+        # healthy tail misses it in bursts, a few percent of requests): then one more scrape holds it
+        page = fleet.urls["chat"] + "/metrics"
+        server.call(monitor.scraping.scrape_now, "chat")
+        first = slow_ttfts(http.get(page).text)
+        for _ in range(60):
             time.sleep(0.6)
+            server.call(monitor.scraping.scrape_now, "chat")
+            if slow_ttfts(http.get(page).text) > first:
+                break
+        else:
+            pytest.fail("the emulated engine served no request with TTFT over 0.1 s in 60 scrapes")
+        time.sleep(0.6)
+        server.call(monitor.scraping.scrape_now, "chat")
         server.call(monitor.scraping.flush)
         yield server, http
 
