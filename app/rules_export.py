@@ -292,8 +292,9 @@ SGLANG = Engine(
 )
 
 #: trtllm-serve: no per-step ITL and no prompt-length histogram, so the regimes that read them
-#: (prefill_compute, prefill_interference, bandwidth_bound) have no alerts for it, as the
-#: built-in diagnosis lists them as not judged.
+#: (prefill_compute, prefill_interference, bandwidth_bound) have no alerts for it. The built-in
+#: diagnosis lists the ITL ones as not judged and judges prefill_compute on the mean prompt
+#: length from the prompt-token and request counters, which these alerts do not read yet.
 TRTLLM = Engine(
     "trtllm", "TensorRT-LLM", ("job", "instance", "model_name"),
     histograms={

@@ -91,7 +91,8 @@ def test_the_hold_overrides_the_load() -> None:
     signals = {"running_mean": 8.0, "running_max": 8.0, "waiting_mean": 16.0, "kv_usage_mean": 0.2}
     holding = [rule.regime for rule in RULES if not rule.replicas_help]
     assert {"prefill_interference", "bandwidth_bound", "weights_offloaded", "outside_engine", "replica_imbalance",
-            "prefill_compute"} == set(holding)
+            "prefill_compute", "kv_transfer", "speculation_ineffective", "dp_imbalance",
+            "frontend_bound"} == set(holding)
     for verdict in ["queueing", "kv_cache_pressure", "healthy"]:
         c = capacity.assess({"target": "t", "verdict": verdict, "signals": signals}, Thresholds())
         assert (c.desired_replicas, c.scaling_helps, c.utilization) == (3, True, 3.0)

@@ -103,9 +103,13 @@ def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_pat
     assert d.engine == "trtllm"
     assert d.verdict == "healthy" and d.findings == []
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
-    assert set(not_judged) == {"prefill_compute", "prefill_interference", "bandwidth_bound", "weights_offloaded"}
+    # prefill_compute is judged: the prompt-token and request counters give the mean prompt length
+    # (10,240 tokens / 20 requests = 512, below the long-prompt threshold), no histogram needed
+    assert set(not_judged) == {"prefill_interference", "bandwidth_bound", "weights_offloaded"}
+    assert d.signals["prompt_mean_counters"] == pytest.approx(10240 / 20)
     assert not_judged["bandwidth_bound"] == ("needs per-step ITL histogram, which this trtllm target's window does "
                                              "not have")
+    assert not_judged["prefill_interference"] == not_judged["bandwidth_bound"]  # the ITL, not the prompt length
     # queueing was judged from the real queue histogram: mean queue 0.099 s < 0.5 s
     assert d.signals["queue_time"]["mean"] == pytest.approx(0.3975 / 4)
     result = OneShotResult("http://trt:8000/metrics", "trtllm", records, {}, [d])

@@ -39,6 +39,12 @@ class Need:
         return any(getattr(s, name) not in (None, {}, []) for name in self.signals)
 
 
+#: the mean prompt length: the histogram's ``_sum/_count``, or the prompt-token and request
+#: counters where the engine has no prompt-length histogram (``Signals.prompt_mean``)
+PROMPT_MEAN = Need("mean prompt length (the prompt-length histogram, or the prompt-token and request counters)",
+                   ("prompt_tokens", "prompt_mean_counters"))
+
+
 @dataclass(frozen=True)
 class Rule:
     """One regime, declared once in its own module."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
+    PROMPT_MEAN,
     Need,
     Rule,
     check,
@@ -97,5 +98,5 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("prefill_compute", evaluate, precedence=40, colour="yellow", promql=promql, needs=(
-    Need("prefill time", ("prefill_per_request",)), Need("prompt-length histogram", ("prompt_tokens",)),
+    Need("prefill time", ("prefill_per_request",)), PROMPT_MEAN,
 ))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
+    PROMPT_MEAN,
     Need,
     NotJudged,
     Rule,
@@ -168,6 +169,6 @@ def promql(x: RegimeAlerts) -> None:
 
 
 RULE = Rule("prefill_interference", evaluate, precedence=30, colour="purple", promql=promql, needs=(
-    Need("per-step ITL histogram", ("itl",)), Need("prompt-length histogram", ("prompt_tokens",)),
+    Need("per-step ITL histogram", ("itl",)), PROMPT_MEAN,
     Need("running-requests gauge", ("running_mean",)),
 ))
