@@ -32,8 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.scrape.client import ACCEPT
 from app.scrape.jobs import PageProcessor
-from app.sources.base import GAUGE_SIGNALS
-from app.sources.vllm import COUNTERS, FAMILIES, HISTOGRAMS
+from app.sources.vllm import COUNTERS, FAMILIES, GAUGES, HISTOGRAMS
 from tests.real_engine.conftest import BLOCK_SIZE, MAX_NUM_SEQS, MODEL_NAME, REPORT, Service, VllmServer
 
 pytestmark = pytest.mark.real_engine
@@ -197,9 +196,14 @@ def test_real_metrics_page_parses_and_matches_prometheus_client(vllm_server: Vll
         assert h.bounds[-1] == math.inf and h.counts[-1] == h.count, h.signal
         assert all(b >= a for a, b in zip(h.counts, h.counts[1:])), h.signal
         assert h.count >= 1, f"{h.signal}: the warm-up requests are not counted"
+    # Every gauge and counter the adapter maps, except what only a P/D (NIXL) or speculative-decoding
+    # server exports: this one is neither.
     scalars = {s.signal for s in canonical.scalars}
-    assert set(GAUGE_SIGNALS) <= scalars
-    assert set(COUNTERS) <= scalars
+    assert set(GAUGES) == {"running", "waiting", "kv_usage"} and set(GAUGES) <= scalars
+    feature_only = {"kv_transfer_failures_total", "spec_drafts_total", "spec_draft_tokens_total",
+                    "spec_accepted_tokens_total"}
+    assert set(COUNTERS) - feature_only <= scalars
+    assert not feature_only & scalars
     config = [i for i in canonical.infos if i.name == "cache_config"]
     assert config and config[0].labels.get("block_size") == str(BLOCK_SIZE), config
 
