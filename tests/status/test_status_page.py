@@ -281,12 +281,14 @@ def test_empty_service_explains_how_to_add_targets(service) -> None:
 
 @pytest.fixture
 def quiet_service(migrated_url: str, tmp_path: Path):
-    """A service whose periodic jobs (summaries, diagnosis, alerts, outbox) do not run during the test,
-    so every statement on the engine belongs to the request under test."""
+    """A service whose periodic jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
+    heartbeat and lease) do not run during the test, so every statement on the engine belongs to
+    the request under test."""
     config = tmp_path / "config.yaml"
     config.write_text("diagnosis:\n  interval: 1h\n")
     yield from make_service(migrated_url, tmp_path, config_file=config, summary_interval="1h",
-                            alert_interval="1h", delivery_interval="1h")
+                            alert_interval="1h", delivery_interval="1h", downsample_interval="1h",
+                            replica_heartbeat="1h", replica_expiry="2h")
 
 
 def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_service) -> None:
