@@ -133,6 +133,16 @@ class SourceQueries:
             parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (buckets, total, count)]
         return " or ".join(parts)
 
+    def first_seen(self, signal: str, span: float, step: float) -> str:
+        """Per target, the timestamp of its first ``signal`` histogram sample in the ``span``
+        before the evaluation time, seen every ``step`` (a subquery: later than the true first
+        sample by at most one step). Tells how much of a long SLO period the server still holds."""
+        by = _by(*self.target_labels)
+        window = f"{prom_duration(span)}:{prom_duration(step)}"
+        counts = [_selector(f.name + "_count", f.matchers, list(self.matchers)) for f in HISTOGRAM_FAMILIES[signal]]
+        return " or ".join(_tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]))", FAMILY_LABEL, str(i))
+                           for i, count in enumerate(counts))
+
     def gauge(self, signal: str, window: float) -> str:
         w = prom_duration(window)
         combine = "avg" if signal in AVERAGED_GAUGES else "sum"

@@ -72,6 +72,13 @@ class Discovered:
     service: dict[TargetKey, dict[str, str]] = field(default_factory=dict)  # service label values
 
 
+#: The step of the subquery that finds where a source's data of a period begins: under
+#: Prometheus' default 5 min lookback, so every sample is seen by some step (a coarser step
+#: misses a replica that lived between two steps). 10,080 points per replica over 28 d, a
+#: twentieth of what the period's bucket increases read; the answer is reused (app/slo/sources.py).
+FIRST_SEEN_STEP = 240.0
+
+
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
     return tuple([labels.get(name, "") for name in target_labels])
 
@@ -248,6 +255,18 @@ class SourceReader:
         answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
         return [{key: {name: _histogram(b) for name, b in per_model.items()}
                  for key, per_model in self._pick(answer.data, "le", signal).items()} for answer in answers]
+
+    def first_seen(self, signal: str, span: float, end: float) -> dict[TargetKey, float]:
+        """Per target, when its ``signal`` histogram first has a sample in the ``span`` before
+        ``end`` (at most :data:`FIRST_SEEN_STEP` late; earliest over the engines' names): where
+        the server's data of a long SLO period begins."""
+        answer = self.client.query(self._queries(None, None).first_seen(signal, span, FIRST_SEEN_STEP), end)
+        out: dict[TargetKey, float] = {}
+        for sample in answer.data:
+            key = _key(sample.labels, self.target_labels)
+            if math.isfinite(sample.value):
+                out[key] = min(out.get(key, sample.value), sample.value)
+        return out
 
     def quantile_series(self, signal: str, q: float | None, first: float, end: float, step: float,
                         lookback: float, only: TargetKey | None, model: str | None = None,

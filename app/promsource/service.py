@@ -16,7 +16,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -142,9 +142,11 @@ class SourceService:
         self.sources: dict[str, PrometheusSource] = {}
         self._lock = threading.Lock()
         self._window = 60.0
+        self._reused: dict[Hashable, tuple[float, object]] = {}
 
     def configure(self, configs: Sequence[PrometheusSourceConfig]) -> None:
         with self._lock:
+            self._reused.clear()
             wanted = {c.name: c for c in configs}
             for name in list(self.sources):
                 if name not in wanted or wanted[name] != self.sources[name].config:
@@ -304,6 +306,33 @@ class SourceService:
                                 lambda source: source.reader.histograms_over(signal, windows, end),
                                 lambda source, target, answers: [a.get(source.key_of(target), {}) for a in answers],
                                 "SLO histograms")
+
+    def first_seen(self, targets: Sequence[Target], signal: str, span: float, end: float
+                   ) -> tuple[dict[int, float], set[int]]:
+        """Per replica of ``targets`` (ids), when its ``signal`` histogram first has a sample in
+        the ``span`` before ``end`` (one query per source), and the ids whose source could not
+        answer."""
+        return self._per_source([t for t in targets if t.source == SOURCE_KIND],
+                                lambda source: source.reader.first_seen(signal, span, end),
+                                lambda source, target, answer: answer.get(source.key_of(target)),
+                                "data coverage")
+
+    def reused(self, key: Hashable, now: float, max_age: float, compute: Callable[[], _Value],
+               keep: Callable[[_Value], bool]) -> tuple[float, _Value]:
+        """``compute()``'s answer for ``key`` and when it was asked, reused while younger than
+        ``max_age``: for questions over long periods that every alert round and every API
+        request would otherwise send again (an SLO's 28 d period). An answer ``keep`` refuses
+        (a source failed) is not reused; the memo is cleared when the sources change."""
+        with self._lock:
+            hit = self._reused.get(key)
+            if hit is not None and 0.0 <= now - hit[0] < max_age:
+                return hit  # type: ignore[return-value]
+        value = compute()
+        if keep(value):
+            with self._lock:
+                self._reused = {k: v for k, v in self._reused.items() if now - v[0] < 86400.0}
+                self._reused[key] = (now, value)
+        return now, value
 
     def _per_source(self, targets: Sequence[Target], ask: Callable[[PrometheusSource], _Answer],
                     pick: Callable[[PrometheusSource, Target, _Answer], _Value | None], what: str

@@ -79,12 +79,12 @@ def test_a_healthy_engine_with_bursts_never_pages(tmp_path: Path) -> None:
 
 def test_an_engine_slow_for_a_fifth_of_requests_for_hours_gets_a_ticket_not_a_page(tmp_path: Path) -> None:
     """Chat traffic for 30 min, then for 2 h also ~12k-token documents (~1.4 s prefill) at
-    0.12 req/s next to 0.8 req/s of chat: about a fifth of the requests take over 1 s.
-    Against 95 % within 1 s that is a burn of ~4x: above the tickets' 3x and 1x, below the
-    pages' 6x and 14.4x."""
+    0.15 req/s next to 0.8 req/s of chat: a fifth of the requests take over 1 s (the documents
+    and the chat requests queued behind them; measured 20.8 %). Against 95 % within 1 s that is
+    a burn of ~4x: above the tickets' 3x and 1x, below the pages' 6x and 14.4x."""
     healthy, documents = scenarios.get("healthy"), scenarios.get("prefill_compute")
     chat = replace(healthy.workload[0], rate=0.8)
-    docs = TrafficStream(name="documents", rate=0.12, prompt=documents.workload[0].prompt,
+    docs = TrafficStream(name="documents", rate=0.15, prompt=documents.workload[0].prompt,
                          output=documents.workload[0].output, max_tokens=1024)
     plan = ScenarioPlan("partly_slow", ((0.0, replace(healthy, name="chat", workload=(chat,))),
                                         (1800.0, replace(healthy, name="chat+documents", workload=(chat, docs)))))
@@ -97,13 +97,16 @@ def test_an_engine_slow_for_a_fifth_of_requests_for_hours_gets_a_ticket_not_a_pa
         h.close()
     after = [r for r in sim.stats().records if r.arrival >= 1800]
     slow_share = sum(r.ttft > 1.0 for r in after) / len(after)
-    assert 0.15 < slow_share < 0.25, slow_share  # the engine's own ground truth: about a fifth slow
+    assert 0.18 < slow_share < 0.23, slow_share  # the engine's own ground truth: a fifth slow
     fired = first_firing(history, 1800)
     assert {k for k in fired if k[1] == "page"} == set(), fired
     assert ("ttft", "ticket", "3d", "6h") in fired, fired  # 1x over 3 d and 6 h: ~5 % of the requests bad
+    # 3x over 1 d and 2 h fires once the slow part outweighs the healthy half hour in the day's
+    # window (measured 3,780 s after the slowdown; within the 2 h run, after the 3 d ticket)
+    assert ("ttft", "ticket", "1d", "2h") in fired, fired
+    assert fired[("ttft", "ticket", "1d", "2h")] > fired[("ttft", "ticket", "3d", "6h")], fired
     final = history[-1][1][0]
     burns = final.burn_rates()
     assert all(burns[w] is not None and 2.0 < burns[w] < 6.0 for w in ("30m", "1h", "2h", "6h")), burns  # type: ignore[operator]
-    # the 1 d / 2 h ticket (3x) fires once the slow part outweighs the healthy half hour in the day's window
     print(f"\nslow share {slow_share:.3f}; burn rates at the end {burns}")
     print(f"first firing after the slowdown (s): {fired}")

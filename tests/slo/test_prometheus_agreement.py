@@ -25,7 +25,8 @@ from app.promapi import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.service import SourceService
 from app.slo.rules import ratio_name, slo_rules
-from app.slo.sources import source_sums
+from app.promsource.reader import FIRST_SEEN_STEP
+from app.slo.sources import period_reuse, source_sums
 from app.slo.status import slo_statuses
 from app.store import repository
 from tests.slo.harness import RETENTION, T0, SloHarness
@@ -47,6 +48,7 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
     try:
         builtin = list(h.run(1500, scrape_every=15.0, round_every=30.0))[-1]
         end = T0 + h.clock
+        first_page = min(ts for engine in h.engines for ts, _ in engine.pages)
         backfill = Backfill()
         for engine in h.engines:
             for ts, page in engine.pages:
@@ -96,14 +98,33 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
                         spans = [*slo.windows(), slo.period]
                         for target_id, per_span in sums["chat-ttft"].items():
                             pod = names[target_id].rsplit(".", 1)[1]
-                            for span, (good, total, _) in zip(spans, per_span, strict=True):
+                            for span, (good, total, oldest) in zip(spans, per_span, strict=True):
                                 assert total > 0
                                 assert math.isclose(1 - good / total, prom_ratio[(pod, span)], rel_tol=1e-9,
                                                     abs_tol=1e-12), (pod, span)
+                                # the server holds 1,500 s: a longer window covers from the first
+                                # sample (seen by a 4 m subquery step: at most 240 s late), a
+                                # shorter one all of itself
+                                if span > end - first_page:
+                                    assert first_page <= oldest <= first_page + FIRST_SEEN_STEP, (pod, span, oldest)
+                                else:
+                                    assert oldest == end - span, (pod, span, oldest)
                         assert len(sums["chat-ttft"]) == 2
-                        # and in the SLO status next to the scraped targets: four targets, each pod twice
+                        # and in the SLO status next to the scraped targets: four targets, each pod twice;
+                        # the period's coverage is what both stores hold (1,500 s of 28 d), and said
                         (both,) = slo_statuses(session, h.slos, end, RETENTION, sums, errors)
                         assert len(both.targets) == 4 and both.errors == ()
+                        assert 1500 - FIRST_SEEN_STEP <= both.period.covered <= 1500
+                        assert both.note is not None and "of the 28d period" in both.note, both.note
+                        assert "what its server still holds" in both.note
+                    # the period (and where the data begins) is asked once per 5 min, the windows every round
+                    before = service.get("m").client.queries  # type: ignore[union-attr]
+                    again, _ = source_sums(h.sessions, service, h.slos, end + 30)
+                    assert service.get("m").client.queries - before == len(slo.windows())  # type: ignore[union-attr]
+                    assert [p[-1] for p in again["chat-ttft"].values()] == [p[-1] for p in sums["chat-ttft"].values()]
+                    later, _ = source_sums(h.sessions, service, h.slos, end + period_reuse(slo.period))
+                    assert service.get("m").client.queries - before == 2 * len(slo.windows()) + 2  # type: ignore[union-attr]
+                    assert len(later["chat-ttft"]) == 2
                 finally:
                     service.close()
             finally:
