@@ -23,9 +23,9 @@ import pytest
 from app.emulator.simulation import Simulation
 from app.promapi import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
+from app.promsource.reader import FIRST_SEEN_STEP
 from app.promsource.service import SourceService
 from app.slo.rules import ratio_name, slo_rules
-from app.promsource.reader import FIRST_SEEN_STEP
 from app.slo.sources import period_reuse, source_sums
 from app.slo.status import slo_statuses
 from app.store import repository
