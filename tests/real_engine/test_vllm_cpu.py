@@ -17,14 +17,14 @@ The numbers measured are printed at the end of the run (terminal summary).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -34,77 +34,21 @@ from app.scrape.client import ACCEPT
 from app.scrape.jobs import PageProcessor
 from app.sources.vllm import COUNTERS, FAMILIES, GAUGES, HISTOGRAMS
 from tests.real_engine.conftest import BLOCK_SIZE, MAX_NUM_SEQS, MODEL_NAME, REPORT, Service, VllmServer
+from tests.real_engine.load_client import LOAD_DEADLINE_S, MAX_TOKENS, StreamResult
 
 pytestmark = pytest.mark.real_engine
 
 STREAMS = 16            # concurrent streams in the queueing test: 8x the 2 slots
-PROMPT_WORDS = 150      # ~150 prompt tokens (the tokenizer was trained on these words)
-MAX_TOKENS = 128        # per stream, ignore_eos: every stream decodes exactly this many
 BASELINE_REQUESTS = 3   # sequential single requests for the unloaded TTFT
-LOAD_DEADLINE_S = 180   # every request loop here stops by itself
 SCRAPE_EVERY_S = 0.5    # a decode round (2 streams x 128 tokens) takes ~2.5 s here
 MAX_SCRAPES = 300
 
-_WORDS = ("the server waits for the scheduler and the queue grows while every token request "
-          "in the batch takes its time before the first answer").split()
-
-
-def prompt(index: int) -> str:
-    """A distinct prompt per request (distinct first words: no prefix-cache hits between streams)."""
-    rng = random.Random(index)
-    return f"request {index} " + " ".join(rng.choice(_WORDS) for _ in range(PROMPT_WORDS - 2))
-
-
-@dataclass
-class StreamResult:
-    ttft: float | None  # client side: request sent -> first streamed token
-    e2e: float
-    tokens: int  # completion tokens, from the final usage chunk
-    error: str | None = None
-
-
-async def _one_stream(client: httpx.AsyncClient, base_url: str, index: int) -> StreamResult:
-    body = {"model": MODEL_NAME, "prompt": prompt(index), "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    started = time.perf_counter()
-    first = None
-    tokens = 0
-    try:
-        async with client.stream("POST", f"{base_url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                await response.aread()
-                return StreamResult(None, time.perf_counter() - started, 0, f"HTTP {response.status_code}: "
-                                                                            f"{response.text[:200]}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                data = json.loads(line[6:])
-                if data.get("choices"):
-                    # A chunk per token step; its text may be empty (a byte-level token that
-                    # ends mid UTF-8 character), it is still the token's arrival.
-                    if first is None:
-                        first = time.perf_counter() - started
-                if data.get("usage"):
-                    tokens = data["usage"]["completion_tokens"]
-    except httpx.HTTPError as exc:
-        return StreamResult(first, time.perf_counter() - started, tokens, f"{type(exc).__name__}: {exc}")
-    return StreamResult(first, time.perf_counter() - started, tokens)
-
-
-def run_streams(base_url: str, indices: list[int]) -> list[StreamResult]:
-    """All of ``indices`` at once, each its own streaming request; bounded by LOAD_DEADLINE_S."""
-
-    async def main() -> list[StreamResult]:
-        limits = httpx.Limits(max_connections=len(indices) + 2, max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(LOAD_DEADLINE_S, connect=10), limits=limits) as client:
-            return await asyncio.wait_for(
-                asyncio.gather(*(_one_stream(client, base_url, i) for i in indices)), LOAD_DEADLINE_S)
-
-    return asyncio.run(main())
-
 
 class Load(threading.Thread):
-    """``run_streams`` in a background thread, so the test can scrape while it runs."""
+    """The streams in a client process of their own (tests/real_engine/load_client.py), run
+    from a background thread so the test can scrape meanwhile. A process, not a thread: the
+    client's clock must not wait for this process' other threads (the monitor's rounds, servers
+    of earlier tests) to release the GIL - that wait would read as time lost outside the engine."""
 
     def __init__(self, base_url: str, indices: list[int]) -> None:
         super().__init__(daemon=True)
@@ -114,9 +58,19 @@ class Load(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.results = run_streams(self.base_url, self.indices)
+            self.results = run_streams_in_process(self.base_url, self.indices)
         except BaseException as exc:
             self.exc = exc
+
+
+def run_streams_in_process(base_url: str, indices: list[int]) -> list[StreamResult]:
+    """:func:`run_streams` in a fresh Python process; its results back as JSON."""
+    done = subprocess.run([sys.executable, "-m", "tests.real_engine.load_client", base_url, MODEL_NAME,
+                           *map(str, indices)], capture_output=True, text=True, timeout=LOAD_DEADLINE_S + 60,
+                          cwd=Path(__file__).resolve().parents[2], check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"load client exited with {done.returncode}: {done.stderr[-2000:]}")
+    return [StreamResult(**r) for r in json.loads(done.stdout)]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -252,7 +206,7 @@ def test_queueing_with_16_streams_on_2_slots(service: Service, vllm_server: Vllm
     b0 = service.scrape()
     baseline: list[StreamResult] = []
     for i in range(BASELINE_REQUESTS):
-        baseline += run_streams(base, [1000 + i])
+        baseline += run_streams_in_process(base, [1000 + i])
     assert all(r.error is None and r.tokens == MAX_TOKENS for r in baseline), baseline
     b1 = scrape_until_observed(service, b0, BASELINE_REQUESTS)
     base_report = service.latency(b0.ts, b1.ts)
