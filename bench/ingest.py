@@ -60,6 +60,7 @@ import asyncio
 import cProfile
 import gc
 import json
+import math
 import os
 import pstats
 import re
@@ -275,6 +276,17 @@ def proc_cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident set size of a process in MB from /proc, NaN if it is gone or unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
 
 
 # =========================================================================== (a) parse

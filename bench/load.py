@@ -56,7 +56,7 @@ if str(ROOT) not in sys.path:  # allow `python bench/load.py`
 
 import httpx  # noqa: E402
 
-from bench.ingest import PageServer, page_variants, proc_cpu_seconds  # noqa: E402
+from bench.ingest import PageServer, page_variants, proc_cpu_seconds, rss_mb  # noqa: E402
 
 PAGE = ROOT / "tests" / "fixtures" / "exposition" / "vllm-0.32-cpu-real.prom"
 INTERVAL = 15.0
@@ -69,16 +69,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return math.nan
 
 
 def pct(values: list[float], q: float) -> float:

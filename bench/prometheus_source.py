@@ -87,6 +87,8 @@ if str(ROOT) not in sys.path:  # allow `python bench/prometheus_source.py`
 
 import httpx  # noqa: E402
 
+from bench.ingest import rss_mb  # noqa: E402
+
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 SCRAPE_INTERVAL = 15.0
@@ -402,13 +404,6 @@ def replay_bare(url: str, calls: list[tuple[str, tuple, float]]) -> float:
             t0 = time.perf_counter()
             list(pool.map(send, requests))
             return time.perf_counter() - t0
-
-
-def rss_mb(pid: int | str = "self") -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
 
 
 @dataclass
