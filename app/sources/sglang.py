@@ -26,6 +26,11 @@ KV transfer time (P/D): ``kv_transfer_latency_ms`` is a histogram in **milliseco
 seconds like every other time signal. Without it, ``per_stage_req_latency_seconds`` with
 ``stage="prefill_transfer_kv_cache"`` (seconds) is read. 0.4.x exported
 ``kv_transfer_latency_ms`` as a gauge (the last transfer only): not a distribution, so not read.
+Speculative decoding: the scheduler logs ``spec_accept_rate`` / ``spec_accept_length`` at every
+stats interval whether or not speculation is on, 0 when it is off (its stats' defaults); a
+speculating engine's accept length is at least 1 (the bonus token), so series whose
+``spec_accept_length`` is 0 are not read as speculation (else every SGLang page would show a 0 %
+acceptance rate).
 ``dp_attention_token_imbalance_ratio`` is read where it is a gauge; releases that export it as a
 histogram are compared rank by rank from the running/waiting gauges instead (a note says so).
 """
@@ -95,6 +100,17 @@ def group_of(family: MetricFamily) -> tuple[str, str]:
     return GROUP
 
 
+SPEC_GAUGES = ("spec_accept_rate", "spec_accept_length")
+
+
+def _speculating(page: ParsedPage) -> set[tuple[str, str]]:
+    """The (model, rank) series whose engine speculates: an accept length above 0 (see the module notes)."""
+    family = page.families.get("sglang:spec_accept_length")
+    if family is None:
+        return set()
+    return {key for key, value in scalar_series(family, group_of(family)).items() if value > 0}
+
+
 def _scaled(bounds: tuple[float, ...], counts: tuple[float, ...], total: float, scale: float
             ) -> tuple[tuple[float, ...], float]:
     if scale == 1.0:
@@ -127,6 +143,7 @@ class SglangAdapter:
                 continue
             if self._histogram(out, "kv_transfer_time", family, group_of(family), scale, label_filter):
                 break
+        speculating = _speculating(page)
         for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
             for signal, candidates in table.items():
                 family = first_family(page, candidates)
@@ -137,6 +154,8 @@ class SglangAdapter:
                                      "ranks are compared by their running and waiting requests")
                     continue
                 for (model, rank), value in scalar_series(family, group_of(family)).items():
+                    if signal in SPEC_GAUGES and (model, rank) not in speculating:
+                        continue
                     out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
         spec = page.families.get(SPEC_CONFIG)
         if spec is not None:

@@ -75,6 +75,13 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Rebalance prefill and decode workers so transfers do not wait for decode capacity.",
     ]
     tgi = ["TGI has no prefill/decode disaggregation; check the router or gateway that splits the phases."]
+    trtllm = [
+        "Check the cache transceiver's backend (cache_transceiver_config in the disaggregated config: UCX or NIXL "
+        "over RDMA / NVLink, not a TCP fallback) and trtllm_kv_transfer_speed_gb_s against the link's bandwidth.",
+        "Failed transfers (trtllm_kv_transfer_failure_total): check that context and generation servers use the "
+        "same KV-cache layout (tokens per block, TP size, dtype) and can reach each other.",
+        "Rebalance context (prefill) and generation (decode) servers so transfers do not wait for decode capacity.",
+    ]
     critical = ((s.kv_transfer_failure_share or 0.0) >= t.kv_transfer_critical_failure_share
                 or (is_slow and (s.kv_transfer_share or 0.0) >= t.kv_transfer_critical_share))
     if is_slow:
@@ -85,7 +92,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     return Finding("kv_transfer", "critical" if critical else "warning",
                    confidence(conditions, completed + failed, 4 * t.kv_transfer_min_transfers),
                    summary + f" Worker role: {s.pd_role or 'unknown'}.", evidence,
-                   remedies(s.engine, vllm, tgi, sglang))
+                   remedies(s.engine, vllm, tgi, sglang, trtllm))
 
 
 def promql(x: RegimeAlerts) -> None:

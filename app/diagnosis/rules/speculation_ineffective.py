@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     if s.spec_accept_rate is None and s.spec_accept_length is None:
         return None
-    steps = s.spec_drafts if s.spec_drafts is not None else (s.itl.count if s.itl else 0.0)
-    enough = check("verification steps with a draft", steps, ">=", t.spec_min_drafts, "",
-                   "ITL steps where the engine exports no draft count")
+    steps, source = verification_steps(s)
+    enough = check("verification steps with a draft", steps, ">=", t.spec_min_drafts, "", source)
     rate = check("draft acceptance rate", s.spec_accept_rate, "<=", t.spec_accept_rate, "ratio",
                  "accepted / proposed draft tokens")
     length = check("mean tokens per verification step", s.spec_accept_length, "<=", t.spec_accept_length, "",
@@ -63,6 +62,12 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Disable speculation at high batch sizes (it only pays when decode is memory-bound).",
     ]
     tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
+    trtllm = [
+        f"Lower max_draft_len in the speculative_config of --extra_llm_api_options (now {k} draft tokens per step).",
+        "Use a drafter trained for this model (decoding_type Eagle3 or MTP) instead of a generic draft model or "
+        "n-gram lookup.",
+        "At high concurrency run without speculation (the batch already uses the GPU).",
+    ]
     critical = s.spec_accept_length is not None and s.spec_accept_length <= t.spec_critical_accept_length
     parts = []
     if s.spec_accept_rate is not None:
@@ -73,7 +78,22 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    confidence(conditions, steps, 4 * t.spec_min_drafts),
                    "Speculative decoding is not paying off: " + ", ".join(parts)
                    + "; the draft and verify cost of each step buys almost nothing.",
-                   evidence, remedies(s.engine, vllm, tgi, sglang))
+                   evidence, remedies(s.engine, vllm, tgi, sglang, trtllm))
+
+
+def verification_steps(s: Signals) -> tuple[float, str]:
+    """Verification steps with a draft in the window, and where the number comes from: the engine's
+    draft count (vLLM), else its per-step ITL count (SGLang: one observation per emitted token, at
+    least one per step), else the generated tokens over the mean tokens per step (trtllm-serve
+    counts neither steps nor drafts; an estimate)."""
+    if s.spec_drafts is not None:
+        return s.spec_drafts, "counted by the engine"
+    if s.itl:
+        return s.itl.count, "ITL observations (the engine exports no draft count)"
+    if s.generation_tokens_per_second and s.spec_accept_length:
+        return (s.generation_tokens_per_second * s.window_seconds / s.spec_accept_length,
+                "estimated: generated tokens / tokens per verification step (the engine counts no steps)")
+    return 0.0, "the engine exports no draft count, no ITL and no generated tokens"
 
 
 def promql(x: RegimeAlerts) -> None:
