@@ -103,7 +103,7 @@ def group_of(family: MetricFamily) -> tuple[str, str]:
 SPEC_GAUGES = ("spec_accept_rate", "spec_accept_length")
 
 
-def _speculating(page: ParsedPage) -> set[tuple[str, str]]:
+def _speculating(page: ParsedPage) -> set[tuple[str, ...]]:
     """The (model, rank) series whose engine speculates: an accept length above 0 (see the module notes)."""
     family = page.families.get("sglang:spec_accept_length")
     if family is None:
