@@ -52,6 +52,7 @@ The P/D transfer time is written on the emulated (decode) worker's page for ever
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -138,6 +139,18 @@ class SpecCounts:
         whole = int(self._carry)
         self._carry -= whole
         return drafts * config.num_speculative_tokens, whole
+
+
+class FeatureFamilies(dict):
+    """The families of a page's optional features (P/D transfers, speculation, render time), keyed by
+    feature and created the first time the feature is configured: a page shows them only then, as the
+    engines register them."""
+
+    def get_or_make(self, key: str, make: Callable[[], Any]) -> Any:
+        found = self.get(key)
+        if found is None:
+            found = self[key] = make()
+        return found
 
 
 class PromFamilies:
@@ -417,23 +430,17 @@ class VllmExporter:
             self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens", token_buckets)
         self._cache_info_labels: dict[str, str] | None = None
         self._lv = lv
-        self._features: dict[str, Any] = {}  # families of optional features, created when first enabled
+        self._features = FeatureFamilies()
         self._spec = SpecCounts()
         self.on_config(deployment, config, num_gpu_blocks)
 
     # ---- optional features (vLLM 0.34 names; each family appears once its feature is used) ---
-    def _feature(self, key: str, make):
-        found = self._features.get(key)
-        if found is None:
-            found = self._features[key] = make()
-        return found
-
     def _enable_features(self, config: EngineConfig) -> None:
         reg, lv, ln = self.registry, self._lv, ["model_name", "engine"]
         if self.flavor != "vllm":
             return
         if config.kv_transfer_gbps is not None:
-            self._feature("nixl", lambda: (
+            self._features.get_or_make("nixl", lambda: (
                 Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
                           ln, buckets=NIXL_XFER_BUCKETS, registry=reg).labels(*lv),
                 Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", ln,
@@ -443,7 +450,7 @@ class VllmExporter:
                 names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                          "vllm:spec_decode_num_accepted_tokens")
                 return tuple(Counter(n, n.split(":")[1].replace("_", " "), ln, registry=reg).labels(*lv) for n in names)
-            self._feature("spec", spec)
+            self._features.get_or_make("spec", spec)
         for rank in range(1, config.data_parallel_size):
             # idle data-parallel ranks: every request is served on rank 0
             def idle(rank=str(rank)):
@@ -453,12 +460,12 @@ class VllmExporter:
                     child.set(0)
                     out.append(child)
                 return out
-            self._feature(f"rank{rank}", idle)
+            self._features.get_or_make(f"rank{rank}", idle)
 
     def _render_histogram(self):
         """``vllm:request_render_duration_seconds`` (0.34): labels model_name, request_type; registered
         lazily, on the first request, as vLLM does."""
-        return self._feature("render", lambda: Histogram(
+        return self._features.get_or_make("render", lambda: Histogram(
             "vllm:request_render_duration_seconds",
             "Time spent rendering a request, including chat templating, tokenization, and multimodal preprocessing.",
             ["model_name", "request_type"], buckets=RENDER_BUCKETS, registry=self.registry).labels(self.model_name,
@@ -953,22 +960,16 @@ class TrtllmExporter:
         self.kv_max_blocks = f.gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks")
         self.kv_used_blocks = f.gauge("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks")
         self._families = f
-        self._features: dict[str, Any] = {}
+        self._features = FeatureFamilies()
         self._spec = SpecCounts()
         self.on_config(deployment, config, num_gpu_blocks)
-
-    def _feature(self, key: str, make):
-        found = self._features.get(key)
-        if found is None:
-            found = self._features[key] = make()
-        return found
 
     def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
         self.block_size = config.block_size
         self._config = config
         f = self._families
         if config.num_speculative_tokens:
-            self._feature("spec", lambda: (
+            self._features.get_or_make("spec", lambda: (
                 f.counter("trtllm_spec_decode_num_draft_tokens",
                           "Total number of draft tokens in speculative decoding"),
                 f.counter("trtllm_spec_decode_num_accepted_tokens",
@@ -977,7 +978,7 @@ class TrtllmExporter:
         if config.kv_transfer_gbps is not None:
             dynamo = PromFamilies(self.registry, ["model_name", "disaggregation_mode", "engine_type"],
                                   (self.model_name, "decode", "trtllm"))
-            self._feature("kv_transfer", lambda: (
+            self._features.get_or_make("kv_transfer", lambda: (
                 dynamo.histogram("trtllm_kv_transfer_latency_seconds",
                                  "KV cache transfer latency per request in seconds", TRTLLM_KV_TRANSFER_BUCKETS),
                 dynamo.counter("trtllm_kv_transfer_success", "Total number of successful KV cache transfers"),
