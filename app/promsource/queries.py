@@ -140,8 +140,10 @@ class SourceQueries:
         by = _by(*self.target_labels)
         window = f"{prom_duration(span)}:{prom_duration(step)}"
         counts = [_selector(f.name + "_count", f.matchers, list(self.matchers)) for f in HISTOGRAM_FAMILIES[signal]]
-        return " or ".join(_tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]))", FAMILY_LABEL, str(i))
-                           for i, count in enumerate(counts))
+        # `or timestamp(...)`: a replica younger than the last step boundary is seen by no step
+        return " or ".join(
+            _tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]) or timestamp({count}))", FAMILY_LABEL,
+                 str(i)) for i, count in enumerate(counts))
 
     def gauge(self, signal: str, window: float) -> str:
         w = prom_duration(window)
