@@ -63,9 +63,10 @@ Known differences from the built-in evaluation (the generated file's header poin
   alerts.diagnosis_for``; Prometheus evaluates every ``evaluation_interval``, not every
   ``diagnosis.interval``. Resolution is immediate (no ``resolve_after``).
 * "ITL at small batch" (mean ITL over scrape intervals with <= 2 running requests) has
-  no PromQL equivalent; the exported rules use ITL p50, where the built-in rules fall back to
-  the window's exact mean ITL (``_sum/_count``): inside a coarse bucket (25-50 ms) the two can
-  sit on different sides of ``slow_itl_seconds``.
+  no PromQL equivalent; the exported rules use the window's exact mean ITL (``_sum/_count``),
+  which is what the built-in rules fall back to without enough small-batch intervals. Never an
+  interpolated p50: inside a coarse bucket (25-50 ms) it can sit on the other side of
+  ``slow_itl_seconds`` from the mean.
 * Thresholds on quantiles (ITL p99/p50, ITL p99, prompt-length p90) compare the interpolated
   value; the built-in rules decide them on the bucket that holds the quantile and leave a
   regime "not judged" when the threshold lies inside it, or when "steady" rests on fewer than

@@ -193,8 +193,9 @@ def test_every_threshold_comes_from_the_config() -> None:
     assert f">= {num(QUEUEING_CRITICAL_FACTOR * 0.75)}" in regime_exprs  # escalation scales with queue_seconds
     assert f">= {num(PREFILL_CRITICAL_FACTOR * 0.65)}" in regime_exprs
     floor = config.targets[0].hardware.decode_floor_seconds
-    assert f"llm_latency:vllm_itl_seconds:p50_45s / {num(floor)} <= 2.2" in regime_exprs
-    assert 'llm_latency:vllm_itl_seconds:p50_45s{instance="10.0.0.5:8000"} >= 0.0333' in regime_exprs
+    assert f"llm_latency:vllm_itl_seconds:mean_45s / {num(floor)} <= 2.2" in regime_exprs
+    assert 'llm_latency:vllm_itl_seconds:mean_45s{instance="10.0.0.5:8000"} >= 0.0333' in regime_exprs
+    assert "itl_seconds:p50" not in regime_exprs  # the exact mean, never the interpolated p50
     assert {a["for"] for a in alerts if "regime" in a["labels"]} == {"50s"}  # (3 - 1) x 20s + 10s
     slo = [a for a in alerts if "slo" in a["labels"]]
     assert [(a["expr"], a["for"], a["labels"]["severity"]) for a in slo] == [
