@@ -102,6 +102,7 @@ from app.alerts.config import SLO_BURN, TARGET_DOWN, SloConfig, regime_alertname
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
 from app.diagnosis.rules import RULES
 from app.diagnosis.rules.base import Rule
+from app.diagnosis.rules.replica_imbalance import IDLE_FLOOR
 from app.diagnosis.signals import STALL_SECONDS
 from app.promql import (
     and_on,
@@ -203,6 +204,8 @@ class Engine:
     matchers: str = ""  # a source's selector, added to every engine series the rules read
     kv_usage: str | None = None  # a KV-usage gauge (0..1); None: TGI's used/capacity gauges
     itl_buckets: tuple[float, ...] = ()  # default ITL bucket bounds (the stall share's literals)
+    rank_label: str | None = None  # the data-parallel rank's label on the gauges (None: one rank per server)
+    token_imbalance: str | None = None  # the engine's own token imbalance gauge between its DP ranks
 
     @property
     def labels(self) -> str:
@@ -253,6 +256,7 @@ VLLM = Engine(
            "decode_time": "decode_time_seconds", "prompt_tokens": "prompt_tokens"},
     running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
     preemptions="vllm:num_preemptions_total", kv_usage="vllm:kv_cache_usage_perc", itl_buckets=VLLM_ITL_BUCKETS,
+    rank_label="engine",
 )
 
 TGI = Engine(
@@ -290,6 +294,7 @@ SGLANG = Engine(
            "prompt_tokens": "prompt_tokens"},
     running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
     preemptions="sglang:num_retracted_requests_total", kv_usage="sglang:token_usage", itl_buckets=SGLANG_ITL_BUCKETS,
+    rank_label="dp_rank", token_imbalance="sglang:dp_attention_token_imbalance_ratio",
 )
 
 #: trtllm-serve: no per-step ITL and no prompt-length histogram, so the regimes that read them
@@ -465,6 +470,42 @@ class _Group:
             out["steps"] = self.decode_steps(w)
         if self.engine.name == "vllm":
             out.update(self.vllm_extras(w))
+        if e.rank_label is not None:
+            out.update(self.ranks(w))
+        return out
+
+    def ranks(self, w: str) -> dict[str, str | None]:
+        """The data-parallel ranks of one engine compared as ``dp_imbalance`` compares them
+        (:func:`app.diagnosis.rules.replica_imbalance.compare_loads`): each rank's load (mean
+        running + mean waiting, a rank without a waiting gauge waits 0), the busiest and the least
+        busy rank's mean waiting, the load ratio between them (the least busy counted as at least
+        ``IDLE_FLOOR``), how many ranks report; and the engine's own token imbalance where it has one."""
+        e = self.engine
+        by, rank = e.labels, f"{e.labels}, {e.rank_label}"
+
+        def per_rank(metric: str) -> str:
+            return f"sum by ({rank}) (avg_over_time({e.select(metric)}[{w}]))"
+
+        running = self.record(self.rec("rank_num_requests_running", "avg", w), per_rank(e.running))
+        waiting = self.record(self.rec("rank_num_requests_waiting", "avg", w),
+                              f"{per_rank(e.waiting)}\nor\n{running} * 0")
+        load = self.record(self.rec("rank_load", "avg", w), f"{running}\n+ on({rank})\n{waiting}")
+        out: dict[str, str | None] = {
+            "rank_count": self.record(self.rec("ranks", "count", w), f"count by ({by}) ({load})"),
+            "rank_busiest_waiting": self.record(
+                self.rec("rank_busiest_waiting", "avg", w),
+                f"max by ({by}) (\n  {waiting}\n  and on({rank})\n  topk by ({by}) (1, {load})\n)"),
+            "rank_idlest_waiting": self.record(
+                self.rec("rank_idlest_waiting", "avg", w),
+                f"max by ({by}) (\n  {waiting}\n  and on({rank})\n  bottomk by ({by}) (1, {load})\n)"),
+            "rank_load_ratio": self.record(
+                self.rec("rank_load", "ratio", w),
+                f"max by ({by}) ({load})\n/\nclamp_min(min by ({by}) ({load}), {num(IDLE_FLOOR)})"),
+        }
+        if e.token_imbalance is not None:
+            out["dp_token_imbalance"] = self.record(
+                self.rec("dp_token_imbalance", "avg", w),
+                f"avg by ({by}) (avg_over_time({e.select(e.token_imbalance)}[{w}]))")
         return out
 
     def ratio_of_rates(self, what: str, numerator: str, denominator: str, w: str) -> str:

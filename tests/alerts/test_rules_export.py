@@ -151,7 +151,9 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         ("LLMLatencyQueueing", "trtllm"),
                         # vLLM's P/D transfer, speculative-decoding and render families
                         ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
-                        ("LLMLatencyFrontendBound", "vllm")}
+                        ("LLMLatencyFrontendBound", "vllm"),
+                        # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
+                        ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
 
 
 def test_without_external_url_runbooks_are_repository_paths() -> None:
@@ -173,6 +175,8 @@ CUSTOM_THRESHOLDS = {
     "kv_transfer_min_transfers": 12, "spec_accept_rate": 0.31, "spec_accept_length": 1.45, "spec_min_drafts": 111,
     "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
     "spec_critical_accept_length": 1.12, "kv_transfer_critical_share": 0.62,
+    "imbalance_waiting": 1.7, "imbalance_idle_waiting": 0.17, "imbalance_load_ratio": 2.3,
+    "dp_token_imbalance_ratio": 2.9,
 }
 
 
@@ -207,7 +211,7 @@ def test_every_threshold_comes_from_the_config() -> None:
     assert (down["expr"], down["for"]) == ('up{instance="10.0.0.5:8000"} == 0', "3m")
     # and nothing of the defaults survived (except where a rule's own fixed constant has the same value)
     fixed = {INTERFERENCE_CRITICAL_ITL_P99, INTERFERENCE_CRITICAL_STALL, KV_CRITICAL_PREEMPTIONS,
-             KV_WAITING_WITHOUT_PREEMPTIONS, *CUSTOM_THRESHOLDS.values()}
+             KV_WAITING_WITHOUT_PREEMPTIONS, *CUSTOM_THRESHOLDS.values(), 2}  # 2: dp_imbalance needs two ranks
     for field, default in Thresholds().model_dump().items():
         if field in CUSTOM_THRESHOLDS and default not in fixed:
             assert not re.search(rf"[<>=] {re.escape(num(default))}\)*(\n|$| )", regime_exprs), field
@@ -509,7 +513,7 @@ def test_unit_tests_cover_every_alert_firing() -> None:
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
                      "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencyKVTransfer",
                      "LLMLatencySpeculationIneffective", "LLMLatencyFrontendBound",
-                     "LLMLatencySLOBurnRate"}
+                     "LLMLatencyDpImbalance", "LLMLatencySLOBurnRate"}
     sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
     assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
     in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
@@ -537,7 +541,7 @@ EQUIVALENCE_CASES = [
     ("weights_offloaded", "vllm", True), ("healthy_bursty", "tgi", False), ("queueing", "tgi", False),
     ("prefill_compute", "tgi", False), ("prefill_interference", "tgi", False), ("kv_cache_pressure", "tgi", False),
     ("bandwidth_bound", "tgi", False), ("weights_offloaded", "tgi", True), ("kv_transfer", "vllm", False),
-    ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False),
+    ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False), ("dp_imbalance", "vllm", False),
 ]
 STEP = 5  # simulated seconds between scrapes (= promtool's interval)
 
@@ -580,7 +584,7 @@ def _rounded(value: float) -> tuple[str, float]:
 def _expected_alerts(findings) -> list[tuple[str, str]]:
     out = []
     twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure", "kv_transfer",
-             "speculation_ineffective", "frontend_bound"}
+             "speculation_ineffective", "frontend_bound", "dp_imbalance"}
     for f in findings:
         name = regime_alertname(f.regime)
         out.append((name, f.severity))
@@ -659,7 +663,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
 
 def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
-    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "dp_imbalance"}
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
     assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 
