@@ -91,8 +91,8 @@ def promql(x: RegimeAlerts) -> None:
                       f"{r['rank_busiest_waiting']} >= {num(t.imbalance_waiting)}",
                       f"{r['rank_idlest_waiting']} <= {num(t.imbalance_idle_waiting)}", x.gate)
 
-    text = (f"{e.who()}: its busiest data-parallel rank ({e.rank_label} label) holds {{{{ $value | printf \"%.1f\" }}}}x "
-            f"the requests (running + waiting) of the least busy one over the last {x.w} (>= {{min}}x), with at "
+    text = (f"{e.who()}: its busiest data-parallel rank ({e.rank_label} label) holds "
+            f"{{{{ $value | printf \"%.1f\" }}}}x the requests (running + waiting) of the least busy one over the last {x.w} (>= {{min}}x), with at "
             f"least {t.imbalance_waiting:g} request(s) waiting on the busiest and at most "
             f"{t.imbalance_idle_waiting:g} on the least busy: route by load.")
     summary = f"Data-parallel ranks unevenly loaded on {e.title}"
