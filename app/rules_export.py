@@ -206,6 +206,9 @@ class Engine:
     itl_buckets: tuple[float, ...] = ()  # default ITL bucket bounds (the stall share's literals)
     rank_label: str | None = None  # the data-parallel rank's label on the gauges (None: one rank per server)
     token_imbalance: str | None = None  # the engine's own token imbalance gauge between its DP ranks
+    #: the prompt-token counter and the finished-request counter(s, first found) whose rates give the
+    #: mean prompt length where the page has no prompt-length histogram (``signals._prompt_mean``)
+    prompt_counters: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def labels(self) -> str:
@@ -295,12 +298,13 @@ SGLANG = Engine(
     running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
     preemptions="sglang:num_retracted_requests_total", kv_usage="sglang:token_usage", itl_buckets=SGLANG_ITL_BUCKETS,
     rank_label="dp_rank", token_imbalance="sglang:dp_attention_token_imbalance_ratio",
+    prompt_counters=("sglang:prompt_tokens_total", ("sglang:num_requests_total", "sglang:request_success_total")),
 )
 
-#: trtllm-serve: no per-step ITL and no prompt-length histogram, so the regimes that read them
-#: (prefill_compute, prefill_interference, bandwidth_bound) have no alerts for it. The built-in
-#: diagnosis lists the ITL ones as not judged and judges prefill_compute on the mean prompt
-#: length from the prompt-token and request counters, which these alerts do not read yet.
+#: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,
+#: bandwidth_bound, weights_offloaded) have no alerts for it (the built-in diagnosis lists them as
+#: not judged). It has no prompt-length histogram either: prefill_compute reads the mean prompt
+#: length from the prompt-token and finished-request counters, as the built-in rule does.
 TRTLLM = Engine(
     "trtllm", "TensorRT-LLM", ("job", "instance", "model_name"),
     histograms={
@@ -315,6 +319,7 @@ TRTLLM = Engine(
            "prefill_time": "prefill_time_seconds", "decode_time": "decode_time_seconds"},
     running="trtllm_num_requests_running", waiting="trtllm_num_requests_waiting", preemptions=None,
     kv_usage="trtllm_kv_cache_utilization",
+    prompt_counters=("trtllm_prompt_tokens_total", ("trtllm_request_success_total",)),
 )
 
 ENGINES = (VLLM, TGI, SGLANG, TRTLLM)
@@ -369,6 +374,21 @@ class _Group:
         return self.record(self.rec(e.stems[signal], "mean", w),
                            f"{self.sum_rate(metric + '_sum', selector, w)}\n/\n"
                            f"{self.sum_rate(metric + '_count', selector, w)}")
+
+    def prompt_mean_counters(self, w: str, histogram_mean: str | None) -> str:
+        """The mean prompt length from the token and request counters (``rate(tokens) /
+        rate(requests)``, the same mean over the window's finished requests); where the engine
+        also has the histogram, its ``_sum/_count`` first, the counters only where it is absent."""
+        e = self.engine
+        assert e.prompt_counters is not None
+        tokens, requests = e.prompt_counters
+        finished = "\n    or\n    ".join(self.sum_rate(name, "", w) for name in requests)
+        counted = self.record(self.rec("prompt_tokens" if histogram_mean is None else "prompt_tokens_counters",
+                                       "mean", w),
+                              f"{self.sum_rate(tokens, '', w)}\n/\n(\n  (\n    {finished}\n  ) > 0\n)")
+        if histogram_mean is None:
+            return counted
+        return self.record(self.rec("prompt_tokens_best", "mean", w), f"{histogram_mean}\nor\n{counted}")
 
     def prefill_per_request(self, w: str) -> str:
         """Prefill time a request waits for its first token (TGI: batch time per admitted request)."""
@@ -458,6 +478,8 @@ class _Group:
         if e.supports("prompt_tokens"):
             out["prompt_mean"] = self.mean("prompt_tokens", w)
             out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
+        if e.prompt_counters is not None:
+            out["prompt_mean"] = self.prompt_mean_counters(w, out.get("prompt_mean"))
         if e.supports("itl"):
             out["itl_ratio"] = self.itl_ratio(w)
             out["stall_share"] = self.stall_share(w)

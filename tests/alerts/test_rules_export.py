@@ -147,13 +147,31 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         ("LLMLatencyKVCachePressure", "vllm"), ("LLMLatencyWeightsOffloaded", "vllm"),
                         ("LLMLatencyQueueing", "sglang"), ("LLMLatencyPrefillCompute", "sglang"),
                         ("LLMLatencyPrefillInterference", "sglang"), ("LLMLatencyKVCachePressure", "sglang"),
-                        # trtllm-serve has no per-step ITL and no prompt-length histogram: only what it can judge
-                        ("LLMLatencyQueueing", "trtllm"),
+                        # trtllm-serve has no per-step ITL: only what it can judge (the mean prompt length
+                        # from its token and request counters)
+                        ("LLMLatencyQueueing", "trtllm"), ("LLMLatencyPrefillCompute", "trtllm"),
                         # vLLM's P/D transfer, speculative-decoding and render families
                         ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
                         ("LLMLatencyFrontendBound", "vllm"),
                         # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
                         ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
+
+
+def test_the_mean_prompt_length_comes_from_the_counters_where_the_engine_has_no_histogram() -> None:
+    """As ``signals._prompt_mean``: the histogram's _sum/_count first, else rate(prompt tokens) /
+    rate(finished requests); trtllm-serve has only the counters, so its prefill_compute alert reads them."""
+    document = build_rules(FileConfig())
+    records = records_of(document)
+    assert records["llm_latency:trtllm_prompt_tokens:mean_1m"] == (
+        "sum by (job, instance, model_name) (rate(trtllm_prompt_tokens_total[1m]))\n/\n(\n  (\n"
+        "    sum by (job, instance, model_name) (rate(trtllm_request_success_total[1m]))\n  ) > 0\n)")
+    assert records["llm_latency:sglang_prompt_tokens_best:mean_1m"] == (
+        "llm_latency:sglang_prompt_tokens:mean_1m\nor\nllm_latency:sglang_prompt_tokens_counters:mean_1m")
+    prefill = {a["labels"]["engine"]: a["expr"] for a in alerts_of(document)
+               if a["alert"] == "LLMLatencyPrefillCompute" and a["labels"]["severity"] == "warning"}
+    assert "llm_latency:trtllm_prompt_tokens:mean_1m >= 2000" in prefill["trtllm"]
+    assert "llm_latency:sglang_prompt_tokens_best:mean_1m >= 2000" in prefill["sglang"]
+    assert "llm_latency:vllm_prompt_tokens:mean_1m >= 2000" in prefill["vllm"]  # vLLM always has the histogram
 
 
 def test_without_external_url_runbooks_are_repository_paths() -> None:
