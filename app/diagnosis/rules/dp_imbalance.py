@@ -92,9 +92,9 @@ def promql(x: RegimeAlerts) -> None:
                       f"{r['rank_idlest_waiting']} <= {num(t.imbalance_idle_waiting)}", x.gate)
 
     text = (f"{e.who()}: its busiest data-parallel rank ({e.rank_label} label) holds "
-            f"{{{{ $value | printf \"%.1f\" }}}}x the requests (running + waiting) of the least busy one over the "
-            f"last {x.w} (>= {{min}}x), with at least {t.imbalance_waiting:g} request(s) waiting on the busiest and at most "
-            f"{t.imbalance_idle_waiting:g} on the least busy: route by load.")
+            f"{{{{ $value | printf \"%.1f\" }}}}x the requests (running + waiting) of the least busy one "
+            f"over the last {x.w} (>= {{min}}x), with at least {t.imbalance_waiting:g} request(s) waiting on "
+            f"the busiest and at most {t.imbalance_idle_waiting:g} on the least busy: route by load.")
     summary = f"Data-parallel ranks unevenly loaded on {e.title}"
     for severity, min_ratio in (("warning", t.imbalance_load_ratio),
                                 ("critical", t.imbalance_critical_factor * t.imbalance_load_ratio)):
