@@ -18,7 +18,11 @@ away, as :mod:`app.diagnosis.signals` does:
   service's quantile math is Prometheus' (``app/quantiles.py``), so these agree exactly;
 * means ``rate(x_sum)/rate(x_count)``; queue and prefill *shares* are ratios of means;
 * gauges: ``sum`` of per-rank ``avg_over_time`` (running, waiting), ``avg`` of per-rank
-  ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong);
+  ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong); for
+  ``dp_imbalance`` the ranks are also kept apart (``<engine>_rank_load:avg``, the busiest and
+  least busy rank's waiting, their load ratio, the rank count);
+* the mean prompt length from ``rate(prompt tokens) / rate(finished requests)`` where the engine
+  has no prompt-length histogram (trtllm-serve; SGLang where the histogram is absent);
 * TGI has no TTFT histogram: TTFT quantile = queue quantile + prefill-batch quantile (what
   the latency API and TGI's own dashboard show), TTFT mean = mean queue time + prefill
   batch time per admitted request (``rate(prefill_sum)/rate(queue_count)``), ITL = decode
@@ -72,12 +76,15 @@ Known differences from the built-in evaluation (the generated file's header poin
   regime "not judged" when the threshold lies inside it, or when "steady" rests on fewer than
   ``steady_min_scrapes`` scrapes. Prometheus has no bucket interval to compare.
 * TGI KV usage max is a subquery over ``evaluation_interval`` steps, not over scrapes.
+* ``dp_imbalance``: where two ranks tie for the busiest (or least busy) load, ``topk`` /
+  ``bottomk`` may take the other rank's waiting count than the built-in rule's order does.
 * Stall share (vLLM) weights each ITL bucket at or above the stall bound by its midpoint
   (the +Inf bucket by its lower bound), like ``signals._stall_share``; it needs the
   bucket layout as literals (:data:`VLLM_ITL_BUCKETS`), and negative per-bucket
   increases are clamped at 0 instead of the running-max repair.
 * vLLM series use current names only (``inter_token_latency_seconds``,
-  ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang is not exported.
+  ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang series use 0.5 names
+  (0.3's ``name=`` model label is not matched).
 * The built-in ranking (a cause marks its symptoms ``caused_by``) has no rule-file
   equivalent; the suggested Alertmanager inhibit_rules approximate it.
 * ``outside_engine`` (:data:`app.diagnosis.findings.PROBE_REGIMES`) compares client-side
