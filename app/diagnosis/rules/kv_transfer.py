@@ -74,6 +74,17 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "matching TP/page sizes.",
         "Rebalance prefill and decode workers so transfers do not wait for decode capacity.",
     ]
+    trtllm = [
+        "Check the cache transceiver: cache_transceiver_config.backend (NIXL, UCX or MPI) must move KV over "
+        "RDMA/NVLink, not a TCP fallback (UCX_TLS, `ucx_info -d`); put context and generation servers on the same "
+        "fabric.",
+        "Set cache_transceiver_config.max_tokens_in_buffer at or above the longest prompt: a smaller transfer "
+        "buffer splits transfers and can stall them under load.",
+        "Balance the pools in the disaggregated config (trtllm-serve disaggregated -c): add generation_servers if "
+        "decode cannot keep up with the transfers, or move a context server over.",
+        "For short prompts the transfer costs more than it saves: prefill them on the generation server "
+        "(conditional_disagg_config.max_local_prefill_length in the disaggregated config).",
+    ]
     tgi = ["TGI has no prefill/decode disaggregation; check the router or gateway that splits the phases."]
     critical = ((s.kv_transfer_failure_share or 0.0) >= t.kv_transfer_critical_failure_share
                 or (is_slow and (s.kv_transfer_share or 0.0) >= t.kv_transfer_critical_share))
@@ -85,7 +96,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     return Finding("kv_transfer", "critical" if critical else "warning",
                    confidence(conditions, completed + failed, 4 * t.kv_transfer_min_transfers),
                    summary + f" Worker role: {s.pd_role or 'unknown'}.", evidence,
-                   remedies(s.engine, vllm, tgi, sglang))
+                   remedies(s.engine, vllm, tgi, sglang, trtllm))
 
 
 def promql(x: RegimeAlerts) -> None:

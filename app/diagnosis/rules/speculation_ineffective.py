@@ -62,6 +62,13 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Use an EAGLE/EAGLE-3 draft trained for this model (--speculative-algorithm EAGLE3).",
         "Disable speculation at high batch sizes (it only pays when decode is memory-bound).",
     ]
+    trtllm = [
+        f"Propose fewer tokens: lower speculative_config.max_draft_len below {k} (--extra_llm_api_options YAML).",
+        "Use a better drafter: speculative_config.decoding_type Eagle with an EAGLE-3 head trained for this model, "
+        "or MTP where the model has MTP layers; NGram only pays on repetitive (RAG, code-edit) prompts.",
+        ("Turn speculation off at this concurrency: " if busy else "At high concurrency turn speculation off ")
+        + "(speculative_config.max_concurrency: no drafts above that batch size; PyTorch backend).",
+    ]
     tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
     critical = s.spec_accept_length is not None and s.spec_accept_length <= t.spec_critical_accept_length
     parts = []
@@ -73,7 +80,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    confidence(conditions, steps, 4 * t.spec_min_drafts),
                    "Speculative decoding is not paying off: " + ", ".join(parts)
                    + "; the draft and verify cost of each step buys almost nothing.",
-                   evidence, remedies(s.engine, vllm, tgi, sglang))
+                   evidence, remedies(s.engine, vllm, tgi, sglang, trtllm))
 
 
 def promql(x: RegimeAlerts) -> None:
