@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from app.promql import format_matchers
 from app.promql import prom_duration as _whole_ms_duration
 from app.sources import sglang, tgi, trtllm, vllm
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
+from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import AVERAGED_GAUGES, RANK_GAUGES
 
 FAMILY_LABEL = "llm_latency_family"
@@ -89,7 +89,8 @@ GAUGE_FAMILIES = _gauge_families()
 COUNTER_FAMILIES = _counter_families()
 # One always-present gauge per engine: a target is an engine whose running-requests gauge exists.
 PRESENCE_FAMILIES = GAUGE_FAMILIES["running"]
-INFO_FAMILIES = tuple(vllm.INFOS.items())  # (canonical name, metric)
+# (canonical name, metric); SGLang's P/D role is the ``engine_type`` label of a scheduler family
+INFO_FAMILIES = (*vllm.INFOS.items(), (DISAGGREGATION_INFO, sglang.ROLE_FAMILY))
 
 
 def prom_duration(seconds: float) -> str:
