@@ -22,7 +22,7 @@ from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, 
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import levels, repository
 from app.store.repository import SeriesRef
-from app.window import RANK_GAUGES, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+from app.window import RANK_GAUGES, RANK_MEANS, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 
 def _bucket_json(bucket: tuple[float, float]) -> list[float | None]:
@@ -222,9 +222,28 @@ def _model_window(stored: StoredWindows, start: float, end: float, model: str | 
                     by_rank[s.rank][s.signal] = by_rank[s.rank].get(s.signal, 0.0) + stats.mean
     window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
     window.rates = rates
+    _rank_means(stored, start, end, model, by_rank)
     if len(by_rank) > 1:
         window.ranks = dict(sorted(by_rank.items()))
     return window
+
+
+def _rank_means(stored: StoredWindows, start: float, end: float, model: str | None,
+                by_rank: dict[str, dict[str, float]]) -> None:
+    """Each rank's mean of the :data:`app.window.RANK_MEANS` histograms (its series summed: the
+    increase of ``_sum`` over the increase of ``_count``), for the ranks that have gauges."""
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in stored.series:
+        if s.kind != "histogram" or s.signal not in RANK_MEANS or (model is not None and s.model != model):
+            continue
+        h = stored.window(s, start, end)
+        if h is not None and h.count > 0 and not math.isnan(h.sum):
+            total = totals[(s.rank, s.signal)]
+            total[0] += h.sum
+            total[1] += h.count
+    for (rank, signal), (total_sum, count) in totals.items():
+        if rank in by_rank and count > 0:
+            by_rank[rank][signal] = total_sum / count
 
 
 def _itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],

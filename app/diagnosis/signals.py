@@ -396,8 +396,10 @@ def _speculation(s: Signals, m: ModelWindow, seconds: float) -> None:
 
 
 def _ranks(s: Signals, m: ModelWindow) -> None:
-    """Each data-parallel rank's load (running + waiting, means over the window), busiest first."""
-    loads = [ReplicaLoad(rank, g.get("running", 0.0), g.get("waiting", 0.0), None, None, None)
+    """Each data-parallel rank's load (running + waiting, means over the window) and mean queue
+    time (its queue-time histogram's ``_sum / _count``, where the engine labels it per rank),
+    busiest first."""
+    loads = [ReplicaLoad(rank, g.get("running", 0.0), g.get("waiting", 0.0), None, None, g.get("queue_time"))
              for rank, g in m.ranks.items() if "running" in g]
     s.ranks = sorted(loads, key=lambda r: -r.load) if len(loads) > 1 else []
     s.rank_kv_usage = {rank: g["kv_usage"] for rank, g in m.ranks.items() if "kv_usage" in g}
