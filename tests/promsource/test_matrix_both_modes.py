@@ -39,6 +39,7 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.thresholds import Thresholds
 from app.window import merge_windows
+from tests.api.conftest import make_service
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
@@ -358,6 +359,47 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
     finally:
         service.close()
         engine.dispose()
+
+
+def test_a_source_decode_replica_shows_its_split_in_the_api_and_on_the_status_page(
+        matrix: tuple[dict[str, Case], PrometheusClient], migrated_url: str, tmp_path: Path) -> None:
+    """The running service: a source with ``pd_pair_labels`` answers a decode replica's latency
+    with its role and split, and its status page shows the same table, as for a scraped target."""
+    cases, client = matrix
+    end = cases["kv_transfer-vllm"].end
+    config = tmp_path / "targets.yaml"
+    config.write_text(f"""
+targets: []
+diagnosis: {{interval: 1h, window: {int(WINDOW_S)}s}}
+sources:
+  - name: m
+    url: {client.url}
+    selector: '{{namespace="llm"}}'
+    target_labels: [namespace, pod]
+    service_labels: [deployment, llm_d_ai_role]
+    pd_pair_labels: [deployment]
+    pd_role_label: llm_d_ai_role
+""")
+    for svc in make_service(migrated_url, tmp_path, config_file=config):
+        svc.monitor.evaluate_diagnoses(now=end)
+        params = {"start": end - WINDOW_S, "end": end}
+        body = svc.client.get("/api/v1/targets/m.llm.kv_transfer-vllm/latency", params=params).json()
+        assert body["pd_role"] == {"role": "decode",
+                                   "source": "target label llm_d_ai_role=decode (the engine's metrics do not say)"}
+        split = body["disaggregation"]
+        assert split["prefill_targets"] == ["m.llm.healthy-vllm", "m.llm.prefill_compute-vllm"]
+        assert split["kv_transfer"] == pytest.approx(body["kv_transfer_time"]["mean"], rel=1e-12)
+        assert split["decode_queue"] == pytest.approx(body["queue_time"]["mean"], rel=1e-12)
+        parts = [split[k] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step")]
+        assert split["ttft_mean"] == pytest.approx(sum(parts), rel=1e-12)
+        prefill = svc.client.get("/api/v1/targets/m.llm.healthy-vllm/latency", params=params).json()
+        assert prefill["pd_role"]["role"] == "prefill" and "disaggregation" not in prefill
+        page = svc.client.get("/targets/m.llm.kv_transfer-vllm", params={"window": f"{int(WINDOW_S)}s",
+                                                                          "end": end}).text
+        assert 'data-role="decode"' in page and "target label llm_d_ai_role=decode" in page
+        assert 'href="/targets/m.llm.healthy-vllm"' in page and 'href="/targets/m.llm.prefill_compute-vllm"' in page
+        row = page[page.index('data-part="ttft_mean"'):]
+        assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(split["ttft_mean"], rel=1e-9)
 
 
 @pytest.mark.parametrize(("scenario", "engine"), CASES)
