@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from app import latency
 from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
 from app.api.schemas import (
     DiscoveryOut,
@@ -200,14 +201,13 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
     seconds, end = time_range(window, start, end)
     if target.source in DISCOVERED_BY_SOURCES:
         with source_errors(target):
-            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+            source_window = monitor.sources.window(target, end - seconds, end)
+            report = latency.report_from_window(source_window)
+            add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
     else:
         report = latency.latency_report(session, [target.id], seconds, end)
-        prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
-        prefill = repository.get_target(session, prefill_name) if prefill_name else None
-        if prefill is not None:
-            prefill_report = latency.latency_report(session, [prefill.id], seconds, end, per_model=False)
-            report["disaggregation"] = latency.pd_split(report, prefill_report, prefill.name)
+        add_disaggregation(session, monitor, target, report, repository.target_infos(session, target.id),
+                           end - seconds, end)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 

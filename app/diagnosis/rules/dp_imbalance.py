@@ -9,8 +9,10 @@ per rank with uneven weights), or skewed request lengths that a count-based bala
 Why it matters: the idle rank's GPUs are paid for; routing by load, not adding ranks, fixes it.
 
 Reads each rank's running / waiting / KV usage gauges (vLLM's ``engine`` label, SGLang's
-``dp_rank``) as means over the window and compares the busiest rank with the least busy one
-with the ``replica_imbalance`` thresholds (the comparison is shared:
+``dp_rank``, which SGLang with DP attention also puts on its scheduler histograms) as means
+over the window (and each rank's mean queue time from its own queue-time histogram, as
+evidence), and compares the busiest rank with the least busy one with the
+``replica_imbalance`` thresholds (the comparison is shared:
 :func:`app.diagnosis.rules.replica_imbalance.compare_loads`); SGLang's own
 ``dp_attention_token_imbalance_ratio`` is used when per-rank gauges are missing.
 """
@@ -42,7 +44,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    f"while another has room.")
         evidence = conditions + [
             info(f"rank {r.target}", f"running {r.running_mean:.1f}, waiting {r.waiting_mean:.1f}"
-                 + (f", KV usage {s.rank_kv_usage[r.target]:.0%}" if r.target in s.rank_kv_usage else ""))
+                 + (f", KV usage {s.rank_kv_usage[r.target]:.0%}" if r.target in s.rank_kv_usage else "")
+                 + (f", mean queue time {r.queue_mean:.3g} s" if r.queue_mean is not None else ""))
             for r in s.ranks]
         critical = ratio >= t.imbalance_critical_factor * t.imbalance_load_ratio
     else:

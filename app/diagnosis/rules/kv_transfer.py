@@ -47,7 +47,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         return None
     conditions = (slow if is_slow else []) + ([failing] if failing.met else [])
     evidence = conditions + [
-        info("P/D role of this worker", s.pd_role or "unknown"),
+        info("P/D role of this worker", s.pd_role or "unknown", note=s.pd_role_source or "neither its configuration, "
+             "a target label nor its metrics say"),
         info("KV transfer p99", s.kv_transfer.p99 if s.kv_transfer else None, "s",
              "vLLM's transfer buckets start at 5 ms and end at 5 s"),
         info("KV transfers per second", s.kv_transfers_per_second),
