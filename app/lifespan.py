@@ -85,6 +85,7 @@ class Monitor:
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
         self.round_summaries: diagnosis_rounds.RoundSummaries | None = None  # the status page's numbers
+        self.fleet_summary: summaries.FleetSummary | None = None  # GET /api/v1/latency's default window
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
         replica_id = settings.replica_id or replicas.default_replica_id()
         self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
@@ -241,7 +242,10 @@ class Monitor:
     # benchmarks that drive a round themselves (``now`` explicit) and for the scheduler.
     def refresh_summaries(self) -> None:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
-                                    sources=self.sources)
+                                    sources=self.sources, keep=self._keep_fleet_summary)
+
+    def _keep_fleet_summary(self, kept: summaries.FleetSummary) -> None:
+        self.fleet_summary = kept  # one assignment: a request reads the old or the new, never half
 
     def evaluate_diagnoses(self, now: float | None = None,
                            sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:

@@ -12,7 +12,7 @@ import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import ValidationError
 
-from app import latency
+from app import latency, summaries
 from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import url_as_shown
@@ -264,22 +264,20 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
-def fleet_latency(session: SessionDep, window: str = "5m",
+def fleet_latency(session: SessionDep, monitor: MonitorDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
                   ) -> dict[str, Any]:
     """Fleet-wide percentiles: every target's histograms summed by le. Targets that are
-    ``load_balanced`` now are left out and named in ``excluded_load_balanced``."""
-    seconds, end = time_range(window, start, end)
-    latest = repository.latest_scrapes(session)
-    targets: list[Target] = []
-    excluded: list[Target] = []
-    for target in repository.list_targets(session):
-        scrape = latest.get(target.id)
-        (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
-    report = latency.latency_report(session, [t.id for t in targets], seconds, end)
-    extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
-    return {"targets": [t.name for t in targets], "window": window, **extra, **report}
+    ``load_balanced`` now are left out and named in ``excluded_load_balanced``. The last
+    ``latency_window`` (no ``start``/``end``) is the last summary round's answer (its
+    ``start``/``end`` say when); any other window is computed for the request."""
+    seconds, until = time_range(window, start, end)
+    kept = monitor.fleet_summary
+    if start is None and end is None and kept is not None and \
+            summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval):
+        return {"window": window, **kept.body}
+    return {"window": window, **summaries.fleet_report(session, seconds, until)}
 
 
 @router.get("/discovery", response_model=list[DiscoveryOut])
