@@ -21,6 +21,8 @@ Rounds (diagnosis, summaries, alerts, prune; ``round`` is the job's name)
     llm_latency_round_duration_seconds{round}            histogram of each run's duration
     llm_latency_round_overruns_total{round}              runs that took longer than their interval
     llm_latency_round_skips_total{round,reason}          runs the scheduler did not start: missed | overlap
+API
+    llm_latency_requests_stopped_total{reason}           expensive reads stopped: budget (503) | disconnect
 Alerts
     llm_latency_alert_notifications_total                notifications written to the outbox
     llm_latency_deliveries_total{receiver,result}        delivery attempts (ok | error)
@@ -215,6 +217,9 @@ class Telemetry:
         self.round_skips = Counter("llm_latency_round_skips", "Round runs the scheduler did not start "
                                    "(missed: past the grace time; overlap: the previous run still going).",
                                    ["round", "reason"], registry=r)
+        self.requests_stopped = Counter("llm_latency_requests_stopped", "Expensive reads stopped before their "
+                                        "answer: budget (api_request_budget spent, 503) or disconnect (client gone).",
+                                        ["reason"], registry=r)
         self.alert_notifications = Counter("llm_latency_alert_notifications", "Notifications written to the outbox.",
                                            registry=r)
         self.deliveries = Counter("llm_latency_deliveries", "Notification delivery attempts.", ["receiver", "result"],

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from app import latency, summaries
 from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
-from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.deps import BudgetDep, MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import url_as_shown
 from app.api.schemas import (
     DiscoveryOut,
@@ -28,6 +28,7 @@ from app.api.schemas import (
     TargetOut,
     TargetPatch,
 )
+from app.budget import bounded
 from app.config import TargetConfig
 from app.lifespan import Monitor
 from app.limits import UnixTime
@@ -186,7 +187,7 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
 
 @router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True,
             responses=LOAD_BALANCED_RESPONSE)
-def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
+def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                    end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
@@ -194,7 +195,7 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max. 409 while the target is
-    ``load_balanced``."""
+    ``load_balanced``. 503 past ``api_request_budget``."""
     target = get_or_404(session, name)
     refuse_load_balanced(session, target)
     seconds, end = time_range(window, start, end)
@@ -202,17 +203,18 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
         with source_errors(target):
             report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
     else:
-        report = latency.latency_report(session, [target.id], seconds, end)
-        prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
-        prefill = repository.get_target(session, prefill_name) if prefill_name else None
-        if prefill is not None:
-            prefill_report = latency.latency_report(session, [prefill.id], seconds, end, per_model=False)
-            report["disaggregation"] = latency.pd_split(report, prefill_report, prefill.name)
+        with bounded(budget):
+            report = latency.latency_report(session, [target.id], seconds, end)
+            prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
+            prefill = repository.get_target(session, prefill_name) if prefill_name else None
+            if prefill is not None:
+                prefill_report = latency.latency_report(session, [prefill.id], seconds, end, per_model=False)
+                report["disaggregation"] = latency.pd_split(report, prefill_report, prefill.name)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
 @router.get("/targets/{name}/series", response_model=SeriesOut, responses=LOAD_BALANCED_RESPONSE)
-def target_series(name: str, session: SessionDep, monitor: MonitorDep,
+def target_series(name: str, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                   signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
                   step: str = "30s", window: str = "1h",
@@ -242,8 +244,9 @@ def target_series(name: str, session: SessionDep, monitor: MonitorDep,
         with source_errors(target):
             points = monitor.sources.quantile_series(target, signal, quantile, span, step_s, lookback_s, end, model)
     else:
-        points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
-                                         model)
+        with bounded(budget):
+            points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
+                                             model)
     return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
             "model": model, "points": points}
 
@@ -264,20 +267,22 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
-def fleet_latency(session: SessionDep, monitor: MonitorDep, window: str = "5m",
+def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
                   ) -> dict[str, Any]:
     """Fleet-wide percentiles: every target's histograms summed by le. Targets that are
     ``load_balanced`` now are left out and named in ``excluded_load_balanced``. The last
     ``latency_window`` (no ``start``/``end``) is the last summary round's answer (its
-    ``start``/``end`` say when); any other window is computed for the request."""
+    ``start``/``end`` say when); any other window is computed for the request (503 past
+    ``api_request_budget``)."""
     seconds, until = time_range(window, start, end)
     kept = monitor.fleet_summary
     if start is None and end is None and kept is not None and \
             summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval):
         return {"window": window, **kept.body}
-    return {"window": window, **summaries.fleet_report(session, seconds, until)}
+    with bounded(budget):
+        return {"window": window, **summaries.fleet_report(session, seconds, until)}
 
 
 @router.get("/discovery", response_model=list[DiscoveryOut])
