@@ -73,6 +73,7 @@ class Monitor:
             max_bytes=settings.max_page_bytes, connect_timeout=settings.connect_timeout,
             jitter=settings.scrape_jitter, write_interval=settings.write_batch_interval,
             on_engine_detected=self._engine_detected,
+            owns=None if self.engine.dialect.name == "sqlite" else self._owns,  # SQLite: one replica
         )
         self.probe_jobs = ProbeJobs(self.sessions, on_finished=self.telemetry.probes.observe)
         self.started_at = time.time()
@@ -232,6 +233,11 @@ class Monitor:
         """A source's replica as its Prometheus saw it this round: ``llm_latency_target_up``."""
         self.telemetry.target_up.labels(target).set(1.0 if up else 0.0)
         self.telemetry.last_scrape.labels(target).set(ts)
+
+    def _owns(self, target: str) -> bool:
+        """The scrape path's ownership check, right before a scrape and before its result is
+        queued (:meth:`app.replicas.Ownership.holds`; fenced by the heartbeat's age)."""
+        return self.ownership.holds(target, self.membership.view, time.time())
 
     def forget_target(self, target_id: int) -> None:
         """Before a target is deleted: drop what the running service caches about it."""

@@ -17,6 +17,8 @@ Storage
     llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
+    llm_latency_not_owned_total{stage}                   replicas: a scrape not started (scrape) or its result
+                                                         not written (write): the target was handed over
 Rounds (diagnosis, summaries, alerts, prune; ``round`` is the job's name)
     llm_latency_round_duration_seconds{round}            histogram of each run's duration
     llm_latency_round_overruns_total{round}              runs that took longer than their interval
@@ -210,6 +212,8 @@ class Telemetry:
         self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
                                        buckets=SCRAPE_BUCKETS, registry=r)
         self.queue_depth = Gauge("llm_latency_write_queue_scrapes", "Scrapes waiting to be written.", registry=r)
+        self.not_owned = Counter("llm_latency_not_owned", "Scrapes not started (scrape) or not written (write) "
+                                 "because the target was handed over to another replica.", ["stage"], registry=r)
         self.round_duration = Histogram("llm_latency_round_duration_seconds", "Duration of each periodic round.",
                                         ["round"], buckets=ROUND_BUCKETS, registry=r)
         self.round_overruns = Counter("llm_latency_round_overruns", "Rounds that took longer than their interval.",
