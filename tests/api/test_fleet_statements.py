@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
+from app.scrape.record import ScrapeRecord
 from app.store import repository
 from tests.api.conftest import Service, make_service
 from tests.status.helpers import history_records
@@ -27,7 +28,7 @@ def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
                             replica_heartbeat="1h", replica_expiry="2h")
 
 
-PATHS = ("/api/v1/targets", "/api/v1/latency", "/api/v1/latency?window=1h", "/metrics")
+PATHS = ("/api/v1/targets", "/api/v1/latency", "/api/v1/latency?window=1h", "/metrics", "/api/v1/scrape-health")
 
 
 def test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets(quiet_service: Service) -> None:
@@ -69,6 +70,21 @@ def test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets(quiet_serv
     # the default window and /metrics read nothing: the round's numbers; the list reads two tables
     assert large["/api/v1/latency"] == 0 and large["/metrics"] == 0, large
     assert large["/api/v1/targets"] <= 3 and large["/api/v1/latency?window=1h"] <= 12, large
+    assert large["/api/v1/scrape-health"] <= 3, large
+    with monitor.sessions() as session:
+        first = repository.get_target(session, "small-00")
+        assert first is not None
+        monitor.scraping.writer.write([ScrapeRecord(first.id, end - 30.5, False, 0.01, error_class="connect",
+                                                    error="connection refused")])
+        since = time.time() - 7200
+        health = {h["target"]: h for h in c.get("/api/v1/scrape-health", params={"window": "2h"}).json()}
+        # the one set-based query gives each target's own counts (the per-target query's)
+        for target in repository.list_targets(session):
+            total, failed = repository.scrape_counts(session, target.id, since - 60)
+            assert (health[target.name]["scrapes"], health[target.name]["failed"]) == (total, failed), target.name
+            assert total >= 61
+    assert len(health) == 50 and health["small-00"]["failed"] >= 1
+    assert health["small-00"]["success_ratio"] == 1 - health["small-00"]["failed"] / health["small-00"]["scrapes"]
 
     # the round's answer is the one a request for its window computes, number for number
     kept = monitor.fleet_summary

@@ -303,9 +303,10 @@ def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") 
     seconds = duration_param(window, "window")
     since = time.time() - seconds
     latest = repository.latest_scrapes(session)
+    counts = repository.scrape_counts_by_target(session, since)  # one query for the fleet, not one per target
     out = []
     for target in repository.list_targets(session):
-        total, failed = repository.scrape_counts(session, target.id, since)
+        total, failed = counts.get(target.id, (0, 0))
         out.append({"target": target.name, "engine": target.detected_engine or target.engine,
                     "scrapes": total, "failed": failed,
                     "success_ratio": None if total == 0 else (total - failed) / total,
