@@ -7,7 +7,8 @@ proportional to the series and windows it reads. The API route opens a
 :class:`BudgetExceeded` once the budget is spent (the API answers 503 naming it) and
 :class:`ClientGone` once the client has disconnected (the work stops; nobody is there to
 read an answer). Outside a budget (the periodic rounds, the CLI) a checkpoint does nothing.
-A statement already sent to the database is not interrupted: the check runs when it returns.
+A database statement is bounded by the budget's remainder too
+(:func:`app.store.db.statement_budget`): one long read cannot outlive it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ class RequestBudget:
 
     def __post_init__(self) -> None:
         self.deadline = self.clock() + self.seconds
+
+    def remaining(self) -> float:
+        """Seconds left (negative once spent)."""
+        return self.deadline - self.clock()
 
     def check(self) -> None:
         self.checks += 1

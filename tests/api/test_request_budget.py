@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from app import summaries
 from app.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
-from app.store import repository
+from app.store import db, repository
+from app.store.db import statement_budget
 from tests.api.conftest import Service, make_service
 from tests.status.helpers import history_records
 
@@ -117,3 +119,26 @@ def test_a_request_past_its_budget_gets_503_naming_it(migrated_url: str, tmp_pat
         assert service.monitor.telemetry.requests_stopped.labels("budget")._value.get() == 3.0
         service.monitor.refresh_summaries()  # the fleet's default window is the round's: nothing to compute
         assert c.get("/api/v1/latency").status_code == 200
+
+
+def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:
+    """A single read that outlives the budget is ended by the database (PostgreSQL's
+    statement_timeout, SQLite's progress handler) with the same BudgetExceeded, and the
+    pooled connection carries no budget afterwards."""
+    engine = db.make_engine(migrated_url)
+    sessions = db.make_sessionmaker(engine)
+    postgres = engine.dialect.name == "postgresql"
+    slow = "SELECT pg_sleep(60)" if postgres else \
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT count(*) FROM c"
+    try:
+        with sessions() as session, pytest.raises(BudgetExceeded, match="time budget of 0.2 s"):
+            with statement_budget(session, RequestBudget(0.2)):
+                session.execute(text(slow))
+        with sessions() as session:  # the same pooled connection, no budget: runs to the end
+            if postgres:
+                assert session.execute(text("SHOW statement_timeout")).scalar() == "0"
+            counted = session.execute(text("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                                           "WHERE x < 200000) SELECT count(*) FROM c")).scalar()
+            assert counted == 200000
+    finally:
+        engine.dispose()

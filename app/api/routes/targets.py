@@ -36,6 +36,7 @@ from app.promapi import PromAPIError
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
+from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 from app.urls import validate_target_url
 
@@ -203,7 +204,7 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: 
         with source_errors(target):
             report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
     else:
-        with bounded(budget):
+        with bounded(budget), statement_budget(session, budget):
             report = latency.latency_report(session, [target.id], seconds, end)
             prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
             prefill = repository.get_target(session, prefill_name) if prefill_name else None
@@ -244,7 +245,7 @@ def target_series(name: str, session: SessionDep, monitor: MonitorDep, budget: B
         with source_errors(target):
             points = monitor.sources.quantile_series(target, signal, quantile, span, step_s, lookback_s, end, model)
     else:
-        with bounded(budget):
+        with bounded(budget), statement_budget(session, budget):
             points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
                                              model)
     return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
@@ -281,7 +282,7 @@ def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, w
     if start is None and end is None and kept is not None and \
             summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval):
         return {"window": window, **kept.body}
-    with bounded(budget):
+    with bounded(budget), statement_budget(session, budget):
         return {"window": window, **summaries.fleet_report(session, seconds, until)}
 
 
