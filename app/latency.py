@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app import quantiles
+from app.budget import checkpoint
 from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram, to_millis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.sources.tgi import TTFT_DERIVATION
@@ -76,6 +77,7 @@ class LoadedHistograms:
     _times: dict[int, list[float]] = field(default_factory=dict, repr=False)
 
     def window(self, series: SeriesRef, start: float, end: float) -> WindowHistogram | None:
+        checkpoint()  # a request's budget and client, between series and windows (app.budget)
         points = self.snapshots.get(series.id, [])
         times = self._times.get(series.id)
         if times is None:  # built once per series: a time series asks for many windows
@@ -164,6 +166,7 @@ class StoredWindows:
     exact: bool = True  # False once a window had to leave out an interval straddling an old edge
 
     def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
+        checkpoint()  # a request's budget and client, between series and windows (app.budget)
         selection = self.timelines[ref.id].select(start_ms, end_ms)
         self.exact = self.exact and selection.exact
         return selection.chunk
@@ -193,6 +196,7 @@ def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[
     """The series of ``signals`` (histograms, gauges or counters) over ``[start, end]``, read
     at the coarsest level that answers it (``max_level``: coarsest allowed)."""
     series = repository.find_series(session, target_ids, signals, model)
+    checkpoint()
     raw_since, done = repository.level_progress(session)
     plan = levels.plan(start, end, raw_since, done, max_level)
     return StoredWindows(series, repository.timelines(session, series, plan))

@@ -56,6 +56,7 @@ from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
+from app.summaries import answers
 
 router = APIRouter(include_in_schema=False)
 
@@ -561,9 +562,9 @@ def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | Non
     """The last diagnosis round's per-target summaries when they answer this page: same window
     length, and computed within the last two intervals (else the page reads samples itself)."""
     kept = getattr(monitor, "round_summaries", None)
-    if kept is None or not math.isclose(kept.end - kept.start, seconds, abs_tol=1e-3):
+    if kept is None or not answers(kept.start, kept.end, seconds, now, monitor.diagnosis_config.interval):
         return None
-    return kept if now - kept.end <= 2 * monitor.diagnosis_config.interval else None
+    return kept
 
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
