@@ -10,19 +10,20 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app import quantiles
+from app.budget import checkpoint
 from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram, to_millis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import levels, repository
 from app.store.repository import SeriesRef
-from app.window import RANK_GAUGES, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+from app.window import RANK_GAUGES, RANK_MEANS, GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 
 def _bucket_json(bucket: tuple[float, float]) -> list[float | None]:
@@ -76,6 +77,7 @@ class LoadedHistograms:
     _times: dict[int, list[float]] = field(default_factory=dict, repr=False)
 
     def window(self, series: SeriesRef, start: float, end: float) -> WindowHistogram | None:
+        checkpoint()  # a request's budget and client, between series and windows (app.budget)
         points = self.snapshots.get(series.id, [])
         times = self._times.get(series.id)
         if times is None:  # built once per series: a time series asks for many windows
@@ -164,6 +166,7 @@ class StoredWindows:
     exact: bool = True  # False once a window had to leave out an interval straddling an old edge
 
     def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
+        checkpoint()  # a request's budget and client, between series and windows (app.budget)
         selection = self.timelines[ref.id].select(start_ms, end_ms)
         self.exact = self.exact and selection.exact
         return selection.chunk
@@ -193,6 +196,7 @@ def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[
     """The series of ``signals`` (histograms, gauges or counters) over ``[start, end]``, read
     at the coarsest level that answers it (``max_level``: coarsest allowed)."""
     series = repository.find_series(session, target_ids, signals, model)
+    checkpoint()
     raw_since, done = repository.level_progress(session)
     plan = levels.plan(start, end, raw_since, done, max_level)
     return StoredWindows(series, repository.timelines(session, series, plan))
@@ -222,9 +226,28 @@ def _model_window(stored: StoredWindows, start: float, end: float, model: str | 
                     by_rank[s.rank][s.signal] = by_rank[s.rank].get(s.signal, 0.0) + stats.mean
     window.gauges = {signal: combine_gauges(signal, per_series) for signal, per_series in gauges.items()}
     window.rates = rates
+    _rank_means(stored, start, end, model, by_rank)
     if len(by_rank) > 1:
         window.ranks = dict(sorted(by_rank.items()))
     return window
+
+
+def _rank_means(stored: StoredWindows, start: float, end: float, model: str | None,
+                by_rank: dict[str, dict[str, float]]) -> None:
+    """Each rank's mean of the :data:`app.window.RANK_MEANS` histograms (its series summed: the
+    increase of ``_sum`` over the increase of ``_count``), for the ranks that have gauges."""
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in stored.series:
+        if s.kind != "histogram" or s.signal not in RANK_MEANS or (model is not None and s.model != model):
+            continue
+        h = stored.window(s, start, end)
+        if h is not None and h.count > 0 and not math.isnan(h.sum):
+            total = totals[(s.rank, s.signal)]
+            total[0] += h.sum
+            total[1] += h.count
+    for (rank, signal), (total_sum, count) in totals.items():
+        if rank in by_rank and count > 0:
+            by_rank[rank][signal] = total_sum / count
 
 
 def _itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
@@ -400,15 +423,65 @@ def series_point(t: float, merged: WindowHistogram | None, q: float | None) -> d
 
 
 PD_PREFILL_LABEL = "llm_latency_prefill_target"  # on a decode worker's target: the name of its prefill worker
+PD_ROLES = ("prefill", "decode", "both")
+KV_ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "both"}  # vLLM's KVTransferConfig.kv_role
+LABELLED_ROLE_INFO = "pd_role_label"    # a Prometheus source's ``pd_role_label`` on the target, kept as an info
+
+
+@dataclass(frozen=True, slots=True)
+class PdRole:
+    """A worker's part in prefill/decode disaggregation and what said so."""
+
+    role: str    # one of PD_ROLES
+    source: str  # e.g. "engine configuration: SGLang engine_type=decode"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "source": self.source}
+
+
+def pd_role(infos: Iterable[Any], present: Collection[str], engine: str, model: str | None = None
+            ) -> PdRole | None:
+    """The worker's P/D role, from the most direct statement there is.
+
+    1. The engine's configuration: a ``kv_role`` label on an info metric (vLLM's
+       ``--kv-transfer-config``: kv_producer / kv_consumer / kv_both; no vLLM release through
+       0.34 exports it, it is read where an info metric carries it) or SGLang's ``engine_type``
+       label (``prefill`` / ``decode``; ``unified`` is a worker that is not disaggregated).
+    2. The target's own label (a Prometheus source's ``pd_role_label``, e.g. llm-d's
+       ``llm-d.ai/role``), for engines whose configuration says nothing (vLLM).
+    3. The metrics: a vLLM or TRT-LLM worker that records KV transfers (``present`` holds
+       ``kv_transfer_time`` or ``kv_transfers_total``) reads them in, so it decodes.
+
+    ``infos`` are :class:`app.sources.base.CanonicalInfo` or stored ``TargetInfo`` rows (name,
+    model, labels); ``model`` keeps those of one model (and the model-less ones)."""
+    relevant = [i for i in infos if model is None or i.model in (model, "")]
+    for info in relevant:
+        kv_role = info.labels.get("kv_role")
+        if kv_role in KV_ROLES:
+            return PdRole(KV_ROLES[kv_role], f"engine configuration: kv_role={kv_role} ({info.name})")
+    for info in relevant:
+        mode = info.labels.get("disaggregation_mode")
+        if mode:
+            if mode in ("prefill", "decode"):
+                return PdRole(mode, f"engine configuration: SGLang engine_type={mode}")
+            return None  # unified (or null): the engine says it is not disaggregated
+    for info in relevant:
+        if info.name == LABELLED_ROLE_INFO and info.labels.get("pd_role") in PD_ROLES:
+            label, value = info.labels.get("label", ""), info.labels["pd_role"]
+            return PdRole(value, f"target label {label}={value} (the engine's metrics do not say)")
+    if engine != "sglang" and ("kv_transfer_time" in present or "kv_transfers_total" in present):
+        return PdRole("decode", "metrics: it records KV-cache transfers, which are timed where they are read "
+                                "(the decode side); its configuration does not say")
+    return None
 PD_NOTE = ("means over the window, each from the requests its stage finished in it (the prefill and decode "
            "workers see the same requests at different times); means add, quantiles do not")
 
 
-def pd_split(decode: dict, prefill: dict, prefill_target: str) -> dict:
+def pd_split(decode: dict, prefill: dict, prefill_targets: Sequence[str]) -> dict:
     """A disaggregated request's TTFT assembled from the latency answers of its decode and prefill
     workers: prefill queue + prefill (prefill worker) + KV transfer + decode queue + first step
     (decode worker: first scheduled -> first token). Means, which add; a stage without data is null
-    and so is the total."""
+    and so is the total. ``prefill`` may be several prefill replicas summed (a source's deployment)."""
 
     def mean(report: dict, signal: str) -> float | None:
         return (report.get(signal) or {}).get("mean")
@@ -418,4 +491,5 @@ def pd_split(decode: dict, prefill: dict, prefill_target: str) -> dict:
              "first_step": mean(decode, "prefill_time")}
     values = list(parts.values())
     total = None if any(v is None for v in values) else sum(v for v in values if v is not None)
-    return {"prefill_target": prefill_target, **parts, "ttft_mean": total, "note": PD_NOTE}
+    return {"prefill_target": ", ".join(prefill_targets), "prefill_targets": list(prefill_targets), **parts,
+            "ttft_mean": total, "note": PD_NOTE}

@@ -73,6 +73,7 @@ class Monitor:
             max_bytes=settings.max_page_bytes, connect_timeout=settings.connect_timeout,
             jitter=settings.scrape_jitter, write_interval=settings.write_batch_interval,
             on_engine_detected=self._engine_detected,
+            owns=None if self.engine.dialect.name == "sqlite" else self._owns,  # SQLite: one replica
         )
         self.probe_jobs = ProbeJobs(self.sessions, on_finished=self.telemetry.probes.observe)
         self.started_at = time.time()
@@ -85,6 +86,7 @@ class Monitor:
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
         self.round_summaries: diagnosis_rounds.RoundSummaries | None = None  # the status page's numbers
+        self.fleet_summary: summaries.FleetSummary | None = None  # GET /api/v1/latency's default window
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
         replica_id = settings.replica_id or replicas.default_replica_id()
         self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
@@ -232,6 +234,11 @@ class Monitor:
         self.telemetry.target_up.labels(target).set(1.0 if up else 0.0)
         self.telemetry.last_scrape.labels(target).set(ts)
 
+    def _owns(self, target: str) -> bool:
+        """The scrape path's ownership check, right before a scrape and before its result is
+        queued (:meth:`app.replicas.Ownership.holds`; fenced by the heartbeat's age)."""
+        return self.ownership.holds(target, self.membership.view, time.time())
+
     def forget_target(self, target_id: int) -> None:
         """Before a target is deleted: drop what the running service caches about it."""
         self.scraping.forget_target(target_id)
@@ -241,7 +248,10 @@ class Monitor:
     # benchmarks that drive a round themselves (``now`` explicit) and for the scheduler.
     def refresh_summaries(self) -> None:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
-                                    sources=self.sources)
+                                    sources=self.sources, keep=self._keep_fleet_summary)
+
+    def _keep_fleet_summary(self, kept: summaries.FleetSummary) -> None:
+        self.fleet_summary = kept  # one assignment: a request reads the old or the new, never half
 
     def evaluate_diagnoses(self, now: float | None = None,
                            sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:

@@ -12,7 +12,12 @@
   owns it, and takes a target at once when its previous owner is dead or gone (first
   scrape immediately), but waits 1.5 heartbeats when the previous owner is still live (a
   replica that just joined), so that owner has seen the new member and dropped the target
-  first. So no target is scraped by two replicas while heartbeats run on time, and none
+  first. A replica whose event loop is too busy to drop a target's job in time is still
+  fenced: right before each scrape and before its result is queued for writing, the scrape
+  service asks :meth:`Ownership.holds`, which answers from the heartbeat thread's latest
+  view (:attr:`Membership.view`) and says no once that view is older than the hand-over
+  wait (the newcomer may have taken the target since). So no target is scraped by two
+  replicas, and none
   goes unscraped for longer than 2 scrape intervals + ``replica_expiry`` when its replica
   is killed (see the README's replicas section).
 * **The leader** (:class:`Lease`) holds the ``leader`` row of ``leases`` (holder, fencing
@@ -34,6 +39,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -125,6 +131,18 @@ class Ownership:
         """When a waiting target may be taken (the heartbeat loop wakes up for it)."""
         return min(self.waiting.values(), default=None)
 
+    def holds(self, target: str, view: tuple[float, tuple[str, ...]], now: float) -> bool:
+        """Whether this replica may scrape ``target`` and write its result now, from ``view``
+        (:attr:`Membership.view`: when the last heartbeat began, and the live set it read),
+        not from :attr:`owned`, which the event loop updates and may be late with.
+
+        The fence: a replica that joins waits :attr:`handover` after it first sees a live
+        previous owner before it takes that owner's targets, so a view begun less than
+        ``handover`` ago cannot have missed a newcomer that took one already. An older view
+        (heartbeats failing or late) holds nothing."""
+        began, live = view
+        return now - began < self.handover and owner(target, set(live) | {self.me}) == self.me
+
 
 class Membership:
     """This replica's row in ``replicas`` and the live set as of its last heartbeat."""
@@ -139,6 +157,9 @@ class Membership:
         self.pid = os.getpid()
         self.started_at = clock()
         self.live: tuple[str, ...] = (replica_id,)
+        #: (when the last successful heartbeat began, the live replicas it read); one assignment,
+        #: read by the scrape path's ownership check (:meth:`Ownership.holds`) from any thread
+        self.view: tuple[float, tuple[str, ...]] = (-math.inf, self.live)
 
     def beat(self) -> tuple[str, ...]:
         """Renew (or re-create) this replica's row and return the live replicas, sorted."""
@@ -154,6 +175,7 @@ class Membership:
             session.flush()
             live = session.scalars(select(ReplicaRow.id).where(ReplicaRow.heartbeat_at > now - self.expiry)).all()
         self.live = tuple(sorted(set(live) | {self.id}))
+        self.view = (now, self.live)  # as of the beat's start: a replica joining later is seen next time
         return self.live
 
     def leave(self) -> None:

@@ -18,7 +18,11 @@ away, as :mod:`app.diagnosis.signals` does:
   service's quantile math is Prometheus' (``app/quantiles.py``), so these agree exactly;
 * means ``rate(x_sum)/rate(x_count)``; queue and prefill *shares* are ratios of means;
 * gauges: ``sum`` of per-rank ``avg_over_time`` (running, waiting), ``avg`` of per-rank
-  ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong);
+  ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong); for
+  ``dp_imbalance`` the ranks are also kept apart (``<engine>_rank_load:avg``, the busiest and
+  least busy rank's waiting, their load ratio, the rank count);
+* the mean prompt length from ``rate(prompt tokens) / rate(finished requests)`` where the engine
+  has no prompt-length histogram (trtllm-serve; SGLang where the histogram is absent);
 * TGI has no TTFT histogram: TTFT quantile = queue quantile + prefill-batch quantile (what
   the latency API and TGI's own dashboard show), TTFT mean = mean queue time + prefill
   batch time per admitted request (``rate(prefill_sum)/rate(queue_count)``), ITL = decode
@@ -63,20 +67,24 @@ Known differences from the built-in evaluation (the generated file's header poin
   alerts.diagnosis_for``; Prometheus evaluates every ``evaluation_interval``, not every
   ``diagnosis.interval``. Resolution is immediate (no ``resolve_after``).
 * "ITL at small batch" (mean ITL over scrape intervals with <= 2 running requests) has
-  no PromQL equivalent; the exported rules use ITL p50, where the built-in rules fall back to
-  the window's exact mean ITL (``_sum/_count``): inside a coarse bucket (25-50 ms) the two can
-  sit on different sides of ``slow_itl_seconds``.
+  no PromQL equivalent; the exported rules use the window's exact mean ITL (``_sum/_count``),
+  which is what the built-in rules fall back to without enough small-batch intervals. Never an
+  interpolated p50: inside a coarse bucket (25-50 ms) it can sit on the other side of
+  ``slow_itl_seconds`` from the mean.
 * Thresholds on quantiles (ITL p99/p50, ITL p99, prompt-length p90) compare the interpolated
   value; the built-in rules decide them on the bucket that holds the quantile and leave a
   regime "not judged" when the threshold lies inside it, or when "steady" rests on fewer than
   ``steady_min_scrapes`` scrapes. Prometheus has no bucket interval to compare.
 * TGI KV usage max is a subquery over ``evaluation_interval`` steps, not over scrapes.
+* ``dp_imbalance``: where two ranks tie for the busiest (or least busy) load, ``topk`` /
+  ``bottomk`` may take the other rank's waiting count than the built-in rule's order does.
 * Stall share (vLLM) weights each ITL bucket at or above the stall bound by its midpoint
   (the +Inf bucket by its lower bound), like ``signals._stall_share``; it needs the
   bucket layout as literals (:data:`VLLM_ITL_BUCKETS`), and negative per-bucket
   increases are clamped at 0 instead of the running-max repair.
 * vLLM series use current names only (``inter_token_latency_seconds``,
-  ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang is not exported.
+  ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang series use 0.5 names
+  (0.3's ``name=`` model label is not matched).
 * The built-in ranking (a cause marks its symptoms ``caused_by``) has no rule-file
   equivalent; the suggested Alertmanager inhibit_rules approximate it.
 * ``outside_engine`` (:data:`app.diagnosis.findings.PROBE_REGIMES`) compares client-side
@@ -101,6 +109,7 @@ from app.alerts.config import SLO_BURN, TARGET_DOWN, SloConfig, regime_alertname
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
 from app.diagnosis.rules import RULES
 from app.diagnosis.rules.base import Rule
+from app.diagnosis.rules.replica_imbalance import IDLE_FLOOR
 from app.diagnosis.signals import STALL_SECONDS
 from app.promql import (
     and_on,
@@ -202,6 +211,11 @@ class Engine:
     matchers: str = ""  # a source's selector, added to every engine series the rules read
     kv_usage: str | None = None  # a KV-usage gauge (0..1); None: TGI's used/capacity gauges
     itl_buckets: tuple[float, ...] = ()  # default ITL bucket bounds (the stall share's literals)
+    rank_label: str | None = None  # the data-parallel rank's label on the gauges (None: one rank per server)
+    token_imbalance: str | None = None  # the engine's own token imbalance gauge between its DP ranks
+    #: the prompt-token counter and the finished-request counter(s, first found) whose rates give the
+    #: mean prompt length where the page has no prompt-length histogram (``signals._prompt_mean``)
+    prompt_counters: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def labels(self) -> str:
@@ -252,6 +266,7 @@ VLLM = Engine(
            "decode_time": "decode_time_seconds", "prompt_tokens": "prompt_tokens"},
     running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
     preemptions="vllm:num_preemptions_total", kv_usage="vllm:kv_cache_usage_perc", itl_buckets=VLLM_ITL_BUCKETS,
+    rank_label="engine",
 )
 
 TGI = Engine(
@@ -289,12 +304,14 @@ SGLANG = Engine(
            "prompt_tokens": "prompt_tokens"},
     running="sglang:num_running_reqs", waiting="sglang:num_queue_reqs",
     preemptions="sglang:num_retracted_requests_total", kv_usage="sglang:token_usage", itl_buckets=SGLANG_ITL_BUCKETS,
+    rank_label="dp_rank", token_imbalance="sglang:dp_attention_token_imbalance_ratio",
+    prompt_counters=("sglang:prompt_tokens_total", ("sglang:num_requests_total", "sglang:request_success_total")),
 )
 
-#: trtllm-serve: no per-step ITL and no prompt-length histogram, so the regimes that read them
-#: (prefill_compute, prefill_interference, bandwidth_bound) have no alerts for it. The built-in
-#: diagnosis lists the ITL ones as not judged and judges prefill_compute on the mean prompt
-#: length from the prompt-token and request counters, which these alerts do not read yet.
+#: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,
+#: bandwidth_bound, weights_offloaded) have no alerts for it (the built-in diagnosis lists them as
+#: not judged). It has no prompt-length histogram either: prefill_compute reads the mean prompt
+#: length from the prompt-token and finished-request counters, as the built-in rule does.
 TRTLLM = Engine(
     "trtllm", "TensorRT-LLM", ("job", "instance", "model_name"),
     histograms={
@@ -309,6 +326,7 @@ TRTLLM = Engine(
            "prefill_time": "prefill_time_seconds", "decode_time": "decode_time_seconds"},
     running="trtllm_num_requests_running", waiting="trtllm_num_requests_waiting", preemptions=None,
     kv_usage="trtllm_kv_cache_utilization",
+    prompt_counters=("trtllm_prompt_tokens_total", ("trtllm_request_success_total",)),
 )
 
 ENGINES = (VLLM, TGI, SGLANG, TRTLLM)
@@ -363,6 +381,21 @@ class _Group:
         return self.record(self.rec(e.stems[signal], "mean", w),
                            f"{self.sum_rate(metric + '_sum', selector, w)}\n/\n"
                            f"{self.sum_rate(metric + '_count', selector, w)}")
+
+    def prompt_mean_counters(self, w: str, histogram_mean: str | None) -> str:
+        """The mean prompt length from the token and request counters (``rate(tokens) /
+        rate(requests)``, the same mean over the window's finished requests); where the engine
+        also has the histogram, its ``_sum/_count`` first, the counters only where it is absent."""
+        e = self.engine
+        assert e.prompt_counters is not None
+        tokens, requests = e.prompt_counters
+        finished = "\n    or\n    ".join(self.sum_rate(name, "", w) for name in requests)
+        counted = self.record(self.rec("prompt_tokens" if histogram_mean is None else "prompt_tokens_counters",
+                                       "mean", w),
+                              f"{self.sum_rate(tokens, '', w)}\n/\n(\n  (\n    {finished}\n  ) > 0\n)")
+        if histogram_mean is None:
+            return counted
+        return self.record(self.rec("prompt_tokens_best", "mean", w), f"{histogram_mean}\nor\n{counted}")
 
     def prefill_per_request(self, w: str) -> str:
         """Prefill time a request waits for its first token (TGI: batch time per admitted request)."""
@@ -452,6 +485,8 @@ class _Group:
         if e.supports("prompt_tokens"):
             out["prompt_mean"] = self.mean("prompt_tokens", w)
             out["prompt_p90"] = self.quantile("prompt_tokens", 0.9, w)
+        if e.prompt_counters is not None:
+            out["prompt_mean"] = self.prompt_mean_counters(w, out.get("prompt_mean"))
         if e.supports("itl"):
             out["itl_ratio"] = self.itl_ratio(w)
             out["stall_share"] = self.stall_share(w)
@@ -464,6 +499,42 @@ class _Group:
             out["steps"] = self.decode_steps(w)
         if self.engine.name == "vllm":
             out.update(self.vllm_extras(w))
+        if e.rank_label is not None:
+            out.update(self.ranks(w))
+        return out
+
+    def ranks(self, w: str) -> dict[str, str | None]:
+        """The data-parallel ranks of one engine compared as ``dp_imbalance`` compares them
+        (:func:`app.diagnosis.rules.replica_imbalance.compare_loads`): each rank's load (mean
+        running + mean waiting, a rank without a waiting gauge waits 0), the busiest and the least
+        busy rank's mean waiting, the load ratio between them (the least busy counted as at least
+        ``IDLE_FLOOR``), how many ranks report; and the engine's own token imbalance where it has one."""
+        e = self.engine
+        by, rank = e.labels, f"{e.labels}, {e.rank_label}"
+
+        def per_rank(metric: str) -> str:
+            return f"sum by ({rank}) (avg_over_time({e.select(metric)}[{w}]))"
+
+        running = self.record(self.rec("rank_num_requests_running", "avg", w), per_rank(e.running))
+        waiting = self.record(self.rec("rank_num_requests_waiting", "avg", w),
+                              f"{per_rank(e.waiting)}\nor\n{running} * 0")
+        load = self.record(self.rec("rank_load", "avg", w), f"{running}\n+ on({rank})\n{waiting}")
+        out: dict[str, str | None] = {
+            "rank_count": self.record(self.rec("ranks", "count", w), f"count by ({by}) ({load})"),
+            "rank_busiest_waiting": self.record(
+                self.rec("rank_busiest_waiting", "avg", w),
+                f"max by ({by}) (\n  {waiting}\n  and on({rank})\n  topk by ({by}) (1, {load})\n)"),
+            "rank_idlest_waiting": self.record(
+                self.rec("rank_idlest_waiting", "avg", w),
+                f"max by ({by}) (\n  {waiting}\n  and on({rank})\n  bottomk by ({by}) (1, {load})\n)"),
+            "rank_load_ratio": self.record(
+                self.rec("rank_load", "ratio", w),
+                f"max by ({by}) ({load})\n/\nclamp_min(min by ({by}) ({load}), {num(IDLE_FLOOR)})"),
+        }
+        if e.token_imbalance is not None:
+            out["dp_token_imbalance"] = self.record(
+                self.rec("dp_token_imbalance", "avg", w),
+                f"avg by ({by}) (avg_over_time({e.select(e.token_imbalance)}[{w}]))")
         return out
 
     def ratio_of_rates(self, what: str, numerator: str, denominator: str, w: str) -> str:

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     write_batch_interval: Seconds = Field(0.5, gt=0, description="How often scrapes are flushed.")
     latency_window: Seconds = Field(300.0, gt=0, description="Window of the /metrics quantile gauges.")
     summary_interval: Seconds = Field(15.0, gt=0, description="How often those gauges are recomputed.")
+    api_request_budget: Seconds = Field(30.0, gt=0, description="Time budget of one expensive read (latency, fleet "
+                                        "view, series): past it the request ends with 503; a client that "
+                                        "disconnects stops the work sooner.")
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
     alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
     delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")

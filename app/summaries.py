@@ -1,15 +1,20 @@
-"""The summary round: per-target latency quantiles for the gauges on ``/metrics``.
+"""The summary round: per-target latency quantiles for the gauges on ``/metrics`` and the
+fleet view's answer over ``latency_window``.
 
-Computed by a periodic job (``summary_interval``) rather than at scrape time, so a
-Prometheus scraping this service every few seconds never triggers database work; the
-collector (:class:`app.telemetry.DerivedLatencyCollector`) only exports the last result.
-The math is the latency API's (:mod:`app.latency`).
+Computed by a periodic job (``summary_interval``) rather than at scrape or request time, so
+a Prometheus scraping this service every few seconds, or many clients asking for the fleet's
+default window, never trigger database work; the collector
+(:class:`app.telemetry.DerivedLatencyCollector`) and ``GET /api/v1/latency`` only read the
+last result (:class:`FleetSummary`). The math is the latency API's (:mod:`app.latency`).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,10 +23,51 @@ from app.latency import SignalSummary
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
+from app.store.models import Target
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
     from app.promsource.service import SourceService
     from app.telemetry import DerivedLatencyCollector
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSummary:
+    """The fleet view's answer (:func:`fleet_report`) over ``[start, end]``, as the last summary
+    round computed it: ``GET /api/v1/latency`` for its default window returns this instead
+    of re-reading every target's samples per request."""
+
+    start: float
+    end: float
+    body: dict[str, Any]
+
+
+def answers(start: float, end: float, seconds: float, now: float, interval: float) -> bool:
+    """Whether a round's result over ``[start, end]`` answers a request for the last
+    ``seconds`` at ``now``: same window length, computed within the last two intervals of
+    its round (else the request reads samples itself)."""
+    return math.isclose(end - start, seconds, abs_tol=1e-3) and now - end <= 2 * interval
+
+
+def fleet_members(session: Session) -> tuple[list[Target], list[Target]]:
+    """(targets summed, targets left out): a target whose latest scrape says ``load_balanced``
+    is left out, since its numbers would mix replicas."""
+    latest = repository.latest_scrapes(session)
+    targets: list[Target] = []
+    excluded: list[Target] = []
+    for target in repository.list_targets(session):
+        scrape = latest.get(target.id)
+        (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
+    return targets, excluded
+
+
+def fleet_report(session: Session, seconds: float, end: float) -> dict[str, Any]:
+    """The body of ``GET /api/v1/latency`` (without ``window``): every target's histograms
+    summed by ``le`` over ``[end - seconds, end]``, read in a fixed number of set-based
+    queries whatever the number of targets."""
+    targets, excluded = fleet_members(session)
+    report = latency.latency_report(session, [t.id for t in targets], seconds, end)
+    extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
+    return {"targets": [t.name for t in targets], **extra, **report}
 
 
 def latency_summaries(sessions: sessionmaker[Session], window: float, end: float | None = None,
@@ -54,6 +100,12 @@ def latency_summaries(sessions: sessionmaker[Session], window: float, end: float
 
 
 def refresh_summaries(sessions: sessionmaker[Session], window: float, collector: DerivedLatencyCollector,
-                      end: float | None = None, sources: SourceService | None = None) -> None:
-    """Recompute the summaries and hand them to the collector in one assignment."""
+                      end: float | None = None, sources: SourceService | None = None,
+                      keep: Callable[[FleetSummary], None] | None = None) -> None:
+    """Recompute the summaries and hand them to the collector in one assignment; ``keep`` is
+    given the fleet view's answer over the same window."""
+    end = time.time() if end is None else end
     collector.summaries = latency_summaries(sessions, window, end, sources)
+    if keep is not None:
+        with sessions() as session:
+            keep(FleetSummary(end - window, end, fleet_report(session, window, end)))

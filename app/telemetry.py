@@ -17,10 +17,14 @@ Storage
     llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
+    llm_latency_not_owned_total{stage}                   replicas: a scrape not started (scrape) or its result
+                                                         not written (write): the target was handed over
 Rounds (diagnosis, summaries, alerts, prune; ``round`` is the job's name)
     llm_latency_round_duration_seconds{round}            histogram of each run's duration
     llm_latency_round_overruns_total{round}              runs that took longer than their interval
     llm_latency_round_skips_total{round,reason}          runs the scheduler did not start: missed | overlap
+API
+    llm_latency_requests_stopped_total{reason}           expensive reads stopped: budget (503) | disconnect
 Alerts
     llm_latency_alert_notifications_total                notifications written to the outbox
     llm_latency_deliveries_total{receiver,result}        delivery attempts (ok | error)
@@ -208,6 +212,8 @@ class Telemetry:
         self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
                                        buckets=SCRAPE_BUCKETS, registry=r)
         self.queue_depth = Gauge("llm_latency_write_queue_scrapes", "Scrapes waiting to be written.", registry=r)
+        self.not_owned = Counter("llm_latency_not_owned", "Scrapes not started (scrape) or not written (write) "
+                                 "because the target was handed over to another replica.", ["stage"], registry=r)
         self.round_duration = Histogram("llm_latency_round_duration_seconds", "Duration of each periodic round.",
                                         ["round"], buckets=ROUND_BUCKETS, registry=r)
         self.round_overruns = Counter("llm_latency_round_overruns", "Rounds that took longer than their interval.",
@@ -215,6 +221,9 @@ class Telemetry:
         self.round_skips = Counter("llm_latency_round_skips", "Round runs the scheduler did not start "
                                    "(missed: past the grace time; overlap: the previous run still going).",
                                    ["round", "reason"], registry=r)
+        self.requests_stopped = Counter("llm_latency_requests_stopped", "Expensive reads stopped before their "
+                                        "answer: budget (api_request_budget spent, 503) or disconnect (client gone).",
+                                        ["reason"], registry=r)
         self.alert_notifications = Counter("llm_latency_alert_notifications", "Notifications written to the outbox.",
                                            registry=r)
         self.deliveries = Counter("llm_latency_deliveries", "Notification delivery attempts.", ["receiver", "result"],

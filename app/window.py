@@ -29,6 +29,10 @@ AVERAGED_GAUGES = frozenset({"kv_usage", "spec_accept_rate", "spec_accept_length
 # Gauges also kept per data-parallel rank (only when a target has more than one), for the
 # comparison between the ranks of one engine (``dp_imbalance``).
 RANK_GAUGES = ("running", "waiting", "kv_usage")
+# Histograms whose mean (``_sum / _count`` over the window) is also kept per rank: the time a
+# request waits on the rank it was given (vLLM's ``engine`` and SGLang's ``dp_rank`` label the
+# queue-time histogram too), evidence of which rank queues.
+RANK_MEANS = ("queue_time",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class ModelWindow:
     gauges: dict[str, GaugeStats] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)  # counter signal -> per second
     itl_intervals: list[ItlInterval] = field(default_factory=list)
-    ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> RANK_GAUGES signal -> mean
+    ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank -> RANK_GAUGES/RANK_MEANS signal -> mean
 
 
 @dataclass(slots=True)

@@ -6,11 +6,13 @@ import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio.from_thread
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
+from app.budget import RequestBudget
 from app.lifespan import Monitor
 from app.probe.jobs import ProbeJobs
 from app.settings import Settings
@@ -75,3 +77,20 @@ WriteAuth = Depends(require_token)
 #: For read endpoints: True when the caller may see text the service fetched from targets,
 #: receivers and probed servers (see app.api.redaction). Reads never answer 401.
 TokenHolderDep = Annotated[bool, Depends(holds_token)]
+
+
+def request_budget(request: Request, monitor: MonitorDep) -> RequestBudget:
+    """The time budget of an expensive read (``api_request_budget``) and a poll of its client's
+    connection. Polled from the worker thread that computes the answer, which asks the event
+    loop (``Request.is_disconnected``); outside a worker thread it says the client is there."""
+
+    def disconnected() -> bool:
+        try:
+            return anyio.from_thread.run(request.is_disconnected)
+        except RuntimeError:  # not in a worker thread of the event loop (a direct call)
+            return False
+
+    return RequestBudget(monitor.settings.api_request_budget, disconnected)
+
+
+BudgetDep = Annotated[RequestBudget, Depends(request_budget)]

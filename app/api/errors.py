@@ -8,6 +8,8 @@ instead of as a 500.
   exhausted) is a 503 with ``{"detail": ...}``, which clients and load balancers retry,
   not a 500 or a reset connection. The driver's message stays in the log: it can name
   hosts and SQL.
+* A read that ran out of its time budget (:mod:`app.budget`) is a 503 naming the budget; one
+  whose client went away is logged and answered 499 (nobody reads it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
+from app.budget import BudgetExceeded, ClientGone
 from app.store.repository import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,29 @@ async def database_unavailable(request: Request, exc: Exception) -> JSONResponse
                         headers={"Retry-After": "5"})
 
 
+def _count_stopped(request: Request, reason: str) -> None:
+    monitor = getattr(request.app.state, "monitor", None)
+    if monitor is not None:
+        monitor.telemetry.requests_stopped.labels(reason).inc()
+
+
+async def budget_exceeded(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, BudgetExceeded)  # registered for that class only
+    log.warning("%s %s: %s (after %d checks)", request.method, request.url.path, exc, exc.checks)
+    _count_stopped(request, "budget")
+    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "30"})
+
+
+async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ClientGone)
+    log.info("%s %s: %s", request.method, request.url.path, exc)
+    _count_stopped(request, "disconnect")
+    return JSONResponse({"detail": str(exc)}, status_code=499)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(BudgetExceeded, budget_exceeded)
+    app.add_exception_handler(ClientGone, client_gone)
     for error in DATABASE_ERRORS:
         app.add_exception_handler(error, database_unavailable)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -214,12 +214,23 @@ class DiscoveryOut(BaseModel):
     error: str | None = Field(description="why the last refresh failed as a whole; the last good list is kept")
 
 
+class PdRoleOut(BaseModel):
+    """A worker's part in prefill/decode disaggregation (:func:`app.latency.pd_role`)."""
+
+    role: Literal["prefill", "decode", "both"]
+    source: str = Field(description="what said so: the engine's configuration (vLLM kv_role, SGLang engine_type), "
+                                    "a target label (a source's pd_role_label) or its metrics (KV transfers "
+                                    "recorded on the reading side)")
+
+
 # Field order follows the bases from last to first: head, span, signals, then ``models``.
 class PdSplit(BaseModel):
     """A prefill/decode-disaggregated request's TTFT assembled across its two workers, as means."""
 
     prefill_target: str = Field(description="the prefill worker (the decode target's label "
-                                            "``llm_latency_prefill_target``)")
+                                            "``llm_latency_prefill_target``), or a source's prefill replicas of "
+                                            "the deployment (its ``pd_pair_labels``), comma-separated")
+    prefill_targets: list[str] = Field(description="the same, one name each; several are summed")
     prefill_queue: float | None = Field(description="mean queue time on the prefill worker (s)")
     prefill: float | None = Field(description="mean prefill time on the prefill worker (s)")
     kv_transfer: float | None = Field(description="mean KV transfer time recorded by the decode worker (s)")
@@ -233,6 +244,7 @@ class TargetLatencyOut(SignalsLatency, LatencySpan, TargetLatencyHead):
     """``GET /api/v1/targets/{name}/latency``: the whole target, and per model."""
 
     models: dict[str, SignalsLatency] = Field(description="the same numbers per served model")
+    pd_role: PdRoleOut | None = Field(None, description="its part in P/D disaggregation, when anything says")
     disaggregation: PdSplit | None = Field(None, description="a P/D decode worker: TTFT split across it and its "
                                                              "prefill worker")
 

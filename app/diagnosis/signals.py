@@ -95,7 +95,8 @@ class Signals:
     itl_over_floor: float | None = None       # small-batch ITL (or mean ITL) / floor
     replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
     # P/D disaggregation: KV-cache transfers between prefill and decode workers
-    pd_role: str | None = None                # "prefill" | "decode" | "both", from config or metrics (_pd_role)
+    pd_role: str | None = None                # "prefill" | "decode" | "both" (latency.pd_role)
+    pd_role_source: str | None = None         # what said so: engine configuration, target label or metrics
     kv_transfer: LatencySummary | None = None
     kv_transfer_share: float | None = None    # mean transfer / mean TTFT (bounded to 1)
     kv_transfers_per_second: float | None = None
@@ -319,7 +320,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         s.replicas = _replicas(window, model)
         s.config = _config(window.infos, model)
         s.kv_transfer, s.render = found.get("kv_transfer_time"), found.get("render_time")
-        _disaggregation(s, m, window.seconds)
+        _disaggregation(s, m, window.infos, window.seconds)
         _speculation(s, m, window.seconds)
         s.render_share = _share(_mean(s.render), ttft_mean)
         _ranks(s, m)
@@ -363,21 +364,9 @@ def _share(part: float | None, whole: float | None) -> float | None:
     return None if ratio is None else min(1.0, ratio)
 
 
-def _pd_role(s: Signals, m: ModelWindow) -> str | None:
-    """The worker's part in prefill/decode disaggregation: from the engine's configuration when
-    it says (``kv_role``: kv_producer / kv_consumer / kv_both, SGLang's ``disaggregation_mode``),
-    else from its metrics: a worker that records KV transfers in (vLLM's NIXL connector times
-    the read on the decode side) is a decode worker."""
-    configured = s.config.get("kv_role") or s.config.get("disaggregation_mode")
-    if configured:
-        return {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "both"}.get(configured, configured)
-    if "kv_transfer_time" in m.histograms or "kv_transfers_total" in m.rates:
-        return "decode"
-    return None
-
-
-def _disaggregation(s: Signals, m: ModelWindow, seconds: float) -> None:
-    s.pd_role = _pd_role(s, m)
+def _disaggregation(s: Signals, m: ModelWindow, infos: list[CanonicalInfo], seconds: float) -> None:
+    role = latency.pd_role(infos, {*m.histograms, *m.rates}, s.engine, s.model)  # the API's role too
+    s.pd_role, s.pd_role_source = (role.role, role.source) if role is not None else (None, None)
     completed = m.rates.get("kv_transfers_total")
     if completed is None and s.kv_transfer is not None and seconds > 0:
         completed = s.kv_transfer.count / seconds
@@ -407,8 +396,10 @@ def _speculation(s: Signals, m: ModelWindow, seconds: float) -> None:
 
 
 def _ranks(s: Signals, m: ModelWindow) -> None:
-    """Each data-parallel rank's load (running + waiting, means over the window), busiest first."""
-    loads = [ReplicaLoad(rank, g.get("running", 0.0), g.get("waiting", 0.0), None, None, None)
+    """Each data-parallel rank's load (running + waiting, means over the window) and mean queue
+    time (its queue-time histogram's ``_sum / _count``, where the engine labels it per rank),
+    busiest first."""
+    loads = [ReplicaLoad(rank, g.get("running", 0.0), g.get("waiting", 0.0), None, None, g.get("queue_time"))
              for rank, g in m.ranks.items() if "running" in g]
     s.ranks = sorted(loads, key=lambda r: -r.load) if len(loads) > 1 else []
     s.rank_kv_usage = {rank: g["kv_usage"] for rank, g in m.ranks.items() if "kv_usage" in g}

@@ -13,6 +13,8 @@ Example::
         bearer_token_env: PROM_TOKEN     # or basic_auth: {username, password_env}
         tls: {ca_file: /etc/ssl/prom-ca.pem, insecure_skip_verify: false}
         query_timeout: 20s
+        pd_pair_labels: [namespace, llm_d_ai_model]  # P/D: replicas sharing these form one deployment
+        pd_role_label: llm_d_ai_role     # prefill | decode | both, where the engine does not say
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ class PrometheusSourceConfig(BaseModel):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     query_timeout: Seconds = Field(20.0, gt=0, le=300)
     max_concurrency: int = Field(8, ge=1, le=64, description="Queries in flight at once")
+    pd_pair_labels: list[LabelName] = Field(
+        default_factory=list, max_length=MAX_GROUP_LABELS,
+        description="P/D disaggregation: the replicas sharing these label values form one deployment; a decode "
+                    "replica's TTFT is assembled with the prefill replicas of its deployment")
+    pd_role_label: LabelName | None = Field(
+        None, description="a label whose value (prefill / decode / both) is a replica's P/D role where the "
+                          "engine's own metrics do not say (vLLM)")
 
     @field_validator("url")
     @classmethod
@@ -113,6 +122,34 @@ class PrometheusSourceConfig(BaseModel):
     @classmethod
     def _service_labels(cls, names: list[str]) -> list[str]:
         return _label_list(names, "service_labels")
+
+    @field_validator("pd_pair_labels")
+    @classmethod
+    def _pd_pair_labels(cls, names: list[str]) -> list[str]:
+        return _label_list(names, "pd_pair_labels")
+
+    @field_validator("pd_role_label")
+    @classmethod
+    def _pd_role_label(cls, name: str | None) -> str | None:
+        return name if name is None else _label_list([name], "pd_role_label")[0]
+
+    @model_validator(mode="after")
+    def _pd_labels_known(self) -> PrometheusSourceConfig:
+        """The pairing reads label values each target keeps: its target_labels and service_labels."""
+        known = [*self.target_labels, *self.service_labels]
+        for field, names in (("pd_pair_labels", self.pd_pair_labels),
+                             ("pd_role_label", [self.pd_role_label] if self.pd_role_label else [])):
+            for name in names:
+                if name not in known:
+                    raise ValueError(f"{field}: label {name!r} is not one of target_labels or service_labels "
+                                     f"({', '.join(known)}); a target keeps only those label values")
+        if self.pd_pair_labels and set(self.target_labels) <= set(self.pd_pair_labels):
+            raise ValueError("pd_pair_labels: they include every target label, so no two targets share them and "
+                             "no prefill replica could be paired with a decode replica")
+        if self.pd_role_label and self.pd_role_label in self.pd_pair_labels:
+            raise ValueError(f"pd_role_label {self.pd_role_label!r} cannot be one of pd_pair_labels: a deployment's "
+                             "prefill and decode replicas differ in it")
+        return self
 
     @field_validator("bearer_token_env")
     @classmethod

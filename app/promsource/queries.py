@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from app.promql import format_matchers
 from app.promql import prom_duration as _whole_ms_duration
 from app.sources import sglang, tgi, trtllm, vllm
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS
-from app.window import AVERAGED_GAUGES, RANK_GAUGES
+from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
+from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
 
 FAMILY_LABEL = "llm_latency_family"
 STAT_LABEL = "llm_latency_stat"
@@ -89,7 +89,8 @@ GAUGE_FAMILIES = _gauge_families()
 COUNTER_FAMILIES = _counter_families()
 # One always-present gauge per engine: a target is an engine whose running-requests gauge exists.
 PRESENCE_FAMILIES = GAUGE_FAMILIES["running"]
-INFO_FAMILIES = tuple(vllm.INFOS.items())  # (canonical name, metric)
+# (canonical name, metric); SGLang's P/D role is the ``engine_type`` label of a scheduler family
+INFO_FAMILIES = (*vllm.INFOS.items(), (DISAGGREGATION_INFO, sglang.ROLE_FAMILY))
 
 
 def prom_duration(seconds: float) -> str:
@@ -140,8 +141,10 @@ class SourceQueries:
         by = _by(*self.target_labels)
         window = f"{prom_duration(span)}:{prom_duration(step)}"
         counts = [_selector(f.name + "_count", f.matchers, list(self.matchers)) for f in HISTOGRAM_FAMILIES[signal]]
-        return " or ".join(_tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]))", FAMILY_LABEL, str(i))
-                           for i, count in enumerate(counts))
+        # `or timestamp(...)`: a replica younger than the last step boundary is seen by no step
+        return " or ".join(
+            _tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]) or timestamp({count}))", FAMILY_LABEL,
+                 str(i)) for i, count in enumerate(counts))
 
     def gauge(self, signal: str, window: float) -> str:
         w = prom_duration(window)
@@ -218,6 +221,16 @@ class SourceQueries:
                 by = _by(*self.target_labels, MODEL_LABEL, rank)
                 expr = f"sum by ({by}) (avg_over_time({_selector(f.name, f.matchers, list(self.matchers))}[{w}]))"
                 parts.append(_tag(_tag(expr, STAT_LABEL, signal), FAMILY_LABEL, str(i)))
+        for signal in RANK_MEANS:  # a histogram's mean per rank: increase(_sum) / increase(_count)
+            for i, h in enumerate(HISTOGRAM_FAMILIES.get(signal, [])):
+                if h.engine == "tgi":
+                    continue
+                rank = "engine" if h.engine == "vllm" else "dp_rank"
+                by = _by(*self.target_labels, MODEL_LABEL, rank)
+                sel = list(self.matchers)
+                expr = " / ".join(f"sum by ({by}) (increase({_selector(h.name + part, h.matchers, sel)}[{w}]))"
+                                  for part in ("_sum", "_count"))
+                parts.append(_tag(_tag(f"({expr})", STAT_LABEL, signal), FAMILY_LABEL, str(i)))
         return " or ".join(parts)
 
     def tgi_kv_samples(self, window: float) -> str:

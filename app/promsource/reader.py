@@ -32,7 +32,7 @@ from app.promsource.queries import (
 )
 from app.quantiles import WindowHistogram
 from app.sources import tgi
-from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
+from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
@@ -156,8 +156,8 @@ class SourceReader:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal.
 
-        ``diagnosis`` adds the successful scrapes, the engine's info metrics and the ITL by
-        running batch size, which only the regime rules read."""
+        ``diagnosis`` adds the successful scrapes, the per-rank loads and the ITL by running
+        batch size, which only the regime rules read."""
         q = self._queries(only, where)
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
@@ -167,8 +167,9 @@ class SourceReader:
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20)
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
+        jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
         if diagnosis:
-            jobs += [("scrapes", "", q.scrapes(w)), ("infos", "", q.infos()), ("ranks", "", q.rank_gauges(w))]
+            jobs += [("scrapes", "", q.scrapes(w)), ("ranks", "", q.rank_gauges(w))]
             if w >= 2 * step:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
@@ -371,8 +372,13 @@ class SourceReader:
                 if not sample.value:
                     continue
                 labels = {"sleep_state": sample.labels.get("sleep_state", "")}
+            elif name == DISAGGREGATION_INFO:  # as the SGLang adapter keeps it (app.sources.sglang.roles)
+                if not sample.labels.get("engine_type"):
+                    continue
+                labels = {"disaggregation_mode": sample.labels["engine_type"]}
             out[_key(sample.labels, self.target_labels)].append(
-                CanonicalInfo(name, sample.labels.get(MODEL_LABEL, ""), sample.labels.get("engine", "0"), labels))
+                CanonicalInfo(name, sample.labels.get(MODEL_LABEL, ""),
+                              sample.labels.get("engine") or sample.labels.get("dp_rank") or "0", labels))
         return out
 
     def _intervals(self, series: Sequence[_Series]) -> dict[TargetKey, dict[str, list[ItlInterval]]]:

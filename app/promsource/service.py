@@ -23,12 +23,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promapi import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
 from app.quantiles import WindowHistogram
 from app.scrape.record import ScrapeRecord
-from app.sources.base import HISTOGRAM_SIGNALS
+from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import repository
 from app.store.models import Target
 from app.window import TargetWindow, merge_windows
@@ -59,6 +60,24 @@ def public_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = host if parts.port is None else f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def labelled_role(config: PrometheusSourceConfig, labels: dict[str, str] | None) -> list[CanonicalInfo]:
+    """The target's ``pd_role_label`` value as an info, so the P/D role (:func:`app.latency.pd_role`)
+    reads it like the engine's own configuration: the diagnosis, the latency API and the pairing
+    see the same role. Empty when the source has no such label or the target no value."""
+    value = (labels or {}).get(config.pd_role_label or "")
+    if not config.pd_role_label or not value:
+        return []
+    return [CanonicalInfo(LABELLED_ROLE_INFO, "", "0", {"pd_role": value, "label": config.pd_role_label})]
+
+
+def with_labelled_role(config: PrometheusSourceConfig, labels: dict[str, str] | None,
+                       window: TargetWindow | None) -> TargetWindow | None:
+    """``window`` (when there is one) with :func:`labelled_role` among its infos."""
+    if window is not None:
+        window.infos = [*window.infos, *labelled_role(config, labels)]
+    return window
 
 
 class SourceMissing(LookupError):
@@ -231,7 +250,8 @@ class SourceService:
                                       error_class="down" if down else None,
                                       error="the source's Prometheus reports up == 0 for this target" if down
                                       else None))
-            out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", windows.get(key)))
+            out.append(SourceTarget(row.id, name, row.detected_engine or "vllm",
+                                    with_labelled_role(config, row.labels, windows.get(key))))
             if self.on_view is not None:
                 self.on_view(name, not down, now)
         repository.record_source_view(session, views)
@@ -281,7 +301,38 @@ class SourceService:
             windows = source.reader.windows(start, end, signals, where=where)
             return merge_windows({target_name(source.config.name, key): w for key, w in windows.items()}, start, end)
         key = source.key_of(target)
-        return source.reader.windows(start, end, signals, only=key).get(key) or TargetWindow(start, end)
+        return with_labelled_role(source.config, target.labels,
+                                  source.reader.windows(start, end, signals, only=key).get(key)) \
+            or TargetWindow(start, end)
+
+    def prefill_of(self, session: Session, target: Target, start: float, end: float
+                   ) -> tuple[list[str], TargetWindow] | None:
+        """The prefill side of a decode replica's P/D deployment: the replicas of its source that
+        share its ``pd_pair_labels`` values and whose role (:func:`app.latency.pd_role`) is
+        prefill, their names and their windows merged (several prefill replicas serve one
+        decode pool, so their requests are summed like a service's). None when the source pairs
+        nothing or the deployment has no prefill replica. Raises PromAPIError."""
+        source = self.get(target.origin)
+        if source is None or target.source != SOURCE_KIND or not source.config.pd_pair_labels:
+            return None
+        config = source.config
+        where = {name: (target.labels or {}).get(name, "") for name in config.pd_pair_labels}
+        peers = {source.key_of(row): row for row in repository.list_targets(session)
+                 if row.source == SOURCE_KIND and row.origin == config.name and row.id != target.id
+                 and all((row.labels or {}).get(k, "") == v for k, v in where.items())}
+        if not peers:
+            return None
+        prefill: dict[str, TargetWindow] = {}
+        for key, window in source.reader.windows(start, end, HISTOGRAM_SIGNALS, where=where).items():
+            row = peers.get(key)
+            if row is None:
+                continue
+            window.infos = [*window.infos, *labelled_role(config, row.labels)]
+            role = pd_role(window.infos, {*window.overall.histograms, *window.overall.rates},
+                           row.detected_engine or "vllm")
+            if role is not None and role.role == "prefill":
+                prefill[row.name] = window
+        return (sorted(prefill), merge_windows(prefill, start, end)) if prefill else None
 
     def windows_of(self, targets: Sequence[Target], start: float, end: float,
                    signals: Sequence[str]) -> dict[int, TargetWindow]:

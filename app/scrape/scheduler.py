@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import gc
 import logging
 import time
@@ -52,7 +53,8 @@ class ScrapeService:
     def __init__(self, engine: Engine, telemetry: Telemetry, scheduler: AsyncIOScheduler, *, max_concurrency: int = 64,
                  max_bytes: int = DEFAULT_MAX_PAGE_BYTES, connect_timeout: float = 3.0, jitter: float = 0.05,
                  write_interval: float = 0.5,
-                 on_engine_detected: Callable[[int, str], None] | None = None) -> None:
+                 on_engine_detected: Callable[[int, str], None] | None = None,
+                 owns: Callable[[str], bool] | None = None) -> None:
         self.telemetry = telemetry
         self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
         self.writer = SampleWriter(engine)
@@ -61,6 +63,7 @@ class ScrapeService:
         self.jitter = jitter
         self.write_interval = write_interval
         self.on_engine_detected = on_engine_detected
+        self.owns = owns  # replicas: may this replica scrape (and write) the target now? None: always
         self._pending: list[ScrapeRecord] = []
         self._flush_lock = asyncio.Lock()
         self._flush_task: asyncio.Task[None] | None = None
@@ -107,7 +110,7 @@ class ScrapeService:
                 self._add(spec, now=name in immediate)
 
     def _add(self, spec: TargetSpec, now: bool = False) -> None:
-        scraper = TargetScraper(spec, self.fetcher, self._pending.append, self._on_result)
+        scraper = TargetScraper(spec, self.fetcher, functools.partial(self._accept, spec.name), self._on_result)
         self.scrapers[spec.name] = scraper
         offset = 0.0 if now else (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
         first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
@@ -119,6 +122,9 @@ class ScrapeService:
         )
 
     async def _run_job(self, scraper: TargetScraper) -> None:
+        if self.owns is not None and not self.owns(scraper.spec.name):
+            self.telemetry.not_owned.labels("scrape").inc()
+            return  # handed over: the event loop has not removed the job yet (app.replicas.Ownership.holds)
         self._inflight += 1
         try:
             await scraper.run()
@@ -142,6 +148,15 @@ class ScrapeService:
         """Drop what the writer caches about a deleted target (its series ids), so a new
         target that reuses the id starts clean."""
         self.writer.forget_target(target_id)
+
+    def _accept(self, name: str, record: ScrapeRecord) -> None:
+        """Queue a scrape for writing, unless its target was handed over while it ran: then the
+        new owner scrapes it, and this record (started before, finished after) must not be
+        written beside the new owner's."""
+        if self.owns is not None and not self.owns(name):
+            self.telemetry.not_owned.labels("write").inc()
+            return
+        self._pending.append(record)
 
     def _on_result(self, spec: TargetSpec, record: ScrapeRecord) -> None:
         self.telemetry.record_scrape(spec.name, record.up, record.error_class, record.duration, record.bytes,

@@ -76,6 +76,9 @@ class CanonicalScalar:
     value: float
 
 
+DISAGGREGATION_INFO = "disaggregation"  # SGLang's ``engine_type`` label (its P/D mode), kept as an info
+
+
 @dataclass(slots=True)
 class CanonicalInfo:
     name: str  # e.g. "cache_config"

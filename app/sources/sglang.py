@@ -26,6 +26,10 @@ KV transfer time (P/D): ``kv_transfer_latency_ms`` is a histogram in **milliseco
 seconds like every other time signal. Without it, ``per_stage_req_latency_seconds`` with
 ``stage="prefill_transfer_kv_cache"`` (seconds) is read. 0.4.x exported
 ``kv_transfer_latency_ms`` as a gauge (the last transfer only): not a distribution, so not read.
+The P/D role: 0.4.4+ label the scheduler metrics ``engine_type`` (``unified`` | ``prefill`` |
+``decode``), the engine's own ``--disaggregation-mode``; it is kept as the info
+``disaggregation`` (``disaggregation_mode``) per model and rank, read from ``num_running_reqs``
+(:func:`app.latency.pd_role`).
 Speculative decoding: the scheduler logs ``spec_accept_rate`` / ``spec_accept_length`` at every
 stats interval whether or not speculation is on, 0 when it is off (its stats' defaults); a
 speculating engine's accept length is at least 1 (the bonus token), so series whose
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 from app.exposition.parser import MetricFamily, ParsedPage
 from app.sources.base import (
+    DISAGGREGATION_INFO,
     Canonical,
     CanonicalHistogram,
     CanonicalInfo,
@@ -84,6 +89,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "requests_total": ("sglang:num_requests_total", "sglang:request_success_total"),
     "kv_transfer_failures_total": ("sglang:num_transfer_failed_reqs_total",),
 }
+#: The family whose ``engine_type`` label says the worker's P/D role (every scheduler family carries it).
+ROLE_FAMILY = "sglang:num_running_reqs"
 #: ``spec_num_draft_tokens`` is a configured value (drafts per step), kept as configuration.
 SPEC_CONFIG = "sglang:spec_num_draft_tokens"
 FAMILIES = frozenset({n for table in (HISTOGRAMS, GAUGES, COUNTERS) for names in table.values() for n in names}
@@ -117,6 +124,17 @@ def _scaled(bounds: tuple[float, ...], counts: tuple[float, ...], total: float, 
         return bounds, total
     # division, not multiplication by 0.001: 5 / 1000 is the double nearest 0.005, 5 * 0.001 is not
     return tuple(b / scale for b in bounds), total / scale
+
+
+def roles(family: MetricFamily | None) -> list[CanonicalInfo]:
+    """The ``engine_type`` of each (model, rank) of a scheduler family, as ``disaggregation`` infos."""
+    if family is None:
+        return []
+    model_label, rank_label = group_of(family)
+    found = {(sample.labels.get(model_label, ""), sample.labels.get(rank_label) or "0"): sample.labels["engine_type"]
+             for sample in family.samples if sample.labels.get("engine_type")}
+    return [CanonicalInfo(DISAGGREGATION_INFO, model, rank, {"disaggregation_mode": mode})
+            for (model, rank), mode in sorted(found.items())]
 
 
 class SglangAdapter:
@@ -162,6 +180,7 @@ class SglangAdapter:
             for (model, rank), value in scalar_series(spec, group_of(spec)).items():
                 out.infos.append(CanonicalInfo("speculative_config", model, rank or "0",
                                                {"num_draft_tokens": f"{value:g}"}))
+        out.infos += roles(page.families.get(ROLE_FAMILY))
         return out
 
     @staticmethod

@@ -7,14 +7,18 @@ would add complexity without removing any waiting.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
+from app.budget import BudgetExceeded, RequestBudget
 from app.resources import migrations_dir
 
 #: Connections per process: anyio's default 40 API worker threads, the scrape writer and the
@@ -48,6 +52,38 @@ def make_engine(url: str, echo: bool = False) -> Engine:
         return engine
     return create_engine(url, echo=echo, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
                          pool_timeout=POOL_TIMEOUT)
+
+
+#: How often (SQLite virtual-machine instructions) a running statement checks a request's budget.
+SQLITE_PROGRESS_STEPS = 10_000
+PG_QUERY_CANCELED = "57014"  # SQLSTATE of a statement ended by statement_timeout
+
+
+@contextmanager
+def statement_budget(session: Session, budget: RequestBudget) -> Iterator[None]:
+    """Bound every statement ``session`` runs in the block by what is left of ``budget``:
+    PostgreSQL ends one at ``statement_timeout`` (``SET LOCAL``: this transaction only), SQLite
+    interrupts one from its progress handler. Either raises :class:`BudgetExceeded`, so a
+    single long read gets the same 503 as a long computation."""
+    connection = session.connection()
+    postgres = connection.dialect.name == "postgresql"
+    raw = None
+    if postgres:
+        connection.execute(text(f"SET LOCAL statement_timeout = {max(1, int(budget.remaining() * 1000))}"))
+    elif connection.dialect.name == "sqlite":
+        raw = connection.connection.dbapi_connection
+        raw.set_progress_handler(lambda: 1 if budget.remaining() < 0 else 0, SQLITE_PROGRESS_STEPS)  # type: ignore[union-attr]
+    try:
+        yield
+    except OperationalError as exc:
+        timed_out = getattr(exc.orig, "sqlstate", None) == PG_QUERY_CANCELED if postgres else \
+            "interrupted" in str(exc.orig)
+        if timed_out:
+            raise BudgetExceeded(budget.seconds, budget.checks) from None
+        raise
+    finally:
+        if raw is not None:
+            raw.set_progress_handler(None, 0)  # the connection goes back to the pool
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, Text, bindparam, cast, delete, func, insert, select, text, update
+from sqlalchemy import Engine, Text, bindparam, case, cast, delete, func, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer
@@ -629,6 +629,15 @@ def scrape_counts(session: Session, target_id: int, since: float) -> tuple[int, 
     total = session.scalar(select(func.count()).select_from(Scrape).where(*where)) or 0
     failed = session.scalar(select(func.count()).select_from(Scrape).where(*where, Scrape.up.is_(False))) or 0
     return int(total), int(failed)
+
+
+def scrape_counts_by_target(session: Session, since: float) -> dict[int, tuple[int, int]]:
+    """(scrapes, failed scrapes) since ``since`` of every target that has any, in one query
+    (the fleet's scrape health; :func:`scrape_counts` for one target)."""
+    failed = func.sum(case((Scrape.up.is_(False), 1), else_=0))
+    rows = session.execute(select(Scrape.target_id, func.count(), failed).where(Scrape.ts >= since)
+                           .group_by(Scrape.target_id))
+    return {target_id: (int(total), int(down or 0)) for target_id, total, down in rows}
 
 
 def prune_records(session: Session, before: float) -> dict[str, int]:

@@ -147,11 +147,31 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         ("LLMLatencyKVCachePressure", "vllm"), ("LLMLatencyWeightsOffloaded", "vllm"),
                         ("LLMLatencyQueueing", "sglang"), ("LLMLatencyPrefillCompute", "sglang"),
                         ("LLMLatencyPrefillInterference", "sglang"), ("LLMLatencyKVCachePressure", "sglang"),
-                        # trtllm-serve has no per-step ITL and no prompt-length histogram: only what it can judge
-                        ("LLMLatencyQueueing", "trtllm"),
+                        # trtllm-serve has no per-step ITL: only what it can judge (the mean prompt length
+                        # from its token and request counters)
+                        ("LLMLatencyQueueing", "trtllm"), ("LLMLatencyPrefillCompute", "trtllm"),
                         # vLLM's P/D transfer, speculative-decoding and render families
                         ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
-                        ("LLMLatencyFrontendBound", "vllm")}
+                        ("LLMLatencyFrontendBound", "vllm"),
+                        # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
+                        ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
+
+
+def test_the_mean_prompt_length_comes_from_the_counters_where_the_engine_has_no_histogram() -> None:
+    """As ``signals._prompt_mean``: the histogram's _sum/_count first, else rate(prompt tokens) /
+    rate(finished requests); trtllm-serve has only the counters, so its prefill_compute alert reads them."""
+    document = build_rules(FileConfig())
+    records = records_of(document)
+    assert records["llm_latency:trtllm_prompt_tokens:mean_1m"] == (
+        "sum by (job, instance, model_name) (rate(trtllm_prompt_tokens_total[1m]))\n/\n(\n  (\n"
+        "    sum by (job, instance, model_name) (rate(trtllm_request_success_total[1m]))\n  ) > 0\n)")
+    assert records["llm_latency:sglang_prompt_tokens_best:mean_1m"] == (
+        "llm_latency:sglang_prompt_tokens:mean_1m\nor\nllm_latency:sglang_prompt_tokens_counters:mean_1m")
+    prefill = {a["labels"]["engine"]: a["expr"] for a in alerts_of(document)
+               if a["alert"] == "LLMLatencyPrefillCompute" and a["labels"]["severity"] == "warning"}
+    assert "llm_latency:trtllm_prompt_tokens:mean_1m >= 2000" in prefill["trtllm"]
+    assert "llm_latency:sglang_prompt_tokens_best:mean_1m >= 2000" in prefill["sglang"]
+    assert "llm_latency:vllm_prompt_tokens:mean_1m >= 2000" in prefill["vllm"]  # vLLM always has the histogram
 
 
 def test_without_external_url_runbooks_are_repository_paths() -> None:
@@ -173,6 +193,8 @@ CUSTOM_THRESHOLDS = {
     "kv_transfer_min_transfers": 12, "spec_accept_rate": 0.31, "spec_accept_length": 1.45, "spec_min_drafts": 111,
     "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
     "spec_critical_accept_length": 1.12, "kv_transfer_critical_share": 0.62,
+    "imbalance_waiting": 1.7, "imbalance_idle_waiting": 0.17, "imbalance_load_ratio": 2.3,
+    "dp_token_imbalance_ratio": 2.9,
 }
 
 
@@ -193,8 +215,9 @@ def test_every_threshold_comes_from_the_config() -> None:
     assert f">= {num(QUEUEING_CRITICAL_FACTOR * 0.75)}" in regime_exprs  # escalation scales with queue_seconds
     assert f">= {num(PREFILL_CRITICAL_FACTOR * 0.65)}" in regime_exprs
     floor = config.targets[0].hardware.decode_floor_seconds
-    assert f"llm_latency:vllm_itl_seconds:p50_45s / {num(floor)} <= 2.2" in regime_exprs
-    assert 'llm_latency:vllm_itl_seconds:p50_45s{instance="10.0.0.5:8000"} >= 0.0333' in regime_exprs
+    assert f"llm_latency:vllm_itl_seconds:mean_45s / {num(floor)} <= 2.2" in regime_exprs
+    assert 'llm_latency:vllm_itl_seconds:mean_45s{instance="10.0.0.5:8000"} >= 0.0333' in regime_exprs
+    assert "itl_seconds:p50" not in regime_exprs  # the exact mean, never the interpolated p50
     assert {a["for"] for a in alerts if "regime" in a["labels"]} == {"50s"}  # (3 - 1) x 20s + 10s
     slo = [a for a in alerts if "slo" in a["labels"]]
     assert [(a["expr"], a["for"], a["labels"]["severity"]) for a in slo] == [
@@ -206,7 +229,7 @@ def test_every_threshold_comes_from_the_config() -> None:
     assert (down["expr"], down["for"]) == ('up{instance="10.0.0.5:8000"} == 0', "3m")
     # and nothing of the defaults survived (except where a rule's own fixed constant has the same value)
     fixed = {INTERFERENCE_CRITICAL_ITL_P99, INTERFERENCE_CRITICAL_STALL, KV_CRITICAL_PREEMPTIONS,
-             KV_WAITING_WITHOUT_PREEMPTIONS, *CUSTOM_THRESHOLDS.values()}
+             KV_WAITING_WITHOUT_PREEMPTIONS, *CUSTOM_THRESHOLDS.values(), 2}  # 2: dp_imbalance needs two ranks
     for field, default in Thresholds().model_dump().items():
         if field in CUSTOM_THRESHOLDS and default not in fixed:
             assert not re.search(rf"[<>=] {re.escape(num(default))}\)*(\n|$| )", regime_exprs), field
@@ -508,7 +531,7 @@ def test_unit_tests_cover_every_alert_firing() -> None:
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
                      "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencyKVTransfer",
                      "LLMLatencySpeculationIneffective", "LLMLatencyFrontendBound",
-                     "LLMLatencySLOBurnRate"}
+                     "LLMLatencyDpImbalance", "LLMLatencySLOBurnRate"}
     sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
     assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
     in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
@@ -536,7 +559,7 @@ EQUIVALENCE_CASES = [
     ("weights_offloaded", "vllm", True), ("healthy_bursty", "tgi", False), ("queueing", "tgi", False),
     ("prefill_compute", "tgi", False), ("prefill_interference", "tgi", False), ("kv_cache_pressure", "tgi", False),
     ("bandwidth_bound", "tgi", False), ("weights_offloaded", "tgi", True), ("kv_transfer", "vllm", False),
-    ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False),
+    ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False), ("dp_imbalance", "vllm", False),
 ]
 STEP = 5  # simulated seconds between scrapes (= promtool's interval)
 
@@ -579,7 +602,7 @@ def _rounded(value: float) -> tuple[str, float]:
 def _expected_alerts(findings) -> list[tuple[str, str]]:
     out = []
     twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure", "kv_transfer",
-             "speculation_ineffective", "frontend_bound"}
+             "speculation_ineffective", "frontend_bound", "dp_imbalance"}
     for f in findings:
         name = regime_alertname(f.regime)
         out.append((name, f.severity))
@@ -658,7 +681,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
 
 def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
-    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "dp_imbalance"}
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
     assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 

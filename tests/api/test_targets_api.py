@@ -257,9 +257,14 @@ def test_a_pd_decode_worker_gets_its_ttft_split_across_the_prefill_worker(servic
     assert [split[k] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step")] == \
         pytest.approx([0.2, 0.2, 0.3, 0.05, 0.05])
     assert split["ttft_mean"] == pytest.approx(0.8) and "means add" in split["note"]
-    assert "disaggregation" not in service.client.get("/api/v1/targets/p/latency", params=params).json()
+    assert split["prefill_targets"] == ["p"]
+    # vLLM exports no kv_role: the decode role comes from the transfers it records, and says so
+    assert body["pd_role"]["role"] == "decode" and body["pd_role"]["source"].startswith("metrics: ")
+    prefill_body = service.client.get("/api/v1/targets/p/latency", params=params).json()
+    assert "disaggregation" not in prefill_body and "pd_role" not in prefill_body  # nothing says: no role
     # the status page shows the same split
     page = service.client.get("/targets/d", params={"window": "5m", "end": params["end"]}).text
     row = page[page.index('data-part="kv_transfer"'):]
     assert 'data-part="ttft_mean"' in page and 'href="/targets/p"' in page
     assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(0.3)
+    assert 'data-role="decode"' in page and "records KV-cache transfers" in page

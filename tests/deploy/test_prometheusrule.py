@@ -89,9 +89,9 @@ def test_the_committed_prometheusrule_has_the_rules_exported_for_the_configmap_w
     resource = yaml.safe_load(COMMITTED.read_text(encoding="utf-8"))
     assert resource["spec"]["groups"] == build_rules(config)["groups"]
     alerts = [rule for group in resource["spec"]["groups"] for rule in group["rules"] if "alert" in rule]
-    # per engine, what its page lets be exported (regimes with critical twins, TTFT/ITL SLOs): vLLM 20,
-    # SGLang 11, TGI 10, trtllm-serve 4; and target down
-    assert len(alerts) == 46
+    # per engine, what its page lets be exported (regimes with critical twins, TTFT/ITL SLOs): vLLM 22,
+    # SGLang 14, TGI 10, trtllm-serve 6; and target down
+    assert len(alerts) == 53
     for alert in alerts:
         assert alert["annotations"]["runbook_url"] == f"{external}/runbooks/{ALERT_RUNBOOKS[alert['alert']]}"
 

@@ -58,6 +58,9 @@ def test_outside_engine_fires_on_a_large_gap_with_its_numbers() -> None:
     assert f.confidence == pytest.approx((0.5 + 0.25 * math.log2(1.24)) * (0.5 + 0.5 * 4 / 12), abs=0.001)
     tgi = outside_engine.evaluate(healthy_signals("tgi", probe_consistency=s.probe_consistency), T)
     assert any("--validation-workers" in r for r in tgi.remedies)
+    trtllm = outside_engine.evaluate(healthy_signals("trtllm", probe_consistency=s.probe_consistency), T)
+    assert any("--num_postprocess_workers" in r for r in trtllm.remedies)
+    assert not any("--api-server-count" in r for r in trtllm.remedies)
     assert not any("--api-server-count" in r for r in tgi.remedies)
     d = engine.diagnose(s, T)
     assert d.verdict == "outside_engine" and d.findings[0].primary

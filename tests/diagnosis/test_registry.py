@@ -76,8 +76,7 @@ def test_every_regime_has_a_promql_twin_or_says_why_not() -> None:
         assert {a["alert"] for a in exported} == {regime_alertname(rule.regime)}
         against_floor = [a for a in profiled if a["labels"].get("regime") == rule.regime and "target" in a["labels"]]
         assert bool(against_floor) == (rule.promql_profiled is not None), rule.regime
-    assert [rule.regime for rule in RULES if rule.promql is None] == ["dp_imbalance", "replica_imbalance",
-                                                                      "outside_engine"]
+    assert [rule.regime for rule in RULES if rule.promql is None] == ["replica_imbalance", "outside_engine"]
     assert "probe" in next(r for r in RULES if r.regime == "outside_engine").no_promql
     assert "service_labels" in next(r for r in RULES if r.regime == "replica_imbalance").no_promql
 

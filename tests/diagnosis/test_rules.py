@@ -293,6 +293,37 @@ def test_speculation_ineffective_reads_sglang_gauges_and_is_critical_near_one_to
     assert any("--speculative-num-draft-tokens" in r for r in f.remedies)
 
 
+#: vLLM's flags are spelt with hyphens; trtllm-serve's with underscores, or are fields of its
+#: --extra_llm_api_options YAML: none of vLLM's may reach a TensorRT-LLM remedy
+VLLM_FLAGS = ("--max-num-seqs", "--kv-cache-dtype", "--speculative-config", "--gpu-memory-utilization",
+              "--enable-prefix-caching", "--tensor-parallel-size", "--api-server-count", "NIXL_ABORT")
+
+
+def test_kv_transfer_and_speculation_name_tensorrt_llm_knobs_on_a_trtllm_target() -> None:
+    from app.diagnosis.rules import kv_transfer, speculation_ineffective
+
+    slow = healthy_signals("trtllm", kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_share=0.35 / 0.6,
+                           kv_transfers_per_second=2.0, kv_transfer_failures_per_second=0.0,
+                           kv_transfer_failure_share=0.0, pd_role="decode", ttft=summary(0.5, 1.0, 0.6, 240))
+    f = kv_transfer.evaluate(slow, T)
+    assert f is not None and f.severity == "warning"
+    text = "\n".join(f.remedies)
+    for knob in ("cache_transceiver_config.backend", "cache_transceiver_config.max_tokens_in_buffer",
+                 "trtllm-serve disaggregated -c", "conditional_disagg_config.max_local_prefill_length"):
+        assert knob in text, knob
+    assert not any(flag in text for flag in VLLM_FLAGS)
+    # speculative decoding: trtllm-serve's acceptance-length gauge and draft counters
+    s = healthy_signals("trtllm", spec_drafts=6000.0, spec_accept_rate=0.08, spec_accept_length=1.32,
+                        spec_draft_length=4.0, running_mean=40.0)
+    f = speculation_ineffective.evaluate(s, T)
+    assert f is not None and f.severity == "warning"
+    assert f.remedies[0].startswith("Propose fewer tokens: lower speculative_config.max_draft_len below 4")
+    assert "speculative_config.decoding_type Eagle" in f.remedies[1]
+    assert f.remedies[2].startswith("Turn speculation off at this concurrency")  # 40 running
+    assert "speculative_config.max_concurrency" in f.remedies[2]
+    assert not any(flag in "\n".join(f.remedies) for flag in VLLM_FLAGS)
+
+
 def test_dp_imbalance_compares_ranks_with_the_replica_thresholds() -> None:
     from app.diagnosis.rules import dp_imbalance
     from app.diagnosis.signals import ReplicaLoad

@@ -44,6 +44,38 @@ def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> 
         assert primary.remedies and primary.runbook == f"/runbooks/{scenario}"
 
 
+#: What each regime that fires on an emulated trtllm-serve page must tell its operator: trtllm-serve
+#: flags and --extra_llm_api_options fields (names as TensorRT-LLM's llm_args and trtllm-serve spell them)
+TRTLLM_KNOBS = {
+    "queueing": ("--max_batch_size", "--max_num_tokens", "scheduler_config.capacity_scheduler_policy"),
+    "prefill_compute": ("kv_cache_config.enable_block_reuse", "--tp_size", "trtllm-serve disaggregated -c"),
+    "kv_cache_pressure": ("--kv_cache_free_gpu_memory_fraction", "--kv_cache_dtype fp8", "--max_batch_size",
+                          "--max_seq_len"),
+    "kv_transfer": ("cache_transceiver_config.backend", "cache_transceiver_config.max_tokens_in_buffer"),
+    "speculation_ineffective": ("speculative_config.max_draft_len", "speculative_config.max_concurrency"),
+}
+VLLM_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", "--gpu-memory-utilization",
+              "--enable-prefix-caching", "--tensor-parallel-size", "--max-model-len")
+
+
+@pytest.mark.parametrize("scenario", sorted(TRTLLM_KNOBS))
+def test_trtllm_findings_name_tensorrt_llm_knobs(tmp_path: Path, scenario: str) -> None:
+    """Every regime that fires on an emulated trtllm-serve page gives TensorRT-LLM remedies, not vLLM's flags."""
+    target = OfflineTarget(tmp_path, scenario, engine="trtllm", seed=1, hardware=profile_of(scenario))
+    try:
+        target.run(180)
+        diagnosis = target.diagnose(120)
+    finally:
+        target.close()
+    assert diagnosis.verdict == scenario
+    for finding in diagnosis.findings:  # the primary one and any symptom of it
+        text = "\n".join(finding.remedies)
+        assert finding.regime in TRTLLM_KNOBS, finding.regime
+        assert not [flag for flag in VLLM_FLAGS if flag in text], (finding.regime, text)
+    text = "\n".join(diagnosis.findings[0].remedies)
+    assert [knob for knob in TRTLLM_KNOBS[scenario] if knob not in text] == [], text
+
+
 def test_legacy_vllm_page_reveals_cpu_offload_without_a_profile(tmp_path: Path) -> None:
     target = OfflineTarget(tmp_path, "weights_offloaded", engine="vllm-legacy", seed=2, hardware=None)
     try:

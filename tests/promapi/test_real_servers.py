@@ -20,6 +20,7 @@ import pytest
 
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.promapi import PromAPIError, PrometheusClient
+from app.promsource.reader import FIRST_SEEN_STEP, SourceReader
 from tests.support.prometheus import FileSD, PrometheusHandle, running_prometheus
 from tests.support.victoria_metrics import running_victoria_metrics
 
@@ -164,6 +165,18 @@ def test_victoria_metrics_answers_histogram_quantile(stack: Stack) -> None:
         (sample,) = client.query(promql, now_ms()).data
     assert math.isfinite(sample.value) and 0 < sample.value < 60
     assert sample.labels == {}
+
+
+def test_first_seen_is_within_a_step_of_the_first_sample(server: PrometheusHandle) -> None:
+    """Where a replica's data begins (the SLOs' coverage of a source, app/slo/sources.py): both
+    servers answer the subquery, within one 4 m step after the first raw sample they hold."""
+    t = now_ms()
+    raw = server.query('vllm:time_to_first_token_seconds_count{pod="a"}[1h]', time=t)["result"]
+    first_sample = min(float(ts) for series in raw for ts, _ in series["values"])
+    with PrometheusClient(server.url) as client:
+        seen = SourceReader(client, ["pod"], '{namespace="llm"}').first_seen("ttft", 3600.0, t)
+    assert set(seen) == {("a",)}, seen
+    assert first_sample <= seen[("a",)] <= first_sample + FIRST_SEEN_STEP, (first_sample, seen)
 
 
 def test_map_runs_one_query_per_signal(stack: Stack) -> None:

@@ -136,3 +136,25 @@ def test_unset_credential_variables_are_warnings(tmp_path: Path, prometheus: Pro
                       {"CHECK_TEST_PROM_TOKEN": "s3cr3t-token", "CHECK_TEST_PROM_PASSWORD": "s3cr3t-pw"})
     assert (result.exit_code, result.stderr) == (0, "")
     assert "s3cr3t" not in result.output
+
+
+@pytest.mark.parametrize(("extra", "line", "message"), [
+    ("    pd_pair_labels: [deployment]\n", 3,
+     "sources[0]: pd_pair_labels: label 'deployment' is not one of target_labels or service_labels (namespace, pod); "
+     "a target keeps only those label values"),
+    ("    pd_pair_labels: [pod, namespace]\n", 3,
+     "sources[0]: pd_pair_labels: they include every target label, so no two targets share them and no prefill "
+     "replica could be paired with a decode replica"),
+    ("    pd_pair_labels: [namespace]\n    pd_role_label: namespace\n", 3,
+     "sources[0]: pd_role_label 'namespace' cannot be one of pd_pair_labels: a deployment's prefill and decode "
+     "replicas differ in it"),
+    ("    service_labels: [role]\n    pd_pair_labels: [namespace]\n    pd_role_label: role\n", None, None),
+])
+def test_pd_pairing_labels_are_checked_offline(tmp_path: Path, extra: str, line: int | None,
+                                               message: str | None) -> None:
+    path, result = check(tmp_path, f"http://127.0.0.1:{free_port()}", extra=extra)
+    if message is None:
+        assert result.exit_code == 0, result.stderr
+        return
+    assert result.exit_code == 1
+    assert result.stderr == f"{path}:{line}: {message}\n"

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from app import latency
+from app.api.disaggregation import add_disaggregation
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.promapi import PrometheusClient
@@ -35,8 +36,10 @@ from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
 from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
-from app.store import db
+from app.store import db, repository
 from app.thresholds import Thresholds
+from app.window import merge_windows
+from tests.api.conftest import make_service
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
@@ -52,6 +55,13 @@ RUN_S, WINDOW_S, SCRAPE_S = 180.0, 120.0, 5.0
 # Two services of two replicas each: one queueing next to an idle one, and two without a queue.
 SERVICES = {"queueing-vllm": "imbalanced", "healthy-vllm": "imbalanced",
             "healthy_bursty-vllm": "balanced", "prefill_compute-vllm": "balanced"}
+# One P/D deployment as llm-d labels it (``llm-d.ai/role``, relabelled): the kv_transfer scenario is
+# its decode worker, two prefill-heavy replicas its prefill pool; queueing-vllm shares the deployment
+# label but says nothing of its role (and vLLM's metrics do not say it prefills): never paired.
+PD_LABELS = {"kv_transfer-vllm": {"deployment": "rag", "llm_d_ai_role": "decode"},
+             "prefill_compute-vllm": {"deployment": "rag", "llm_d_ai_role": "prefill"},
+             "healthy-vllm": {"deployment": "rag", "llm_d_ai_role": "prefill"},
+             "queueing-vllm": {"deployment": "rag"}}
 
 
 @dataclass
@@ -78,7 +88,7 @@ def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
         target.writer.write([ScrapeRecord(target.target_id, ts, True, 0.001, 0, page.samples_seen,
                                           page.samples_kept, page.malformed, target.processor.engine, None, None,
                                           canonical)])
-        labels = {"namespace": "llm", "pod": pod, "service": SERVICES.get(pod, pod)}
+        labels = {"namespace": "llm", "pod": pod, "service": SERVICES.get(pod, pod), **PD_LABELS.get(pod, {})}
         backfill.add(labels, ts, text if isinstance(text, str) else text.decode())
     return round(T0 + target.sim.clock, 3)
 
@@ -198,8 +208,12 @@ def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], P
     assert [r["target"] for r in prom_ranks] == [r["target"] for r in store_ranks]
     for p, q in zip(prom_ranks, store_ranks):
         assert _close(p["running_mean"], q["running_mean"]) and _close(p["waiting_mean"], q["waiting_mean"]), (p, q)
+        assert _close(p.get("queue_mean"), q.get("queue_mean")), (p, q)  # each rank's own queue histogram
     if scenario == "dp_imbalance":
         assert [r["target"] for r in prom_signals["ranks"]] == ["0", "1"]
+        busy, idle = prom_signals["ranks"]
+        # rank 0 takes all the traffic and queues; no request reached rank 1, so it has no queue mean
+        assert busy["queue_mean"] > 1.0 and idle.get("queue_mean") is None
 
 
 def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
@@ -276,6 +290,116 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
     finally:
         service.close()
         engine.dispose()
+
+
+def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
+        matrix: tuple[dict[str, Case], PrometheusClient], tmp_path: Path) -> None:
+    """A source's ``pd_pair_labels`` pair a decode replica with the prefill replicas of its
+    deployment (roles from ``pd_role_label`` here: vLLM's metrics do not say a worker prefills);
+    the split is the one a scraped decode target gets, from the same numbers of the store."""
+    cases, client = matrix
+    end = cases["kv_transfer-vllm"].end
+    start = end - WINDOW_S
+    url = f"sqlite:///{tmp_path / 'pd.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    service = SourceService()
+    service.configure([PrometheusSourceConfig(
+        name="m", url=client.url, selector='{namespace="llm"}', target_labels=["namespace", "pod"],
+        service_labels=["deployment", "llm_d_ai_role"], pd_pair_labels=["deployment"],
+        pd_role_label="llm_d_ai_role")])
+    monitor = type("Monitor", (), {"sources": service})()
+    try:
+        (round_,) = service.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS)
+        by_name = {t.name: t for t in round_.targets}
+        decode_window = by_name["m.llm.kv_transfer-vllm"].window
+        assert decode_window is not None
+        with sessions() as session:
+            (d,) = diagnosis_engine.evaluate_target(session, by_name["m.llm.kv_transfer-vllm"].id,
+                                                    "m.llm.kv_transfer-vllm", "vllm", end, WINDOW_S, Thresholds(),
+                                                    data=decode_window)
+            assert d.verdict == "kv_transfer"
+            assert (d.signals["pd_role"], d.signals["pd_role_source"]) == (
+                "decode", "target label llm_d_ai_role=decode (the engine's metrics do not say)")
+            rows = {t.name: t for t in repository.list_targets(session)}
+            decode = rows["m.llm.kv_transfer-vllm"]
+            window = service.window(decode, start, end)
+            report = latency.report_from_window(window)
+            add_disaggregation(session, monitor, decode, report, window.infos, start, end)
+            # a prefill replica gets its role and no split; one whose role nothing states gets neither
+            prefill_report = latency.report_from_window(service.window(rows["m.llm.healthy-vllm"], start, end))
+            add_disaggregation(session, monitor, rows["m.llm.healthy-vllm"], prefill_report,
+                               service.window(rows["m.llm.healthy-vllm"], start, end).infos, start, end)
+            unknown = latency.report_from_window(service.window(rows["m.llm.queueing-vllm"], start, end))
+            add_disaggregation(session, monitor, rows["m.llm.queueing-vllm"], unknown,
+                               service.window(rows["m.llm.queueing-vllm"], start, end).infos, start, end)
+        assert report["pd_role"]["role"] == "decode"
+        assert prefill_report["pd_role"]["role"] == "prefill" and "disaggregation" not in prefill_report
+        assert "pd_role" not in unknown and "disaggregation" not in unknown
+        split = report["disaggregation"]
+        assert split["prefill_targets"] == ["m.llm.healthy-vllm", "m.llm.prefill_compute-vllm"]
+        # the store's answer: the decode worker's own report, its prefill pool's two replicas summed by le
+        stored = {}
+        for pod in ("kv_transfer-vllm", "healthy-vllm", "prefill_compute-vllm"):
+            case = cases[pod]
+            with case.target.sessions() as session:
+                stored[pod] = latency.store_window(session, [case.target.target_id], start, end)
+        pool = merge_windows({p: stored[p] for p in ("healthy-vllm", "prefill_compute-vllm")}, start, end)
+        expected = latency.pd_split(latency.report_from_window(stored["kv_transfer-vllm"]),
+                                    latency.report_from_window(pool, per_model=False), split["prefill_targets"])
+        parts = ("prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step", "ttft_mean")
+        assert all(expected[k] is not None for k in parts)
+        for key in parts:
+            assert _close(split[key], expected[key]), (key, split[key], expected[key])
+        # the pool's prefill mean is the two replicas' prefill time over their requests, not a mean of means
+        h = [stored[p].overall.histograms["prefill_time"] for p in ("healthy-vllm", "prefill_compute-vllm")]
+        assert _close(split["prefill"], sum(x.sum for x in h if x) / sum(x.count for x in h if x))
+        assert split["kv_transfer"] > 0.3  # the scenario's slow transfers (~0.45 s)
+    finally:
+        service.close()
+        engine.dispose()
+
+
+def test_a_source_decode_replica_shows_its_split_in_the_api_and_on_the_status_page(
+        matrix: tuple[dict[str, Case], PrometheusClient], migrated_url: str, tmp_path: Path) -> None:
+    """The running service: a source with ``pd_pair_labels`` answers a decode replica's latency
+    with its role and split, and its status page shows the same table, as for a scraped target."""
+    cases, client = matrix
+    end = cases["kv_transfer-vllm"].end
+    config = tmp_path / "targets.yaml"
+    config.write_text(f"""
+targets: []
+diagnosis: {{interval: 1h, window: {int(WINDOW_S)}s}}
+sources:
+  - name: m
+    url: {client.url}
+    selector: '{{namespace="llm"}}'
+    target_labels: [namespace, pod]
+    service_labels: [deployment, llm_d_ai_role]
+    pd_pair_labels: [deployment]
+    pd_role_label: llm_d_ai_role
+""")
+    for svc in make_service(migrated_url, tmp_path, config_file=config):
+        svc.monitor.evaluate_diagnoses(now=end)
+        params = {"start": end - WINDOW_S, "end": end}
+        body = svc.client.get("/api/v1/targets/m.llm.kv_transfer-vllm/latency", params=params).json()
+        assert body["pd_role"] == {"role": "decode",
+                                   "source": "target label llm_d_ai_role=decode (the engine's metrics do not say)"}
+        split = body["disaggregation"]
+        assert split["prefill_targets"] == ["m.llm.healthy-vllm", "m.llm.prefill_compute-vllm"]
+        assert split["kv_transfer"] == pytest.approx(body["kv_transfer_time"]["mean"], rel=1e-12)
+        assert split["decode_queue"] == pytest.approx(body["queue_time"]["mean"], rel=1e-12)
+        parts = [split[k] for k in ("prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step")]
+        assert split["ttft_mean"] == pytest.approx(sum(parts), rel=1e-12)
+        prefill = svc.client.get("/api/v1/targets/m.llm.healthy-vllm/latency", params=params).json()
+        assert prefill["pd_role"]["role"] == "prefill" and "disaggregation" not in prefill
+        page = svc.client.get("/targets/m.llm.kv_transfer-vllm", params={"window": f"{int(WINDOW_S)}s",
+                                                                          "end": end}).text
+        assert 'data-role="decode"' in page and "target label llm_d_ai_role=decode" in page
+        assert 'href="/targets/m.llm.healthy-vllm"' in page and 'href="/targets/m.llm.prefill_compute-vllm"' in page
+        row = page[page.index('data-part="ttft_mean"'):]
+        assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(split["ttft_mean"], rel=1e-9)
 
 
 @pytest.mark.parametrize(("scenario", "engine"), CASES)

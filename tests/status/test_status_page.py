@@ -293,7 +293,8 @@ def quiet_service(migrated_url: str, tmp_path: Path):
 
 def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_service) -> None:
     """An hour of history (61 scrapes a minute apart) on 3 and then 40 targets: the index
-    runs the same handful of statements and stays fast; a target's page charts the whole hour."""
+    runs the same handful of statements (its cost is counted in statements, which a busy
+    machine does not change, not in seconds); a target's page charts the whole hour."""
     c, monitor = quiet_service.client, quiet_service.monitor
     end = float(int(time.time()))  # whole seconds: chart points fall exactly on the minute-spaced samples
     statements: list[str] = []
@@ -301,15 +302,14 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
     def count(conn, cursor, statement, parameters, context, executemany) -> None:
         statements.append(statement)
 
-    def render() -> tuple[str, int, float]:
+    def render() -> tuple[str, int]:
         statements.clear()
         event.listen(monitor.engine, "before_cursor_execute", count)
-        started = time.perf_counter()
         try:
             page = c.get("/", params={"end": end}).text
         finally:
             event.remove(monitor.engine, "before_cursor_execute", count)
-        return page, len(statements), time.perf_counter() - started
+        return page, len(statements)
 
     def add(names: list[str]) -> None:
         for name in names:
@@ -321,12 +321,11 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
         monitor.scraping.writer.write(history_records(target_ids, end, snapshots=61))
 
     add([f"small-{i:02d}" for i in range(3)])
-    small_page, small_queries, _ = render()
+    small_page, small_queries = render()
     add([f"large-{i:02d}" for i in range(37)])
-    large_page, large_queries, seconds = render()
+    large_page, large_queries = render()
     assert len(rows(small_page)) == 3 and len(rows(large_page)) == 40
     assert small_queries == large_queries <= 8, (small_queries, large_queries)
-    assert seconds < 5.0, f"index with 40 targets took {seconds:.2f}s"
     api = c.get("/api/v1/targets/large-36/latency", params={"window": "1m", "end": end}).json()
     assert float(stat(rows(large_page)["large-36"], "itl-p99")[0]) == api["itl"]["p99"]
     detail = c.get("/targets/large-36", params={"end": end}).text

@@ -44,6 +44,7 @@ from app import human, latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.common import current_diagnoses, duration_param
 from app.api.deps import MonitorDep, SessionDep
+from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
@@ -55,6 +56,7 @@ from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
+from app.summaries import answers
 
 router = APIRouter(include_in_schema=False)
 
@@ -560,9 +562,9 @@ def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | Non
     """The last diagnosis round's per-target summaries when they answer this page: same window
     length, and computed within the last two intervals (else the page reads samples itself)."""
     kept = getattr(monitor, "round_summaries", None)
-    if kept is None or not math.isclose(kept.end - kept.start, seconds, abs_tol=1e-3):
+    if kept is None or not answers(kept.start, kept.end, seconds, now, monitor.diagnosis_config.interval):
         return None
-    return kept if now - kept.end <= 2 * monitor.diagnosis_config.interval else None
+    return kept
 
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
@@ -579,11 +581,16 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                     **context)
     stale = stale_source(target, failing_sources(monitor))
     report = latency.latency_report(session, [target.id], seconds, end)
+    infos = repository.target_infos(session, target.id)
     if target.source in DISCOVERED_BY_SOURCES and stale is None:
         try:  # the same numbers as its /latency answer; no charts (they are the store's)
-            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+            source_window = monitor.sources.window(target, end - seconds, end)
+            report = latency.report_from_window(source_window)
+            add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
         except (PromAPIError, SourceMissing):
             pass  # no numbers; its source's status says why
+    elif target.source not in DISCOVERED_BY_SOURCES:
+        add_disaggregation(session, monitor, target, report, infos, end - seconds, end)
     chart_signals = ("ttft", "itl", "queue_time", "e2e")
     series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
     loaded = LoadedHistograms(series, repository.histogram_snapshots(
@@ -603,11 +610,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
         split = {"queue": queue, "prefill": prefill, "ttft": ttft,
                  "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
-    prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
-    prefill_target = repository.get_target(session, prefill_name) if prefill_name else None
-    pd = None if prefill_target is None else latency.pd_split(  # the same split as its /latency answer
-        report, latency.latency_report(session, [prefill_target.id], seconds, end, per_model=False),
-        prefill_target.name)
+    pd = report.get("disaggregation")  # the same split as its /latency answer
     history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
     health = scrape_health(latest[0] if latest else None, interval, end)
     if stale is not None:
@@ -622,8 +625,8 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         model_tables=[(m, [s for s in HISTOGRAM_SIGNALS if s in body], body) for m, body in models.items()]
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
-        rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd,
+        rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd, pd_role=report.get("pd_role"),
         diagnoses=[diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)],
-        history=history, infos=repository.target_infos(session, target.id),
+        history=history, infos=infos,
         probe=latest_probe_levels(session).get(target.id),
         counter_signals=COUNTER_SIGNALS, **context)

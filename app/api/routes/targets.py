@@ -12,9 +12,10 @@ import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import ValidationError
 
-from app import latency
+from app import latency, summaries
 from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
-from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.deps import BudgetDep, MonitorDep, SessionDep, TokenHolderDep, WriteAuth
+from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
 from app.api.schemas import (
     DiscoveryOut,
@@ -28,6 +29,7 @@ from app.api.schemas import (
     TargetOut,
     TargetPatch,
 )
+from app.budget import bounded
 from app.config import TargetConfig
 from app.lifespan import Monitor
 from app.limits import UnixTime
@@ -35,6 +37,7 @@ from app.promapi import PromAPIError
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
+from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 from app.urls import validate_target_url
 
@@ -186,7 +189,7 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
 
 @router.get("/targets/{name}/latency", response_model=TargetLatencyOut, response_model_exclude_unset=True,
             responses=LOAD_BALANCED_RESPONSE)
-def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
+def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                    end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
@@ -194,25 +197,25 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep,
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max. 409 while the target is
-    ``load_balanced``."""
+    ``load_balanced``. 503 past ``api_request_budget``."""
     target = get_or_404(session, name)
     refuse_load_balanced(session, target)
     seconds, end = time_range(window, start, end)
     if target.source in DISCOVERED_BY_SOURCES:
         with source_errors(target):
-            report = latency.report_from_window(monitor.sources.window(target, end - seconds, end))
+            source_window = monitor.sources.window(target, end - seconds, end)
+            report = latency.report_from_window(source_window)
+            add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
     else:
-        report = latency.latency_report(session, [target.id], seconds, end)
-        prefill_name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
-        prefill = repository.get_target(session, prefill_name) if prefill_name else None
-        if prefill is not None:
-            prefill_report = latency.latency_report(session, [prefill.id], seconds, end, per_model=False)
-            report["disaggregation"] = latency.pd_split(report, prefill_report, prefill.name)
+        with bounded(budget), statement_budget(session, budget):
+            report = latency.latency_report(session, [target.id], seconds, end)
+            add_disaggregation(session, monitor, target, report, repository.target_infos(session, target.id),
+                               end - seconds, end)
     return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
 
 
 @router.get("/targets/{name}/series", response_model=SeriesOut, responses=LOAD_BALANCED_RESPONSE)
-def target_series(name: str, session: SessionDep, monitor: MonitorDep,
+def target_series(name: str, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                   signal: Annotated[str, Query(description="histogram signal, e.g. ttft, itl")] = "ttft",
                   q: Annotated[str, Query(description="quantile 0..1, or 'mean'")] = "0.99",
                   step: str = "30s", window: str = "1h",
@@ -242,8 +245,9 @@ def target_series(name: str, session: SessionDep, monitor: MonitorDep,
         with source_errors(target):
             points = monitor.sources.quantile_series(target, signal, quantile, span, step_s, lookback_s, end, model)
     else:
-        points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
-                                         model)
+        with bounded(budget), statement_budget(session, budget):
+            points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
+                                             model)
     return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
             "model": model, "points": points}
 
@@ -264,22 +268,22 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
 
 
 @router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
-def fleet_latency(session: SessionDep, window: str = "5m",
+def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
                   ) -> dict[str, Any]:
     """Fleet-wide percentiles: every target's histograms summed by le. Targets that are
-    ``load_balanced`` now are left out and named in ``excluded_load_balanced``."""
-    seconds, end = time_range(window, start, end)
-    latest = repository.latest_scrapes(session)
-    targets: list[Target] = []
-    excluded: list[Target] = []
-    for target in repository.list_targets(session):
-        scrape = latest.get(target.id)
-        (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
-    report = latency.latency_report(session, [t.id for t in targets], seconds, end)
-    extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
-    return {"targets": [t.name for t in targets], "window": window, **extra, **report}
+    ``load_balanced`` now are left out and named in ``excluded_load_balanced``. The last
+    ``latency_window`` (no ``start``/``end``) is the last summary round's answer (its
+    ``start``/``end`` say when); any other window is computed for the request (503 past
+    ``api_request_budget``)."""
+    seconds, until = time_range(window, start, end)
+    kept = monitor.fleet_summary
+    if start is None and end is None and kept is not None and \
+            summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval):
+        return {"window": window, **kept.body}
+    with bounded(budget), statement_budget(session, budget):
+        return {"window": window, **summaries.fleet_report(session, seconds, until)}
 
 
 @router.get("/discovery", response_model=list[DiscoveryOut])
@@ -300,9 +304,10 @@ def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") 
     seconds = duration_param(window, "window")
     since = time.time() - seconds
     latest = repository.latest_scrapes(session)
+    counts = repository.scrape_counts_by_target(session, since)  # one query for the fleet, not one per target
     out = []
     for target in repository.list_targets(session):
-        total, failed = repository.scrape_counts(session, target.id, since)
+        total, failed = counts.get(target.id, (0, 0))
         out.append({"target": target.name, "engine": target.detected_engine or target.engine,
                     "scrapes": total, "failed": failed,
                     "success_ratio": None if total == 0 else (total - failed) / total,

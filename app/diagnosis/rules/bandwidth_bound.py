@@ -121,14 +121,14 @@ def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
     """Warning: slow, steady, small batch and within ``floor_ratio_max`` of the target's floor."""
     r, t, e = x.recorded, x.t, x.engine
     assert target.hardware is not None
-    p50 = r["itl_p50"]
+    mean = r["itl_mean"]  # the exact _sum/_count, as the rule's ITL (see itl_typical)
     floor = target.hardware.decode_floor_seconds
     x.add("warning",
-          x.and_(f"{p50}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
+          x.and_(f"{mean}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
                  f"{r['running']} <= {num(t.low_batch_running)}", f"{r['itl_ratio']} <= {num(t.steady_itl_ratio)}",
-                 f"{p50} / {num(floor)} <= {num(t.floor_ratio_max)}", x.gate),
+                 f"{mean} / {num(floor)} <= {num(t.floor_ratio_max)}", x.gate),
           f"Decode is memory-bandwidth bound on {target.name}",
-          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
           f"{human_seconds(t.slow_itl_seconds)}), at most {t.floor_ratio_max:g}x {decode_floor_text(target.hardware)}, "
           f"steady (p99/p50 <= {t.steady_itl_ratio:g}) at a small batch (<= {t.low_batch_running:g} running).",
           {"target": target.name})
@@ -139,11 +139,11 @@ def promql(x: RegimeAlerts) -> None:
     r, t, e = x.recorded, x.t, x.engine
     others = instance_selector(x.hardware, negate=True)
     x.add("info",
-          x.and_(f"{r['itl_p50']}{others} >= {num(t.slow_itl_seconds)}",
+          x.and_(f"{r['itl_mean']}{others} >= {num(t.slow_itl_seconds)}",
                  f"{r['running']} <= {num(t.low_batch_running)}", f"{r['itl_ratio']} <= {num(t.steady_itl_ratio)}",
                  x.gate),
           f"Decode slow and steady at a small batch on {e.title}",
-          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
           f"{human_seconds(t.slow_itl_seconds)}), steady (p99/p50 <= {t.steady_itl_ratio:g}) with at most "
           f"{t.low_batch_running:g} running: probably memory-bandwidth bound. Add a `hardware:` profile to the "
           f"target to compare with the decode floor.")

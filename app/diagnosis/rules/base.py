@@ -197,6 +197,8 @@ def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:
 
 def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str],
              trtllm: list[str] | None = None) -> list[str]:
-    """The remedies phrased for ``engine``; TensorRT-LLM falls back to the vLLM wording where a
-    rule has none of its own (both are configured by similar limits)."""
+    """The remedies phrased for ``engine``. Every regime that can fire on a trtllm-serve page gives
+    its own TensorRT-LLM list (trtllm-serve flags, ``--extra_llm_api_options`` fields); the others
+    (they read per-step ITL, vLLM's render time or data-parallel ranks, which trtllm-serve does not
+    export) fall back to the vLLM wording."""
     return {"vllm": vllm, "tgi": tgi, "sglang": sglang, "trtllm": trtllm or vllm}.get(engine, vllm)

@@ -9,19 +9,27 @@ per rank with uneven weights), or skewed request lengths that a count-based bala
 Why it matters: the idle rank's GPUs are paid for; routing by load, not adding ranks, fixes it.
 
 Reads each rank's running / waiting / KV usage gauges (vLLM's ``engine`` label, SGLang's
-``dp_rank``) as means over the window and compares the busiest rank with the least busy one
-with the ``replica_imbalance`` thresholds (the comparison is shared:
+``dp_rank``, which SGLang with DP attention also puts on its scheduler histograms) as means
+over the window (and each rank's mean queue time from its own queue-time histogram, as
+evidence), and compares the busiest rank with the least busy one with the
+``replica_imbalance`` thresholds (the comparison is shared:
 :func:`app.diagnosis.rules.replica_imbalance.compare_loads`); SGLang's own
 ``dp_attention_token_imbalance_ratio`` is used when per-rank gauges are missing.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.rules.replica_imbalance import compare_loads
 from app.diagnosis.signals import Signals
+from app.promql import num
 from app.thresholds import Thresholds
+
+if TYPE_CHECKING:
+    from app.rules_export import RegimeAlerts
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -36,7 +44,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    f"while another has room.")
         evidence = conditions + [
             info(f"rank {r.target}", f"running {r.running_mean:.1f}, waiting {r.waiting_mean:.1f}"
-                 + (f", KV usage {s.rank_kv_usage[r.target]:.0%}" if r.target in s.rank_kv_usage else ""))
+                 + (f", KV usage {s.rank_kv_usage[r.target]:.0%}" if r.target in s.rank_kv_usage else "")
+                 + (f", mean queue time {r.queue_mean:.3g} s" if r.queue_mean is not None else ""))
             for r in s.ranks]
         critical = ratio >= t.imbalance_critical_factor * t.imbalance_load_ratio
     else:
@@ -71,6 +80,36 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    remedies(s.engine, vllm, tgi, sglang))
 
 
-RULE = Rule("dp_imbalance", evaluate, precedence=54, colour="dark-orange", causes=("queueing",), promql=None,
-            no_promql="compares the data-parallel ranks of one engine, rank by rank; the exported rules sum the "
-                      "ranks of a target")
+def promql(x: RegimeAlerts) -> None:
+    """Per target, its ranks (vLLM's ``engine`` label, SGLang's ``dp_rank``) as the rule compares
+    them: the busiest rank's mean waiting, the least busy one's, the load ratio between them, at
+    least two ranks; critical at ``imbalance_critical_factor`` times the ratio. SGLang with fewer
+    than two ranks reporting: its own token imbalance ratio with requests waiting (warning,
+    labelled ``basis="token_imbalance"``). An engine without ranks (TGI, trtllm-serve) has no alert."""
+    r, t, e = x.recorded, x.t, x.engine
+    ratio = r["rank_load_ratio"]
+
+    def ranked(min_ratio: float) -> str:
+        return x.and_(f"{ratio} >= {num(min_ratio)}", f"{r['rank_count']} >= 2",
+                      f"{r['rank_busiest_waiting']} >= {num(t.imbalance_waiting)}",
+                      f"{r['rank_idlest_waiting']} <= {num(t.imbalance_idle_waiting)}", x.gate)
+
+    text = (f"{e.who()}: its busiest data-parallel rank ({e.rank_label} label) holds "
+            f"{{{{ $value | printf \"%.1f\" }}}}x the requests (running + waiting) of the least busy one "
+            f"over the last {x.w} (>= {{min}}x), with at least {t.imbalance_waiting:g} request(s) waiting on "
+            f"the busiest and at most {t.imbalance_idle_waiting:g} on the least busy: route by load.")
+    summary = f"Data-parallel ranks unevenly loaded on {e.title}"
+    for severity, min_ratio in (("warning", t.imbalance_load_ratio),
+                                ("critical", t.imbalance_critical_factor * t.imbalance_load_ratio)):
+        x.add(severity, ranked(min_ratio), summary, text.replace("{min}", f"{min_ratio:g}"))
+    if "dp_token_imbalance" in r:
+        own = x.and_(f"{r['dp_token_imbalance']} >= {num(t.dp_token_imbalance_ratio)}",
+                     f"{r['waiting']} >= {num(t.imbalance_waiting)}", x.gate)
+        x.add("warning", f"({own})\nunless on({e.labels}) ({r['rank_count']} >= 2)", summary,
+              f"{e.who()}: the engine reports a token imbalance of {{{{ $value | printf \"%.1f\" }}}} between its "
+              f"data-parallel ranks over the last {x.w} (>= {t.dp_token_imbalance_ratio:g}) with at least "
+              f"{t.imbalance_waiting:g} request(s) waiting.",
+              {"basis": "token_imbalance"})  # a label of its own: not a duplicate of the ranked warning
+
+
+RULE = Rule("dp_imbalance", evaluate, precedence=54, colour="dark-orange", causes=("queueing",), promql=promql)

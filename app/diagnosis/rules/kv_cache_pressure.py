@@ -56,13 +56,22 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Lower --max-running-requests; raise --mem-fraction-static if weights leave room.",
         "Quantize the KV cache: --kv-cache-dtype fp8_e5m2.",
     ]
+    trtllm = [
+        "Give the KV cache more memory: raise --kv_cache_free_gpu_memory_fraction (kv_cache_config."
+        "free_gpu_memory_fraction, default 0.9) if nothing else needs the GPU, or shard the weights over more GPUs "
+        "(--tp_size).",
+        "Quantize the KV cache: --kv_cache_dtype fp8 (kv_cache_config.dtype) doubles the tokens that fit.",
+        "Admit fewer requests at once: lower --max_batch_size, and keep scheduler_config.capacity_scheduler_policy "
+        "at GUARANTEED_NO_EVICT (the default) so admitted requests are not paused for memory.",
+        "Lower --max_seq_len if requests never need the full context.",
+    ]
     preempt = f", {s.preemptions_per_second:.2f} preemptions/s" if s.preemptions_per_second else ""
     severity = "critical" if (s.preemptions_per_second or 0) >= t.kv_critical_preemptions_per_second else "warning"
     return Finding(
         "kv_cache_pressure", severity,
         confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
         f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory.",
-        evidence, remedies(s.engine, vllm, tgi, sglang),
+        evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
 
 

@@ -47,7 +47,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         return None
     conditions = (slow if is_slow else []) + ([failing] if failing.met else [])
     evidence = conditions + [
-        info("P/D role of this worker", s.pd_role or "unknown"),
+        info("P/D role of this worker", s.pd_role or "unknown", note=s.pd_role_source or "neither its configuration, "
+             "a target label nor its metrics say"),
         info("KV transfer p99", s.kv_transfer.p99 if s.kv_transfer else None, "s",
              "vLLM's transfer buckets start at 5 ms and end at 5 s"),
         info("KV transfers per second", s.kv_transfers_per_second),
@@ -74,14 +75,18 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "matching TP/page sizes.",
         "Rebalance prefill and decode workers so transfers do not wait for decode capacity.",
     ]
-    tgi = ["TGI has no prefill/decode disaggregation; check the router or gateway that splits the phases."]
     trtllm = [
-        "Check the cache transceiver's backend (cache_transceiver_config in the disaggregated config: UCX or NIXL "
-        "over RDMA / NVLink, not a TCP fallback) and trtllm_kv_transfer_speed_gb_s against the link's bandwidth.",
-        "Failed transfers (trtllm_kv_transfer_failure_total): check that context and generation servers use the "
-        "same KV-cache layout (tokens per block, TP size, dtype) and can reach each other.",
-        "Rebalance context (prefill) and generation (decode) servers so transfers do not wait for decode capacity.",
+        "Check the cache transceiver: cache_transceiver_config.backend (NIXL, UCX or MPI) must move KV over "
+        "RDMA/NVLink, not a TCP fallback (UCX_TLS, `ucx_info -d`); put context and generation servers on the same "
+        "fabric.",
+        "Set cache_transceiver_config.max_tokens_in_buffer at or above the longest prompt: a smaller transfer "
+        "buffer splits transfers and can stall them under load.",
+        "Balance the pools in the disaggregated config (trtllm-serve disaggregated -c): add generation_servers if "
+        "decode cannot keep up with the transfers, or move a context server over.",
+        "For short prompts the transfer costs more than it saves: prefill them on the generation server "
+        "(conditional_disagg_config.max_local_prefill_length in the disaggregated config).",
     ]
+    tgi = ["TGI has no prefill/decode disaggregation; check the router or gateway that splits the phases."]
     critical = ((s.kv_transfer_failure_share or 0.0) >= t.kv_transfer_critical_failure_share
                 or (is_slow and (s.kv_transfer_share or 0.0) >= t.kv_transfer_critical_share))
     if is_slow:

@@ -71,12 +71,18 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "not on the GPU; give the container more CPU.",
         *common,
     ]
+    trtllm = [
+        "Check the CPU of trtllm-serve's OpenAI server process: tokenization and detokenization run there, not "
+        "on the GPU; --num_postprocess_workers N moves response post-processing into worker processes, and the "
+        "container needs the cores for them.",
+        *common,
+    ]
     return Finding(
         "outside_engine", "warning", confidence(conditions, c.client_requests, 4 * t.outside_min_requests),
         f"Clients wait {c.gap_seconds:.2f} s longer for the first token than the engine records "
         f"({c.gap_share:.0%} of their {c.client_mean:.2f} s TTFT, {c.client_requests} probe requests): "
         "the time is lost outside the engine.",
-        evidence, remedies(s.engine, vllm, tgi, sglang),
+        evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
 
 

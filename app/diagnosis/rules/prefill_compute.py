@@ -71,12 +71,21 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Shorten the inputs; keep the radix cache on (do not pass --disable-radix-cache) and shared prefixes first.",
         "More compute: --tp-size 2+ on NVLink GPUs, or --quantization fp8.",
     ]
+    trtllm = [
+        "Shorten the inputs: fewer RAG chunks, truncated chat history, shorter system prompts.",
+        "Reuse shared prefixes: keep kv_cache_config.enable_block_reuse on (the default; --extra_llm_api_options "
+        "YAML) and put the shared part of prompts (system prompt, documents) first.",
+        "More compute per request for long contexts: --tp_size 2+ on NVLink-connected GPUs, or a faster GPU; an "
+        "FP8-quantized checkpoint cuts prefill FLOP time on Hopper/Blackwell.",
+        "Give long prefills their own GPUs: disaggregated serving (trtllm-serve disaggregated -c <config> with "
+        "context_servers and generation_servers).",
+    ]
     severity = "critical" if (prefill_mean or 0) >= t.prefill_critical_factor * t.prefill_seconds else "warning"
     return Finding(
         "prefill_compute", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
         f"Prefill of {prompt_mean:.0f}-token prompts takes {prefill_mean:.2f} s on average "
         f"({s.prefill_share:.0%} of TTFT) with little queueing.",
-        evidence, remedies(s.engine, vllm, tgi, sglang),
+        evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
 
 

@@ -80,9 +80,15 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Add replicas or data-parallel workers (--dp-size).",
     ]
     trtllm = [
-        "Raise max_batch_size / max_num_tokens of the engine" + (" (the KV cache has room)" if kv_low else ""),
-        "Add replicas (or attention data parallelism) behind the load balancer.",
-        "Make sure the in-flight batching scheduler (not the static batcher) serves this traffic.",
+        f"The batch is full at {running} running requests"
+        + (" while the KV cache has room: raise trtllm-serve's --max_batch_size" if kv_low else ": add capacity"),
+        "Raise --max_num_tokens if prefills are queued behind a small per-iteration token budget.",
+        ("The KV cache has room: the default scheduler_config.capacity_scheduler_policy GUARANTEED_NO_EVICT "
+         "reserves a request's whole sequence before admitting it; MAX_UTILIZATION (in the "
+         "--extra_llm_api_options YAML) admits more at the risk of pausing some."
+         if kv_low else "Add replicas behind the load balancer (the queue drains only with more service rate)."),
+        "For MoE models on several GPUs, attention data parallelism (enable_attention_dp: true in the "
+        "--extra_llm_api_options YAML) raises the batch each GPU can take.",
     ]
     severity = "critical" if (queue_mean or 0) >= t.queue_critical_factor * t.queue_seconds else "warning"
     return Finding(

@@ -68,7 +68,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "more, shorter-lived connections.",
         "Check session affinity and prefix-cache-aware routing weights: affinity that concentrates traffic trades "
         "TTFT for cache hits.",
-        "Give replicas of unequal capacity (GPU type, --max-num-seqs, tensor parallelism) proportional weights.",
+        "Give replicas of unequal capacity (GPU type, batch limits such as vLLM's --max-num-seqs or trtllm-serve's "
+        "--max_batch_size, tensor parallelism) proportional weights.",
     ]
     severity = "critical" if ratio >= t.imbalance_critical_factor * t.imbalance_load_ratio else "warning"
     requests = s.ttft.count if s.ttft else 0.0

@@ -61,13 +61,14 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Use an EAGLE/EAGLE-3 draft trained for this model (--speculative-algorithm EAGLE3).",
         "Disable speculation at high batch sizes (it only pays when decode is memory-bound).",
     ]
-    tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
     trtllm = [
-        f"Lower max_draft_len in the speculative_config of --extra_llm_api_options (now {k} draft tokens per step).",
-        "Use a drafter trained for this model (decoding_type Eagle3 or MTP) instead of a generic draft model or "
-        "n-gram lookup.",
-        "At high concurrency run without speculation (the batch already uses the GPU).",
+        f"Propose fewer tokens: lower speculative_config.max_draft_len below {k} (--extra_llm_api_options YAML).",
+        "Use a better drafter: speculative_config.decoding_type Eagle with an EAGLE-3 head trained for this model, "
+        "or MTP where the model has MTP layers; NGram only pays on repetitive (RAG, code-edit) prompts.",
+        ("Turn speculation off at this concurrency: " if busy else "At high concurrency turn speculation off ")
+        + "(speculative_config.max_concurrency: no drafts above that batch size; PyTorch backend).",
     ]
+    tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
     critical = s.spec_accept_length is not None and s.spec_accept_length <= t.spec_critical_accept_length
     parts = []
     if s.spec_accept_rate is not None:

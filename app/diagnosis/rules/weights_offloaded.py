@@ -74,13 +74,13 @@ def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
     """Critical: slow decode at least ``offload_floor_ratio`` times the target's floor."""
     r, t, e = x.recorded, x.t, x.engine
     assert target.hardware is not None
-    p50 = r["itl_p50"]
+    mean = r["itl_mean"]  # the exact _sum/_count, as the rule's ITL (see itl_typical)
     floor = target.hardware.decode_floor_seconds
     x.add("critical",
-          x.and_(f"{p50}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
-                 f"{p50} / {num(floor)} >= {num(t.offload_floor_ratio)}", x.gate),
+          x.and_(f"{mean}{instance_selector([target])} >= {num(t.slow_itl_seconds)}",
+                 f"{mean} / {num(floor)} >= {num(t.offload_floor_ratio)}", x.gate),
           f"Decode far above the bandwidth floor on {target.name}: weights offloaded?",
-          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w}, at least "
+          f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w}, at least "
           f"{t.offload_floor_ratio:g}x {decode_floor_text(target.hardware)}: part of the weights is read over PCIe.",
           {"target": target.name})
 
@@ -100,10 +100,10 @@ def promql(x: RegimeAlerts) -> None:
     sleeping = e.select("vllm:engine_sleep_state", OFFLOAD_SLEEPING)
     offload_config = f"count by ({e.target_by}) ({offloaded})\nor count by ({e.target_by}) ({sleeping} > 0)"
     others = instance_selector(x.hardware, negate=True)
-    expr = (f"({r['itl_p50']}{others} >= {num(t.slow_itl_seconds)})\nand on({e.target_by}) ({offload_config})\n"
+    expr = (f"({r['itl_mean']}{others} >= {num(t.slow_itl_seconds)})\nand on({e.target_by}) ({offload_config})\n"
             f"and on({e.labels}) ({x.gate})")
     x.add("critical", expr, f"Weights offloaded to CPU memory on {e.title}",
-          f"{e.who()}: ITL p50 is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
+          f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
           f"{human_seconds(t.slow_itl_seconds)}) and the engine reports offloaded weights (cpu_offload_gb > 0 "
           f"in vllm:cache_config_info, or sleep state weights_offloaded).")
 

@@ -1,0 +1,144 @@
+"""Expensive reads are bounded: past ``api_request_budget`` they end with a 503 naming the
+budget, and a client that disconnects stops the work (counted in checks, not wall time)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from app import summaries
+from app.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
+from app.store import db, repository
+from app.store.db import statement_budget
+from tests.api.conftest import Service, make_service
+from tests.status.helpers import history_records
+
+QUIET = {"summary_interval": "1h", "alert_interval": "1h", "delivery_interval": "1h", "downsample_interval": "1h",
+         "replica_heartbeat": "1h", "replica_expiry": "2h"}
+
+
+def _fleet(service: Service, n: int) -> float:
+    """``n`` targets with an hour of minute-spaced history each; returns its end."""
+    end = float(int(time.time()))
+    for i in range(n):
+        assert service.client.post("/api/v1/targets", json={"name": f"t{i:02d}",
+                                                            "url": "http://127.0.0.1:9/metrics"}).status_code == 201
+    with service.monitor.sessions() as session:
+        ids = [t.id for t in repository.list_targets(session)]
+    service.monitor.scraping.writer.write(history_records(ids, end, snapshots=61))
+    return end
+
+
+@pytest.fixture
+def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
+    yield from make_service(migrated_url, tmp_path, **QUIET)
+
+
+def test_a_budget_is_spent_at_an_exact_check_on_a_simulated_clock() -> None:
+    ticks = iter(range(1000))
+    budget = RequestBudget(10.0, clock=lambda: float(next(ticks)))  # created at 0; every check advances 1 s
+    with bounded(budget), pytest.raises(BudgetExceeded) as caught:
+        for _ in range(100):
+            checkpoint()
+    assert caught.value.checks == 11 and budget.checks == 11  # 11 s > 10 s at the 11th check
+    assert "time budget of 10 s (LLM_LATENCY_API_REQUEST_BUDGET)" in str(caught.value)
+    checkpoint()  # outside a budget: nothing happens
+    assert budget.checks == 11
+
+
+def test_a_disconnected_client_stops_the_fleet_computation_early(quiet_service: Service) -> None:
+    end = _fleet(quiet_service, 20)
+    sessions = quiet_service.monitor.sessions
+    polls: list[int] = []
+    full = RequestBudget(3600.0, disconnected=lambda: polls.append(1) is not None)  # always there
+    with sessions() as session, bounded(full):
+        report = summaries.fleet_report(session, 3600.0, end)
+    assert len(report["targets"]) == 20 and report["ttft"]["count"] > 0
+    assert full.checks > 10 * (POLL_EVERY + 1)  # the whole fleet: one check per series and window
+    assert len(polls) == (full.checks - 1) // POLL_EVERY + 1
+
+    answers = iter([False, True])  # there at the first poll, gone at the second
+    gone = RequestBudget(3600.0, disconnected=lambda: next(answers))
+    with sessions() as session, bounded(gone), pytest.raises(ClientGone) as caught:
+        summaries.fleet_report(session, 3600.0, end)
+    assert caught.value.checks == gone.checks == POLL_EVERY + 1  # stopped at the second poll
+    assert gone.checks * 10 < full.checks  # a tenth of the work, or less
+
+
+def _asgi_get(service: Service, path: str, query: str) -> list[dict]:
+    """GET through the whole ASGI stack with a client that disconnects right after its request."""
+    app = service.client.app
+    incoming = [{"type": "http.request", "body": b"", "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": query.encode(), "root_path": "",
+             "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    service.client.portal.call(app, scope, receive, send)
+    return sent
+
+
+def test_the_api_stops_a_fleet_request_whose_client_went_away(quiet_service: Service,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    _fleet(quiet_service, 20)
+    stopped = quiet_service.monitor.telemetry.requests_stopped
+    with caplog.at_level(logging.INFO, logger="app.api.errors"):
+        sent = _asgi_get(quiet_service, "/api/v1/latency", "window=1h")
+    assert sent[0]["status"] == 499
+    # the first poll found the request, the second (POLL_EVERY checks later) the disconnect
+    assert f"the work stopped after {POLL_EVERY + 1} checks" in caplog.text
+    assert stopped.labels("disconnect")._value.get() == 1.0
+    # a client that stays gets the whole answer
+    assert quiet_service.client.get("/api/v1/latency", params={"window": "1h"}).json()["ttft"]["count"] > 0
+
+
+def test_a_request_past_its_budget_gets_503_naming_it(migrated_url: str, tmp_path: Path) -> None:
+    for service in make_service(migrated_url, tmp_path, api_request_budget=1e-6, **QUIET):
+        _fleet(service, 2)
+        c = service.client
+        for path, params in (("/api/v1/targets/t00/latency", {"window": "1h"}),
+                             ("/api/v1/targets/t00/series", {"window": "1h", "step": "1m"}),
+                             ("/api/v1/latency", {"window": "1h"})):
+            response = c.get(path, params=params)
+            assert response.status_code == 503, (path, response.text)
+            assert response.json()["detail"] == (
+                "the request exceeded its time budget of 1e-06 s (LLM_LATENCY_API_REQUEST_BUDGET); "
+                "ask for a shorter window, fewer targets or a larger step")
+            assert response.headers["retry-after"] == "30"
+        assert service.monitor.telemetry.requests_stopped.labels("budget")._value.get() == 3.0
+        service.monitor.refresh_summaries()  # the fleet's default window is the round's: nothing to compute
+        assert c.get("/api/v1/latency").status_code == 200
+
+
+def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:
+    """A single read that outlives the budget is ended by the database (PostgreSQL's
+    statement_timeout, SQLite's progress handler) with the same BudgetExceeded, and the
+    pooled connection carries no budget afterwards."""
+    engine = db.make_engine(migrated_url)
+    sessions = db.make_sessionmaker(engine)
+    postgres = engine.dialect.name == "postgresql"
+    slow = "SELECT pg_sleep(60)" if postgres else \
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000000000) SELECT count(*) FROM c"
+    try:
+        with sessions() as session, pytest.raises(BudgetExceeded, match="time budget of 0.2 s"):
+            with statement_budget(session, RequestBudget(0.2)):
+                session.execute(text(slow))
+        with sessions() as session:  # the same pooled connection, no budget: runs to the end
+            if postgres:
+                assert session.execute(text("SHOW statement_timeout")).scalar() == "0"
+            counted = session.execute(text("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+                                           "WHERE x < 200000) SELECT count(*) FROM c")).scalar()
+            assert counted == 200000
+    finally:
+        engine.dispose()
