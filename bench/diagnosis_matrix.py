@@ -67,9 +67,10 @@ STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_i
           "frontend_bound"]
 REGIMES = STEADY[2:]
 #: Regimes whose signals only some engines export: a scenario runs on the engines whose page carries
-#: them (TGI has no P/D transfer, speculative-decoding, data-parallel or render metrics).
-EXPOSED_BY = {"kv_transfer": {"vllm"}, "speculation_ineffective": {"vllm"}, "dp_imbalance": {"vllm"},
-              "frontend_bound": {"vllm"}}
+#: them. TGI has no P/D transfer, speculative-decoding, data-parallel or render metrics; trtllm-serve
+#: labels no data-parallel rank; only vLLM (0.34) times the front end's rendering.
+EXPOSED_BY = {"kv_transfer": {"vllm", "sglang", "trtllm"}, "speculation_ineffective": {"vllm", "sglang", "trtllm"},
+              "dp_imbalance": {"vllm", "sglang"}, "frontend_bound": {"vllm"}}
 VERDICTS = ["healthy", *REGIMES, "insufficient_data", "not_judged"]
 WARMUP = 60.0  # simulated seconds run before serving
 

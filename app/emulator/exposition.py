@@ -34,18 +34,25 @@ SGLang (0.5 names, labels and default buckets of ``metrics_collector.py``) and T
 those engines do:
 
 * SGLang: scheduler families carry ``model_name, engine_type, tp_rank, pp_rank`` (TP rank 0
-  reports), tokenizer families ``model_name, engine_type``; ``inter_token_latency_seconds`` is
-  per token (one token per step here, so the same observations as vLLM's);
+  reports; with ``--dp-size`` > 1 also ``dp_rank``, one series per rank), tokenizer families
+  ``model_name, engine_type``; ``inter_token_latency_seconds`` is per token (one token per step
+  here, so the same observations as vLLM's);
   ``per_stage_req_latency_seconds{stage="prefill_forward"}`` = first scheduled -> first token;
-  no prefill/decode histograms otherwise, no iteration-token histogram;
+  no prefill/decode histograms otherwise, no iteration-token histogram; ``spec_accept_rate`` /
+  ``spec_accept_length`` gauges (0 without speculation), and on a P/D decode worker
+  (``engine_type="decode"``) ``kv_transfer_latency_ms`` and ``num_transfer_failed_reqs_total``;
 * trtllm-serve: per-request histograms observed when a request finishes (TTFT, queue,
   prefill, decode, inference, e2e, and ``time_per_output_token`` = the request's mean decode
-  time per token - no per-step ITL exists), gauges from the iteration stats.
+  time per token - no per-step ITL exists), gauges and spec-decode counters from the iteration
+  stats; on a disaggregated decode worker the KV-transfer families of Dynamo's TensorRT-LLM worker.
+
+The P/D transfer time is written on the emulated (decode) worker's page for every engine.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -111,6 +118,71 @@ def observe_n(child, value: float, n: int) -> None:
         if value <= bound:
             child._buckets[i].inc(n)
             break
+
+
+class SpecCounts:
+    """Speculative decoding's accepted tokens, counted as the engines count them (whole tokens):
+    ``k`` draft tokens per verification step, position ``i`` accepted with probability ``a^i``,
+    so a step accepts ``E = a + a^2 + ... + a^k`` tokens on average; the fractions carry over."""
+
+    def __init__(self) -> None:
+        self._carry = 0.0  # fractional accepted tokens not yet counted
+
+    @staticmethod
+    def expected_accepted(config: EngineConfig) -> float:
+        a = config.spec_acceptance
+        return sum(a ** i for i in range(1, config.num_speculative_tokens + 1))
+
+    def step(self, config: EngineConfig, drafts: int) -> tuple[int, int]:
+        """(draft tokens proposed, tokens accepted) for ``drafts`` verification steps."""
+        self._carry += drafts * self.expected_accepted(config)
+        whole = int(self._carry)
+        self._carry -= whole
+        return drafts * config.num_speculative_tokens, whole
+
+
+class FeatureFamilies(dict):
+    """The families of a page's optional features (P/D transfers, speculation, render time), keyed by
+    feature and created the first time the feature is configured: a page shows them only then, as the
+    engines register them."""
+
+    def get_or_make(self, key: str, make: Callable[[], Any]) -> Any:
+        found = self.get(key)
+        if found is None:
+            found = self[key] = make()
+        return found
+
+
+class PromFamilies:
+    """Families on one prometheus_client registry that share their label names and values - the
+    shape of SGLang's and trtllm-serve's collectors, which both label every series of a family the
+    same way. Each helper returns the labelled child; :meth:`histogram` takes the family's unit
+    (``unit=1000`` for a family in milliseconds) and is observed in seconds."""
+
+    def __init__(self, registry: CollectorRegistry, labelnames: list[str], labelvalues: tuple[str, ...]) -> None:
+        self.registry, self.labelnames, self.labelvalues = registry, labelnames, labelvalues
+
+    def histogram(self, name: str, doc: str, buckets: list, *, unit: float = 1.0, extra: dict[str, str] | None = None):
+        extra = extra or {}
+        child = Histogram(name, doc, self.labelnames + list(extra), buckets=buckets,
+                          registry=self.registry).labels(*self.labelvalues, *extra.values())
+        return child if unit == 1.0 else _InUnit(child, unit)
+
+    def counter(self, name: str, doc: str):
+        return Counter(name, doc, self.labelnames, registry=self.registry).labels(*self.labelvalues)
+
+    def gauge(self, name: str, doc: str):
+        return Gauge(name, doc, self.labelnames, registry=self.registry).labels(*self.labelvalues)
+
+
+class _InUnit:
+    """A histogram child in another unit than seconds (SGLang's ``*_ms`` families)."""
+
+    def __init__(self, child, unit: float) -> None:
+        self.child, self.unit = child, unit
+
+    def observe(self, seconds: float) -> None:
+        self.child.observe(seconds * self.unit)
 
 
 NIXL_XFER_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]  # vLLM NixlPromMetrics
@@ -358,23 +430,17 @@ class VllmExporter:
             self.h_kv_computed = hist("vllm:request_prefill_kv_computed_tokens", token_buckets)
         self._cache_info_labels: dict[str, str] | None = None
         self._lv = lv
-        self._features: dict[str, Any] = {}  # families of optional features, created when first enabled
-        self._spec_carry = 0.0  # fractional accepted tokens not yet counted
+        self._features = FeatureFamilies()
+        self._spec = SpecCounts()
         self.on_config(deployment, config, num_gpu_blocks)
 
     # ---- optional features (vLLM 0.34 names; each family appears once its feature is used) ---
-    def _feature(self, key: str, make):
-        found = self._features.get(key)
-        if found is None:
-            found = self._features[key] = make()
-        return found
-
     def _enable_features(self, config: EngineConfig) -> None:
         reg, lv, ln = self.registry, self._lv, ["model_name", "engine"]
         if self.flavor != "vllm":
             return
         if config.kv_transfer_gbps is not None:
-            self._feature("nixl", lambda: (
+            self._features.get_or_make("nixl", lambda: (
                 Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
                           ln, buckets=NIXL_XFER_BUCKETS, registry=reg).labels(*lv),
                 Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", ln,
@@ -384,7 +450,7 @@ class VllmExporter:
                 names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                          "vllm:spec_decode_num_accepted_tokens")
                 return tuple(Counter(n, n.split(":")[1].replace("_", " "), ln, registry=reg).labels(*lv) for n in names)
-            self._feature("spec", spec)
+            self._features.get_or_make("spec", spec)
         for rank in range(1, config.data_parallel_size):
             # idle data-parallel ranks: every request is served on rank 0
             def idle(rank=str(rank)):
@@ -394,12 +460,12 @@ class VllmExporter:
                     child.set(0)
                     out.append(child)
                 return out
-            self._feature(f"rank{rank}", idle)
+            self._features.get_or_make(f"rank{rank}", idle)
 
     def _render_histogram(self):
         """``vllm:request_render_duration_seconds`` (0.34): labels model_name, request_type; registered
         lazily, on the first request, as vLLM does."""
-        return self._feature("render", lambda: Histogram(
+        return self._features.get_or_make("render", lambda: Histogram(
             "vllm:request_render_duration_seconds",
             "Time spent rendering a request, including chat templating, tokenization, and multimodal preprocessing.",
             ["model_name", "request_type"], buckets=RENDER_BUCKETS, registry=self.registry).labels(self.model_name,
@@ -456,20 +522,14 @@ class VllmExporter:
                     self.prompt_cached.inc(req.cached_tokens)
         for last, n in itl_groups.items():
             observe_n(self.h_itl, t - last, n)
-        k = self._config.num_speculative_tokens
-        if k and "spec" in self._features:
-            drafts = sum(itl_groups.values())  # decode steps of requests past their first token
-            if drafts:
-                a = self._config.spec_acceptance
-                expected = sum(a ** i for i in range(1, k + 1))  # E[accepted] of k drafts, position i w.p. a^i
-                c_drafts, c_tokens, c_accepted = self._features["spec"]
-                c_drafts.inc(drafts)
-                c_tokens.inc(drafts * k)
-                self._spec_carry += drafts * expected
-                whole = int(self._spec_carry)
-                if whole:
-                    c_accepted.inc(whole)
-                    self._spec_carry -= whole
+        drafts = sum(itl_groups.values())  # decode steps of requests past their first token
+        if drafts and "spec" in self._features:
+            draft_tokens, accepted = self._spec.step(self._config, drafts)
+            c_drafts, c_tokens, c_accepted = self._features["spec"]
+            c_drafts.inc(drafts)
+            c_tokens.inc(draft_tokens)
+            if accepted:
+                c_accepted.inc(accepted)
         if generated:
             self.generation_tokens.inc(generated)
             self.h_iteration.observe(prompt_iter + generated)
@@ -712,58 +772,95 @@ SGLANG_TOKEN_BUCKETS = [100, 300, 500, 1000, 1200, 1500, 1700, 2000, 2500, 3000,
                         132000, 300000, 600000, 900000, 1100000]
 
 
+SGLANG_KV_TRANSFER_MS_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000]
+
+
 class SglangExporter:
-    """SGLang 0.5's ``SchedulerMetricsCollector`` and ``TokenizerMetricsCollector``."""
+    """SGLang 0.5's ``SchedulerMetricsCollector`` and ``TokenizerMetricsCollector``.
+
+    The label set is fixed when the server starts: ``engine_type`` is its ``--disaggregation-mode``
+    (``decode`` for the emulated P/D worker, else ``unified``) and with ``--dp-size`` > 1 (DP
+    attention) every scheduler family carries ``dp_rank``, each rank reporting from its first
+    attention-TP process (``tp_rank`` = rank x attention TP size). A phase that changes either
+    restarts the server, as it must be restarted for real: a new registry, counters from zero.
+    Speculative decoding sets the scheduler's ``spec_accept_rate`` / ``spec_accept_length`` gauges
+    each decode step (expected values, as :class:`SpecCounts`); P/D writes the transfer-latency
+    histogram (milliseconds) and the failed-transfer counter."""
 
     content_type = CONTENT_TYPE
 
     def __init__(self, model_name: str, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int,
                  **_: object) -> None:
+        self.model_name = model_name
+        self._launch: tuple[str, int, int] | None = None
+        self.on_config(deployment, config, num_gpu_blocks)
+
+    def _start(self, engine_type: str, dp_size: int, attn_tp: int) -> None:
         self.registry = reg = CollectorRegistry()
-        sched, tok = ["model_name", "engine_type", "tp_rank", "pp_rank"], ["model_name", "engine_type"]
-        sv, tv = (model_name, "unified", "0", "0"), (model_name, "unified")
+        sched = ["model_name", "engine_type", "tp_rank", "pp_rank"] + (["dp_rank"] if dp_size > 1 else [])
+        ranks = [(self.model_name, engine_type, str(r * attn_tp), "0") + ((str(r),) if dp_size > 1 else ())
+                 for r in range(dp_size)]
+        s = PromFamilies(reg, sched, ranks[0])  # rank 0 serves every request
+        tok = PromFamilies(reg, ["model_name", "engine_type"], (self.model_name, engine_type))
 
-        def hist(name: str, doc: str, buckets: list, labels=tok, values=tv):
-            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(*values)
+        def per_rank(name: str, doc: str) -> Gauge:
+            family = Gauge(name, doc, sched, registry=reg)
+            for values in ranks[1:]:
+                family.labels(*values).set(0)  # the idle ranks
+            return family.labels(*ranks[0])
 
-        self.running = Gauge("sglang:num_running_reqs", "The number of running requests.", sched,
-                             registry=reg).labels(*sv)
-        self.waiting = Gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", sched,
-                             registry=reg).labels(*sv)
-        self.kv_usage = Gauge("sglang:token_usage", "The token usage.", sched, registry=reg).labels(*sv)
-        self.used_tokens = Gauge("sglang:num_used_tokens", "The number of used tokens.", sched,
-                                 registry=reg).labels(*sv)
-        self.retracted = Counter("sglang:num_retracted_requests", "The number of retracted requests.", sched,
-                                 registry=reg).labels(*sv)
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tok,
-                                     registry=reg).labels(*tv)
-        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", tok,
-                                         registry=reg).labels(*tv)
-        self.requests = Counter("sglang:num_requests", "The number of processed requests.", tok,
-                                registry=reg).labels(*tv)
-        self.h_ttft = hist("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                           SGLANG_TTFT_BUCKETS)
-        self.h_itl = hist("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                          SGLANG_ITL_BUCKETS)
-        self.h_tpot = hist("sglang:request_time_per_output_token_seconds",
-                           "Histogram of time per output token of each request in seconds.", SGLANG_ITL_BUCKETS)
-        self.h_e2e = hist("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                          SGLANG_E2E_BUCKETS)
-        self.h_prompt = hist("sglang:prompt_tokens_histogram", "Histogram of prompt token length.",
-                             SGLANG_TOKEN_BUCKETS)
-        self.h_generation = hist("sglang:generation_tokens_histogram", "Histogram of generation token length.",
-                                 SGLANG_TOKEN_BUCKETS)
-        self.h_queue = hist("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
-                            SGLANG_QUEUE_BUCKETS, sched, sv)
-        self.h_prefill = Histogram("sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
-                                   sched + ["stage"], buckets=SGLANG_STAGE_BUCKETS,
-                                   registry=reg).labels(*sv, "prefill_forward")
+        self.running = per_rank("sglang:num_running_reqs", "The number of running requests.")
+        self.waiting = per_rank("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.kv_usage = per_rank("sglang:token_usage", "The token usage.")
+        self.used_tokens = s.gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.retracted = s.counter("sglang:num_retracted_requests", "Total number of retracted requests.")
+        self.prompt_tokens = tok.counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = tok.counter("sglang:generation_tokens", "Number of generation tokens processed.")
+        self.requests = tok.counter("sglang:num_requests", "The number of processed requests.")
+        self.h_ttft = tok.histogram("sglang:time_to_first_token_seconds",
+                                    "Histogram of time to first token in seconds.", SGLANG_TTFT_BUCKETS)
+        self.h_itl = tok.histogram("sglang:inter_token_latency_seconds",
+                                   "Histogram of inter-token latency in seconds.", SGLANG_ITL_BUCKETS)
+        self.h_tpot = tok.histogram("sglang:request_time_per_output_token_seconds",
+                                    "Histogram of time per output token of each request in seconds.",
+                                    SGLANG_ITL_BUCKETS)
+        self.h_e2e = tok.histogram("sglang:e2e_request_latency_seconds",
+                                   "Histogram of End-to-end request latency in seconds", SGLANG_E2E_BUCKETS)
+        self.h_prompt = tok.histogram("sglang:prompt_tokens_histogram", "Histogram of prompt token length.",
+                                      SGLANG_TOKEN_BUCKETS)
+        self.h_generation = tok.histogram("sglang:generation_tokens_histogram",
+                                          "Histogram of generation token length.", SGLANG_TOKEN_BUCKETS)
+        self.h_queue = s.histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                   SGLANG_QUEUE_BUCKETS)
+        self.h_prefill = s.histogram("sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
+                                     SGLANG_STAGE_BUCKETS, extra={"stage": "prefill_forward"})
+        # logged every stats interval, 0 when speculation is off (SchedulerStats' defaults), as SGLang does
+        self.spec_rate = s.gauge("sglang:spec_accept_rate",
+                                 "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).")
+        self.spec_length = s.gauge("sglang:spec_accept_length", "Mean acceptance length of speculative decoding "
+                                   "(accepted drafts + bonus token per forward).")
+        self._disaggregated = engine_type == "decode"
+        if self._disaggregated:  # SGLang observes these only on a P/D worker
+            self.kv_transfer = s.histogram("sglang:kv_transfer_latency_ms",
+                                           "Histogram of KV cache transfer latency in ms.",
+                                           SGLANG_KV_TRANSFER_MS_BUCKETS, unit=1000.0)
+            self.transfer_failed = s.counter("sglang:num_transfer_failed_reqs",
+                                             "The number of transfer failed requests.")
 
     def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
-        pass
+        self._config = config
+        launch = ("decode" if config.kv_transfer_gbps is not None else "unified", max(1, config.data_parallel_size),
+                  deployment.tensor_parallel)
+        if launch != self._launch:
+            self._launch = launch
+            self._start(*launch)
 
     def on_arrival(self, req: Request, t: float) -> None:
-        pass
+        if req.kv_transfer_s and self._disaggregated:
+            if req.kv_transfer_failed:
+                self.transfer_failed.inc()
+            else:
+                self.kv_transfer.observe(req.kv_transfer_s)
 
     def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
         pass
@@ -780,6 +877,11 @@ class SglangExporter:
             self.prompt_tokens.inc(req.prompt_len)
         for last, n in itl_groups.items():
             observe_n(self.h_itl, t - last, n)
+        k = self._config.num_speculative_tokens
+        if k and itl_groups:
+            accepted = SpecCounts.expected_accepted(self._config)
+            self.spec_rate.set(accepted / k)
+            self.spec_length.set(1.0 + accepted)
         if generated:
             self.generation_tokens.inc(generated)
 
@@ -806,10 +908,20 @@ class SglangExporter:
 # ---- TensorRT-LLM (trtllm-serve) -----------------------------------------------------------------
 TRTLLM_PREFILL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                           160.0, 640.0, 2560.0]
+#: Dynamo's TensorRT-LLM worker (``dynamo/trtllm/metrics.py``, ``KV_TRANSFER_LATENCY_BUCKETS``)
+TRTLLM_KV_TRANSFER_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
 class TrtllmExporter:
-    """trtllm-serve's ``MetricsCollector``: per-request histograms at finish, iteration gauges."""
+    """trtllm-serve's ``MetricsCollector``: per-request histograms at finish, iteration gauges and
+    counters per step. Speculative decoding: the iteration counters
+    ``trtllm_spec_decode_num_draft_tokens_total`` / ``_num_accepted_tokens_total`` and the
+    ``trtllm_spec_decode_acceptance_length`` gauge (the iteration's mean tokens per verification
+    step); trtllm-serve counts no verification steps. Disaggregated serving (the emulated engine is
+    the decode worker): the KV-transfer families of Dynamo's TensorRT-LLM worker -
+    ``trtllm_kv_transfer_latency_seconds``, ``_success_total``, ``_failure_total`` - labelled
+    ``model_name, disaggregation_mode, engine_type``. Feature families appear once their feature is
+    configured (their series once first used, as prometheus_client does)."""
 
     content_type = CONTENT_TYPE
 
@@ -817,47 +929,69 @@ class TrtllmExporter:
                  **_: object) -> None:
         self.registry = reg = CollectorRegistry()
         ln, lv = ["model_name", "engine_type"], (model_name, "trtllm")
-
-        def hist(name: str, doc: str, buckets: list):
-            return Histogram(name, doc, ln, buckets=buckets, registry=reg).labels(*lv)
-
-        def gauge(name: str, doc: str):
-            return Gauge(name, doc, ln, registry=reg).labels(*lv)
-
+        f = PromFamilies(reg, ln, lv)
+        self.model_name = model_name
         self.success = Counter("trtllm_request_success", "Count of successfully processed requests.",
                                ln + ["finished_reason"], registry=reg)
         self.lv = lv
-        self.h_e2e = hist("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
-                          REQUEST_LATENCY_BUCKETS)
-        self.h_ttft = hist("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                           TTFT_BUCKETS)
-        self.h_tpot = hist("trtllm_time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-                           ITL_BUCKETS)
-        self.h_queue = hist("trtllm_request_queue_time_seconds",
-                            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
-        self.h_prefill = hist("trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase duration "
-                              "in seconds (first_token_time - first_scheduled_time).", TRTLLM_PREFILL_BUCKETS)
-        self.h_decode = hist("trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase duration "
-                             "in seconds (last_token_time - first_token_time).", REQUEST_LATENCY_BUCKETS)
-        self.h_inference = hist("trtllm_request_inference_time_seconds", "Histogram of total inference duration in "
-                                "seconds (last_token_time - first_scheduled_time).", REQUEST_LATENCY_BUCKETS)
-        self.prompt_tokens = Counter("trtllm_prompt_tokens", "Cumulative number of prompt (input) tokens processed.",
-                                     ln, registry=reg).labels(*lv)
-        self.generation_tokens = Counter("trtllm_generation_tokens",
-                                         "Cumulative number of generation (output) tokens produced.", ln,
-                                         registry=reg).labels(*lv)
-        self.running = gauge("trtllm_num_requests_running", "Number of active requests")
-        self.waiting = gauge("trtllm_num_requests_waiting", "Number of queued requests")
-        self.kv_usage = gauge("trtllm_kv_cache_utilization", "KV cache utilization")
-        self.kv_max_blocks = gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks")
-        self.kv_used_blocks = gauge("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks")
-        self.block_size = config.block_size
+        self.h_e2e = f.histogram("trtllm_e2e_request_latency_seconds",
+                                 "Histogram of end to end request latency in seconds.", REQUEST_LATENCY_BUCKETS)
+        self.h_ttft = f.histogram("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                  TTFT_BUCKETS)
+        self.h_tpot = f.histogram("trtllm_time_per_output_token_seconds",
+                                  "Histogram of time per output token in seconds.", ITL_BUCKETS)
+        self.h_queue = f.histogram("trtllm_request_queue_time_seconds",
+                                   "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.h_prefill = f.histogram("trtllm_request_prefill_time_seconds", "Histogram of prefill (context) phase "
+                                     "duration in seconds (first_token_time - first_scheduled_time).",
+                                     TRTLLM_PREFILL_BUCKETS)
+        self.h_decode = f.histogram("trtllm_request_decode_time_seconds", "Histogram of decode (generation) phase "
+                                    "duration in seconds (last_token_time - first_token_time).",
+                                    REQUEST_LATENCY_BUCKETS)
+        self.h_inference = f.histogram("trtllm_request_inference_time_seconds", "Histogram of total inference "
+                                       "duration in seconds (last_token_time - first_scheduled_time).",
+                                       REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens = f.counter("trtllm_prompt_tokens", "Cumulative number of prompt (input) tokens processed.")
+        self.generation_tokens = f.counter("trtllm_generation_tokens",
+                                           "Cumulative number of generation (output) tokens produced.")
+        self.running = f.gauge("trtllm_num_requests_running", "Number of active requests")
+        self.waiting = f.gauge("trtllm_num_requests_waiting", "Number of queued requests")
+        self.kv_usage = f.gauge("trtllm_kv_cache_utilization", "KV cache utilization")
+        self.kv_max_blocks = f.gauge("trtllm_kv_cache_max_blocks", "Maximum number of KV cache blocks")
+        self.kv_used_blocks = f.gauge("trtllm_kv_cache_used_blocks", "Number of used KV cache blocks")
+        self._families = f
+        self._features = FeatureFamilies()
+        self._spec = SpecCounts()
+        self.on_config(deployment, config, num_gpu_blocks)
 
     def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
         self.block_size = config.block_size
+        self._config = config
+        f = self._families
+        if config.num_speculative_tokens:
+            self._features.get_or_make("spec", lambda: (
+                f.counter("trtllm_spec_decode_num_draft_tokens",
+                          "Total number of draft tokens in speculative decoding"),
+                f.counter("trtllm_spec_decode_num_accepted_tokens",
+                          "Total number of accepted tokens in speculative decoding"),
+                f.gauge("trtllm_spec_decode_acceptance_length", "Acceptance length in speculative decoding")))
+        if config.kv_transfer_gbps is not None:
+            dynamo = PromFamilies(self.registry, ["model_name", "disaggregation_mode", "engine_type"],
+                                  (self.model_name, "decode", "trtllm"))
+            self._features.get_or_make("kv_transfer", lambda: (
+                dynamo.histogram("trtllm_kv_transfer_latency_seconds",
+                                 "KV cache transfer latency per request in seconds", TRTLLM_KV_TRANSFER_BUCKETS),
+                dynamo.counter("trtllm_kv_transfer_success", "Total number of successful KV cache transfers"),
+                dynamo.counter("trtllm_kv_transfer_failure", "Total number of failed KV cache transfers")))
 
     def on_arrival(self, req: Request, t: float) -> None:
-        pass
+        if req.kv_transfer_s and "kv_transfer" in self._features:
+            latency, succeeded, failed = self._features["kv_transfer"]
+            if req.kv_transfer_failed:
+                failed.inc()
+            else:
+                latency.observe(req.kv_transfer_s)
+                succeeded.inc()
 
     def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
         pass
@@ -867,7 +1001,15 @@ class TrtllmExporter:
 
     def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
                 deployment: Deployment) -> None:
-        pass  # trtllm-serve logs per request at finish and per iteration in gauges only
+        """Per-request latencies are logged at finish; per step only the iteration stats."""
+        drafts = sum(itl_groups.values())  # requests verifying drafts in this iteration
+        if drafts and self._config.num_speculative_tokens and "spec" in self._features:
+            draft_tokens, accepted = self._spec.step(self._config, drafts)
+            c_tokens, c_accepted, length = self._features["spec"]
+            c_tokens.inc(draft_tokens)
+            if accepted:
+                c_accepted.inc(accepted)
+            length.set(1.0 + SpecCounts.expected_accepted(self._config))
 
     def on_finish(self, req: Request, t: float) -> None:
         first_token, scheduled = req.first_token, req.first_scheduled

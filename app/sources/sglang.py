@@ -30,6 +30,11 @@ The P/D role: 0.4.4+ label the scheduler metrics ``engine_type`` (``unified`` | 
 ``decode``), the engine's own ``--disaggregation-mode``; it is kept as the info
 ``disaggregation`` (``disaggregation_mode``) per model and rank, read from ``num_running_reqs``
 (:func:`app.latency.pd_role`).
+Speculative decoding: the scheduler logs ``spec_accept_rate`` / ``spec_accept_length`` at every
+stats interval whether or not speculation is on, 0 when it is off (its stats' defaults); a
+speculating engine's accept length is at least 1 (the bonus token), so series whose
+``spec_accept_length`` is 0 are not read as speculation (else every SGLang page would show a 0 %
+acceptance rate).
 ``dp_attention_token_imbalance_ratio`` is read where it is a gauge; releases that export it as a
 histogram are compared rank by rank from the running/waiting gauges instead (a note says so).
 """
@@ -102,6 +107,17 @@ def group_of(family: MetricFamily) -> tuple[str, str]:
     return GROUP
 
 
+SPEC_GAUGES = ("spec_accept_rate", "spec_accept_length")
+
+
+def _speculating(page: ParsedPage) -> set[tuple[str, ...]]:
+    """The (model, rank) series whose engine speculates: an accept length above 0 (see the module notes)."""
+    family = page.families.get("sglang:spec_accept_length")
+    if family is None:
+        return set()
+    return {key for key, value in scalar_series(family, group_of(family)).items() if value > 0}
+
+
 def _scaled(bounds: tuple[float, ...], counts: tuple[float, ...], total: float, scale: float
             ) -> tuple[tuple[float, ...], float]:
     if scale == 1.0:
@@ -145,6 +161,7 @@ class SglangAdapter:
                 continue
             if self._histogram(out, "kv_transfer_time", family, group_of(family), scale, label_filter):
                 break
+        speculating = _speculating(page)
         for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
             for signal, candidates in table.items():
                 family = first_family(page, candidates)
@@ -155,6 +172,8 @@ class SglangAdapter:
                                      "ranks are compared by their running and waiting requests")
                     continue
                 for (model, rank), value in scalar_series(family, group_of(family)).items():
+                    if signal in SPEC_GAUGES and (model, rank) not in speculating:
+                        continue
                     out.scalars.append(CanonicalScalar(signal, kind, model, rank or "0", value))
         spec = page.families.get(SPEC_CONFIG)
         if spec is not None:

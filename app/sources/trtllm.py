@@ -12,8 +12,12 @@ Names, types and buckets are those of ``tensorrt_llm/metrics/collector.py``
   and the diagnosis lists what it could not judge.
 * Labels: ``model_name`` and ``engine_type``; no data-parallel rank (one series per server).
 * KV transfer (disaggregated serving, published by the Dynamo TensorRT-LLM worker):
-  ``trtllm_kv_transfer_latency_seconds`` (histogram, seconds) and
-  ``trtllm_kv_transfer_success_total``.
+  ``trtllm_kv_transfer_latency_seconds`` (histogram, seconds), ``trtllm_kv_transfer_success_total``
+  and, where the worker counts them, ``trtllm_kv_transfer_failure_total``.
+* Speculative decoding: the iteration counters ``trtllm_spec_decode_num_draft_tokens_total`` /
+  ``_num_accepted_tokens_total`` (acceptance rate, exact over the window) and the
+  ``trtllm_spec_decode_acceptance_length`` gauge (the last iteration's mean tokens per verification
+  step); no count of verification steps.
 * Under Dynamo the same names may carry a ``trtllm:`` prefix instead of ``trtllm_``; both are
   recognised.
 
@@ -55,6 +59,7 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "generation_tokens_total": _both("generation_tokens_total"),
     "requests_total": _both("request_success_total"),
     "kv_transfers_total": _both("kv_transfer_success_total"),
+    "kv_transfer_failures_total": _both("kv_transfer_failure_total"),
     "spec_draft_tokens_total": _both("spec_decode_num_draft_tokens_total"),
     "spec_accepted_tokens_total": _both("spec_decode_num_accepted_tokens_total"),
 }

@@ -101,7 +101,15 @@ def test_sglang_04_loaded_page_is_queueing_from_its_gauges(tmp_path: Path) -> No
 def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_path: Path) -> None:
     (d,), records = replay(tmp_path, "trtllm-serve-constructed.prom", lifetime=120.0)
     assert d.engine == "trtllm"
-    assert d.verdict == "healthy" and d.findings == []
+    # the page's speculation accepts 300 of 1,200 draft tokens, 1.25 tokens per verification step: below
+    # the thresholds (0.3, 1.5), so judged and found; trtllm-serve counts no steps, so they are estimated
+    # from the generated tokens: the counters grow evenly over 120 s, 200 of the 400 fall in the 60 s window
+    assert d.verdict == "speculation_ineffective" and [f.regime for f in d.findings] == ["speculation_ineffective"]
+    evidence = {e.name: e for e in d.findings[0].evidence}
+    assert evidence["draft acceptance rate"].value == pytest.approx(300 / 1200)
+    assert evidence["mean tokens per verification step"].value == pytest.approx(1.25)
+    assert evidence["verification steps with a draft"].value == pytest.approx(200 / 1.25)
+    assert evidence["verification steps with a draft"].note.startswith("estimated: generated tokens")
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
     # prefill_compute is judged: the prompt-token and request counters give the mean prompt length
     # (10,240 tokens / 20 requests = 512, below the long-prompt threshold), no histogram needed
@@ -113,6 +121,8 @@ def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_pat
     # queueing was judged from the real queue histogram: mean queue 0.099 s < 0.5 s
     assert d.signals["queue_time"]["mean"] == pytest.approx(0.3975 / 4)
     result = OneShotResult("http://trt:8000/metrics", "trtllm", records, {}, [d])
+    assert result.exit_code == EXIT_FINDING
+    d.findings, d.verdict = [], "healthy"  # without the finding, the regimes not judged set the exit status
     assert result.exit_code == EXIT_NOT_JUDGED
     # the API carries it, field by field
     out = DiagnosisOut.model_validate(d.to_dict())

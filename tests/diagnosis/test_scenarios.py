@@ -51,6 +51,8 @@ TRTLLM_KNOBS = {
     "prefill_compute": ("kv_cache_config.enable_block_reuse", "--tp_size", "trtllm-serve disaggregated -c"),
     "kv_cache_pressure": ("--kv_cache_free_gpu_memory_fraction", "--kv_cache_dtype fp8", "--max_batch_size",
                           "--max_seq_len"),
+    "kv_transfer": ("cache_transceiver_config.backend", "cache_transceiver_config.max_tokens_in_buffer"),
+    "speculation_ineffective": ("speculative_config.max_draft_len", "speculative_config.max_concurrency"),
 }
 VLLM_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", "--gpu-memory-utilization",
               "--enable-prefix-caching", "--tensor-parallel-size", "--max-model-len")
@@ -114,14 +116,17 @@ def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: 
     assert resolved > 300 and states[-1][2] == [("queueing", "resolved")]
 
 
-# Regimes whose signals only vLLM's page carries among the emulated formats (TGI exports no P/D
-# transfer, speculative-decoding, data-parallel or render metrics).
-VLLM_ONLY_SCENARIOS = ["kv_transfer", "speculation_ineffective", "dp_imbalance", "frontend_bound"]
+# Regimes whose signals only some engines' pages carry: TGI exports no P/D transfer, speculative-decoding,
+# data-parallel or render metrics; trtllm-serve labels no data-parallel rank; only vLLM 0.34 times rendering.
+FEATURE_SCENARIOS = {"kv_transfer": ("vllm", "sglang", "trtllm"),
+                     "speculation_ineffective": ("vllm", "sglang", "trtllm"),
+                     "dp_imbalance": ("vllm", "sglang"), "frontend_bound": ("vllm",)}
 
 
-@pytest.mark.parametrize("scenario", VLLM_ONLY_SCENARIOS)
-def test_serving_feature_scenario_gets_its_label_on_a_vllm_page(tmp_path: Path, scenario: str) -> None:
-    target = OfflineTarget(tmp_path, scenario, seed=1, hardware=profile_of(scenario))
+@pytest.mark.parametrize(("scenario", "engine"),
+                         [(sc, engine) for sc, engines in FEATURE_SCENARIOS.items() for engine in engines])
+def test_serving_feature_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> None:
+    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
     try:
         target.run(180)
         diagnosis = target.diagnose(120)
@@ -138,7 +143,9 @@ def test_serving_feature_scenario_gets_its_label_on_a_vllm_page(tmp_path: Path, 
     elif scenario == "speculation_ineffective":  # 5 drafts at 10 % per position: E[accepted] = 0.111
         assert numbers["draft acceptance rate"] == pytest.approx(0.111 / 5, abs=0.002)
         assert numbers["mean tokens per verification step"] == pytest.approx(1.111, abs=0.01)
-        assert numbers["draft tokens per step (num_speculative_tokens)"] == pytest.approx(5.0)
+        # vLLM counts drafts; SGLang's and trtllm-serve's pages carry no proposed-tokens-per-step
+        assert numbers["draft tokens per step (num_speculative_tokens)"] == (5.0 if engine == "vllm" else None)
+        assert numbers["verification steps with a draft"] >= 1000
     elif scenario == "dp_imbalance":  # rank 1 idle, rank 0 queueing; queueing is its symptom
         assert numbers["mean waiting requests on the least busy rank"] == 0.0
         assert numbers["mean waiting requests on the busiest rank"] >= 20
@@ -147,3 +154,19 @@ def test_serving_feature_scenario_gets_its_label_on_a_vllm_page(tmp_path: Path, 
     else:  # 0.3 s of rendering per request
         assert numbers["mean render time"] == pytest.approx(0.3, abs=0.01)
         assert numbers["render share of TTFT"] >= 0.6
+    if engine != "vllm":  # the remedies speak the engine's own configuration
+        assert not any("--speculative-config" in r or "NIXL transport" in r for r in primary.remedies)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_verification_steps_where_the_engine_counts_no_drafts(tmp_path: Path, engine: str) -> None:
+    """trtllm-serve counts no verification steps and has no per-step ITL: the steps are the generated
+    tokens over the mean tokens per step, and the evidence says so; SGLang's ITL counts them."""
+    target = OfflineTarget(tmp_path, "speculation_ineffective", engine=engine, seed=2)
+    try:
+        target.run(120)
+        diagnosis = target.diagnose(120)
+    finally:
+        target.close()
+    steps = next(e for e in diagnosis.findings[0].evidence if e.name == "verification steps with a draft")
+    assert steps.note.startswith("estimated: generated tokens" if engine == "trtllm" else "ITL observations")

@@ -77,7 +77,7 @@ def test_every_engine_is_in_the_queries() -> None:
                      "sglang:kv_transfer_latency_ms", "sglang:per_stage_req_latency_seconds"}
     assert [f.name for f in COUNTER_FAMILIES["kv_transfer_failures_total"]] == [
         "vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers",
-        "sglang:num_transfer_failed_reqs_total"]
+        "sglang:num_transfer_failed_reqs_total", "trtllm_kv_transfer_failure_total", "trtllm:kv_transfer_failure_total"]
     text = SourceQueries(("pod",)).histogram("kv_transfer_time", 60)
     assert 'sglang:per_stage_req_latency_seconds_bucket{stage="prefill_transfer_kv_cache"}' in text
 

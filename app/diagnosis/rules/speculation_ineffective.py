@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     if s.spec_accept_rate is None and s.spec_accept_length is None:
         return None
-    steps = s.spec_drafts if s.spec_drafts is not None else (s.itl.count if s.itl else 0.0)
-    enough = check("verification steps with a draft", steps, ">=", t.spec_min_drafts, "",
-                   "ITL steps where the engine exports no draft count")
+    steps, source = verification_steps(s)
+    enough = check("verification steps with a draft", steps, ">=", t.spec_min_drafts, "", source)
     rate = check("draft acceptance rate", s.spec_accept_rate, "<=", t.spec_accept_rate, "ratio",
                  "accepted / proposed draft tokens")
     length = check("mean tokens per verification step", s.spec_accept_length, "<=", t.spec_accept_length, "",
@@ -81,6 +80,21 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    "Speculative decoding is not paying off: " + ", ".join(parts)
                    + "; the draft and verify cost of each step buys almost nothing.",
                    evidence, remedies(s.engine, vllm, tgi, sglang, trtllm))
+
+
+def verification_steps(s: Signals) -> tuple[float, str]:
+    """Verification steps with a draft in the window, and where the number comes from: the engine's
+    draft count (vLLM), else its per-step ITL count (SGLang: one observation per emitted token, at
+    least one per step), else the generated tokens over the mean tokens per step (trtllm-serve
+    counts neither steps nor drafts; an estimate)."""
+    if s.spec_drafts is not None:
+        return s.spec_drafts, "counted by the engine"
+    if s.itl:
+        return s.itl.count, "ITL observations (the engine exports no draft count)"
+    if s.generation_tokens_per_second and s.spec_accept_length:
+        return (s.generation_tokens_per_second * s.window_seconds / s.spec_accept_length,
+                "estimated: generated tokens / tokens per verification step (the engine counts no steps)")
+    return 0.0, "the engine exports no draft count, no ITL and no generated tokens"
 
 
 def promql(x: RegimeAlerts) -> None:
