@@ -150,8 +150,11 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         # trtllm-serve has no per-step ITL: only what it can judge (the mean prompt length
                         # from its token and request counters)
                         ("LLMLatencyQueueing", "trtllm"), ("LLMLatencyPrefillCompute", "trtllm"),
-                        # vLLM's P/D transfer, speculative-decoding and render families
+                        # P/D transfer and speculative decoding on every engine that exports them;
+                        # render time on vLLM only
                         ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
+                        ("LLMLatencyKVTransfer", "sglang"), ("LLMLatencySpeculationIneffective", "sglang"),
+                        ("LLMLatencyKVTransfer", "trtllm"), ("LLMLatencySpeculationIneffective", "trtllm"),
                         ("LLMLatencyFrontendBound", "vllm"),
                         # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
                         ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
