@@ -97,6 +97,9 @@ Known differences from the built-in evaluation (the generated file's header poin
   the built-in adapter drops each scrape whose length is 0; the exported gauges count a series only
   when its length stayed above 0 over the whole window (``min_over_time``), so a window that
   starts before the first speculative step stays quiet where the built-in rule averages the rest.
+* ``kv_transfer``'s alert value is the mean transfer time, so a worker whose every transfer in
+  the window failed (no transfer time recorded) raises no exported alert; the built-in rule
+  still finds it from the failure counter.
 * vLLM series use current names only (``inter_token_latency_seconds``,
   ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang series use 0.5 names
   (0.3's ``name=`` model label is not matched).

@@ -577,8 +577,9 @@ SIGNAL_RECORDS = {
     "preemptions_per_second": "preemptions:rate", "ttft.mean": "ttft_seconds:mean", "itl.p50": "itl_seconds:p50",
     "itl.p99": "itl_seconds:p99", "prompt_tokens.mean": "prompt_tokens:mean", "prompt_tokens.p90": "prompt_tokens:p90",
     "queue_time.mean": "queue_time_seconds:mean", "kv_transfer_share": "kv_transfer_share:ratio",
-    "kv_transfer_failure_share": "kv_transfer_failure_share:ratio", "kv_transfer.mean": "kv_transfer_seconds_mean:ratio",
-    "spec_accept_rate": "spec_accept_rate:ratio", "spec_accept_length": "spec_accept_length:mean",
+    "kv_transfer_failure_share": "kv_transfer_failure_share:ratio",
+    "kv_transfer.mean": "kv_transfer_seconds_mean:ratio", "spec_accept_rate": "spec_accept_rate:ratio",
+    "spec_accept_length": "spec_accept_length:mean",
 }
 
 
