@@ -23,6 +23,17 @@ away, as :mod:`app.diagnosis.signals` does:
   least busy rank's waiting, their load ratio, the rank count);
 * the mean prompt length from ``rate(prompt tokens) / rate(finished requests)`` where the engine
   has no prompt-length histogram (trtllm-serve; SGLang where the histogram is absent);
+* KV transfer (P/D) and speculative decoding per engine, as ``signals._disaggregation`` /
+  ``_speculation`` read them: the transfer-time histogram's mean (SGLang's
+  ``kv_transfer_latency_ms`` divided by 1000, as its adapter does; else its
+  ``per_stage_req_latency_seconds{stage="prefill_transfer_kv_cache"}``), completed transfers
+  from the engine's counter (TensorRT-LLM ``_success_total``) else the histogram's count, the
+  failed share against completed + failed; acceptance from the draft/accepted token counters
+  (vLLM, TensorRT-LLM) else the engine's gauges averaged over the window and the ranks (SGLang),
+  tokens per verification step from vLLM's draft count else the gauge (SGLang, TensorRT-LLM), and
+  the verification steps the rule needs from vLLM's draft count, SGLang's ITL observations or
+  TensorRT-LLM's generated tokens / tokens per step. ``frontend_bound`` reads vLLM's render
+  histogram, which no other engine exports;
 * TGI has no TTFT histogram: TTFT quantile = queue quantile + prefill-batch quantile (what
   the latency API and TGI's own dashboard show), TTFT mean = mean queue time + prefill
   batch time per admitted request (``rate(prefill_sum)/rate(queue_count)``), ITL = decode
@@ -82,6 +93,13 @@ Known differences from the built-in evaluation (the generated file's header poin
   (the +Inf bucket by its lower bound), like ``signals._stall_share``; it needs the
   bucket layout as literals (:data:`VLLM_ITL_BUCKETS`), and negative per-bucket
   increases are clamped at 0 instead of the running-max repair.
+* SGLang writes ``spec_accept_rate`` / ``spec_accept_length`` as 0 while speculation is off, and
+  the built-in adapter drops each scrape whose length is 0; the exported gauges count a series only
+  when its length stayed above 0 over the whole window (``min_over_time``), so a window that
+  starts before the first speculative step stays quiet where the built-in rule averages the rest.
+* ``kv_transfer``'s alert value is the mean transfer time, so a worker whose every transfer in
+  the window failed (no transfer time recorded) raises no exported alert; the built-in rule
+  still finds it from the failure counter.
 * vLLM series use current names only (``inter_token_latency_seconds``,
   ``kv_cache_usage_perc``); 0.8-era names are not matched. SGLang series use 0.5 names
   (0.3's ``name=`` model label is not matched).
@@ -216,6 +234,20 @@ class Engine:
     #: the prompt-token counter and the finished-request counter(s, first found) whose rates give the
     #: mean prompt length where the page has no prompt-length histogram (``signals._prompt_mean``)
     prompt_counters: tuple[str, tuple[str, ...]] | None = None
+    #: P/D KV-transfer time histograms, first present wins: (family, label selector, unit divisor to
+    #: seconds: SGLang's ``kv_transfer_latency_ms`` is in milliseconds, the adapter divides by 1000)
+    kv_transfer: tuple[tuple[str, str, float], ...] = ()
+    kv_transfers: str | None = None  # completed-transfer counter; None: the time histogram's count
+    kv_failed: str | None = None  # failed-transfer counter
+    #: speculative-decoding counters: (verification steps with a draft or None, draft tokens, accepted tokens)
+    spec_counters: tuple[str | None, str, str] | None = None
+    #: the engine's own acceptance gauges (rate, mean tokens per verification step), read where the
+    #: counters do not give the number; ``spec_zero_is_off``: a length of 0 means speculation is off
+    #: (SGLang writes both gauges as 0 then; the adapter drops those series)
+    spec_gauges: tuple[str | None, str | None] = (None, None)
+    spec_zero_is_off: bool = False
+    generation_tokens: str | None = None  # generated-token counter (verification steps estimated from it)
+    render: str | None = None  # front-end render time histogram (vLLM 0.34)
 
     @property
     def labels(self) -> str:
@@ -267,6 +299,10 @@ VLLM = Engine(
     running="vllm:num_requests_running", waiting="vllm:num_requests_waiting",
     preemptions="vllm:num_preemptions_total", kv_usage="vllm:kv_cache_usage_perc", itl_buckets=VLLM_ITL_BUCKETS,
     rank_label="engine",
+    kv_transfer=(("vllm:nixl_xfer_time_seconds", "", 1.0),), kv_failed="vllm:nixl_num_failed_transfers_total",
+    spec_counters=("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                   "vllm:spec_decode_num_accepted_tokens_total"),
+    render="vllm:request_render_duration_seconds",
 )
 
 TGI = Engine(
@@ -306,6 +342,10 @@ SGLANG = Engine(
     preemptions="sglang:num_retracted_requests_total", kv_usage="sglang:token_usage", itl_buckets=SGLANG_ITL_BUCKETS,
     rank_label="dp_rank", token_imbalance="sglang:dp_attention_token_imbalance_ratio",
     prompt_counters=("sglang:prompt_tokens_total", ("sglang:num_requests_total", "sglang:request_success_total")),
+    kv_transfer=(("sglang:kv_transfer_latency_ms", "", 1000.0),
+                 ("sglang:per_stage_req_latency_seconds", '{stage="prefill_transfer_kv_cache"}', 1.0)),
+    kv_failed="sglang:num_transfer_failed_reqs_total",
+    spec_gauges=("sglang:spec_accept_rate", "sglang:spec_accept_length"), spec_zero_is_off=True,
 )
 
 #: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,
@@ -327,15 +367,13 @@ TRTLLM = Engine(
     running="trtllm_num_requests_running", waiting="trtllm_num_requests_waiting", preemptions=None,
     kv_usage="trtllm_kv_cache_utilization",
     prompt_counters=("trtllm_prompt_tokens_total", ("trtllm_request_success_total",)),
+    kv_transfer=(("trtllm_kv_transfer_latency_seconds", "", 1.0),), kv_transfers="trtllm_kv_transfer_success_total",
+    kv_failed="trtllm_kv_transfer_failure_total",
+    spec_counters=(None, "trtllm_spec_decode_num_draft_tokens_total", "trtllm_spec_decode_num_accepted_tokens_total"),
+    spec_gauges=(None, "trtllm_spec_decode_acceptance_length"), generation_tokens="trtllm_generation_tokens_total",
 )
 
 ENGINES = (VLLM, TGI, SGLANG, TRTLLM)
-#: vLLM families read only by the newer regimes (kv_transfer, speculation_ineffective, frontend_bound)
-VLLM_EXTRAS = {"kv_transfer": "vllm:nixl_xfer_time_seconds", "kv_failed": "vllm:nixl_num_failed_transfers_total",
-               "spec_drafts": "vllm:spec_decode_num_drafts_total",
-               "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-               "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total",
-               "render": "vllm:request_render_duration_seconds"}
 SLO_WORDS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E latency", "queue_time": "queue time",
              "prefill_time": "prefill time", "decode_time": "decode time"}
 
@@ -497,8 +535,7 @@ class _Group:
         out["requests"] = self.requests(w)
         if e.supports("itl"):
             out["steps"] = self.decode_steps(w)
-        if self.engine.name == "vllm":
-            out.update(self.vllm_extras(w))
+        out.update(self.transfer_and_speculation(w, out.get("steps")))
         if e.rank_label is not None:
             out.update(self.ranks(w))
         return out
@@ -541,31 +578,82 @@ class _Group:
         return self.record(self.rec(what, "ratio", w), f"{self.sum_rate(numerator, '', w)}\n/\n"
                                                        f"({self.sum_rate(denominator, '', w)} > 0)")
 
-    def vllm_extras(self, w: str) -> dict[str, str | None]:
-        """vLLM's KV-transfer (NIXL), speculative-decoding and front-end families, recorded for the
-        regimes that read them (each exists only when the feature is on)."""
+    def transfer_histogram(self, part: str, w: str, fn: str = "rate") -> str:
+        """``sum by (...) (fn(<transfer histogram>_<part>))``, the engine's first present transfer
+        histogram (``or``); ``_sum`` divided to seconds where the family counts another unit."""
+        terms = []
+        for family, selector, divisor in self.engine.kv_transfer:
+            term = self.sum_rate(f"{family}_{part}", selector, w, fn)
+            terms.append(f"({term} / {num(divisor)})" if part == "sum" and divisor != 1.0 else term)
+        return "\nor\n".join(terms)
+
+    def spec_gauge(self, what: str, gauge: str, w: str) -> str:
+        """An acceptance gauge's mean over the window, averaged over the ranks (``AVERAGED_GAUGES``);
+        where a length of 0 means speculation is off, only series whose length stayed above 0."""
+        e = self.engine
+        mean = f"avg_over_time({e.select(gauge)}[{w}])"
+        _, length = e.spec_gauges
+        if e.spec_zero_is_off and length is not None:
+            mean = f"{mean}\n  and\n  (min_over_time({e.select(length)}[{w}]) > 0)"
+        return self.record(self.rec(what, "mean" if what == "spec_accept_length" else "ratio", w),
+                           f"avg by ({e.labels}) (\n  {mean}\n)")
+
+    def transfer_and_speculation(self, w: str, steps: str | None) -> dict[str, str | None]:
+        """The KV-transfer (P/D), speculative-decoding and front-end numbers ``kv_transfer``,
+        ``speculation_ineffective`` and ``frontend_bound`` read, from the families this engine
+        exports them in, as ``signals._disaggregation`` / ``_speculation`` read them (each family
+        exists only when the feature is on)."""
+        e = self.engine
         out: dict[str, str | None] = {}
-        xfer, render = VLLM_EXTRAS["kv_transfer"], VLLM_EXTRAS["render"]
-        out["kv_transfer_mean"] = mean = self.ratio_of_rates("kv_transfer_seconds_mean", xfer + "_sum",
-                                                             xfer + "_count", w)
-        out["kv_transfer_share"] = self.share("kv_transfer", mean, w)
-        out["kv_transfers"] = self.record(self.rec("kv_transfers", "increase", w),
-                                          self.sum_rate(xfer + "_count", "", w, "increase"))
-        failed = self.sum_rate(VLLM_EXTRAS["kv_failed"], "", w)
-        out["kv_transfer_failure_share"] = self.record(
-            self.rec("kv_transfer_failure_share", "ratio", w),
-            f"{failed}\n/\n(({failed} + {self.sum_rate(xfer + '_count', '', w)}) > 0)")
-        out["spec_accept_rate"] = self.ratio_of_rates("spec_accept_rate", VLLM_EXTRAS["spec_accepted"],
-                                                      VLLM_EXTRAS["spec_draft_tokens"], w)
-        out["spec_accept_length"] = self.record(
-            self.rec("spec_accept_length", "mean", w),
-            f"1 + {self.sum_rate(VLLM_EXTRAS['spec_accepted'], '', w)}\n/\n"
-            f"({self.sum_rate(VLLM_EXTRAS['spec_drafts'], '', w)} > 0)")
-        out["spec_drafts"] = self.record(self.rec("spec_drafts", "increase", w),
-                                         self.sum_rate(VLLM_EXTRAS["spec_drafts"], "", w, "increase"))
-        out["render_mean"] = render_mean = self.ratio_of_rates("render_seconds_mean", render + "_sum",
-                                                               render + "_count", w)
-        out["render_share"] = self.share("render", render_mean, w)
+        if e.kv_transfer:
+            out["kv_transfer_mean"] = mean = self.record(
+                self.rec("kv_transfer_seconds_mean", "ratio", w),
+                f"(\n{self.transfer_histogram('sum', w)}\n)\n/\n((\n{self.transfer_histogram('count', w)}\n) > 0)"
+                if len(e.kv_transfer) > 1 or e.kv_transfer[0][2] != 1.0 else
+                f"{self.transfer_histogram('sum', w)}\n/\n({self.transfer_histogram('count', w)} > 0)")
+            out["kv_transfer_share"] = self.share("kv_transfer", mean, w)
+            # completed transfers: the engine's counter where it has one, else the histogram's count
+            done = self.sum_rate(e.kv_transfers, "", w) if e.kv_transfers else self.transfer_histogram("count", w)
+            done_increase = (self.sum_rate(e.kv_transfers, "", w, "increase") if e.kv_transfers
+                             else self.transfer_histogram("count", w, "increase"))
+            out["kv_transfers"] = done_count = self.record(self.rec("kv_transfers", "increase", w), done_increase)
+            out["kv_transfer_attempts"] = done_count
+            if e.kv_failed is not None:
+                failed = self.sum_rate(e.kv_failed, "", w)
+                out["kv_transfer_failure_share"] = self.record(
+                    self.rec("kv_transfer_failure_share", "ratio", w),
+                    f"{failed}\n/\n(({failed} + ({done})) > 0)")
+                # the rule's gate counts completed and failed transfers (a counter may be absent: 0)
+                out["kv_transfer_attempts"] = self.record(
+                    self.rec("kv_transfer_attempts", "increase", w),
+                    f"{done_count}\n+\n({self.sum_rate(e.kv_failed, '', w, 'increase')} or {done_count} * 0)")
+        drafts, proposed, accepted = e.spec_counters or (None, None, None)
+        rate_gauge, length_gauge = e.spec_gauges
+        if proposed is not None and accepted is not None:
+            out["spec_accept_rate"] = self.ratio_of_rates("spec_accept_rate", accepted, proposed, w)
+        elif rate_gauge is not None:
+            out["spec_accept_rate"] = self.spec_gauge("spec_accept_rate", rate_gauge, w)
+        if drafts is not None and accepted is not None:
+            out["spec_accept_length"] = length = self.record(
+                self.rec("spec_accept_length", "mean", w),
+                f"1 + {self.sum_rate(accepted, '', w)}\n/\n({self.sum_rate(drafts, '', w)} > 0)")
+        elif length_gauge is not None:
+            out["spec_accept_length"] = length = self.spec_gauge("spec_accept_length", length_gauge, w)
+        if "spec_accept_rate" in out or "spec_accept_length" in out:
+            # verification steps with a draft, as speculation_ineffective.verification_steps counts them
+            if drafts is not None:
+                out["spec_drafts"] = self.record(self.rec("spec_drafts", "increase", w),
+                                                 self.sum_rate(drafts, "", w, "increase"))
+            elif steps is not None:
+                out["spec_drafts"] = steps  # SGLang: its ITL observations (at least one per step)
+            elif e.generation_tokens is not None and "spec_accept_length" in out:
+                out["spec_drafts"] = self.record(
+                    self.rec("spec_drafts", "estimate", w),
+                    f"{self.sum_rate(e.generation_tokens, '', w, 'increase')}\n/\n({length} > 0)")
+        if e.render is not None:
+            out["render_mean"] = render_mean = self.ratio_of_rates("render_seconds_mean", e.render + "_sum",
+                                                                   e.render + "_count", w)
+            out["render_share"] = self.share("render", render_mean, w)
         return out
 
 

@@ -150,8 +150,11 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         # trtllm-serve has no per-step ITL: only what it can judge (the mean prompt length
                         # from its token and request counters)
                         ("LLMLatencyQueueing", "trtllm"), ("LLMLatencyPrefillCompute", "trtllm"),
-                        # vLLM's P/D transfer, speculative-decoding and render families
+                        # P/D transfer and speculative decoding on every engine that exports them;
+                        # render time on vLLM only
                         ("LLMLatencyKVTransfer", "vllm"), ("LLMLatencySpeculationIneffective", "vllm"),
+                        ("LLMLatencyKVTransfer", "sglang"), ("LLMLatencySpeculationIneffective", "sglang"),
+                        ("LLMLatencyKVTransfer", "trtllm"), ("LLMLatencySpeculationIneffective", "trtllm"),
                         ("LLMLatencyFrontendBound", "vllm"),
                         # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
                         ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
@@ -560,17 +563,23 @@ EQUIVALENCE_CASES = [
     ("prefill_compute", "tgi", False), ("prefill_interference", "tgi", False), ("kv_cache_pressure", "tgi", False),
     ("bandwidth_bound", "tgi", False), ("weights_offloaded", "tgi", True), ("kv_transfer", "vllm", False),
     ("speculation_ineffective", "vllm", False), ("frontend_bound", "vllm", False), ("dp_imbalance", "vllm", False),
+    # SGLang writes its acceptance gauges as 0 without speculation: the healthy pages must stay quiet
+    ("healthy", "sglang", False), ("kv_transfer", "sglang", False), ("speculation_ineffective", "sglang", False),
+    ("healthy", "trtllm", False), ("kv_transfer", "trtllm", False), ("speculation_ineffective", "trtllm", False),
 ]
 STEP = 5  # simulated seconds between scrapes (= promtool's interval)
 
-#: built-in signal -> exported recording rule (vLLM name; "tgi" swapped in)
+#: built-in signal -> exported recording rule (vLLM name; the case's engine swapped in)
 SIGNAL_RECORDS = {
     "queue_share": "queue_share:ratio", "prefill_share": "prefill_share:ratio", "itl_ratio": "itl_p99_over_p50:ratio",
     "decode_stall_share": "decode_stall_share:ratio", "running_mean": "num_requests_running:avg",
     "waiting_mean": "num_requests_waiting:avg", "kv_usage_max": "kv_cache_usage:max",
     "preemptions_per_second": "preemptions:rate", "ttft.mean": "ttft_seconds:mean", "itl.p50": "itl_seconds:p50",
     "itl.p99": "itl_seconds:p99", "prompt_tokens.mean": "prompt_tokens:mean", "prompt_tokens.p90": "prompt_tokens:p90",
-    "queue_time.mean": "queue_time_seconds:mean",
+    "queue_time.mean": "queue_time_seconds:mean", "kv_transfer_share": "kv_transfer_share:ratio",
+    "kv_transfer_failure_share": "kv_transfer_failure_share:ratio",
+    "kv_transfer.mean": "kv_transfer_seconds_mean:ratio", "spec_accept_rate": "spec_accept_rate:ratio",
+    "spec_accept_length": "spec_accept_length:mean",
 }
 
 
@@ -617,7 +626,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
     exe = promtool()
     window = 60.0
-    wanted = set(re.findall(r"\b(?:vllm:|tgi_)[a-z_:]+", render_rules(FileConfig())))
+    wanted = set(re.findall(r"\b(?:vllm:|tgi_|sglang:|trtllm_)[a-z_:]+", render_rules(FileConfig())))
     targets, series, expr_tests, eval_time = [], {}, [], None
     summary = []
     for index, (scenario, engine, profiled) in enumerate(EQUIVALENCE_CASES):

@@ -10,7 +10,8 @@ neither worker queues or computes more. Why it matters: the fix is the transport
 placement of the two pools, not the engines' scheduler flags.
 
 Reads the transfer-time histogram (vLLM ``vllm:nixl_xfer_time_seconds``, recorded on the
-decode worker) and the failed/completed transfer counts. The share is mean transfer time
+decode worker; SGLang ``kv_transfer_latency_ms``, in milliseconds; TensorRT-LLM
+``trtllm_kv_transfer_latency_seconds``) and the failed/completed transfer counts. The share is mean transfer time
 over the mean TTFT the worker records (bounded to 1): on a vLLM decode worker that TTFT starts
 at the worker's own arrival, so it spans the transfer and the first step, not the remote
 prefill. The worker's role (prefill / decode / both) comes from its configuration when the
@@ -101,25 +102,29 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
 
 
 def promql(x: RegimeAlerts) -> None:
-    """vLLM's NIXL connector: slow (share and mean) or failing transfers."""
+    """Slow (mean and share) or failing transfers, on every engine that records a transfer-time
+    histogram (vLLM NIXL, SGLang P/D, TensorRT-LLM under Dynamo), over at least
+    ``kv_transfer_min_transfers`` completed + failed transfers like :func:`evaluate`."""
     r, t, e = x.recorded, x.t, x.engine
     if r.get("kv_transfer_mean") is None:
         return
-    mean = r["kv_transfer_mean"]
-    slow = x.and_(f"{mean} >= {num(t.kv_transfer_seconds)}",
-                  f"{r['kv_transfer_share']} >= {num(t.kv_transfer_share)}",
-                  f"{r['kv_transfers']} >= {num(t.kv_transfer_min_transfers)}")
-    failing = f"{mean} and ({r['kv_transfer_failure_share']} >= {num(t.kv_transfer_failure_share)})"
+    mean, attempts = r["kv_transfer_mean"], r["kv_transfer_attempts"]
+    enough = f"{attempts} >= {num(t.kv_transfer_min_transfers)}"
+
+    def slow(share: float) -> str:
+        return x.and_(f"{mean} >= {num(t.kv_transfer_seconds)}", f"{r['kv_transfer_share']} >= {num(share)}",
+                      enough)
+
+    def failing(share: float) -> str:
+        return x.and_(f"{mean} and ({r['kv_transfer_failure_share']} >= {num(share)})", enough)
+
     # both branches carry the mean transfer time, the alert's {{ $value }}
-    x.add("warning", f"({slow})\nor\n({failing})", f"KV transfers are slow or failing on {e.title}",
+    x.add("warning", f"({slow(t.kv_transfer_share)})\nor\n({failing(t.kv_transfer_failure_share)})",
+          f"KV transfers are slow or failing on {e.title}",
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
           f"(fires at {human_seconds(t.kv_transfer_seconds)} and {human_share(t.kv_transfer_share)} of mean TTFT, "
           f"or when at least {human_share(t.kv_transfer_failure_share)} of them fail).")
-    critical_slow = x.and_(f"{mean} >= {num(t.kv_transfer_seconds)}",
-                           f"{r['kv_transfer_share']} >= {num(t.kv_transfer_critical_share)}",
-                           f"{r['kv_transfers']} >= {num(t.kv_transfer_min_transfers)}")
-    critical_failing = f"{mean} and ({r['kv_transfer_failure_share']} >= {num(t.kv_transfer_critical_failure_share)})"
-    x.add("critical", f"({critical_slow})\nor\n({critical_failing})",
+    x.add("critical", f"({slow(t.kv_transfer_critical_share)})\nor\n({failing(t.kv_transfer_critical_failure_share)})",
           f"KV transfers dominate TTFT or fail on {e.title}",
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
           f"(critical at {human_share(t.kv_transfer_critical_share)} of mean TTFT, or when at least "

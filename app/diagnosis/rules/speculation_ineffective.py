@@ -12,7 +12,8 @@ verify cost competes with batching.
 Reads vLLM's ``vllm:spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``
 counters (acceptance rate = accepted / draft tokens, mean tokens per verification step
 = 1 + accepted / drafts, exact over the window) or, where the engine computes them,
-SGLang's ``spec_accept_rate`` / ``spec_accept_length`` gauges.
+SGLang's ``spec_accept_rate`` / ``spec_accept_length`` gauges and TensorRT-LLM's draft/accepted
+token counters with its ``spec_decode_acceptance_length`` gauge.
 """
 
 from __future__ import annotations
@@ -98,13 +99,19 @@ def verification_steps(s: Signals) -> tuple[float, str]:
 
 
 def promql(x: RegimeAlerts) -> None:
+    """Low acceptance from what the engine exports (vLLM and TensorRT-LLM counters, SGLang's and
+    TensorRT-LLM's gauges), over at least ``spec_min_drafts`` verification steps counted as
+    :func:`verification_steps` counts them (the recorded ``spec_drafts``)."""
     r, t, e = x.recorded, x.t, x.engine
-    if r.get("spec_accept_rate") is None:
+    if r.get("spec_accept_length") is None:
         return
-    # both branches carry the mean tokens per verification step, the alert's {{ $value }}
-    length, rate = r["spec_accept_length"], r["spec_accept_rate"]
-    expr = x.and_(f"({length} <= {num(t.spec_accept_length)}) or ({length} and ({rate} <= {num(t.spec_accept_rate)}))",
-                  f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}")
+    # both branches carry the mean tokens per verification step, the alert's {{ $value }}; an engine
+    # without a length has no step count to gate on either (verification_steps needs it), so no alert
+    length, rate = r["spec_accept_length"], r.get("spec_accept_rate")
+    low = f"{length} <= {num(t.spec_accept_length)}"
+    if rate is not None:
+        low = f"({low}) or ({length} and ({rate} <= {num(t.spec_accept_rate)}))"
+    expr = x.and_(f"({low})", f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}")
     x.add("warning", expr, f"Speculative decoding is ineffective on {e.title}",
           f"{e.who()}: a verification step emitted {{{{ $value | printf \"%.2f\" }}}} tokens on average over the last "
           f"{x.w} (at most {t.spec_accept_length:g}, or at most {human_share(t.spec_accept_rate)} of draft tokens "
