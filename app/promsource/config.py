@@ -113,20 +113,10 @@ class PrometheusSourceConfig(BaseModel):
         parse_selector(selector)  # ValueError names the position
         return selector
 
-    @field_validator("target_labels")
+    @field_validator("target_labels", "service_labels", "pd_pair_labels")
     @classmethod
-    def _target_labels(cls, names: list[str]) -> list[str]:
-        return _label_list(names, "target_labels")
-
-    @field_validator("service_labels")
-    @classmethod
-    def _service_labels(cls, names: list[str]) -> list[str]:
-        return _label_list(names, "service_labels")
-
-    @field_validator("pd_pair_labels")
-    @classmethod
-    def _pd_pair_labels(cls, names: list[str]) -> list[str]:
-        return _label_list(names, "pd_pair_labels")
+    def _label_lists(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        return _label_list(names, info.field_name or "labels")
 
     @field_validator("pd_role_label")
     @classmethod
