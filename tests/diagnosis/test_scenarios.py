@@ -19,15 +19,21 @@ REGIME_SCENARIOS = ["queueing", "prefill_compute", "prefill_interference", "band
 UNJUDGED = {"trtllm": {"prefill_interference", "bandwidth_bound", "weights_offloaded"}}
 
 
-@pytest.mark.parametrize("engine", ["vllm", "tgi", "sglang", "trtllm"])
-@pytest.mark.parametrize("scenario", ["healthy", "healthy_bursty", *REGIME_SCENARIOS])
-def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> None:
+def steady_diagnosis(tmp_path: Path, scenario: str, engine: str):
+    """``scenario`` on ``engine``'s page for 180 simulated seconds (seed 1, the scenario's hardware
+    profile), diagnosed over the last 120."""
     target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
     try:
         target.run(180)
-        diagnosis = target.diagnose(120)
+        return target.diagnose(120)
     finally:
         target.close()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "tgi", "sglang", "trtllm"])
+@pytest.mark.parametrize("scenario", ["healthy", "healthy_bursty", *REGIME_SCENARIOS])
+def test_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> None:
+    diagnosis = steady_diagnosis(tmp_path, scenario, engine)
     not_judged = {n["regime"] for n in diagnosis.not_judged}
     assert not_judged == UNJUDGED.get(engine, set()), diagnosis.not_judged
     if scenario in not_judged:  # never "found healthy": listed, with the reason
@@ -61,12 +67,7 @@ VLLM_FLAGS = ("--max-num-seqs", "--max-num-batched-tokens", "--kv-cache-dtype", 
 @pytest.mark.parametrize("scenario", sorted(TRTLLM_KNOBS))
 def test_trtllm_findings_name_tensorrt_llm_knobs(tmp_path: Path, scenario: str) -> None:
     """Every regime that fires on an emulated trtllm-serve page gives TensorRT-LLM remedies, not vLLM's flags."""
-    target = OfflineTarget(tmp_path, scenario, engine="trtllm", seed=1, hardware=profile_of(scenario))
-    try:
-        target.run(180)
-        diagnosis = target.diagnose(120)
-    finally:
-        target.close()
+    diagnosis = steady_diagnosis(tmp_path, scenario, "trtllm")
     assert diagnosis.verdict == scenario
     for finding in diagnosis.findings:  # the primary one and any symptom of it
         text = "\n".join(finding.remedies)
@@ -126,12 +127,7 @@ FEATURE_SCENARIOS = {"kv_transfer": ("vllm", "sglang", "trtllm"),
 @pytest.mark.parametrize(("scenario", "engine"),
                          [(sc, engine) for sc, engines in FEATURE_SCENARIOS.items() for engine in engines])
 def test_serving_feature_scenario_gets_its_label(tmp_path: Path, scenario: str, engine: str) -> None:
-    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
-    try:
-        target.run(180)
-        diagnosis = target.diagnose(120)
-    finally:
-        target.close()
+    diagnosis = steady_diagnosis(tmp_path, scenario, engine)
     assert diagnosis.verdict == scenario, [(f.regime, f.summary) for f in diagnosis.findings]
     primary = diagnosis.findings[0]
     assert primary.primary and primary.caused_by is None and primary.runbook == f"/runbooks/{scenario}"
