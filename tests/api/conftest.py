@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine, event
 
 from app.lifespan import Monitor
 from app.main import create_app
@@ -36,3 +38,34 @@ def make_service(url: str, tmp_path: Path, **settings: object) -> Iterator[Servi
 @pytest.fixture
 def service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
     yield from make_service(migrated_url, tmp_path)
+
+
+def make_quiet_service(url: str, tmp_path: Path) -> Iterator[Service]:
+    """A service whose periodic jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
+    heartbeat and lease) do not run during the test, so every statement on the engine belongs to
+    the request under test."""
+    config = tmp_path / "config.yaml"
+    config.write_text("diagnosis:\n  interval: 1h\n")
+    yield from make_service(url, tmp_path, config_file=config, summary_interval="1h", alert_interval="1h",
+                            delivery_interval="1h", downsample_interval="1h", replica_heartbeat="1h",
+                            replica_expiry="2h")
+
+
+@pytest.fixture
+def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
+    yield from make_quiet_service(migrated_url, tmp_path)
+
+
+@contextmanager
+def counted_statements(engine: Engine) -> Iterator[list[str]]:
+    """The SQL statements run on ``engine`` inside the block, in order."""
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", count)

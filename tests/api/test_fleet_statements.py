@@ -6,27 +6,11 @@ PostgreSQL)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-from sqlalchemy import event
 
 from app.scrape.record import ScrapeRecord
 from app.store import repository
-from tests.api.conftest import Service, make_service
+from tests.api.conftest import Service, counted_statements
 from tests.status.helpers import history_records
-
-
-@pytest.fixture
-def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
-    """No scheduled round runs during the test: every statement counted belongs to the request."""
-    config = tmp_path / "config.yaml"
-    config.write_text("diagnosis:\n  interval: 1h\n")
-    yield from make_service(migrated_url, tmp_path, config_file=config, summary_interval="1h",
-                            alert_interval="1h", delivery_interval="1h", downsample_interval="1h",
-                            replica_heartbeat="1h", replica_expiry="2h")
-
 
 PATHS = ("/api/v1/targets", "/api/v1/latency", "/api/v1/latency?window=1h", "/metrics", "/api/v1/scrape-health")
 
@@ -44,19 +28,10 @@ def test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets(quiet_serv
         monitor.scraping.writer.write(history_records(ids, end, snapshots=61))
 
     def counted() -> dict[str, int]:
-        statements: list[str] = []
-
-        def count(conn, cursor, statement, parameters, context, executemany) -> None:
-            statements.append(statement)
-
         out = {}
         for path in PATHS:
-            statements.clear()
-            event.listen(monitor.engine, "before_cursor_execute", count)
-            try:
+            with counted_statements(monitor.engine) as statements:
                 assert c.get(path).status_code == 200, path
-            finally:
-                event.remove(monitor.engine, "before_cursor_execute", count)
             out[path] = len(statements)
         return out
 

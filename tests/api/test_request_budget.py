@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,11 +31,6 @@ def _fleet(service: Service, n: int) -> float:
         ids = [t.id for t in repository.list_targets(session)]
     service.monitor.scraping.writer.write(history_records(ids, end, snapshots=61))
     return end
-
-
-@pytest.fixture
-def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
-    yield from make_service(migrated_url, tmp_path, **QUIET)
 
 
 def test_a_budget_is_spent_at_an_exact_check_on_a_simulated_clock() -> None:

@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event
 
 from app.api.routes.status import evidence_text, fmt_quantile, fmt_seconds
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import repository
-from tests.api.conftest import make_service
+from tests.api.conftest import counted_statements, make_quiet_service
 from tests.status.conftest import DIAGNOSIS_INTERVAL
 from tests.status.helpers import history_records, levels, rows, stat, stepping_page, text_of
 from tests.support.pages import StaticPageServer
@@ -281,14 +280,7 @@ def test_empty_service_explains_how_to_add_targets(service) -> None:
 
 @pytest.fixture
 def quiet_service(migrated_url: str, tmp_path: Path):
-    """A service whose periodic jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
-    heartbeat and lease) do not run during the test, so every statement on the engine belongs to
-    the request under test."""
-    config = tmp_path / "config.yaml"
-    config.write_text("diagnosis:\n  interval: 1h\n")
-    yield from make_service(migrated_url, tmp_path, config_file=config, summary_interval="1h",
-                            alert_interval="1h", delivery_interval="1h", downsample_interval="1h",
-                            replica_heartbeat="1h", replica_expiry="2h")
+    yield from make_quiet_service(migrated_url, tmp_path)
 
 
 def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_service) -> None:
@@ -297,18 +289,9 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
     machine does not change, not in seconds); a target's page charts the whole hour."""
     c, monitor = quiet_service.client, quiet_service.monitor
     end = float(int(time.time()))  # whole seconds: chart points fall exactly on the minute-spaced samples
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append(statement)
-
     def render() -> tuple[str, int]:
-        statements.clear()
-        event.listen(monitor.engine, "before_cursor_execute", count)
-        try:
+        with counted_statements(monitor.engine) as statements:
             page = c.get("/", params={"end": end}).text
-        finally:
-            event.remove(monitor.engine, "before_cursor_execute", count)
         return page, len(statements)
 
     def add(names: list[str]) -> None:
