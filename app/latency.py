@@ -473,6 +473,8 @@ def pd_role(infos: Iterable[Any], present: Collection[str], engine: str, model: 
         return PdRole("decode", "metrics: it records KV-cache transfers, which are timed where they are read "
                                 "(the decode side); its configuration does not say")
     return None
+
+
 PD_NOTE = ("means over the window, each from the requests its stage finished in it (the prefill and decode "
            "workers see the same requests at different times); means add, quantiles do not")
 
