@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event
 
 from app import latency
 from app.config import DiagnosisConfig
@@ -18,6 +17,7 @@ from app.scrape.jobs import PageProcessor
 from app.scrape.record import ScrapeRecord
 from app.store import db, repository
 from app.store.repository import SampleWriter
+from tests.api.conftest import counted_statements
 
 T0 = 1_800_000_000.0
 SCENARIOS = ("queueing", "healthy", "kv_cache_pressure")
@@ -58,20 +58,14 @@ def _fleet(tmp_path: Path, n: int, pages: dict) -> tuple:
     return engine, sessions, ids, max(ts for ts, _ in pages[SCENARIOS[0]])
 
 
-def _count_statements(engine) -> list[str]:
-    seen: list[str] = []
-    event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *a: seen.append(statement))
-    return seen
-
-
 def test_statements_per_round_do_not_grow_with_the_number_of_targets(tmp_path: Path, pages: dict) -> None:
     counts = {}
     for n in (9, 60):
         engine, sessions, _, now = _fleet(tmp_path, n, pages)
         config = DiagnosisConfig(interval=30, window=60)
         rounds.evaluate_diagnoses(sessions, config, now=now)  # first round inserts findings and diagnoses
-        seen = _count_statements(engine)
-        results = rounds.evaluate_diagnoses(sessions, config, now=now + 5)
+        with counted_statements(engine) as seen:
+            results = rounds.evaluate_diagnoses(sessions, config, now=now + 5)
         counts[n] = len(seen)
         verdicts = {d.verdict for d, _ in results}
         assert len(results) == n and {"queueing", "healthy"} <= verdicts, verdicts
