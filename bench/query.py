@@ -107,21 +107,75 @@ class Engine:
         return out
 
 
-def om_lines(name: str, c: Canonical, ts: float, out: dict[str, list[str]]) -> None:
+def om_lines(name: str, c: Canonical, ts: float) -> list[str]:
     stamp = f"{ts:.3f}"
     inst = f'instance="{name}"'
+    out = []
     for h in c.histograms:
         for b, v in zip(h.bounds, h.counts):
             le = "+Inf" if math.isinf(b) else repr(b)
-            out.setdefault(f'{h.signal}_bucket{{le="{le}",{inst}}}', []).append(f"{v!r} {stamp}")
-        out.setdefault(f"{h.signal}_sum{{{inst}}}", []).append(f"{h.sum!r} {stamp}")
-        out.setdefault(f"{h.signal}_count{{{inst}}}", []).append(f"{h.count!r} {stamp}")
+            out.append(f'{h.signal}_bucket{{le="{le}",{inst}}} {v!r} {stamp}\n')
+        out.append(f"{h.signal}_sum{{{inst}}} {h.sum!r} {stamp}\n")
+        out.append(f"{h.signal}_count{{{inst}}} {h.count!r} {stamp}\n")
     for s in c.scalars:
-        out.setdefault(f"{s.signal}{{{inst}}}", []).append(f"{s.value!r} {stamp}")
+        out.append(f"{s.signal}{{{inst}}} {s.value!r} {stamp}\n")
+    return out
+
+
+BLOCK = 7200.0  # promtool's backfill block length (tsdb.DefaultBlockDuration)
+
+
+class Backfill:
+    """The same samples for Prometheus, as promtool backfills them, one 2-hour block at a time.
+
+    promtool 2.42 re-reads its whole input once for every 2-hour block it creates (and has no
+    ``--max-block-duration``), so one OpenMetrics file of 7 days would be parsed 84 times, and
+    holding the lines in memory to sort them by series does not fit either. Samples arrive
+    in time order (promtool accepts families interleaved in time order), go to the file of
+    their block, and each finished file is handed to promtool and deleted."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.data = workdir / "prom" / "prometheus-data"
+        self.data.mkdir(parents=True)
+        self.block: int | None = None
+        self.file = None
+        self.seconds = 0.0
+
+    def add(self, lines: list[str], ts: float) -> None:
+        block = int(ts // BLOCK)
+        if block != self.block:
+            self.flush()
+            self.block = block
+            self.file = (self.workdir / "block.om").open("w")
+        self.file.writelines(lines)  # type: ignore[union-attr]
+
+    def flush(self) -> None:
+        if self.file is None:
+            return
+        self.file.write("# EOF\n")
+        self.file.close()
+        self.file = None
+        source = self.workdir / "block.om"
+        began = time.time()
+        done = subprocess.run(["/usr/bin/promtool", "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+                               str(source), str(self.data)], capture_output=True, text=True, timeout=3600)
+        self.seconds += time.time() - began
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-2000:])
+        source.unlink()
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self.data.rglob("*") if p.is_file())
 
 
 def build(url: str, targets: int, days: float, end: float, raw_hours: float,
-          om: dict[str, list[str]] | None) -> tuple[object, object, list[int], dict[str, float]]:
+          backfill: Backfill | None) -> tuple[object, object, list[int], dict[str, float]]:
+    """The history as a live service makes it: scrapes written in time order, and once per
+    simulated hour the downsample round and once per simulated day retention, so raw samples
+    never pile up beyond the raw period (7 days of raw samples for 20 targets would be tens
+    of GB). Write CPU counts ``SampleWriter.write`` only; the simulation and the
+    OpenMetrics lines for Prometheus are not counted."""
     from app.store import db, repository, retention
 
     db.upgrade(url)
@@ -143,8 +197,17 @@ def build(url: str, targets: int, days: float, end: float, raw_hours: float,
                 partitions.ensure(conn, table, start, end)
     n = int(days * DAY / INTERVAL)
     engines = [Engine(base, random.Random(t)) for t in range(targets)]
-    began = time.process_time()
+    write_cpu = downsample_cpu = prune_cpu = 0.0
     batch: list[ScrapeRecord] = []
+
+    def flush() -> None:
+        nonlocal write_cpu, batch
+        began = time.process_time()
+        writer.write(batch)
+        write_cpu += time.process_time() - began
+        batch = []
+
+    per_hour = int(3600 / INTERVAL)
     for i in range(n):
         for t, eng in enumerate(engines):
             if i and i % 5760 == 1000 + 37 * t:
@@ -152,24 +215,38 @@ def build(url: str, targets: int, days: float, end: float, raw_hours: float,
             ts = start + i * INTERVAL + (t * 0.137) % 1
             canonical = eng.scrape(i)
             batch.append(ScrapeRecord(ids[t], ts, True, 0.01, 50_000, 500, 250, 0, "vllm", None, None, canonical))
-            if om is not None:
-                om_lines(f"t{t}", canonical, ts, om)
+            if backfill is not None:
+                backfill.add(om_lines(f"t{t}", canonical, ts), ts)
         if len(batch) >= 400:
-            writer.write(batch)
-            batch = []
-    writer.write(batch)
-    write_cpu = time.process_time() - began
+            flush()
+        if i % per_hour == per_hour - 1:
+            flush()
+            now = start + (i + 1) * INTERVAL
+            began = time.process_time()
+            retention.downsample(sessions, now=now)
+            downsample_cpu += time.process_time() - began
+            if i % 5760 == 5759:
+                began = time.process_time()
+                retention.prune(sessions, 7 * DAY, now=now, raw_retention=raw_hours * 3600)
+                prune_cpu += time.process_time() - began
+    flush()
+    if backfill is not None:
+        backfill.flush()
     began = time.process_time()
     retention.downsample(sessions, now=end + 600)
-    downsample_cpu = time.process_time() - began
-    sizes = {"raw_per_target_day": table_bytes(engine, ("histogram_samples", "scalar_samples")) / (targets * days)}
+    downsample_cpu += time.process_time() - began
     retention.prune(sessions, 7 * DAY, now=end, raw_retention=raw_hours * 3600)
-    levels = table_bytes(engine, ("sample_levels",)) / (targets * days)
-    sizes["levels_per_target_day"] = levels
+    raw = table_bytes(engine, ("histogram_samples", "scalar_samples"))
+    levels = table_bytes(engine, ("sample_levels",))
     raw_days = min(days, raw_hours / 24)
-    sizes["steady_per_target_day"] = (sizes["raw_per_target_day"] * raw_days + levels * 7) / 7
-    sizes["write_cpu_per_scrape_us"] = write_cpu / (n * targets) * 1e6
-    sizes["downsample_cpu_per_scrape_us"] = downsample_cpu / (n * targets) * 1e6
+    sizes = {
+        "raw_per_target_day": raw / (targets * raw_days),
+        "levels_per_target_day": levels / (targets * days),
+        "steady_per_target_day": (raw + levels) / (targets * days),
+        "write_cpu_per_scrape_us": write_cpu / (n * targets) * 1e6,
+        "downsample_cpu_per_scrape_us": downsample_cpu / (n * targets) * 1e6,
+        "prune_cpu_per_scrape_us": prune_cpu / (n * targets) * 1e6,
+    }
     return engine, sessions, ids, sizes
 
 
@@ -316,28 +393,11 @@ def encoding_tables(url: str, rows: int = 20_000) -> dict[str, float]:
     return out
 
 
-def run_prometheus(om: dict[str, list[str]], workdir: Path):
-    sys.path.insert(0, str(ROOT))
+def run_prometheus(workdir: Path):
     from tests.support.prometheus import running_prometheus
 
-    source = workdir / "history.om"
-    with source.open("w") as f:
-        for series, samples in om.items():
-            for sample in samples:
-                f.write(f"{series} {sample}\n")
-        f.write("# EOF\n")
-    data = workdir / "prom" / "prometheus-data"
-    data.mkdir(parents=True)
-    began = time.time()
-    done = subprocess.run(["/usr/bin/promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
-                          capture_output=True, text=True, timeout=7200)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-2000:])
-    source.unlink()
-    print(f"# promtool backfill: {time.time() - began:.0f} s", file=sys.stderr)
-    size = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
     return running_prometheus(workdir / "prom", "scrape_configs: []",
-                              extra_args=["--storage.tsdb.retention.time=30d"]), size
+                              extra_args=["--storage.tsdb.retention.time=30d"])
 
 
 def main() -> None:
@@ -371,8 +431,8 @@ def main() -> None:
     print(f"# bucket count encoding: text {enc['text']:.1f} bytes/count, binary {enc['binary']:.1f} bytes/count")
     results: dict[str, dict[str, tuple[float, float]]] = {}
     sizes: dict[str, dict[str, float]] = {}
-    om: dict[str, list[str]] | None = None if args.skip_prometheus else {}
     with tempfile.TemporaryDirectory(prefix="bench-query-") as tmp:
+        backfill = None if args.skip_prometheus else Backfill(Path(tmp))
         backends = [("sqlite", f"sqlite:///{tmp}/bench.db")]
         pg = None
         if not args.skip_postgres:
@@ -384,7 +444,7 @@ def main() -> None:
             for name, url in backends:
                 began = time.time()
                 engine, sessions, ids, sizes[name] = build(url, args.targets, args.days, end, args.raw_hours,
-                                                           om if name == "sqlite" else None)
+                                                           backfill if name == "sqlite" else None)
                 print(f"# {name}: history built in {time.time() - began:.0f} s", file=sys.stderr)
                 results[name] = {q: timed(fn, args.repeats) for q, fn in
                                  our_questions(sessions, ids, end, args.days).items()}
@@ -392,19 +452,21 @@ def main() -> None:
         finally:
             if pg is not None:
                 pg.__exit__(None, None, None)
-        if om is not None:
-            server, size = run_prometheus(om, Path(tmp))
-            om.clear()
-            sizes["prometheus"] = {"steady_per_target_day": size / (args.targets * args.days)}
+        if backfill is not None:
+            print(f"# promtool backfill: {backfill.seconds:.0f} s", file=sys.stderr)
+            target_days = args.targets * args.days
+            sizes["prometheus"] = {"steady_per_target_day": backfill.size() / target_days}
             from app.promapi import PrometheusClient
 
-            with server as prom:
+            with run_prometheus(Path(tmp)) as prom:
                 client = PrometheusClient(prom.url, timeout=120)
                 try:
                     results["prometheus"] = {q: timed(fn, args.repeats) for q, fn in
                                              prometheus_questions(client, base, end, args.days).items()}
                 finally:
                     client.close()
+                # Prometheus compacts the backfilled 2-hour blocks into longer ones while it runs
+                sizes["prometheus (compacted)"] = {"steady_per_target_day": backfill.size() / target_days}
     report(results, sizes)
 
 
@@ -426,12 +488,13 @@ def report(results: dict[str, dict[str, tuple[float, float]]], sizes: dict[str, 
             print(f"| {q} | {backend} | {p50:.1f} | {p99:.1f} | {base[1]:.1f} | {ratio} | {target} |" if base else
                   f"| {q} | {backend} | {p50:.1f} | {p99:.1f} | - | - | {target} |")
     print("\n| storage | raw MB/target-day | levels MB/target-day | steady state MB/target-day | write CPU us/scrape "
-          "| downsample CPU us/scrape |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "| downsample CPU us/scrape | prune CPU us/scrape |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for backend, s in sizes.items():
         cells = [f"{s[k] / 1e6:.2f}" if k in s else "-"
                  for k in ("raw_per_target_day", "levels_per_target_day", "steady_per_target_day")]
-        cells += [f"{s[k]:.0f}" if k in s else "-" for k in ("write_cpu_per_scrape_us", "downsample_cpu_per_scrape_us")]
+        cells += [f"{s[k]:.0f}" if k in s else "-" for k in ("write_cpu_per_scrape_us", "downsample_cpu_per_scrape_us",
+                                                                 "prune_cpu_per_scrape_us")]
         print(f"| {backend} | " + " | ".join(cells) + " |")
 
 
