@@ -90,16 +90,18 @@ class Run:
         self.resets: list[tuple[int, float]] = []
         self.total, self.peak = 0.0, -math.inf
 
-    def _join(self, first_ms: int, first: tuple[float, ...]) -> None:
-        """The step from the run's last sample to the next one's first: a drop of any
-        component is a reset of it (value before the drop), as Prometheus reads it."""
-        if not self.n:
-            self.first_ms, self.first = first_ms, first
-        elif not all(map(operator.le, self.last, first)):
-            self.resets.extend((i, a) for i, (a, b) in enumerate(zip(self.last, first)) if b < a)
+    def _drops(self, first: tuple[float, ...]) -> None:
+        """The step from the run's last sample to the next one's ``first`` when some
+        component drops: each drop is a reset of it (value before the drop), as Prometheus
+        reads it. Callers test ``all(map(operator.le, self.last, first))`` first, inline:
+        it is true for almost every step, and the writer takes one per sample."""
+        self.resets.extend((i, a) for i, (a, b) in enumerate(zip(self.last, first)) if b < a)
 
     def add(self, c: Chunk) -> None:
-        self._join(c.first_ms, c.first)
+        if not self.n:
+            self.first_ms, self.first = c.first_ms, c.first
+        elif not all(map(operator.le, self.last, c.first)):
+            self._drops(c.first)
         self.resets.extend(c.resets)
         self.last_ms, self.last = c.last_ms, c.last
         self.n += c.n
@@ -109,7 +111,10 @@ class Run:
 
     def append(self, ms: int, vector: tuple[float, ...]) -> None:
         """``add(raw_chunk(ms, vector))`` without building the chunk."""
-        self._join(ms, vector)
+        if not self.n:
+            self.first_ms, self.first = ms, vector
+        elif not all(map(operator.le, self.last, vector)):
+            self._drops(vector)
         self.last_ms, self.last = ms, vector
         self.n += 1
         v0 = vector[0]

@@ -325,7 +325,7 @@ class SampleWriter:
             else:
                 _insert_rows(conn, hist_rows, scalar_rows)
             if level_rows:
-                conn.execute(_level_insert(conn).on_conflict_do_nothing(), level_rows)
+                _insert_new_levels(conn, level_rows)
             for target_id, info, ts in infos:
                 _upsert_info(conn, target_id, info.name, info.model, info.rank, info.labels, ts)
         self._series.update(new_series)
@@ -656,6 +656,24 @@ def _level_insert(conn: Connection) -> sqlite.Insert | postgresql.Insert:
 
 
 _LEVEL_KEY = ("series_id", "level", "bucket")
+
+
+@functools.cache
+def _new_levels_sqlite() -> tuple[str, tuple[str, ...]]:
+    """SQLite's ``INSERT ... ON CONFLICT DO NOTHING`` of a level row, and its parameters' order."""
+    compiled = sqlite.insert(SampleLevel).on_conflict_do_nothing().compile(dialect=sqlite.dialect())
+    return str(compiled), tuple(compiled.positiontup or ())
+
+
+def _insert_new_levels(conn: Connection, rows: list[dict]) -> None:
+    """The writer's finished rows, unless a row is there already (``ON CONFLICT DO
+    NOTHING``). SQLite: positional rows straight to the driver, as :func:`_insert_rows`
+    (through ``conn.execute`` building the parameters cost as much as the insert)."""
+    if conn.dialect.name == "sqlite":
+        sql, names = _new_levels_sqlite()
+        conn.exec_driver_sql(sql, [tuple(row[name] for name in names) for row in rows])
+    else:
+        conn.execute(_level_insert(conn).on_conflict_do_nothing(), rows)
 
 
 def _replace_levels(conn: Connection, rows: list[dict]) -> None:
