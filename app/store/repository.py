@@ -220,8 +220,9 @@ class SampleWriter:
     between replicas or a late batch it holds fewer. The round therefore keeps a row only
     when its ``n`` equals the raw samples stored in the interval, and rebuilds it otherwise
     (:func:`downsample`). A sample older than the last one kept drops the series' interval
-    (its row would no longer be time-ordered); a failed transaction drops them all (they
-    may hold samples that were not stored)."""
+    (its row would no longer be time-ordered), and so does one more than an interval later
+    (the row is left to the round: targets scraped less often than every 5 minutes gain
+    nothing); a failed transaction drops them all (they may hold samples not stored)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -236,7 +237,7 @@ class SampleWriter:
         self._stored: Callable[[float], float] = (lambda v: v + 0.0) if engine.dialect.name == "sqlite" else float
 
     def forget_target(self, target_id: int) -> None:
-        for key, sid in self._series.items():
+        for key, sid in list(self._series.items()):
             if key[0] == target_id:
                 self._open.pop(sid, None)
         self._series = {k: v for k, v in self._series.items() if k[0] != target_id}
@@ -347,8 +348,11 @@ class SampleWriter:
                 acc.run.append(ms, vector)
                 acc.last_ts, acc.last_counts = ts, counts
                 return
-            else:
+            elif ms < acc.end_ms + self._step_ms:
                 finished.append(acc.row(sid))
+            # else more than an interval later (a gap, or a target written again after it was
+            # handed over and back): no row, the round builds it from the raw samples - a
+            # writer never puts in a row for an interval the round may have passed, or pruned
         step = self._step_ms
         self._open[sid] = _OpenInterval(kind, ms // step * step, step, ts, ms, vector, counts)
 
