@@ -1,7 +1,7 @@
 """A request's time budget and its client's presence, checked cooperatively by long reads.
 
-A latency answer over days, the fleet view or a long quantile series is Python work
-proportional to the series and windows it reads. The API route opens a
+A latency answer over days, the fleet view, a long quantile series or a status page is
+Python work proportional to the series and windows it reads. The route opens a
 :class:`RequestBudget` around that work (:func:`bounded`); the computation calls
 :func:`checkpoint` between series and windows (:mod:`app.latency`). A checkpoint raises
 :class:`BudgetExceeded` once the budget is spent (the API answers 503 naming it) and

@@ -383,15 +383,16 @@ class Recorder:
         return calls
 
 
+def _form(method: str, args: tuple) -> tuple[str, dict[str, str]]:
+    if method == "query_range":
+        promql, start, end, step = args
+        return "query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+    return "query", {"query": args[0], "time": f"{args[1]:.3f}"}
+
+
 def replay_bare(url: str, calls: list[tuple[str, tuple, float]]) -> float:
     """Wall seconds for Prometheus to answer ``calls`` sent by a bare client, 8 at a time."""
-    def form(method: str, args: tuple) -> tuple[str, dict[str, str]]:
-        if method == "query_range":
-            promql, start, end, step = args
-            return "query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        return "query", {"query": args[0], "time": f"{args[1]:.3f}"}
-
-    requests = [form(m, a) for m, a, _ in calls]
+    requests = [_form(m, a) for m, a, _ in calls]
     with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
         def send(req: tuple[str, dict[str, str]]) -> int:
             r = client.post(f"{url}/api/v1/{req[0]}", data=req[1])
@@ -406,6 +407,19 @@ def replay_bare(url: str, calls: list[tuple[str, tuple, float]]) -> float:
             return time.perf_counter() - t0
 
 
+def serial_costs(url: str, calls: list[tuple[str, tuple, float]]) -> list[tuple[float, int, str]]:
+    """Each query of ``calls`` sent alone, one after the other: (seconds, response bytes,
+    the query's start), slowest first - where Prometheus' share of a round goes."""
+    out = []
+    with httpx.Client(timeout=120) as client:
+        for method, args, _ in calls:
+            endpoint, data = _form(method, args)
+            t0 = time.perf_counter()
+            r = client.post(f"{url}/api/v1/{endpoint}", data=data)
+            out.append((time.perf_counter() - t0, len(r.content), " ".join(data["query"].split())[:90]))
+    return sorted(out, reverse=True)
+
+
 @dataclass
 class RoundRow:
     n: int
@@ -417,6 +431,7 @@ class RoundRow:
     rss: float
     bare: float
     verdicts: Counter
+    costs: list[tuple[float, int, str]]
 
 
 def fmt_s(seconds: float) -> str:
@@ -471,8 +486,9 @@ def measure_round(client: Any, monitor: Any, recorder: Recorder, prom_url: str, 
     if status["state"] != "ok":
         raise RuntimeError(f"the source failed: {status['last_error']}")
     bare = replay_bare(prom_url, calls)
+    costs = serial_costs(prom_url, calls)
     verdicts = Counter(d.verdict for d, _ in results)
-    return RoundRow(n, kind, status["targets"], status["queries_last_round"], wall, cpu, rss, bare, verdicts)
+    return RoundRow(n, kind, status["targets"], status["queries_last_round"], wall, cpu, rss, bare, verdicts, costs)
 
 
 def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, Any]:
@@ -565,6 +581,13 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {r.kind} | {r.discovered:,} | {r.queries} | {fmt_s(r.wall)} | {fmt_s(r.cpu)} | "
               f"{r.rss:,.0f} MB | {fmt_s(r.bare)} | {r.wall / r.bare:.1f}x | {fmt_s(max(0.0, r.wall - r.bare))} | "
               f"{r.wall / base[r.kind]:.1f}x |")
+    last = rows[-1]
+    print(f"\nThe N={last.n:,} {last.kind} round's queries sent one at a time: {fmt_s(sum(c[0] for c in last.costs))} "
+          "in all; the slowest:\n")
+    print("| seconds | response bytes | query |")
+    print("|---:|---:|---|")
+    for seconds, size, head in last.costs[:8]:
+        print(f"| {seconds:.3f} | {size:,} | `{head}` |")
     print(f"\nPrometheus at the end: {series:,.0f} head series, {prom_rss:,.0f} MB RSS. Verdicts at the "
           f"largest N: {dict(rows[-1].verdicts)}")
     print(f"\n## Latency API, {days:g}-day window (engine-0: {days:g} days of 15 s history + live)\n")

@@ -9,11 +9,13 @@ instead of as a 500.
   not a 500 or a reset connection. The driver's message stays in the log: it can name
   hosts and SQL.
 * A read that ran out of its time budget (:mod:`app.budget`) is a 503 naming the budget; one
-  whose client went away is logged and answered 499 (nobody reads it).
+  whose client went away is logged and answered 499 (nobody reads it). A route that answers
+  HTML (the status pages) gets the same message as a short HTML page instead of JSON.
 """
 
 from __future__ import annotations
 
+import html
 import logging
 import math
 from typing import Any
@@ -21,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -61,18 +63,28 @@ def _count_stopped(request: Request, reason: str) -> None:
         monitor.telemetry.requests_stopped.labels(reason).inc()
 
 
-async def budget_exceeded(request: Request, exc: Exception) -> JSONResponse:
+def _stopped(request: Request, message: str, status_code: int, headers: dict[str, str] | None = None) -> Response:
+    """``{"detail": message}``, or for a route that answers HTML (a browser reads it) the same
+    message, escaped, as a short page that loads nothing."""
+    if getattr(request.scope.get("route"), "response_class", None) is HTMLResponse:
+        page = f"<!doctype html><title>{status_code}</title><p>{html.escape(message)}</p>\n"
+        return HTMLResponse(page, status_code=status_code, headers={
+            **(headers or {}), "Content-Security-Policy": "default-src 'none'", "X-Content-Type-Options": "nosniff"})
+    return JSONResponse({"detail": message}, status_code=status_code, headers=headers)
+
+
+async def budget_exceeded(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, BudgetExceeded)  # registered for that class only
     log.warning("%s %s: %s (after %d checks)", request.method, request.url.path, exc, exc.checks)
     _count_stopped(request, "budget")
-    return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "30"})
+    return _stopped(request, str(exc), 503, {"Retry-After": "30"})
 
 
-async def client_gone(request: Request, exc: Exception) -> JSONResponse:
+async def client_gone(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ClientGone)
     log.info("%s %s: %s", request.method, request.url.path, exc)
     _count_stopped(request, "disconnect")
-    return JSONResponse({"detail": str(exc)}, status_code=499)
+    return _stopped(request, str(exc), 499)
 
 
 def install(app: FastAPI) -> None:

@@ -3,6 +3,7 @@ budget, and a client that disconnects stops the work (counted in checks, not wal
 
 from __future__ import annotations
 
+import html
 import logging
 import time
 from pathlib import Path
@@ -17,6 +18,8 @@ from app.store.db import statement_budget
 from tests.api.conftest import Service, make_service
 from tests.status.helpers import history_records
 
+SPENT = ("the request exceeded its time budget of 1e-06 s (LLM_LATENCY_API_REQUEST_BUDGET); "
+         "ask for a shorter window, fewer targets or a larger step")
 QUIET = {"summary_interval": "1h", "alert_interval": "1h", "delivery_interval": "1h", "downsample_interval": "1h",
          "replica_heartbeat": "1h", "replica_expiry": "2h"}
 
@@ -106,13 +109,51 @@ def test_a_request_past_its_budget_gets_503_naming_it(migrated_url: str, tmp_pat
                              ("/api/v1/latency", {"window": "1h"})):
             response = c.get(path, params=params)
             assert response.status_code == 503, (path, response.text)
-            assert response.json()["detail"] == (
-                "the request exceeded its time budget of 1e-06 s (LLM_LATENCY_API_REQUEST_BUDGET); "
-                "ask for a shorter window, fewer targets or a larger step")
+            assert response.json()["detail"] == SPENT
             assert response.headers["retry-after"] == "30"
         assert service.monitor.telemetry.requests_stopped.labels("budget")._value.get() == 3.0
         service.monitor.refresh_summaries()  # the fleet's default window is the round's: nothing to compute
         assert c.get("/api/v1/latency").status_code == 200
+
+
+def test_the_status_pages_past_their_budget_get_503_naming_it(migrated_url: str, tmp_path: Path) -> None:
+    """The target's page and an index the round's summaries do not answer compute a window for
+    the request: past the budget they answer a short HTML page with the API's message."""
+    config = tmp_path / "config.yaml"
+    config.write_text("diagnosis:\n  interval: 1h\n")  # no round runs unless the test runs one
+    for service in make_service(migrated_url, tmp_path, config_file=config, api_request_budget=1e-6, **QUIET):
+        _fleet(service, 2)
+        c = service.client
+        stopped = service.monitor.telemetry.requests_stopped.labels("budget")
+        for n, (path, params) in enumerate((("/targets/t00", {"window": "1h"}), ("/", {"window": "1h"})), 1):
+            response = c.get(path, params=params)
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["content-type"].startswith("text/html")
+            assert response.headers["retry-after"] == "30"
+            assert f"<p>{html.escape(SPENT)}</p>" in response.text
+            assert stopped._value.get() == float(n)  # one count per stopped page
+        assert c.get("/targets/nobody").status_code == 404  # nothing to compute: no budget spent
+        service.monitor.evaluate_diagnoses()  # the index's default window is the round's: nothing to compute
+        index = c.get("/")
+        assert index.status_code == 200 and 'data-target="t01"' in index.text
+        assert stopped._value.get() == 2.0
+
+
+def test_the_target_page_stops_when_its_client_went_away(quiet_service: Service,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    _fleet(quiet_service, 1)
+    stopped = quiet_service.monitor.telemetry.requests_stopped
+    with caplog.at_level(logging.INFO, logger="app.api.errors"):
+        sent = _asgi_get(quiet_service, "/targets/t00", "window=1h")
+    assert sent[0]["status"] == 499
+    assert f"the work stopped after {POLL_EVERY + 1} checks" in caplog.text
+    assert stopped.labels("disconnect")._value.get() == 1.0
+    assert stopped.labels("budget")._value.get() == 0.0
+    # a client that stays gets the whole page
+    page = quiet_service.client.get("/targets/t00", params={"window": "1h"})
+    assert page.status_code == 200
+    assert "<h1>t00</h1>" in page.text and "TTFT over the last 60 min: p50" in page.text
+    assert stopped.labels("disconnect")._value.get() == 1.0
 
 
 def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:

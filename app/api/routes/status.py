@@ -24,6 +24,11 @@ and each of its targets says its verdict is the last one, from when. Gone target
 series stopped) are not live: they are listed apart, collapsed. A source's targets get their
 percentiles from the source (one set of queries per source for the whole table), so they equal
 their ``/latency`` answer; the charts are the built-in store's and stay empty for them.
+
+What a page computes for its request (a target's page always, the index for the targets the
+last round's summaries do not answer) runs under the request budget of the JSON API
+(:mod:`app.budget`): past ``api_request_budget`` a short 503 page names it, and a client that
+went away stops the work (:mod:`app.api.errors`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,9 +49,10 @@ from markupsafe import Markup, escape
 from app import human, latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.common import current_diagnoses, duration_param
-from app.api.deps import MonitorDep, SessionDep
+from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
+from app.budget import bounded
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
 from app.durations import format_duration, format_utc
@@ -55,6 +62,7 @@ from app.promapi import PromAPIError
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMissing, SourceStatus
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
+from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, Scrape, Target
 from app.summaries import answers
 
@@ -501,11 +509,13 @@ def stylesheet() -> Response:
 
 
 @router.get("/", response_class=HTMLResponse)
-def index(request: Request, session: SessionDep, monitor: MonitorDep,
+def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
           window: Annotated[str | None, Query(description="percentile window; default the diagnosis window")] = None,
           end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
     """The fleet table: one row per target, most severe first, with its verdict and
-    TTFT/ITL p50/p99 over one window; details on the target's own page."""
+    TTFT/ITL p50/p99 over one window; details on the target's own page. The numbers of the
+    targets the last round's summaries do not answer are computed here, under the request
+    budget (503 past ``api_request_budget``, like the JSON API)."""
     seconds, end, live = page_params(monitor, window, end)
     everything = repository.list_targets(session)
     targets = [t for t in everything if t.gone_at is None]
@@ -515,39 +525,41 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep,
     kept = round_summaries(monitor, seconds, end) if live and window is None else None
     shown_end = end if kept is None else kept.end  # the numbers' window is the round's
     ids = [t.id for t in targets if kept is None or t.id not in kept.by_target]
-    series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
-    with_ttft = {s.target_id for s in series if s.signal == "ttft"}
-    wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
-    snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - seconds, end)
-    by_target: dict[int, list] = {}
-    for s in wanted:
-        by_target.setdefault(s.target_id, []).append(s)
     diagnoses = diagnoses_by_target(session, monitor)
     # a Prometheus source's targets: their numbers from the source, one set of queries per source
     # (none for a failing source: its banner says why its rows have none)
     read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing
             and (kept is None or t.id not in kept.by_target)]
-    source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
-        if read else {}
-
     rows: list[dict[str, Any]] = []
-    for target in targets:
-        if kept is not None and target.id in kept.by_target:
-            summary = kept.by_target[target.id]
-        elif target.id in source_windows:
-            summary = latency.summarize_histograms(source_windows[target.id].overall.histograms)
-        else:
-            summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
-                                                end - seconds, end)
-        interval = target.scrape_interval or monitor.settings.default_scrape_interval
-        health = scrape_health(latest.get(target.id), interval, end)
-        stale = stale_source(target, failing)
-        if stale is not None:
-            health.stale = True
-        views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
-        rows.append({"target": target, "health": health, "level": triage_level(health, views),
-                     "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl"),
-                     "discovered_by": discovered_by(target), "stale_source": stale})
+    # an index the round's summaries answer whole computes nothing: its statements are not bounded
+    statements = statement_budget(session, budget) if ids or read else nullcontext()
+    with bounded(budget), statements:
+        series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
+        with_ttft = {s.target_id for s in series if s.signal == "ttft"}
+        wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
+        snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - seconds, end)
+        by_target: dict[int, list] = {}
+        for s in wanted:
+            by_target.setdefault(s.target_id, []).append(s)
+        source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
+            if read else {}
+        for target in targets:
+            if kept is not None and target.id in kept.by_target:
+                summary = kept.by_target[target.id]
+            elif target.id in source_windows:
+                summary = latency.summarize_histograms(source_windows[target.id].overall.histograms)
+            else:
+                summary = latency.summarize_signals(LoadedHistograms(by_target.get(target.id, []), snapshots),
+                                                    end - seconds, end)
+            interval = target.scrape_interval or monitor.settings.default_scrape_interval
+            health = scrape_health(latest.get(target.id), interval, end)
+            stale = stale_source(target, failing)
+            if stale is not None:
+                health.stale = True
+            views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
+            rows.append({"target": target, "health": health, "level": triage_level(health, views),
+                         "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl"),
+                         "discovered_by": discovered_by(target), "stale_source": stale})
     rows.sort(key=lambda r: (LEVELS.index(r["level"]), r["target"].name))
     counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
     down = sum(r["health"].state == "down" for r in rows)
@@ -568,53 +580,58 @@ def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | Non
 
 
 @router.get("/targets/{name}", response_class=HTMLResponse)
-def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep,
+def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                 window: Annotated[str | None, Query(description="percentile window; "
                                                                 "default the diagnosis window")] = None,
                 end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
-    """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes."""
+    """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes.
+    Its window and charts are computed for the request, under the request budget (503 past
+    ``api_request_budget``, like ``/api/v1/targets/{name}/latency``)."""
     seconds, end, live = page_params(monitor, window, end)
     context = common(request, monitor, seconds, end, live)
     target: Target | None = repository.get_target(session, name)
     if target is None:
         return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
                     **context)
-    stale = stale_source(target, failing_sources(monitor))
-    report = latency.latency_report(session, [target.id], seconds, end)
-    infos = repository.target_infos(session, target.id)
-    if target.source in DISCOVERED_BY_SOURCES and stale is None:
-        try:  # the same numbers as its /latency answer; no charts (they are the store's)
-            source_window = monitor.sources.window(target, end - seconds, end)
-            report = latency.report_from_window(source_window)
-            add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
-        except (PromAPIError, SourceMissing):
-            pass  # no numbers; its source's status says why
-    elif target.source not in DISCOVERED_BY_SOURCES:
-        add_disaggregation(session, monitor, target, report, infos, end - seconds, end)
-    chart_signals = ("ttft", "itl", "queue_time", "e2e")
-    series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
-    loaded = LoadedHistograms(series, repository.histogram_snapshots(
-        session, [s.id for s in series], end - CHART_SPAN - seconds, end))
-    first = first_sample_ts(loaded, (*chart_signals, *TTFT_PARTS))
-    has = {s.signal for s in series}
-    charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
-              for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
-    interval = target.scrape_interval or monitor.settings.default_scrape_interval
-    latest = repository.scrape_log(session, target.id, 20)
-    total, failed = repository.scrape_counts(session, target.id, end - seconds)
-    models = report.get("models", {})
-    ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
-    split = None
-    queue_mean, prefill_mean = (queue or {}).get("mean"), (prefill or {}).get("mean")
-    if queue_mean is not None and prefill_mean is not None and queue_mean + prefill_mean > 0:
-        whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
-        split = {"queue": queue, "prefill": prefill, "ttft": ttft,
-                 "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
-    pd = report.get("disaggregation")  # the same split as its /latency answer
-    history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
-    health = scrape_health(latest[0] if latest else None, interval, end)
-    if stale is not None:
-        health.stale = True
+    with bounded(budget), statement_budget(session, budget):  # every statement of the page
+        stale = stale_source(target, failing_sources(monitor))
+        report = latency.latency_report(session, [target.id], seconds, end)
+        infos = repository.target_infos(session, target.id)
+        if target.source in DISCOVERED_BY_SOURCES and stale is None:
+            try:  # the same numbers as its /latency answer; no charts (they are the store's)
+                source_window = monitor.sources.window(target, end - seconds, end)
+                report = latency.report_from_window(source_window)
+                add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
+            except (PromAPIError, SourceMissing):
+                pass  # no numbers; its source's status says why
+        elif target.source not in DISCOVERED_BY_SOURCES:
+            add_disaggregation(session, monitor, target, report, infos, end - seconds, end)
+        chart_signals = ("ttft", "itl", "queue_time", "e2e")
+        series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
+        loaded = LoadedHistograms(series, repository.histogram_snapshots(
+            session, [s.id for s in series], end - CHART_SPAN - seconds, end))
+        first = first_sample_ts(loaded, (*chart_signals, *TTFT_PARTS))
+        has = {s.signal for s in series}
+        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
+                  for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
+        interval = target.scrape_interval or monitor.settings.default_scrape_interval
+        latest = repository.scrape_log(session, target.id, 20)
+        total, failed = repository.scrape_counts(session, target.id, end - seconds)
+        models = report.get("models", {})
+        ttft, queue, prefill = report.get("ttft"), report.get("queue_time"), report.get("prefill_time")
+        split = None
+        queue_mean, prefill_mean = (queue or {}).get("mean"), (prefill or {}).get("mean")
+        if queue_mean is not None and prefill_mean is not None and queue_mean + prefill_mean > 0:
+            whole = queue_mean + prefill_mean  # mean TTFT = mean queue + mean prefill (+ tokenization)
+            split = {"queue": queue, "prefill": prefill, "ttft": ttft,
+                     "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
+        pd = report.get("disaggregation")  # the same split as its /latency answer
+        history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
+        health = scrape_health(latest[0] if latest else None, interval, end)
+        if stale is not None:
+            health.stale = True
+        diagnoses = [diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)]
+        probe = latest_probe_levels(session).get(target.id)
     return html(
         "target.html", target=target, target_url=url_as_shown(target.url, token_holder=False),
         engine=target.detected_engine or target.engine, discovered_by=discovered_by(target),
@@ -626,7 +643,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
         rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd, pd_role=report.get("pd_role"),
-        diagnoses=[diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)],
+        diagnoses=diagnoses,
         history=history, infos=infos,
-        probe=latest_probe_levels(session).get(target.id),
+        probe=probe,
         counter_signals=COUNTER_SIGNALS, **context)
