@@ -164,10 +164,15 @@ class StoredWindows:
     series: list[SeriesRef]
     timelines: dict[int, levels.Timeline]
     exact: bool = True  # False once a window had to leave out an interval straddling an old edge
+    # a series' window is asked again by the per-model pass and the rank means: combined once
+    _selections: dict[tuple[int, int, int], levels.Selection] = field(default_factory=dict)
 
     def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
         checkpoint()  # a request's budget and client, between series and windows (app.budget)
-        selection = self.timelines[ref.id].select(start_ms, end_ms)
+        key = (ref.id, start_ms, end_ms)
+        selection = self._selections.get(key)
+        if selection is None:
+            selection = self._selections[key] = self.timelines[ref.id].select(start_ms, end_ms)
         self.exact = self.exact and selection.exact
         return selection.chunk
 

@@ -51,7 +51,12 @@ def decode_counts(blob: bytes) -> tuple[float, ...]:
 
 def encode_snapshot(counts: Sequence[float], total: float, count: float) -> bytes:
     """A histogram snapshot in one blob: counts, then ``_sum`` and ``_count`` as float64."""
-    return encode_counts(counts) + _PAIR.pack(total, count)
+    return snapshot_blob(encode_counts(counts), total, count)
+
+
+def snapshot_blob(counts: bytes, total: float, count: float) -> bytes:
+    """:func:`encode_snapshot` of counts already encoded (the writer has them for the raw row)."""
+    return counts + _PAIR.pack(total, count)
 
 
 def decode_snapshot(blob: bytes) -> tuple[float, ...]:

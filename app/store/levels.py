@@ -75,25 +75,67 @@ def _last_only(c: Chunk) -> Chunk:
     return raw_chunk(c.last_ms, c.last)
 
 
+class Run:
+    """Consecutive chunks joined one at a time, in time order: the writer's accumulator of a
+    series' current interval (:class:`app.store.repository.SampleWriter`), and what
+    :func:`combine` folds a list with. Mutable so the writer's per-sample step allocates no
+    chunk; :meth:`append` of a raw sample is exactly :meth:`add` of its :func:`raw_chunk`."""
+
+    __slots__ = ("first_ms", "first", "last_ms", "last", "n", "resets", "total", "peak")
+
+    def __init__(self) -> None:
+        self.first_ms = self.last_ms = self.n = 0
+        self.first: tuple[float, ...] = ()
+        self.last: tuple[float, ...] = ()
+        self.resets: list[tuple[int, float]] = []
+        self.total, self.peak = 0.0, -math.inf
+
+    def _drops(self, first: tuple[float, ...]) -> None:
+        """The step from the run's last sample to the next one's ``first`` when some
+        component drops: each drop is a reset of it (value before the drop), as Prometheus
+        reads it. Callers test ``all(map(operator.le, self.last, first))`` first, inline:
+        it is true for almost every step, and the writer takes one per sample."""
+        self.resets.extend((i, a) for i, (a, b) in enumerate(zip(self.last, first)) if b < a)
+
+    def add(self, c: Chunk) -> None:
+        if not self.n:
+            self.first_ms, self.first = c.first_ms, c.first
+        elif not all(map(operator.le, self.last, c.first)):
+            self._drops(c.first)
+        self.resets.extend(c.resets)
+        self.last_ms, self.last = c.last_ms, c.last
+        self.n += c.n
+        self.total += c.total
+        if c.peak > self.peak:
+            self.peak = c.peak
+
+    def append(self, ms: int, vector: tuple[float, ...]) -> None:
+        """``add(raw_chunk(ms, vector))`` without building the chunk."""
+        if not self.n:
+            self.first_ms, self.first = ms, vector
+        elif not all(map(operator.le, self.last, vector)):
+            self._drops(vector)
+        self.last_ms, self.last = ms, vector
+        self.n += 1
+        v0 = vector[0]
+        self.total += v0
+        if v0 > self.peak:
+            self.peak = v0
+
+    def chunk(self) -> Chunk:
+        return Chunk(self.first_ms, self.first, self.last_ms, self.last, self.n, tuple(self.resets), self.total,
+                     self.peak)
+
+
 def combine(chunks: Sequence[Chunk]) -> Chunk | None:
     """Consecutive chunks as one: the level row of their union. Same arithmetic order as
     :func:`app.quantiles._extrapolated_rate` walking the raw samples."""
     if not chunks:
         return None
-    resets: list[tuple[int, float]] = []
-    prev: tuple[float, ...] | None = None
-    n, total, peak = 0, 0.0, -math.inf
+    run = Run()
     for c in chunks:
-        if prev is not None and not all(map(operator.le, prev, c.first)):
-            resets.extend((i, a) for i, (a, b) in enumerate(zip(prev, c.first)) if b < a)
-        resets.extend(c.resets)
-        prev = c.last
-        n += c.n
-        total += c.total
-        if c.peak > peak:
-            peak = c.peak
-    head, tail = chunks[0], chunks[-1]
-    return Chunk(head.first_ms, head.first, tail.last_ms, tail.last, n, tuple(resets), total, peak)
+        run.add(c)
+    return run.chunk()
 
 
 def chunks_from_samples(samples: Iterable[tuple[float, tuple[float, ...]]]) -> list[Chunk]:

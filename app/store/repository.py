@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, Text, bindparam, case, cast, delete, func, insert, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer
@@ -35,6 +36,7 @@ from app.store.encoding import (
     encode_resets,
     encode_snapshot,
     encode_value,
+    snapshot_blob,
 )
 from app.store.models import (
     AlertRow,
@@ -185,8 +187,42 @@ SeriesKey = tuple[int, str, str, str, str]  # target_id, signal, model, rank, bo
 INFO_REFRESH_SECONDS = 300.0  # an unchanged info row is rewritten (its ts refreshed) this often
 
 
+class _OpenInterval:
+    """A series' current finest-level interval as the writer saw it: the run of the samples
+    it wrote there, in order, the timestamp of the last one kept, and (histograms) the
+    encoded counts of the first and last one (the raw rows' own: not encoded again)."""
+
+    __slots__ = ("kind", "bucket_ms", "end_ms", "last_ts", "run", "first_counts", "last_counts")
+
+    def __init__(self, kind: str, bucket_ms: int, step_ms: int, ts: float, ms: int, vector: tuple[float, ...],
+                 counts: bytes | None) -> None:
+        self.kind, self.bucket_ms, self.end_ms = kind, bucket_ms, bucket_ms + step_ms
+        self.run = lv.Run()
+        self.run.append(ms, vector)
+        self.last_ts = ts
+        self.first_counts = self.last_counts = counts
+
+    def row(self, sid: int) -> dict:
+        first, last = self.first_counts, self.last_counts
+        counts = None if first is None or last is None else (first, last)
+        return _level_row(sid, self.kind, lv.LEVELS[0], self.bucket_ms, self.run.chunk(), counts)
+
+
 class SampleWriter:
-    """Writes scrape batches; caches series ids so a steady-state scrape does no lookups."""
+    """Writes scrape batches; caches series ids so a steady-state scrape does no lookups.
+
+    It also builds the finest level (``lv.LEVELS[0]``) as it writes: per series, the run of
+    the samples it wrote in the current interval (one :class:`_OpenInterval` per series).
+    When a sample of a later interval comes, the finished row goes in with the raw rows, in
+    the same transaction (``ON CONFLICT DO NOTHING``: a row already there stays). The row
+    is the one the downsample round would build from the same samples, bit for bit, but
+    only if this writer wrote every sample of the interval: after a restart, a hand-over
+    between replicas or a late batch it holds fewer. The round therefore keeps a row only
+    when its ``n`` equals the raw samples stored in the interval, and rebuilds it otherwise
+    (:func:`downsample`). A sample older than the last one kept drops the series' interval
+    (its row would no longer be time-ordered), and so does one more than an interval later
+    (the row is left to the round: targets scraped less often than every 5 minutes gain
+    nothing); a failed transaction drops them all (they may hold samples not stored)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -195,8 +231,15 @@ class SampleWriter:
         # last written engine config per (target, name, model, rank): info pages rarely
         # change, and one UPDATE per info per scrape was a fifth of the ingest CPU
         self._infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
+        self._open: dict[int, _OpenInterval] = {}
+        self._step_ms = lv.LEVELS[0] * 1000
+        # SQLite stores -0.0 as 0.0: the run keeps a value as it will be read back
+        self._stored: Callable[[float], float] = (lambda v: v + 0.0) if engine.dialect.name == "sqlite" else float
 
     def forget_target(self, target_id: int) -> None:
+        for key, sid in list(self._series.items()):
+            if key[0] == target_id:
+                self._open.pop(sid, None)
         self._series = {k: v for k, v in self._series.items() if k[0] != target_id}
         self._infos = {k: v for k, v in self._infos.items() if k[0] != target_id}
 
@@ -212,8 +255,10 @@ class SampleWriter:
             self._write_transaction(records)
             return len(records)
         except OperationalError as exc:
+            self._open.clear()
             raise DatabaseUnavailable(str(exc)) from exc
         except Exception:
+            self._open.clear()
             log.exception("batch of %d scrapes failed; retrying one by one", len(records))
         written = 0
         for record in records:
@@ -221,6 +266,7 @@ class SampleWriter:
                 self._write_transaction([record])
                 written += 1
             except Exception as exc:  # the scrape itself is still recorded, as failed
+                self._open.clear()
                 log.exception("scrape of target %s at %s could not be stored", record.target_id, record.ts)
                 failed = replace(record, up=False, samples_kept=0, error_class="storage_error",
                                  error=f"{type(exc).__name__}: {exc}"[:500], canonical=None)
@@ -241,6 +287,8 @@ class SampleWriter:
         new_infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
         with self.engine.begin() as conn:
             scrape_rows, hist_rows, scalar_rows, infos = [], [], [], []
+            level_rows: list[dict] = []
+            feed, stored = self._feed, self._stored
             for r in records:
                 scrape_rows.append({
                     "target_id": r.target_id, "ts": r.ts, "up": r.up, "duration": r.duration, "bytes": r.bytes,
@@ -250,17 +298,20 @@ class SampleWriter:
                 c = r.canonical
                 if c is None:
                     continue
+                ms = to_millis(r.ts)
                 for h in c.histograms:
                     key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
                     sid = (self._series.get(key) or new_series.get(key)
                            or self._resolve(conn, key, "histogram", new_series))
-                    hist_rows.append((sid, r.ts, encode_counts(h.counts), None if math.isnan(h.sum) else h.sum,
-                                      h.count))
+                    counts = encode_counts(h.counts)
+                    hist_rows.append((sid, r.ts, counts, None if math.isnan(h.sum) else h.sum, h.count))
+                    feed(sid, "histogram", r.ts, ms, (*h.counts, stored(h.sum), stored(h.count)), counts, level_rows)
                 for s in c.scalars:
                     key = (r.target_id, s.signal, s.model, s.rank, "")
                     sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, s.kind, new_series)
                     if not math.isnan(s.value):
                         scalar_rows.append((sid, r.ts, s.value))
+                        feed(sid, s.kind, r.ts, ms, (stored(s.value),), None, level_rows)
                 for info in c.infos:
                     info_key = (r.target_id, info.name, info.model, info.rank)
                     known = new_infos.get(info_key) or self._infos.get(info_key)
@@ -274,10 +325,36 @@ class SampleWriter:
                 _copy_rows(conn, hist_rows, scalar_rows)
             else:
                 _insert_rows(conn, hist_rows, scalar_rows)
+            if level_rows:
+                _insert_new_levels(conn, level_rows)
             for target_id, info, ts in infos:
                 _upsert_info(conn, target_id, info.name, info.model, info.rank, info.labels, ts)
         self._series.update(new_series)
         self._infos.update(new_infos)
+
+    def _feed(self, sid: int, kind: str, ts: float, ms: int, vector: tuple[float, ...], counts: bytes | None,
+              finished: list[dict]) -> None:
+        """One written sample (``ms``: ``to_millis(ts)``; ``counts``: a histogram's encoded
+        counts) into its series' open interval; a finished interval's row goes to
+        ``finished``. Skips a sample in the same millisecond as the last one kept, as
+        :func:`app.store.levels.chunks_from_samples` does."""
+        acc = self._open.get(sid)
+        if acc is not None:
+            if ts < acc.last_ts:
+                pass  # out of order: what it holds is no longer the interval's samples in time order
+            elif ms == acc.run.last_ms:
+                return
+            elif ms < acc.end_ms:
+                acc.run.append(ms, vector)
+                acc.last_ts, acc.last_counts = ts, counts
+                return
+            elif ms < acc.end_ms + self._step_ms:
+                finished.append(acc.row(sid))
+            # else more than an interval later (a gap, or a target written again after it was
+            # handed over and back): no row, the round builds it from the raw samples - a
+            # writer never puts in a row for an interval the round may have passed, or pruned
+        step = self._step_ms
+        self._open[sid] = _OpenInterval(kind, ms // step * step, step, ts, ms, vector, counts)
 
     @staticmethod
     def _resolve(conn: Connection, key: SeriesKey, kind: str, new_series: dict[SeriesKey, int]) -> int:
@@ -467,7 +544,9 @@ def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: di
                 lo_ms: int, hi_ms: int, closed: bool) -> Iterable[tuple[int, lv.Chunk]]:
     """(series id, chunk) of the level rows whose interval starts in the range, in order."""
     params = {"ids": list(series_ids), "level": level, "lo": lo_ms / 1000, "hi": hi_ms / 1000}
-    for sid, n, first_ts, first, last_ts, last, resets, total, peak in conn.execute(_LEVEL_ROWS[closed], params):
+    # fetched at once: row by row, the driver's fetchone cost as much as decoding the row
+    for sid, n, first_ts, first, last_ts, last, resets, total, peak in conn.execute(_LEVEL_ROWS[closed],
+                                                                                    params).all():
         decode = decode_snapshot if kinds[sid] == "histogram" else decode_value
         yield sid, lv.Chunk(to_millis(first_ts), decode(bytes(first)), to_millis(last_ts), decode(bytes(last)), n,
                             decode_resets(resets), 0.0 if total is None else total,
@@ -506,10 +585,17 @@ DOWNSAMPLE_SLICE = 3600.0
 
 
 def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: float) -> dict[int, int]:
-    """Build the level rows of every interval that ended ``GRACE_SECONDS`` ago and is not
-    built yet: the finest level from raw samples, each coarser level from the one below.
+    """Complete the level rows of every interval that ended ``GRACE_SECONDS`` ago and is not
+    done yet: the finest level from raw samples, each coarser level from the one below.
     Idempotent (a slice's rows are replaced), so a crash halfway only repeats work. Reads
-    happen outside the short write transactions. Returns level rows written per level.
+    happen outside the short write transactions. Returns, per level, the rows of the
+    intervals it completed (kept or built).
+
+    The writer builds most finest-level rows as it writes (:class:`SampleWriter`). For
+    those, a slice costs two small grouped queries per series batch: the raw samples per
+    series and interval (counted in SQL) and the stored rows' ``n``. Only a series with an
+    interval whose count differs (a missing row, a row from a writer that did not see every
+    sample, or a row without samples) has its raw samples read and its rows rebuilt.
 
     ``begin``: a context manager yielding a connection in a transaction (``engine.begin``,
     or the migration's own connection)."""
@@ -539,17 +625,22 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
             for i in range(0, len(ids), DOWNSAMPLE_SERIES_BATCH):
                 batch = ids[i:i + DOWNSAMPLE_SERIES_BATCH]
                 with begin() as conn:
-                    per_series = _source_chunks(conn, batch, kinds, source, t, t_next)
+                    kept = 0
+                    if source is None:
+                        batch, kept = _stale_series(conn, batch, kinds, level, t, t_next)
+                    per_series = _source_chunks(conn, batch, kinds, source, t, t_next) if batch else {}
                 rows = []
                 for sid, chunks in per_series.items():
                     for bucket_ms, c in lv.downsample(chunks, level).items():
                         rows.append(_level_row(sid, kinds[sid], level, bucket_ms, c))
-                with begin() as conn:
-                    conn.execute(delete(SampleLevel).where(SampleLevel.series_id.in_(batch), SampleLevel.level == level,
-                                                           SampleLevel.bucket >= t, SampleLevel.bucket < t_next))
-                    if rows:
-                        conn.execute(insert(SampleLevel), rows)
-                written[level] += len(rows)
+                if batch:
+                    with begin() as conn:
+                        conn.execute(delete(SampleLevel).where(SampleLevel.series_id.in_(batch),
+                                                               SampleLevel.level == level,
+                                                               SampleLevel.bucket >= t, SampleLevel.bucket < t_next))
+                        if rows:
+                            _replace_levels(conn, rows)
+                written[level] += kept + len(rows)
             with begin() as conn:
                 moved = _set_progress(conn, level, t_next, expected=t if level in progress else None)
             if not moved:
@@ -562,6 +653,96 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
             progress[level] = done
         source = level
     return written
+
+
+def _level_insert(conn: Connection) -> sqlite.Insert | postgresql.Insert:
+    """``INSERT INTO sample_levels`` with the dialect's ``ON CONFLICT`` clauses."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(SampleLevel)
+
+
+_LEVEL_KEY = ("series_id", "level", "bucket")
+
+
+@functools.cache
+def _new_levels_sqlite() -> tuple[str, tuple[str, ...]]:
+    """SQLite's ``INSERT ... ON CONFLICT DO NOTHING`` of a level row, and its parameters' order."""
+    compiled = sqlite.insert(SampleLevel).on_conflict_do_nothing().compile(dialect=sqlite.dialect())
+    return str(compiled), tuple(compiled.positiontup or ())
+
+
+def _insert_new_levels(conn: Connection, rows: list[dict]) -> None:
+    """The writer's finished rows, unless a row is there already (``ON CONFLICT DO
+    NOTHING``). SQLite: positional rows straight to the driver, as :func:`_insert_rows`
+    (through ``conn.execute`` building the parameters cost as much as the insert)."""
+    if conn.dialect.name == "sqlite":
+        sql, names = _new_levels_sqlite()
+        conn.exec_driver_sql(sql, [tuple(row[name] for name in names) for row in rows])
+    else:
+        conn.execute(_level_insert(conn).on_conflict_do_nothing(), rows)
+
+
+def _replace_levels(conn: Connection, rows: list[dict]) -> None:
+    """Insert rebuilt level rows over any a writer put in since the slice's rows were
+    deleted (the round's rows are built from every raw sample: they win)."""
+    stmt = _level_insert(conn)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=list(_LEVEL_KEY),
+        set_={c.name: stmt.excluded[c.name] for c in SampleLevel.__table__.columns if c.name not in _LEVEL_KEY}),
+        rows)
+
+
+#: Raw samples per series and finest-level interval; the interval index is
+#: ``to_millis(ts) // step`` (``to_millis`` rounds half to even, ``floor(x + 0.5)`` half up:
+#: they differ only at an exact half millisecond k + 0.5 with k even, and then k + 1 is odd,
+#: never an interval start, so both land in the same interval).
+_INTERVAL_INDEX = {
+    "sqlite": "CAST(ts * 1000 + 0.5 AS INTEGER) / :step",
+    "postgresql": "CAST(floor(ts * 1000 + 0.5) AS BIGINT) / :step",
+}
+_RAW_COUNTS = {
+    (dialect, table): text(
+        f"SELECT series_id, {index} AS i, count(*) FROM {table} WHERE series_id IN :ids "
+        "AND ts >= :lo AND ts < :hi GROUP BY series_id, i").bindparams(bindparam("ids", expanding=True))
+    for dialect, index in _INTERVAL_INDEX.items() for table in ("histogram_samples", "scalar_samples")}
+_LEVEL_COUNTS = text("SELECT series_id, bucket, n FROM sample_levels WHERE series_id IN :ids AND level = :level "
+                     "AND bucket >= :lo AND bucket < :hi").bindparams(bindparam("ids", expanding=True))
+
+
+def raw_counts(conn: Connection, series_ids: Sequence[int], histogram: bool, level: int, start: float,
+               end: float) -> dict[tuple[int, int], int]:
+    """Raw samples per (series, interval start in ms) of ``level`` for the intervals that
+    start in ``[start, end)``, counted in SQL (read through the ``(series_id, ts)`` key)."""
+    step = level * 1000
+    lo_ms, hi_ms = to_millis(start), to_millis(end)
+    dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
+    query = _RAW_COUNTS[(dialect, "histogram_samples" if histogram else "scalar_samples")]
+    out = {}
+    for sid, index, count in conn.execute(query, {"ids": list(series_ids), "step": step, "lo": start - 0.001,
+                                                 "hi": end + 0.001}):
+        bucket_ms = int(index) * step
+        if lo_ms <= bucket_ms < hi_ms:
+            out[(sid, bucket_ms)] = int(count)
+    return out
+
+
+def _stale_series(conn: Connection, batch: Sequence[int], kinds: dict[int, str], level: int, start: float,
+                  end: float) -> tuple[list[int], int]:
+    """(the series of ``batch`` whose rows of the slice must be rebuilt from raw samples, the
+    rows of the others, kept): a row is kept when its ``n`` equals the raw samples stored in
+    its interval (a writer's row holds a subset of them, in time order, one a millisecond,
+    so equal counts mean every sample, and none duplicated within a millisecond). Any other
+    difference - a missing row, a row without samples - rebuilds the series."""
+    counts: dict[tuple[int, int], int] = {}
+    for histogram in (True, False):
+        ids = [sid for sid in batch if (kinds[sid] == "histogram") == histogram]
+        if ids:
+            counts.update(raw_counts(conn, ids, histogram, level, start, end))
+    stored = {(sid, to_millis(bucket)): n for sid, bucket, n in conn.execute(
+        _LEVEL_COUNTS, {"ids": list(batch), "level": level, "lo": start, "hi": end})}
+    stale = {key[0] for key in counts.keys() | stored.keys() if counts.get(key) != stored.get(key)}
+    kept = sum(1 for sid, _ in stored if sid not in stale)
+    return [sid for sid in batch if sid in stale], kept
 
 
 def _earliest(conn: Connection, source: int | None) -> float | None:
@@ -594,12 +775,21 @@ def _source_chunks(conn: Connection, batch: Sequence[int], kinds: dict[int, str]
     return out
 
 
-def _level_row(sid: int, kind: str, level: int, bucket_ms: int, c: lv.Chunk) -> dict:
-    histogram = kind == "histogram"
-    encode = (lambda v: encode_snapshot(v[:-2], v[-2], v[-1])) if histogram else (lambda v: encode_value(v[0]))
+def _level_row(sid: int, kind: str, level: int, bucket_ms: int, c: lv.Chunk,
+               counts: tuple[bytes, bytes] | None = None) -> dict:
+    """The ``sample_levels`` row of a chunk; ``counts``: a histogram's first and last counts
+    already encoded (:func:`app.store.encoding.encode_counts`), when the caller has them."""
+    if kind != "histogram":
+        first, last = encode_value(c.first[0]), encode_value(c.last[0])
+    elif counts is None:
+        first, last = encode_snapshot(c.first[:-2], c.first[-2], c.first[-1]), encode_snapshot(
+            c.last[:-2], c.last[-2], c.last[-1])
+    else:
+        first, last = snapshot_blob(counts[0], c.first[-2], c.first[-1]), snapshot_blob(
+            counts[1], c.last[-2], c.last[-1])
     gauge = kind == "gauge"
     return {"series_id": sid, "level": level, "bucket": bucket_ms / 1000, "n": c.n, "first_ts": c.first_ms / 1000,
-            "first": encode(c.first), "last_ts": c.last_ms / 1000, "last": encode(c.last),
+            "first": first, "last_ts": c.last_ms / 1000, "last": last,
             "resets": encode_resets(c.resets), "total": c.total if gauge else None, "peak": c.peak if gauge else None}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -370,3 +370,188 @@ def test_a_late_write_reopens_the_levels_it_falls_in(store) -> None:
         assert sum(len(t.chunks) for t in stored.timelines.values()) == 3  # the hourly rows alone
         assert stored.window(stored.series[0], t0, t0 + 3 * HOUR) == quantiles.window_histogram(
             BOUNDS, history.snapshots, t0, t0 + 3 * HOUR)
+
+
+# --------------------------------------------------------------------------- the finest level built at write time
+
+LEVEL_COLUMNS = "series_id, level, bucket, n, first_ts, first, last_ts, last, resets, total, peak"
+
+
+def stored_levels(engine) -> dict[tuple[int, int, float], tuple]:
+    """Every sample_levels row by (series, level, bucket), blobs as bytes."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT {LEVEL_COLUMNS} FROM sample_levels"))
+        return {tuple(row[:3]): tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows}
+
+
+def rebuilt_levels(engine, sessions, now: float) -> dict[tuple[int, int, float], tuple]:
+    """The rows a round builds from raw samples alone (no row from a writer)."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM sample_levels"))
+        conn.execute(text("DELETE FROM level_progress"))
+    retention.downsample(sessions, now=now)
+    return stored_levels(engine)
+
+
+def scrape(target_id: int, snap: HistogramSnapshot, tokens: float, i: int) -> ScrapeRecord:
+    """One scrape of the history, with a gauge that is sometimes -0.0 (SQLite reads it back as 0.0)."""
+    canonical = Canonical(engine="vllm")
+    canonical.histograms.append(CanonicalHistogram("ttft", "m", "0", BOUNDS, snap.counts, snap.sum, snap.count))
+    canonical.scalars.append(CanonicalScalar("generation_tokens_total", "counter", "m", "0", tokens))
+    canonical.scalars.append(CanonicalScalar("kv_usage", "gauge", "m", "0", -0.0 if i % 3 == 0 else (i % 7) / 10))
+    return ScrapeRecord(target_id, snap.ts, True, 0.002, 1000, 40, 30, 0, "vllm", None, None, canonical)
+
+
+def scrapes(target_id: int, history: History) -> list[ScrapeRecord]:
+    return [scrape(target_id, s, tokens, i) for i, (s, (_, tokens)) in enumerate(zip(history.snapshots,
+                                                                                      history.tokens))]
+
+
+def with_edge_samples(history: History, t0: float) -> History:
+    """The history plus a sample 0.4 ms before a 5-minute boundary (it rounds onto the boundary:
+    the later interval), one 0.6 ms before another (the earlier interval), and a second sample
+    in the same millisecond as an existing one (the first is kept)."""
+    snaps, toks = list(history.snapshots), list(history.tokens)
+
+    def insert_after(index: int, ts: float) -> None:
+        s = snaps[index]
+        snaps.insert(index + 1, HistogramSnapshot(ts, tuple(c + 1 for c in s.counts), s.sum + 0.5, s.count + 1))
+        toks.insert(index + 1, (ts, toks[index][1] + 7))
+
+    for boundary, offset in ((t0 + 5400, -0.0004), (t0 + 6000, -0.0006)):
+        i = max(k for k, s in enumerate(snaps) if s.ts < boundary + offset)
+        insert_after(i, boundary + offset)
+    i = next(k for k, s in enumerate(snaps) if s.ts > t0 + 4000)
+    insert_after(i, snaps[i].ts + 0.0002)
+    assert quantiles.to_millis(snaps[i].ts) == quantiles.to_millis(snaps[i + 1].ts)
+    return History(snaps, toks)
+
+
+def test_a_run_fed_sample_by_sample_is_the_combined_chunk() -> None:
+    """What the writer accumulates (``Run.append`` per raw sample) is ``combine`` of the raw
+    chunks, interval by interval, resets and restarts included."""
+    t0 = 1_700_006_400.0
+    raw = levels.chunks_from_samples((s.ts, vector(s)) for s in make_history(t0, 5).snapshots)
+    by_interval: dict[int, list[levels.Chunk]] = {}
+    for c in raw:
+        by_interval.setdefault(c.first_ms // 300_000, []).append(c)
+    with_resets = 0
+    for group in by_interval.values():
+        run = levels.Run()
+        for c in group:
+            run.append(c.first_ms, c.first)
+        assert run.chunk() == levels.combine(group)
+        with_resets += bool(run.resets)
+    assert with_resets == 2  # a restart and the bucket that drops alone (the other restart is on a boundary)
+
+
+def test_write_time_rows_equal_the_rows_built_from_raw_samples(store) -> None:
+    """Counter resets, engine restarts, a gap, samples on and next to 5-minute boundaries and
+    two in one millisecond: every row a writer put in is the row the round builds from the
+    raw samples, bit for bit, and after the round every row is."""
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 6 * HOUR
+    history = with_edge_samples(make_history(t0, 5), t0)
+    records = scrapes(target_id, history)
+    writer = SampleWriter(engine)
+    for i in range(0, len(records), 37):
+        writer.write(records[i:i + 37])
+    from_writer = stored_levels(engine)
+    # every interval but the open last one and the one before the gap (a writer leaves that one to the round)
+    assert len(from_writer) == 3 * (len({quantiles.to_millis(s.ts) // 300_000 for s in history.snapshots}) - 2)
+    now = t0 + 6 * HOUR
+    retention.downsample(sessions, now=now)
+    after_round = stored_levels(engine)
+    rebuilt = rebuilt_levels(engine, sessions, now)
+    assert after_round == rebuilt
+    assert {key: rebuilt[key] for key in from_writer} == from_writer
+    # the boundary samples are where Python puts them, in SQL too (else the round would rebuild)
+    with engine.connect() as conn:
+        counts = repository.raw_counts(conn, [1], True, 300, t0 + 5100, t0 + 6300)
+    assert {ms / 1000 - t0: n for (_, ms), n in counts.items()} == {5100: 20, 5400: 21, 5700: 21, 6000: 20}
+
+
+def test_a_hand_over_within_an_interval_is_rebuilt_exactly(store) -> None:
+    """Two replicas' writers write the same series in turns (a target handed over and back
+    inside 5-minute intervals): each writer's rows miss the other's samples, the round sees
+    the counts differ and rebuilds them."""
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 3 * HOUR
+    records = scrapes(target_id, make_history(t0, 1.5))
+    writers = [SampleWriter(engine), SampleWriter(engine)]
+    for turn, i in enumerate(range(0, len(records), 7)):
+        assert writers[turn % 2].write(records[i:i + 7]) == len(records[i:i + 7])
+    partial = [row for row in stored_levels(engine).values() if row[3] < 20]
+    assert partial  # the scenario really left rows holding part of an interval
+    now = t0 + 3 * HOUR
+    written = retention.downsample(sessions, now=now)
+    assert written[300] == 3 * 18
+    assert stored_levels(engine) == rebuilt_levels(engine, sessions, now)
+
+
+def test_a_late_batch_leaves_exact_rows(store) -> None:
+    """Older samples written after newer ones (a batch kept through an outage), before and
+    after the round passed them: the writer drops what it held, the round rebuilds."""
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 4 * HOUR
+    records = scrapes(target_id, make_history(t0, 2.5))
+    late = records[100:130] + records[300:310]
+    on_time = [r for r in records if r not in late]
+    writer = SampleWriter(engine)
+    on_time_a = [r for r in on_time if r.ts < t0 + 5000]
+    writer.write(on_time_a)
+    retention.downsample(sessions, now=t0 + 5000)  # the intervals of records[100:130] are done by now
+    writer.write([r for r in on_time if r.ts >= t0 + 5000][:40])
+    writer.write(late)
+    writer.write([r for r in on_time if r.ts >= t0 + 5000][40:])
+    before_round = stored_levels(engine)
+    now = t0 + 4 * HOUR
+    retention.downsample(sessions, now=now)
+    after_round = stored_levels(engine)
+    assert sum(1 for key in after_round if key[1] == 300) == 3 * 29  # the gap empties one interval
+    rebuilt = rebuilt_levels(engine, sessions, now)
+    assert after_round == rebuilt
+    # a writer's row is exact or holds part of its interval's samples, never a late one
+    partial = [key for key, row in before_round.items() if row != rebuilt[key]]
+    assert partial and all(before_round[key][3] < rebuilt[key][3] for key in partial)
+
+
+def test_the_round_reads_no_raw_sample_when_the_writer_rows_are_complete(store) -> None:
+    """Every interval's row is in from the writer with all its samples: the round counts
+    samples in SQL and reads no raw sample row; it rebuilds none."""
+    from tests.api.conftest import counted_statements
+
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 3 * HOUR
+    records = scrapes(target_id, make_history(t0, 2))
+    writer = SampleWriter(engine)
+    for i in range(0, len(records), 50):
+        writer.write(records[i:i + 50])
+    from_writer = stored_levels(engine)
+    assert len(from_writer) == 3 * 23  # the last interval is still open
+    with counted_statements(engine) as statements:
+        written = retention.downsample(sessions, now=t0 + 2 * HOUR - 300 + levels.GRACE_SECONDS)
+    assert written == {300: 3 * 23, 3600: 3 * 1}
+    raw_reads = [s for s in statements if "_samples" in s and "count(*)" not in s]
+    assert raw_reads == ["SELECT min(histogram_samples.ts) AS min_1 \nFROM histogram_samples",
+                         "SELECT min(scalar_samples.ts) AS min_1 \nFROM scalar_samples"]
+    assert [s.split()[0] for s in statements if "sample_levels" in s].count("DELETE") == 1  # the hourly slice's
+    assert {k: v for k, v in stored_levels(engine).items() if k[1] == 300} == from_writer
+
+
+def test_a_writer_puts_in_no_row_for_an_interval_long_past(store) -> None:
+    """A replica that wrote part of an interval, handed the target over and writes it again a
+    day later (the interval's row long built by the round, maybe pruned) adds no row for it."""
+    engine, sessions, target_id = store
+    t0 = math.floor(time.time() / HOUR) * HOUR - 30 * HOUR
+    records = scrapes(target_id, make_history(t0, 0.1))
+    writer = SampleWriter(engine)
+    writer.write(records[:5])
+    writer.write([replace(records[5], ts=records[5].ts + 86400)])
+    assert stored_levels(engine) == {}
+    writer.write([replace(records[6], ts=records[6].ts + 86400), replace(records[20], ts=records[20].ts + 86400)])
+    assert [key[2] - t0 for key in stored_levels(engine)] == [86400.0] * 3  # the next interval's row is in
