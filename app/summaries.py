@@ -39,13 +39,17 @@ class FleetSummary:
     start: float
     end: float
     body: dict[str, Any]
+    took: float = 0.0  # seconds the round ran (:func:`answers`)
 
 
-def answers(start: float, end: float, seconds: float, now: float, interval: float) -> bool:
+def answers(start: float, end: float, seconds: float, now: float, interval: float, took: float = 0.0) -> bool:
     """Whether a round's result over ``[start, end]`` answers a request for the last
-    ``seconds`` at ``now``: same window length, computed within the last two intervals of
-    its round (else the request reads samples itself)."""
-    return math.isclose(end - start, seconds, abs_tol=1e-3) and now - end <= 2 * interval
+    ``seconds`` at ``now``: same window length, computed within the last two of its rounds
+    (else the request reads samples itself). A round lasts its ``interval``, or what it
+    ``took`` when it ran longer: under load a late round's answer, which says its
+    ``start``/``end``, is still served. Recomputing it for every request instead (all
+    targets each time) is what made a saturated process slower still (bench/load.py)."""
+    return math.isclose(end - start, seconds, abs_tol=1e-3) and now - end <= 2 * max(interval, took)
 
 
 def fleet_members(session: Session) -> tuple[list[Target], list[Target]]:
@@ -104,8 +108,10 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
                       keep: Callable[[FleetSummary], None] | None = None) -> None:
     """Recompute the summaries and hand them to the collector in one assignment; ``keep`` is
     given the fleet view's answer over the same window."""
+    began = time.monotonic()
     end = time.time() if end is None else end
     collector.summaries = latency_summaries(sessions, window, end, sources)
     if keep is not None:
         with sessions() as session:
-            keep(FleetSummary(end - window, end, fleet_report(session, window, end)))
+            body = fleet_report(session, window, end)
+        keep(FleetSummary(end - window, end, body, time.monotonic() - began))

@@ -50,6 +50,7 @@ class RoundSummaries:
     start: float
     end: float
     by_target: dict[int, dict[str, SignalSummary]] = field(default_factory=dict)
+    took: float = 0.0  # seconds the round ran (app.summaries.answers)
 
 
 def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
@@ -64,6 +65,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
     verdict and none of its findings moves - missing data never resolves or fires anything.
     Gone targets (discovery no longer lists them) are not evaluated either. ``keep`` is given
     the round's per-target summaries (:class:`RoundSummaries`)."""
+    began = time.monotonic()
     now = time.time() if now is None else now
     results: list[RoundResult] = []
     source_windows: dict[int, TargetWindow] = {}
@@ -118,7 +120,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         states = {(name, row.model, row.regime): row.state
                   for name, row in repository.finding_history(session, states=("pending", "active"))}
     if keep is not None:
-        keep(RoundSummaries(now - config.window, now, summaries))
+        keep(RoundSummaries(now - config.window, now, summaries, time.monotonic() - began))
     if collector is not None:
         collector.diagnoses = [_exported(diagnosis, data, states) for (diagnosis, _), data in zip(results, saved,
                                                                                                   strict=True)]

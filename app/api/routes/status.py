@@ -572,9 +572,11 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
 
 def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | None:
     """The last diagnosis round's per-target summaries when they answer this page: same window
-    length, and computed within the last two intervals (else the page reads samples itself)."""
+    length, and computed within the last two of its rounds (:func:`app.summaries.answers`;
+    else the page reads samples itself)."""
     kept = getattr(monitor, "round_summaries", None)
-    if kept is None or not answers(kept.start, kept.end, seconds, now, monitor.diagnosis_config.interval):
+    if kept is None or not answers(kept.start, kept.end, seconds, now, monitor.diagnosis_config.interval,
+                                   kept.took):
         return None
     return kept
 

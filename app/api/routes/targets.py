@@ -280,7 +280,8 @@ def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, w
     seconds, until = time_range(window, start, end)
     kept = monitor.fleet_summary
     if start is None and end is None and kept is not None and \
-            summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval):
+            summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval,
+                              kept.took):
         return {"window": window, **kept.body}
     with bounded(budget), statement_budget(session, budget):
         return {"window": window, **summaries.fleet_report(session, seconds, until)}
