@@ -38,7 +38,10 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   that would also run during the round (summaries, alerts, diagnosis) get a one-hour
   interval. The round is ``monitor.evaluate_diagnoses(now)`` - discovery, target rows,
   every window, diagnosis and persistence - run twice per N: the first round inserts the
-  newly discovered targets, the second is a steady round.
+  newly discovered targets, the second is a steady round. A third, "engines paused", is a
+  steady round evaluated at the moment the engines' page server was stopped (SIGSTOP, resumed
+  after the round): Prometheus then has the CPU to itself to answer, as on a cluster where
+  the engines and Prometheus do not share the monitor's two cores.
 
 Measured per round: wall time, CPU time of this process (``time.process_time``: the round's
 threads included; Prometheus and the page server are other processes), HTTP API calls
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -75,7 +79,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -475,10 +479,11 @@ sources:
 """
 
 
-def measure_round(client: Any, monitor: Any, recorder: Recorder, prom_url: str, n: int, kind: str) -> RoundRow:
+def measure_round(client: Any, monitor: Any, recorder: Recorder, prom_url: str, n: int, kind: str,
+                  now: float | None = None) -> RoundRow:
     recorder.take()
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    results = monitor.evaluate_diagnoses(now=time.time())
+    results = monitor.evaluate_diagnoses(now=time.time() if now is None else now)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     rss = rss_mb()
     calls = recorder.take()
@@ -504,7 +509,22 @@ def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, An
     return first, statistics.median(runs), result
 
 
-def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float) -> int:
+@contextlib.contextmanager
+def engines_paused(pid: int) -> Iterator[float]:
+    """The engines' page server stopped (SIGSTOP) for the block; yields the time it stopped.
+    Prometheus then only answers queries (its scrapes wait on the stopped server), so a
+    round evaluated at that time shows the round with Prometheus' CPU to itself - as on a
+    cluster, where the engines and Prometheus do not share the monitor's two cores."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        at = time.time()
+        time.sleep(1.0)
+        yield at
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float, engines_pid: int) -> int:
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -549,6 +569,12 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                     print(f"# N={n} {kind}: {row.wall:.2f} s wall, {row.cpu:.2f} s CPU, {row.queries} queries, "
                           f"{row.discovered} targets, verdicts {dict(row.verdicts)}", file=sys.stderr)
                     time.sleep(2.0)
+                with engines_paused(engines_pid) as at:
+                    row = measure_round(client, monitor, recorder, prom.url, n, "steady, engines paused", at)
+                rows.append(row)
+                print(f"# N={n} steady with the engines paused: {row.wall:.2f} s wall, {row.cpu:.2f} s CPU",
+                      file=sys.stderr)
+                time.sleep(2.0)
 
             name = target_name(SOURCE, (NAMESPACE, "engine-0"))
             span = prom_duration(days * 86400)
@@ -581,7 +607,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {r.kind} | {r.discovered:,} | {r.queries} | {fmt_s(r.wall)} | {fmt_s(r.cpu)} | "
               f"{r.rss:,.0f} MB | {fmt_s(r.bare)} | {r.wall / r.bare:.1f}x | {fmt_s(max(0.0, r.wall - r.bare))} | "
               f"{r.wall / base[r.kind]:.1f}x |")
-    last = rows[-1]
+    last = next(r for r in reversed(rows) if r.kind == "steady")
     print(f"\nThe N={last.n:,} {last.kind} round's queries sent one at a time: {fmt_s(sum(c[0] for c in last.costs))} "
           "in all; the slowest:\n")
     print("| seconds | response bytes | query |")
@@ -642,7 +668,7 @@ def main() -> int:
             tmp = Path(tmp_name)
             port = parent.recv()
             print(f"# {len(SCENARIOS)} scenario replays served by pid {engines.pid} on port {port}", file=sys.stderr)
-            return run(tmp, port, sizes, replays, args.history_days)
+            return run(tmp, port, sizes, replays, args.history_days, engines.pid)
     finally:
         engines.terminate()
         engines.join(30)
