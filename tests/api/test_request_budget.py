@@ -86,18 +86,30 @@ def _asgi_get(service: Service, path: str, query: str) -> list[dict]:
     return sent
 
 
-def test_the_api_stops_a_fleet_request_whose_client_went_away(quiet_service: Service,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
-    _fleet(quiet_service, 20)
+#: read -> (targets in the fleet, path, what a client that stays gets)
+STOPPED_READS = {
+    "fleet view": (20, "/api/v1/latency", lambda r: r.json()["ttft"]["count"] > 0),
+    "target page": (1, "/targets/t00",
+                    lambda r: "<h1>t00</h1>" in r.text and "TTFT over the last 60 min: p50" in r.text),
+}
+
+
+@pytest.mark.parametrize("read", sorted(STOPPED_READS))
+def test_a_read_whose_client_went_away_stops(quiet_service: Service, caplog: pytest.LogCaptureFixture,
+                                            read: str) -> None:
+    targets, path, whole = STOPPED_READS[read]
+    _fleet(quiet_service, targets)
     stopped = quiet_service.monitor.telemetry.requests_stopped
     with caplog.at_level(logging.INFO, logger="app.api.errors"):
-        sent = _asgi_get(quiet_service, "/api/v1/latency", "window=1h")
+        sent = _asgi_get(quiet_service, path, "window=1h")
     assert sent[0]["status"] == 499
     # the first poll found the request, the second (POLL_EVERY checks later) the disconnect
     assert f"the work stopped after {POLL_EVERY + 1} checks" in caplog.text
     assert stopped.labels("disconnect")._value.get() == 1.0
+    assert stopped.labels("budget")._value.get() == 0.0
     # a client that stays gets the whole answer
-    assert quiet_service.client.get("/api/v1/latency", params={"window": "1h"}).json()["ttft"]["count"] > 0
+    response = quiet_service.client.get(path, params={"window": "1h"})
+    assert response.status_code == 200 and whole(response)
 
 
 def test_a_request_past_its_budget_gets_503_naming_it(migrated_url: str, tmp_path: Path) -> None:
@@ -137,23 +149,6 @@ def test_the_status_pages_past_their_budget_get_503_naming_it(migrated_url: str,
         index = c.get("/")
         assert index.status_code == 200 and 'data-target="t01"' in index.text
         assert stopped._value.get() == 2.0
-
-
-def test_the_target_page_stops_when_its_client_went_away(quiet_service: Service,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    _fleet(quiet_service, 1)
-    stopped = quiet_service.monitor.telemetry.requests_stopped
-    with caplog.at_level(logging.INFO, logger="app.api.errors"):
-        sent = _asgi_get(quiet_service, "/targets/t00", "window=1h")
-    assert sent[0]["status"] == 499
-    assert f"the work stopped after {POLL_EVERY + 1} checks" in caplog.text
-    assert stopped.labels("disconnect")._value.get() == 1.0
-    assert stopped.labels("budget")._value.get() == 0.0
-    # a client that stays gets the whole page
-    page = quiet_service.client.get("/targets/t00", params={"window": "1h"})
-    assert page.status_code == 200
-    assert "<h1>t00</h1>" in page.text and "TTFT over the last 60 min: p50" in page.text
-    assert stopped.labels("disconnect")._value.get() == 1.0
 
 
 def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:
