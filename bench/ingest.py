@@ -16,11 +16,13 @@ PASS/MISS against the ingest targets:
     thread). Each round's batch is written in a worker thread (``asyncio.to_thread``,
     as ``ScrapeService.flush`` does) after the round's scrapes finished, so the split
     is exact. PostgreSQL's server-side CPU (our backends' utime+stime from /proc) is
-    reported separately: it is not in our process. Time inside the cyclic GC is
+    added to ours (Prometheus' figure includes its storage) and shown beside it. The
+    5-minute level is built by the writer (the downsample round's check that remains is
+    not in this path; bench/query.py measures it). Time inside the cyclic GC is
     reported too (``gc.callbacks``). Targets are created with ``engine="vllm"``, which is
     what an ``auto`` target becomes after its first page (same parser and adapter).
     Not included: APScheduler's per-job overhead and the telemetry callback (``on_result``).
-    Target: CPU per scrape <= Prometheus' CPU per scrape of the same page.
+    Target: CPU per scrape <= half of Prometheus' CPU per scrape of the same page.
 (c) Debian's Prometheus 2.42 scraping the same pages from the same server: CPU per
     scrape = delta of its ``process_cpu_seconds_total`` / delta of
     ``sum(prometheus_target_interval_length_seconds_count)`` (one per scrape) over a
@@ -585,6 +587,9 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
     return result
 
 
+#: the whole path's CPU per scrape (the database server's included) against Prometheus'
+TARGET_INGEST_RATIO = 0.5
+
 KEY_FUNCTIONS = (  # (file suffix, function name, what)
     ("app/scrape/jobs.py", "run", "TargetScraper.run (one scrape, event-loop part)"),
     ("app/scrape/client.py", "fetch", "  PageFetcher.fetch (aiohttp)"),
@@ -983,7 +988,8 @@ def main(argv: list[str] | None = None) -> int:
                         fmt_ratio(r), "—", verdict(None)))
     for i, r in enumerate(paths, 1):
         pr = prom.get(r.page)
-        ours = r.us(r.cpu_total) / 1e6
+        # Prometheus' CPU includes its storage: the PostgreSQL server's CPU is counted in ours
+        ours = r.us(r.cpu_total + (r.pg_server_cpu or 0.0)) / 1e6
         if pr is not None and pr.scrapes:
             base_s, base = pr.us_per_scrape / 1e6, f"Prometheus {fmt_us(pr.us_per_scrape / 1e6)}"
         elif r.page == "1-model":
@@ -991,11 +997,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             base_s, base = float("nan"), "Prometheus not run"
         ratio = ours / base_s
-        extra = "" if r.pg_server_cpu is None else f"; + {r.us(r.pg_server_cpu):,.0f} µs in the PostgreSQL server"
+        extra = "" if r.pg_server_cpu is None else f"; of it {r.us(r.pg_server_cpu):,.0f} µs in the PostgreSQL server"
         rows.append(Row(f"b{i}", f"whole path CPU/scrape, {r.page}, {r.db} "
-                                 f"({1e6 / r.us(r.cpu_total):,.0f} scrapes/s/core{extra})",
-                        fmt_us(ours), base, fmt_ratio(ratio), "≤ 1 (≤ Prometheus)",
-                        verdict(None if ratio != ratio else ratio <= 1.0)))
+                                 f"({1e6 / r.us(r.cpu_total):,.0f} scrapes/s/core in our process{extra})",
+                        fmt_us(ours), base, fmt_ratio(ratio), f"≤ {TARGET_INGEST_RATIO:g} of Prometheus",
+                        verdict(None if ratio != ratio else ratio <= TARGET_INGEST_RATIO)))
     for i, p in enumerate(prom.values(), 1):
         rows.append(Row(f"c{i}", f"Prometheus 2.42 CPU/scrape, {p.page}, {p.targets} targets "
                                  f"({1e6 / p.us_per_scrape if p.scrapes else float('nan'):,.0f} scrapes/s/core)",
