@@ -42,7 +42,7 @@ class FleetSummary:
     took: float = 0.0  # seconds the round ran (:func:`answers`)
 
 
-def answers(start: float, end: float, seconds: float, now: float, interval: float, took: float = 0.0) -> bool:
+def answers(start: float, end: float, seconds: float, now: float, interval: float, took: float) -> bool:
     """Whether a round's result over ``[start, end]`` answers a request for the last
     ``seconds`` at ``now``: same window length, computed within the last two of its rounds
     (else the request reads samples itself). A round lasts its ``interval``, or what it
