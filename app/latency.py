@@ -197,14 +197,16 @@ class StoredWindows:
 
 
 def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[str], start: float, end: float,
-                 model: str | None = None, max_level: int | None = None) -> StoredWindows:
+                 model: str | None = None, max_level: int | None = None, *, many: bool = False) -> StoredWindows:
     """The series of ``signals`` (histograms, gauges or counters) over ``[start, end]``, read
-    at the coarsest level that answers it (``max_level``: coarsest allowed)."""
+    at the coarsest level that answers it (``max_level``: coarsest allowed). ``many``: the
+    caller asks for many windows inside it (a series of points), so raw samples stay one
+    chunk each; for the one window ``[start, end]`` they are folded as they are read."""
     series = repository.find_series(session, target_ids, signals, model)
     checkpoint()
     raw_since, done = repository.level_progress(session)
     plan = levels.plan(start, end, raw_since, done, max_level)
-    return StoredWindows(series, repository.timelines(session, series, plan))
+    return StoredWindows(series, repository.timelines(session, series, plan, fold_raw=not many))
 
 
 def _model_window(stored: StoredWindows, start: float, end: float, model: str | None) -> ModelWindow:
@@ -405,7 +407,8 @@ def quantile_series(session: Session, target_ids: Sequence[int], signal: str, q:
     # every window's edges are multiples of step and lookback: a level dividing both answers whole intervals
     coarsest = max((lv for lv in levels.LEVELS if to_millis(step) % (lv * 1000) == 0
                     and to_millis(lookback) % (lv * 1000) == 0), default=0)
-    loaded = load_windows(session, target_ids, (signal,), first - lookback, end, model, max_level=coarsest)
+    loaded = load_windows(session, target_ids, (signal,), first - lookback, end, model, max_level=coarsest,
+                          many=True)
     points = []
     t = first
     while t <= end + 1e-9:

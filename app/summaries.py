@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.latency import SignalSummary
+from app.latency import HISTOGRAM_SIGNALS, SignalSummary
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
 from app.store.models import Target
+from app.window import TargetWindow, merge_windows
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
     from app.promsource.service import SourceService
@@ -67,51 +68,58 @@ def fleet_members(session: Session) -> tuple[list[Target], list[Target]]:
 def fleet_report(session: Session, seconds: float, end: float) -> dict[str, Any]:
     """The body of ``GET /api/v1/latency`` (without ``window``): every target's histograms
     summed by ``le`` over ``[end - seconds, end]``, read in a fixed number of set-based
-    queries whatever the number of targets."""
+    queries per chunk of targets whatever the number of targets."""
     targets, excluded = fleet_members(session)
-    report = latency.latency_report(session, [t.id for t in targets], seconds, end)
+    windows = latency.store_windows(session, [t.id for t in targets], end - seconds, end, HISTOGRAM_SIGNALS)
+    return fleet_body(targets, excluded, windows, end - seconds, end)
+
+
+def fleet_body(targets: list[Target], excluded: list[Target], windows: dict[int, TargetWindow], start: float,
+               end: float) -> dict[str, Any]:
+    """The fleet view from each member's own window (:func:`app.window.merge_windows`: the
+    targets summed by ``le``, as ``sum by (le)`` over all their series is), so the summary
+    round derives it from the windows it reads for the per-target gauges, and a request
+    for another window gets the same computation."""
+    merged = merge_windows({t.name: windows[t.id] for t in targets}, start, end)
     extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
-    return {"targets": [t.name for t in targets], **extra, **report}
+    return {"targets": [t.name for t in targets], **extra, **latency.report_from_window(merged)}
 
 
-def latency_summaries(sessions: sessionmaker[Session], window: float, end: float | None = None,
-                      sources: SourceService | None = None) -> dict[tuple[str, str, str], SignalSummary]:
-    """(target, model, signal) -> the summary of every time signal over ``[end - window, end]``;
-    a Prometheus source's replicas from one set of queries per source (``sources``)."""
-    end = time.time() if end is None else end
-    summaries: dict[tuple[str, str, str], SignalSummary] = {}
-    with sessions() as session:
-        targets = [t for t in repository.list_targets(session) if t.gone_at is None]
-        stored = [t for t in targets if t.source not in DISCOVERED_BY_SOURCES]
-        # every stored target in one set of queries per chunk (store_windows), not one per target
-        windows = latency.store_windows(session, [t.id for t in stored], end - window, end, TIME_SIGNALS)
-        for target in stored:
-            for model, model_window in windows[target.id].models.items():
-                if not model_window.histograms:
-                    continue
-                for signal, summary in latency.summarize_histograms(model_window.histograms).items():
-                    if signal in TIME_SIGNALS:
-                        summaries[(target.name, model, signal)] = summary
-        replicas = [t for t in targets if t.source == SOURCE_KIND]
-    if sources is not None and replicas:
-        names = {t.id: t.name for t in replicas}
-        for target_id, target_window in sources.windows_of(replicas, end - window, end, TIME_SIGNALS).items():
-            for model, model_window in target_window.models.items():
-                for signal, summary in latency.summarize_histograms(model_window.histograms).items():
-                    if signal in TIME_SIGNALS:
-                        summaries[(names[target_id], model, signal)] = summary
-    return summaries
+def _time_summaries(name: str, window: TargetWindow, out: dict[tuple[str, str, str], SignalSummary]) -> None:
+    for model, model_window in window.models.items():
+        if model_window.histograms:
+            for signal, summary in latency.summarize_histograms(
+                    {s: h for s, h in model_window.histograms.items() if s in TIME_SIGNALS}).items():
+                out[(name, model, signal)] = summary
 
 
 def refresh_summaries(sessions: sessionmaker[Session], window: float, collector: DerivedLatencyCollector,
                       end: float | None = None, sources: SourceService | None = None,
                       keep: Callable[[FleetSummary], None] | None = None) -> None:
-    """Recompute the summaries and hand them to the collector in one assignment; ``keep`` is
-    given the fleet view's answer over the same window."""
+    """One summary round: (target, model, signal) -> the summary of every time signal over
+    ``[end - window, end]`` for the collector, in one assignment (a Prometheus source's
+    replicas from one set of queries per source), and, for ``keep``, the fleet view's answer
+    over the same window, derived from the same windows: each stored target's samples are
+    read once per round (:func:`app.latency.store_windows`, bounded chunks of targets)."""
     began = time.monotonic()
     end = time.time() if end is None else end
-    collector.summaries = latency_summaries(sessions, window, end, sources)
-    if keep is not None:
-        with sessions() as session:
-            body = fleet_report(session, window, end)
-        keep(FleetSummary(end - window, end, body, time.monotonic() - began))
+    start = end - window
+    summaries: dict[tuple[str, str, str], SignalSummary] = {}
+    with sessions() as session:
+        members, excluded = fleet_members(session)
+        everything = [*members, *excluded]
+        current = [t for t in everything if t.gone_at is None and t.source not in DISCOVERED_BY_SOURCES]
+        read = {t.id for t in current} | ({t.id for t in members} if keep is not None else set())
+        windows = latency.store_windows(session, sorted(read), start, end, HISTOGRAM_SIGNALS)
+        for target in current:
+            _time_summaries(target.name, windows[target.id], summaries)
+        body = fleet_body(members, excluded, windows, start, end) if keep is not None else None
+        replicas = [t for t in everything if t.source == SOURCE_KIND and t.gone_at is None]
+        del windows
+    if sources is not None and replicas:
+        names = {t.id: t.name for t in replicas}
+        for target_id, target_window in sources.windows_of(replicas, start, end, TIME_SIGNALS).items():
+            _time_summaries(names[target_id], target_window, summaries)
+    collector.summaries = summaries
+    if keep is not None and body is not None:
+        keep(FleetSummary(start, end, body, time.monotonic() - began))

@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -83,9 +83,31 @@ ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 12
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
-class DerivedLatencyCollector(Collector):
+class RenderedPerRound(Collector):
+    """A collector whose data a round replaces whole (never changes in place): its text on
+    ``/metrics`` is rendered once per replacement and reused by every scrape until the next.
+    At 1,000 targets these families are tens of thousands of lines; rendering them for each
+    of many concurrent readers of ``/metrics`` cost more than everything else the endpoint
+    does (bench/load.py). ``_data``: the attributes a round assigns."""
+
+    _data: tuple[str, ...] = ()
+    _rendered: tuple[tuple[object, ...], bytes] | None = None
+
+    def rendered(self) -> bytes:
+        state = tuple(getattr(self, name) for name in self._data)
+        cached = self._rendered
+        if cached is None or any(a is not b for a, b in zip(cached[0], state, strict=True)):
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(self)
+            cached = self._rendered = (state, generate_latest(registry))  # holds the data it was made of
+        return cached[1]
+
+
+class DerivedLatencyCollector(RenderedPerRound):
     """Exposes the latest latency summaries; computed by a job, not at scrape time,
     so a Prometheus scraping every 5 s never triggers database work."""
+
+    _data = ("summaries",)
 
     def __init__(self) -> None:
         # (target, model, signal) -> its summary over the latency window
@@ -112,8 +134,10 @@ class DerivedLatencyCollector(Collector):
         yield count
 
 
-class DiagnosisCollector(Collector):
+class DiagnosisCollector(RenderedPerRound):
     """Exports the latest diagnoses and alerts; both lists are replaced by their jobs."""
+
+    _data = ("diagnoses", "alerts")
 
     def __init__(self) -> None:
         self.diagnoses: list[dict] = []   # Diagnosis.to_dict() with finding states
@@ -151,9 +175,11 @@ class DiagnosisCollector(Collector):
         yield from (verdict, confidence, evidence, threshold, remedy, alerts)
 
 
-class CapacityCollector(Collector):
+class CapacityCollector(RenderedPerRound):
     """Exports the capacity signal (:mod:`app.capacity`); the list is replaced after each
     diagnosis round."""
+
+    _data = ("assessments",)
 
     def __init__(self) -> None:
         self.assessments: list[Capacity] = []
@@ -228,16 +254,20 @@ class Telemetry:
                                            registry=r)
         self.deliveries = Counter("llm_latency_deliveries", "Notification delivery attempts.", ["receiver", "result"],
                                   registry=r)
+        # per target and replaced by rounds: rendered once per round (exposition()), not on this registry
         self.derived = DerivedLatencyCollector()
-        r.register(self.derived)
         self.diagnosis = DiagnosisCollector()
-        r.register(self.diagnosis)
         self.capacity = CapacityCollector()
-        r.register(self.capacity)
+        self.per_round: tuple[RenderedPerRound, ...] = (self.derived, self.diagnosis, self.capacity)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
         self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
         r.register(self.slo)
+
+    def exposition(self) -> bytes:
+        """The body of ``/metrics``: the registry's metrics, then the round collectors' text
+        as their last round left it (families disjoint, so the two parts concatenate)."""
+        return generate_latest(self.registry) + b"".join(c.rendered() for c in self.per_round)
 
     def observe_round(self, name: str, seconds: float, interval: float) -> None:
         """One run of a periodic round (:func:`app.scheduling.add_round`)."""

@@ -523,21 +523,52 @@ _LEVEL_ROWS = {closed: text(_LEVEL_COLUMNS + "WHERE series_id IN :ids AND level 
     bindparam("ids", expanding=True)) for closed in (False, True)}
 
 
-def _raw_rows(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
-              closed: bool) -> Iterable[tuple[int, float, tuple[float, ...]]]:
-    """(series id, ts, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed), in
-    series and time order. A histogram's vector is its counts, then ``_sum`` and ``_count``.
-    Plain SQL text: on a short window building the ORM expression cost more than the rows."""
+def _raw_samples(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
+                 closed: bool) -> Iterable[tuple[int, int, tuple[float, ...]]]:
+    """(series id, ms, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed), in
+    series and time order, one per millisecond (the first, as Prometheus keeps one). A
+    histogram's vector is its counts, then ``_sum`` and ``_count``. Plain SQL text: on a
+    short window building the ORM expression cost more than the rows. Fetched
+    :data:`RAW_FETCH` rows at a time: row by row the driver's per-row calls cost as much as
+    decoding the rows, all at once would hold a round's every sample."""
     params = {"ids": list(series_ids), "lo": lo_ms / 1000 - 0.001, "hi": hi_ms / 1000 + 0.001}
-    for row in conn.execute(_RAW_HISTOGRAMS if histogram else _RAW_SCALARS, params):
-        ms = to_millis(row[1])
-        if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed):
-            continue
-        if histogram:
-            vector = (*decode_counts(row[2]), math.nan if row[3] is None else row[3], row[4])
-        else:
-            vector = (row[2],)
-        yield row[0], row[1], vector
+    last_sid = last_ms = None
+    for rows in conn.execute(_RAW_HISTOGRAMS if histogram else _RAW_SCALARS, params).partitions(RAW_FETCH):
+        for row in rows:
+            sid, ms = row[0], int(round(row[1] * 1000.0))  # to_millis, inline: once per raw sample
+            if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed) or (ms == last_ms and sid == last_sid):
+                continue
+            last_sid, last_ms = sid, ms
+            if histogram:
+                yield sid, ms, (*decode_counts(row[2]), math.nan if row[3] is None else row[3], row[4])
+            else:
+                yield sid, ms, (row[2],)
+
+
+#: Raw rows fetched per driver call (:func:`_raw_samples`).
+RAW_FETCH = 5000
+
+
+def _raw_chunks(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
+                closed: bool, fold: bool = False) -> dict[int, list[lv.Chunk]]:
+    """Each series' raw samples in the range as chunks: one per sample, or with ``fold`` all
+    of a series' samples as one chunk (exactly :func:`app.store.levels.combine` of them,
+    without a chunk per sample) - for a reader that asks only for windows containing the
+    whole range."""
+    out: dict[int, list[lv.Chunk]] = defaultdict(list)
+    if not fold:
+        for sid, ms, vector in _raw_samples(conn, series_ids, histogram, lo_ms, hi_ms, closed):
+            out[sid].append(lv.raw_chunk(ms, vector))
+        return out
+    runs: dict[int, lv.Run] = {}
+    for sid, ms, vector in _raw_samples(conn, series_ids, histogram, lo_ms, hi_ms, closed):
+        run = runs.get(sid)
+        if run is None:
+            run = runs[sid] = lv.Run()
+        run.append(ms, vector)
+    for sid, run in runs.items():
+        out[sid].append(run.chunk())
+    return out
 
 
 def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: dict[int, str], level: int,
@@ -553,10 +584,12 @@ def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: di
                             -math.inf if peak is None else peak)
 
 
-def timelines(session: Session, series: Sequence[SeriesRef],
-              segments: Sequence[lv.Segment]) -> dict[int, lv.Timeline]:
+def timelines(session: Session, series: Sequence[SeriesRef], segments: Sequence[lv.Segment],
+              fold_raw: bool = False) -> dict[int, lv.Timeline]:
     """The chunks of every series over a read plan (:func:`app.store.levels.plan`): one
-    query per segment and table, whatever the number of series."""
+    query per segment and table, whatever the number of series. ``fold_raw``: the caller
+    asks only for the one window the plan covers, so each raw segment of a series is one
+    chunk (:func:`_raw_chunks`)."""
     chunks: dict[int, list[lv.Chunk]] = {s.id: [] for s in series}
     kinds = {s.id: s.kind for s in series}
     hist_ids = [s.id for s in series if s.kind == "histogram"]
@@ -564,14 +597,10 @@ def timelines(session: Session, series: Sequence[SeriesRef],
     for seg in segments:
         if seg.level == 0:
             for ids, histogram in ((hist_ids, True), (scalar_ids, False)):
-                if not ids:
-                    continue
-                last: tuple[int, int] | None = None
-                for sid, ts, vector in _raw_rows(session, ids, histogram, seg.lo_ms, seg.hi_ms, seg.closed):
-                    ms = to_millis(ts)
-                    if (sid, ms) != last:  # one sample per millisecond, the first (as Prometheus)
-                        chunks[sid].append(lv.raw_chunk(ms, vector))
-                        last = (sid, ms)
+                if ids:
+                    for sid, raw in _raw_chunks(session, ids, histogram, seg.lo_ms, seg.hi_ms, seg.closed,
+                                                fold_raw).items():
+                        chunks[sid].extend(raw)
         elif series:
             for sid, chunk in _level_rows(session, list(kinds), kinds, seg.level, seg.lo_ms, seg.hi_ms, seg.closed):
                 chunks[sid].append(chunk)
@@ -763,12 +792,8 @@ def _source_chunks(conn: Connection, batch: Sequence[int], kinds: dict[int, str]
             ids = [sid for sid in batch if (kinds[sid] == "histogram") == histogram]
             if not ids:
                 continue
-            last: tuple[int, int] | None = None
-            for sid, ts, vector in _raw_rows(conn, ids, histogram, lo_ms, hi_ms, False):
-                ms = to_millis(ts)
-                if (sid, ms) != last:
-                    out[sid].append(lv.raw_chunk(ms, vector))
-                    last = (sid, ms)
+            for sid, raw in _raw_chunks(conn, ids, histogram, lo_ms, hi_ms, False).items():
+                out[sid].extend(raw)
     else:
         for sid, chunk in _level_rows(conn, batch, kinds, source, lo_ms, hi_ms, False):
             out[sid].append(chunk)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
 
 from app.emulator.simulation import Simulation
 from app.telemetry import Telemetry
@@ -30,7 +29,7 @@ def service_names() -> set[str]:
     """Names the monitor's /metrics can expose: every family the registry declares, with
     the sample suffixes of its type (labelled families have no samples until used; the
     text format's TYPE line of a counter already ends in _total)."""
-    page = generate_latest(Telemetry().registry).decode()
+    page = Telemetry().exposition().decode()
     suffixes = {"counter": ("",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     return {name + suffix for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", page, re.M)
             for suffix in suffixes[kind]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Response, status
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from app.api.deps import MonitorDep
@@ -46,7 +46,7 @@ def source_state(s: SourceStatus) -> str:
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(monitor: MonitorDep) -> Response:
-    return Response(generate_latest(monitor.telemetry.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(monitor.telemetry.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/api/v1/sources", response_model=list[SourceOut], tags=["sources"])
