@@ -35,9 +35,10 @@ from app.alerts.schemas import AlertInstance, fingerprint, group_key, notificati
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.quantiles import WindowHistogram
 from app.slo.status import SloStatus
 from app.store import repository
-from app.store.models import AlertRow, NotificationLogRow
+from app.store.models import AlertRow, NotificationLogRow, Target
 from app.window import TargetWindow
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
@@ -86,8 +87,23 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
 
 
 def slo_signals(signal: str) -> tuple[str, ...]:
-    """What an SLO on ``signal`` reads: the signal, and queue + prefill for TGI's derived TTFT."""
-    return (signal, "queue_time", "prefill_time")
+    """What an SLO on ``signal`` reads: the signal, and for TTFT queue + prefill (TGI's derived TTFT)."""
+    return (signal, "queue_time", "prefill_time") if signal == "ttft" else (signal,)
+
+
+def _stored_slo_histograms(session: Session, config: AlertsConfig, targets: list[Target],
+                           now: float) -> dict[float, dict[int, dict[str, WindowHistogram | None]]]:
+    """SLO window length -> stored target -> its histograms over ``[now - window, now]``: the
+    SLOs that share a window length (both defaults do) read every stored target they cover
+    once, in one set of queries per chunk of targets (:func:`app.latency.store_histograms`)."""
+    stored = [t for t in targets if t.source not in DISCOVERED_BY_SOURCES]
+    out = {}
+    for window in sorted({slo.window for slo in config.slos}):
+        same = [slo for slo in config.slos if slo.window == window]
+        ids = sorted({t.id for t in stored for slo in same if slo.targets is None or t.name in slo.targets})
+        signals = sorted({s for slo in same for s in slo_signals(slo.signal)})
+        out[window] = latency.store_histograms(session, ids, now - window, now, signals)
+    return out
 
 
 def slo_conditions(session: Session, config: AlertsConfig, now: float,
@@ -96,22 +112,20 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
     reads; every other target's window comes from the built-in store."""
     out = []
     targets = [t for t in repository.list_targets(session) if t.gone_at is None]
+    stored = _stored_slo_histograms(session, config, targets, now)
     for slo in config.slos:
         chosen = [t for t in targets if slo.targets is None or t.name in slo.targets]
-        start = now - slo.window
-        # every stored target's window of this SLO in one set of queries, not one per target
-        stored = latency.store_windows(session, [t.id for t in chosen if t.source not in DISCOVERED_BY_SOURCES],
-                                       start, now, slo_signals(slo.signal))
         for target in chosen:
-            window = (source_windows or {}).get((slo.name, target.id)) or stored.get(target.id)
-            if window is None:
+            source = (source_windows or {}).get((slo.name, target.id))
+            histograms = source.overall.histograms if source is not None else stored[slo.window].get(target.id)
+            if histograms is None:
                 continue  # a source's target with no numbers this round (see the held targets)
-            summaries = latency.summarize_histograms(window.overall.histograms)
+            summaries = latency.summarize_histograms({s: histograms.get(s) for s in slo_signals(slo.signal)})
             summary = summaries.get(slo.signal)
             if summary is None:
                 continue
             key = QUANTILE_KEYS.get(slo.quantile)
-            merged = window.overall.histograms.get(slo.signal)
+            merged = histograms.get(slo.signal)
             bucket: tuple[float, float] | None = None
             if summary.derived:
                 # no quantile of a derived TTFT, only a bound: the objective is breached for sure
