@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from app.api import docs, errors
+from app.api.coalesce import CoalesceReads
 from app.api.guards import LimitRequestBody, RequireTokenForWrites
 from app.api.routes import alerts, capacity, diagnoses, health, probes, runbooks, slos, status, targets
 from app.lifespan import Monitor, lifespan
@@ -37,4 +38,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # the last added runs first: the token is checked before the body is read
     app.add_middleware(LimitRequestBody, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequireTokenForWrites, settings=settings)
+    app.add_middleware(CoalesceReads)  # identical concurrent reads share one computation
     return app
