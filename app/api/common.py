@@ -65,18 +65,16 @@ def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None 
     finding with its lifecycle state: the answer of ``GET /api/v1/diagnoses`` and what the status
     page shows."""
     base = monitor.external_url
-    open_rows = {(name, row.model, row.regime): row
-                 for name, row in repository.finding_history(session, target_id, states=("pending", "active"))}
+    open_states = repository.open_finding_states(session, target_id)
     out: list[dict[str, Any]] = []
-    for name, row in repository.latest_diagnoses(session, target_id):
+    for row in repository.latest_diagnoses(session, target_id):
         details = row.details
         findings: list[dict[str, Any]] = []
         for finding in details.get("findings", []):
-            state = open_rows.get((name, row.model, finding["regime"]))
-            findings.append({**finding, "state": state.state if state else "pending",
-                             "active_since": state.activated_at if state else None,
+            state, active_since = open_states.get((row.target, row.model, finding["regime"]), ("pending", None))
+            findings.append({**finding, "state": state, "active_since": active_since,
                              "runbook_url": runbook_link(finding["regime"], base)})
-        out.append({"target": name, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
+        out.append({"target": row.target, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
                     "active": [f["regime"] for f in findings if f["state"] == "active"],
                     "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
                     "notes": details.get("notes", []), "signals": details.get("signals", {}),

@@ -10,6 +10,7 @@ scrape can never drop the others.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import time
@@ -17,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Text, bindparam, case, cast, delete, func, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -1031,11 +1032,53 @@ def diagnosis_rows(session: Session) -> dict[tuple[int, str], DiagnosisRow]:
             for row in session.scalars(select(DiagnosisRow).options(defer(DiagnosisRow.details)))}
 
 
-def latest_diagnoses(session: Session, target_id: int | None = None) -> list[tuple[str, DiagnosisRow]]:
-    query = select(Target.name, DiagnosisRow).join(Target, Target.id == DiagnosisRow.target_id)
+@dataclass(frozen=True, slots=True)
+class LatestDiagnosis:
+    """A target's and model's stored latest evaluation; ``details`` is shared between readers
+    (:func:`latest_diagnoses`) and must not be changed."""
+
+    target: str
+    model: str
+    verdict: str
+    evaluated_at: float
+    details: dict[str, Any]
+
+
+# stored details text -> its decoded value, for the rows of the last whole-fleet read
+_decoded_details: dict[str, dict[str, Any]] = {}
+
+
+def latest_diagnoses(session: Session, target_id: int | None = None) -> list[LatestDiagnosis]:
+    """The latest evaluation of every target and model (of ``target_id`` only). The details
+    are read as text and decoded once per distinct text: they change once per diagnosis round,
+    and decoding every target's (~2 KB each) for every status page and ``/api/v1/diagnoses``
+    read was a quarter of the process's time at 1,000 targets (bench/load.py)."""
+    global _decoded_details
+    query = select(Target.name, DiagnosisRow.model, DiagnosisRow.verdict, DiagnosisRow.evaluated_at,
+                   cast(DiagnosisRow.details, Text)).join(Target, Target.id == DiagnosisRow.target_id)
     if target_id is not None:
         query = query.where(DiagnosisRow.target_id == target_id)
-    return [(name, row) for name, row in session.execute(query.order_by(Target.name, DiagnosisRow.model))]
+    known, seen = _decoded_details, {}
+    out = []
+    for name, model, verdict, evaluated_at, text_ in session.execute(query.order_by(Target.name, DiagnosisRow.model)):
+        details = known.get(text_) or seen.get(text_) or json.loads(text_)
+        seen[text_] = details
+        out.append(LatestDiagnosis(name, model, verdict, evaluated_at, details))
+    if target_id is None:
+        _decoded_details = seen  # what a whole-fleet read found: the cache never outgrows the table
+    return out
+
+
+def open_finding_states(session: Session, target_id: int | None = None
+                        ) -> dict[tuple[str, str, str], tuple[str, float | None]]:
+    """(target, model, regime) -> (state, activated_at) of every pending or active finding
+    (of ``target_id`` only), without their details."""
+    query = select(Target.name, FindingRow.model, FindingRow.regime, FindingRow.state, FindingRow.activated_at
+                   ).join(Target, Target.id == FindingRow.target_id).where(FindingRow.state.in_(("pending", "active")))
+    if target_id is not None:
+        query = query.where(FindingRow.target_id == target_id)
+    return {(name, model, regime): (state, activated_at)
+            for name, model, regime, state, activated_at in session.execute(query)}
 
 
 def finding_history(session: Session, target_id: int | None = None, since: float | None = None,
