@@ -1058,7 +1058,7 @@ def latest_diagnoses(session: Session, target_id: int | None = None) -> list[Lat
                    cast(DiagnosisRow.details, Text)).join(Target, Target.id == DiagnosisRow.target_id)
     if target_id is not None:
         query = query.where(DiagnosisRow.target_id == target_id)
-    known, seen = _decoded_details, {}
+    known, seen = _decoded_details, dict[str, dict[str, Any]]()
     out = []
     for name, model, verdict, evaluated_at, text_ in session.execute(query.order_by(Target.name, DiagnosisRow.model)):
         details = known.get(text_) or seen.get(text_) or json.loads(text_)
