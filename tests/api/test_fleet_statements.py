@@ -85,8 +85,9 @@ def test_the_round_answers_only_its_own_window_while_it_is_fresh(quiet_service: 
     # a round older than two summary intervals no longer answers (here: one that ended 2 h ago)
     monitor.fleet_summary = type(kept)(kept.start - 7200, kept.end - 7200, kept.body)
     assert c.get("/api/v1/latency").json()["end"] >= end
-    # a late round (one that took longer than its interval) still answers within two of its own
-    # durations: its answer is served instead of recomputed per request (the body is the round's,
+    # a late round (one that took longer than its interval) still answers within three of its own
+    # durations (the run it overlapped was skipped): its answer is served instead of recomputed per
+    # request (the body is the round's,
     # so a served answer ends exactly where the round ended; a computed one ends later)
     interval = monitor.settings.summary_interval
     late = type(kept)(kept.start - 3 * interval, kept.end - 3 * interval, kept.body, took=2 * interval)
@@ -96,4 +97,7 @@ def test_the_round_answers_only_its_own_window_while_it_is_fresh(quiet_service: 
     assert c.get("/api/v1/latency").json()["end"] > kept.end  # the same age, from a round on time: computed
     monitor.fleet_summary = type(kept)(kept.start - 5 * interval, kept.end - 5 * interval, kept.body,
                                        took=2 * interval)
-    assert c.get("/api/v1/latency").json()["end"] > kept.end  # older than two of its rounds: computed
+    assert c.get("/api/v1/latency").json()["end"] == kept.end  # 5 intervals: within 3 x 2 intervals
+    monitor.fleet_summary = type(kept)(kept.start - 7 * interval, kept.end - 7 * interval, kept.body,
+                                       took=2 * interval)
+    assert c.get("/api/v1/latency").json()["end"] > kept.end  # older than that: computed

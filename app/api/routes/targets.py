@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from typing import Annotated, Any
 
 import anyio.from_thread
-from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import ValidationError
+from fastapi import APIRouter, HTTPException, Query, Response, status
+from pydantic import TypeAdapter, ValidationError
 
 from app import latency, summaries
 from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
@@ -117,10 +117,16 @@ def reschedule(monitor: Monitor) -> None:
     anyio.from_thread.run(monitor.reload_targets)
 
 
+TARGETS_OUT = TypeAdapter(list[TargetOut])
+
+
 @router.get("/targets", response_model=list[TargetOut])
-def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> list[TargetOut]:
+def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> Response:
+    # the models are built here, validated: serialized once, not dumped, validated again and
+    # serialized as FastAPI does for a returned value (a third of this route at 1,000 targets)
     latest = repository.latest_scrapes(session)
-    return [target_out(monitor, t, latest.get(t.id), token_holder) for t in repository.list_targets(session)]
+    out = [target_out(monitor, t, latest.get(t.id), token_holder) for t in repository.list_targets(session)]
+    return Response(TARGETS_OUT.dump_json(out), media_type="application/json")
 
 
 @router.post("/targets", response_model=TargetOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
