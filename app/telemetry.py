@@ -3,7 +3,10 @@
 Exported at ``/metrics`` for the Prometheus that watches this service (and the Grafana
 dashboards built on it). Labels are bounded: ``target`` (as many as configured),
 ``model`` (as many as the targets serve), and small fixed sets for ``signal``,
-``quantile``, ``result``/``error_class``.
+``quantile``, ``result``/``error_class``. The per-target families a round replaces whole
+(latency summaries, diagnoses and alerts, capacity) are not on the registry: each is rendered
+once per round (:class:`RenderedPerRound`) and ``/metrics`` is the registry's text followed by
+theirs (:meth:`Telemetry.exposition`).
 
 Scrape health
     llm_latency_scrapes_total{target,result}            counter; result = ok or an error class
