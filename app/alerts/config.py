@@ -97,6 +97,10 @@ class SloConfig(BaseModel):
     def alertname(self) -> str:
         return slo_alertname(self.signal)
 
+    def covers(self, target: str) -> bool:
+        """Whether the objective applies to the target named ``target``."""
+        return self.targets is None or target in self.targets
+
 
 def default_slos() -> list[SloConfig]:
     return [

@@ -100,7 +100,7 @@ def _stored_slo_histograms(session: Session, config: AlertsConfig, targets: list
     out = {}
     for window in sorted({slo.window for slo in config.slos}):
         same = [slo for slo in config.slos if slo.window == window]
-        ids = sorted({t.id for t in stored for slo in same if slo.targets is None or t.name in slo.targets})
+        ids = sorted({t.id for t in stored for slo in same if slo.covers(t.name)})
         signals = sorted({s for slo in same for s in slo_signals(slo.signal)})
         out[window] = latency.store_histograms(session, ids, now - window, now, signals)
     return out
@@ -114,7 +114,7 @@ def slo_conditions(session: Session, config: AlertsConfig, now: float,
     targets = [t for t in repository.list_targets(session) if t.gone_at is None]
     stored = _stored_slo_histograms(session, config, targets, now)
     for slo in config.slos:
-        chosen = [t for t in targets if slo.targets is None or t.name in slo.targets]
+        chosen = [t for t in targets if slo.covers(t.name)]
         for target in chosen:
             source = (source_windows or {}).get((slo.name, target.id))
             histograms = source.overall.histograms if source is not None else stored[slo.window].get(target.id)

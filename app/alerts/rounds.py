@@ -49,7 +49,7 @@ def slo_source_windows(sessions: sessionmaker[Session], config: AlertsConfig, no
     windows: dict[tuple[str, int], TargetWindow] = {}
     held: set[str] = set()
     for slo in config.slos:
-        chosen = [t for t in replicas if slo.targets is None or t.name in slo.targets]
+        chosen = [t for t in replicas if slo.covers(t.name)]
         if not chosen:
             continue
         found, failed = sources.windows_and_failures(chosen, now - slo.window, now,
