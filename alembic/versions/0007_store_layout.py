@@ -106,7 +106,7 @@ def upgrade() -> None:
         op.create_table('sample_levels', *_level_columns(), postgresql_partition_by='RANGE (bucket)')
         start, now = _time_range(bind)
         for table in partitions.PARTITIONED:
-            partitions.ensure(bind, table, start, now + partitions.DAYS_AHEAD * partitions.DAY)
+            partitions.ensure(bind, table, start, now + partitions.PARTITIONED[table].ahead)
         op.execute('INSERT INTO scalar_samples (series_id, ts, value) SELECT series_id, ts, value '
                    'FROM scalar_samples_old')
         op.drop_table('scalar_samples_old')

@@ -14,7 +14,7 @@ Layout, and why:
 * ``scalar_samples``: gauge and counter values per series per scrape.
 * ``sample_levels``: the same series downsampled to 5 min and 1 h intervals, kept
   longer than the raw samples (README "Storage"); ``level_progress`` says how far.
-  On PostgreSQL the three sample tables are partitioned by day (app/store/partitions.py).
+  On PostgreSQL the three sample tables are partitioned by time (app/store/partitions.py).
 * ``scrapes``: the health log — every scrape attempt, up or down, with timing, size,
   samples kept and the error class.
 * ``findings``: one row per occurrence of a diagnosed regime on a target/model, from

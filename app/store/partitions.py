@@ -1,38 +1,62 @@
-"""PostgreSQL: the sample tables are partitioned by day, so retention drops whole partitions.
+"""PostgreSQL: the sample tables are partitioned by time, so retention drops whole partitions.
 
-``histogram_samples`` and ``scalar_samples`` are partitioned on ``ts``, ``sample_levels`` on
-``bucket`` (``PARTITION BY RANGE``, one partition per UTC day named ``<table>_dYYYYMMDD``).
-Dropping a day is a catalog operation: no row-by-row ``DELETE``, no scan of the table, no
-dead rows for vacuum. Partitions are created ahead (:data:`DAYS_AHEAD`) by the migration
-and by every prune round; a ``<table>_default`` partition catches a sample whose day has
-no partition yet (a clock far ahead), so a write is never refused - its rows are deleted by
-time like before.
+``histogram_samples`` and ``scalar_samples`` are partitioned on ``ts`` by UTC hour, named
+``<table>_hYYYYMMDDHH``; ``sample_levels`` on ``bucket`` by UTC day, ``<table>_dYYYYMMDD``
+(``PARTITION BY RANGE``). Dropping a partition is a catalog operation: no row-by-row
+``DELETE``, no scan of the table, no dead rows for vacuum. A partition holds rows until its
+whole span is older than the cut-off, so the tables hold up to one span more than their
+retention: hours for the raw samples (their 24 h would be up to 48 h with days, doubling the
+raw rows, the largest table), a day for the levels (7 days of retention, read by windows of
+up to 7 days: hour partitions would multiply the partitions a 7-day read visits by 24).
+
+Partitions are created ahead (``ahead`` of :data:`PARTITIONED`) by the migration and by every
+prune round, as a plain table then ``ATTACH PARTITION``: that locks the parent against other
+schema changes only, where ``CREATE TABLE ... PARTITION OF`` locks out every read and write
+of it until the statement ends. A ``<table>_default`` partition catches a sample whose span
+has no partition yet (a clock far ahead, history written in the past), so a write is never
+refused; ``ensure`` moves such rows into their own partition when it creates it. Tables made
+when the raw tables were partitioned by day keep their day partitions until those expire;
+hour partitions are only made for hours no day partition covers.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import NamedTuple
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-DAY = 86400
-DAYS_AHEAD = 3
-#: table -> partition key column
-PARTITIONED = {"histogram_samples": "ts", "scalar_samples": "ts", "sample_levels": "bucket"}
-_NAME = re.compile(r"_d(\d{8})$")
+HOUR, DAY = 3600, 86400
 
 
-def partition_name(table: str, day_start: float) -> str:
-    return f"{table}_d{dt.datetime.fromtimestamp(day_start, dt.UTC):%Y%m%d}"
+class Layout(NamedTuple):
+    column: str  # the partition key
+    span: int  # seconds per partition
+    ahead: int  # seconds of partitions made ahead of now
 
 
-def _day_of(name: str) -> float | None:
+PARTITIONED = {"histogram_samples": Layout("ts", HOUR, DAY), "scalar_samples": Layout("ts", HOUR, DAY),
+               "sample_levels": Layout("bucket", DAY, 3 * DAY)}
+_NAME = re.compile(r"_(?:d(\d{8})|h(\d{10}))$")
+
+
+def partition_name(table: str, start: float) -> str:
+    when = dt.datetime.fromtimestamp(start, dt.UTC)
+    return f"{table}_h{when:%Y%m%d%H}" if PARTITIONED[table].span == HOUR else f"{table}_d{when:%Y%m%d}"
+
+
+def span_of(name: str) -> tuple[float, float] | None:
+    """The ``[start, end)`` a partition's name says it holds; None for the default partition."""
     m = _NAME.search(name)
     if m is None:
         return None
-    return dt.datetime.strptime(m.group(1), "%Y%m%d").replace(tzinfo=dt.UTC).timestamp()
+    if m.group(1):
+        start = dt.datetime.strptime(m.group(1), "%Y%m%d").replace(tzinfo=dt.UTC).timestamp()
+        return start, start + DAY
+    start = dt.datetime.strptime(m.group(2), "%Y%m%d%H").replace(tzinfo=dt.UTC).timestamp()
+    return start, start + HOUR
 
 
 def partitions_of(conn: Connection, table: str) -> list[str]:
@@ -41,38 +65,38 @@ def partitions_of(conn: Connection, table: str) -> list[str]:
         "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = :t ORDER BY c.relname"), {"t": table}))
 
 
-def _create(conn: Connection, table: str, day: float, has_default: bool) -> None:
-    name, bounds = partition_name(table, day), f"FROM ({day!r}) TO ({day + DAY!r})"
-    column = PARTITIONED[table]
+def _create(conn: Connection, table: str, start: float, has_default: bool) -> None:
+    column, span, _ = PARTITIONED[table]
+    name, end = partition_name(table, start), start + span
+    conn.execute(text(f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'))
     if has_default and conn.scalar(text(f'SELECT 1 FROM "{table}_default" WHERE {column} >= :a AND {column} < :b '
-                                        "LIMIT 1"), {"a": day, "b": day + DAY}):
-        # rows of that day went to the default partition: move them into the new day's table
-        conn.execute(text(f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'))
+                                        "LIMIT 1"), {"a": start, "b": end}):
+        # rows of that span went to the default partition: move them into the new table
         conn.execute(text(f'WITH moved AS (DELETE FROM "{table}_default" WHERE {column} >= :a AND {column} < :b '
-                          f'RETURNING *) INSERT INTO "{name}" SELECT * FROM moved'), {"a": day, "b": day + DAY})
-        conn.execute(text(f'ALTER TABLE "{table}" ATTACH PARTITION "{name}" FOR VALUES {bounds}'))
-    else:
-        conn.execute(text(f'CREATE TABLE "{name}" PARTITION OF "{table}" FOR VALUES {bounds}'))
+                          f'RETURNING *) INSERT INTO "{name}" SELECT * FROM moved'), {"a": start, "b": end})
+    conn.execute(text(f'ALTER TABLE "{table}" ATTACH PARTITION "{name}" FOR VALUES FROM ({start!r}) TO ({end!r})'))
 
 
 def ensure(conn: Connection, table: str, start: float, end: float) -> int:
-    """Create the day partitions covering ``[start, end]``, and those of any day whose rows
-    are in the default partition, that do not exist; how many."""
-    existing = set(partitions_of(conn, table))
+    """Create the partitions covering ``[start, end]``, and those of any span whose rows are
+    in the default partition, that no partition covers yet; how many."""
+    column, span, _ = PARTITIONED[table]
+    existing = partitions_of(conn, table)
+    covered = [s for s in map(span_of, existing) if s is not None]
     has_default = f"{table}_default" in existing
-    days = set()
-    day = start // DAY * DAY
-    while day <= end:
-        days.add(day)
-        day += DAY
+    wanted = set()
+    at = start // span * span
+    while at <= end:
+        wanted.add(at)
+        at += span
     if has_default:
-        column = PARTITIONED[table]
-        days.update(float(d) * DAY for d in conn.scalars(text(
-            f'SELECT DISTINCT floor({column} / {DAY}) FROM "{table}_default"')))
+        wanted.update(float(k) * span for k in conn.scalars(text(
+            f'SELECT DISTINCT floor({column} / {span}) FROM "{table}_default"')))
     created = 0
-    for day in sorted(days):
-        if partition_name(table, day) not in existing:
-            _create(conn, table, day, has_default)
+    for at in sorted(wanted):
+        if not any(a < at + span and at < b for a, b in covered):
+            _create(conn, table, at, has_default)
+            covered.append((at, at + span))
             created += 1
     if not has_default:
         conn.execute(text(f'CREATE TABLE "{table}_default" PARTITION OF "{table}" DEFAULT'))
@@ -80,20 +104,20 @@ def ensure(conn: Connection, table: str, start: float, end: float) -> int:
 
 
 def ensure_ahead(conn: Connection, now: float) -> int:
-    """Every partitioned table's partitions from today to :data:`DAYS_AHEAD` days ahead."""
-    return sum(ensure(conn, table, now, now + DAYS_AHEAD * DAY) for table in PARTITIONED)
+    """Every partitioned table's partitions from now to its ``ahead``."""
+    return sum(ensure(conn, table, now, now + layout.ahead) for table, layout in PARTITIONED.items())
 
 
 def drop_before(conn: Connection, table: str, before: float) -> int:
-    """Drop the day partitions of ``table`` that end at or before ``before`` and delete the
+    """Drop the partitions of ``table`` that end at or before ``before`` and delete the
     default partition's older rows; returns partitions dropped."""
     dropped = 0
-    for name in partitions_of(conn, table):
-        day = _day_of(name)
-        if day is not None and day + DAY <= before:
+    names = partitions_of(conn, table)
+    for name in names:
+        held = span_of(name)
+        if held is not None and held[1] <= before:
             conn.execute(text(f'DROP TABLE "{name}"'))
             dropped += 1
-    column = PARTITIONED[table]
-    if f"{table}_default" in partitions_of(conn, table):
-        conn.execute(text(f'DELETE FROM "{table}_default" WHERE {column} < :b'), {"b": before})
+    if f"{table}_default" in names:
+        conn.execute(text(f'DELETE FROM "{table}_default" WHERE {PARTITIONED[table].column} < :b'), {"b": before})
     return dropped

@@ -874,8 +874,8 @@ def prune_samples(engine: Engine, before: float, raw_before: float,
     """Retention of the sample tables and the scrape log: raw samples older than
     ``raw_before``, downsampled levels and scrapes older than ``before``.
 
-    PostgreSQL drops whole day partitions (no row-by-row delete, no table scan, no vacuum
-    debt); rows of the current partly expired day stay until the day is over. SQLite deletes
+    PostgreSQL drops whole time partitions (no row-by-row delete, no table scan, no vacuum
+    debt); rows of the partly expired partition stay until its span is over. SQLite deletes
     in rowid order (rows are inserted in time order, so the oldest come first) in
     transactions of ``batch_rows`` rows each, committing in between so the scrape writer
     never waits for more than one batch. Returns rows (PostgreSQL: partitions) removed."""

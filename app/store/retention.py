@@ -2,10 +2,10 @@
 
 :func:`prune` removes what is older than the retention period: raw samples after
 ``raw_retention`` (their downsampled levels stay), levels and scrapes after ``retention``
-(:func:`app.store.repository.prune_samples`: whole day partitions on PostgreSQL, small
+(:func:`app.store.repository.prune_samples`: whole time partitions on PostgreSQL, small
 batches on SQLite), dropped findings, and the rows of features that pass their pruner in
 (probe runs), so their SQL stays in their repository and the store does not import them.
-On PostgreSQL it also creates the partitions of the next days.
+On PostgreSQL it also creates the partitions ahead (app/store/partitions.py).
 
 :func:`downsample` builds the 5-minute and 1-hour levels of the intervals that ended
 (:mod:`app.store.levels`).

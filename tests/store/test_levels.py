@@ -199,7 +199,7 @@ def test_store_windows_from_levels_equal_raw_and_survive_raw_pruning(store) -> N
 def test_pruning_never_holds_the_writer_for_long(store) -> None:
     """Retention on SQLite deletes at most ``batch_rows`` rows per statement and transaction
     (a waiting scrape batch waits for one small statement); PostgreSQL deletes no sample
-    row at all, it drops the expired day partitions."""
+    row at all, it drops the expired hour partitions."""
     engine, sessions, target_id = store
     t0 = 1_700_006_400.0  # a UTC midnight
     history = make_history(t0, 1)
@@ -215,11 +215,11 @@ def test_pruning_never_holds_the_writer_for_long(store) -> None:
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             from app.store import partitions
-            partitions.ensure_ahead(conn, t0)  # the samples move from the default partition to their day's
+            partitions.ensure_ahead(conn, t0)  # the samples move from the default partition to their hour's
         deleted = repository.prune_samples(engine, t0 + 86400, t0 + 86400)
-        assert deleted["histogram_samples_partitions"] == 1
-        assert [s for s, _ in statements] == ['DROP TABLE "histogram_samples_d20231115"',
-                                              "DELETE FROM \"histogram_samples_default\" WHERE ts < %(b)s"]
+        assert deleted["histogram_samples_partitions"] == 24  # the hours of the day before the cut-off
+        assert [s for s, _ in statements] == [f'DROP TABLE "histogram_samples_h20231115{h:02d}"' for h in range(24)] + [
+            "DELETE FROM \"histogram_samples_default\" WHERE ts < %(b)s"]
         return
     deleted = repository.prune_samples(engine, t0, t0 + HOUR + 1, batch_rows=50)
     assert deleted["histogram_samples"] == 240

@@ -176,8 +176,8 @@ def test_one_bad_scrape_does_not_drop_the_batch(store) -> None:
 
 
 def test_prune_removes_only_old_rows(store) -> None:
-    """SQLite deletes rows older than the cut-off (in batches); PostgreSQL drops the day
-    partitions that ended before it, so rows of the cut-off's own day stay."""
+    """SQLite deletes rows older than the cut-off (in batches); PostgreSQL drops the hour
+    partitions that ended before it, so rows of the cut-off's own hour stay."""
     engine, sessions, target_id = store
     day = 86400.0
     t0 = 1_700_006_400.0  # a UTC midnight
@@ -188,7 +188,7 @@ def test_prune_removes_only_old_rows(store) -> None:
     deleted = retention.prune(sessions, 400.0, now=t0 + day + 450.0)  # cut-off: t0 + day + 50
     assert deleted["scrapes"] == 5
     if engine.dialect.name == "postgresql":
-        assert deleted["histogram_samples_partitions"] == deleted["scalar_samples_partitions"] == 1  # day one, whole
+        assert deleted["histogram_samples_partitions"] == deleted["scalar_samples_partitions"] == 1  # day one's hour
         remaining = {t0 + day, t0 + day + 100}
     else:
         assert deleted["histogram_samples"] == 5 and deleted["scalar_samples"] == 10
