@@ -35,7 +35,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import capacity, replicas, scheduling, summaries
+from app import capacity, malloc, replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -250,6 +250,12 @@ class Monitor:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
                                     sources=self.sources, keep=self._keep_fleet_summary)
 
+    def _summaries_round(self) -> None:
+        """The scheduled summary round, after which the memory freed by the rounds and the
+        requests goes back to the system (``app.malloc``; this round runs the most regularly)."""
+        self.refresh_summaries()
+        malloc.trim()
+
     def _keep_fleet_summary(self, kept: summaries.FleetSummary) -> None:
         self.fleet_summary = kept  # one assignment: a request reads the old or the new, never half
 
@@ -298,6 +304,7 @@ class Monitor:
             await asyncio.sleep(self.settings.delivery_interval)
 
     async def start(self) -> None:
+        malloc.configure()  # large buffers are mapped and unmapped, not left as holes in the heap
         try:
             await asyncio.to_thread(self.prepare_database)
             await asyncio.to_thread(self.load_config_targets)
@@ -329,7 +336,7 @@ class Monitor:
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, self._leader_only(retention.downsample),
                              s.downsample_interval, observe)
-        scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self.refresh_summaries, s.summary_interval,
+        scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self._summaries_round, s.summary_interval,
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_diagnoses(sessions=sessions)),
