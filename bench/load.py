@@ -1,7 +1,7 @@
 """Load benchmark: one service process scraping N targets at 15 s while 50 API clients read.
 
-    python3 bench/load.py                  # N = 150, 500, 1,000; 10 minutes each (~35 min)
-    python3 bench/load.py --quick          # N = 150 and 1,000 for 2 minutes each (~6 min)
+    python3 bench/load.py                  # N = 150, 500, 1,000; 10 minutes each (~50 min)
+    python3 bench/load.py --quick          # N = 150 and 1,000, 1 minute warm-up, 2 measured (~8 min)
     python3 bench/load.py --sizes 1000 --minutes 5 --database postgresql+psycopg://postgres@127.0.0.1:5432/test
 
 What runs (all on 127.0.0.1, every process stopped by its PID at the end):
@@ -14,18 +14,18 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   targets at 15 s, its SQLite database in a temp directory (``--database``: a PostgreSQL URL
   instead), ``LLM_LATENCY_SCRAPE_JITTER=0`` so a scrape's time is its schedule plus lateness.
   The periodic rounds run at their defaults (summaries and alerts every 15 s, diagnosis 30 s).
-* **Clients.** After a warm-up (one scrape interval plus 30 s), 50 concurrent ``httpx``
-  clients loop over the read endpoints a dashboard and an operator use: ``/api/v1/targets``,
+* **Clients.** From the first scrapes on, 50 concurrent ``httpx`` clients loop over the read endpoints a dashboard and an operator use: ``/api/v1/targets``,
   the status page ``/``, one target's ``/latency?window=5m``, ``/api/v1/diagnoses``,
   ``/metrics``, the fleet ``/api/v1/latency?window=5m``, each with a 30 s client timeout.
 
-Measured over the run (after warm-up): **API** p50/p99 per endpoint and over all requests,
+Measured after a warm-up under the clients (``--warmup``, default 330 s: the rounds' longest
+window, 5 minutes, fills, plus one round): **API** p50/p99 per endpoint and over all requests,
 errors (non-2xx or timeout); **scrape lateness**: for every stored scrape of every target,
 its time minus its schedule (the target's first scrape + k x 15 s; APScheduler's interval
 trigger is fixed-rate, so a coalesced or late run shows as lateness), p50/p99/max; the share
 of scheduled scrapes that happened; the service's **CPU** (utime+stime per second of run, of
 its process) and **RSS** every 5 s: at the end of warm-up, the maximum, at the end; RSS growth
-from the first to the last third of the measured run. Round self-metrics from ``/metrics``:
+from the first to the last third of the measured run, and the mean of each measured minute. Round self-metrics from ``/metrics``:
 diagnosis/alert/summary round overruns and skips.
 
 Targets (issue 11): 1,000 targets with scrape lateness p99 <= 1 s and API p99 <= 500 ms; RSS
@@ -62,6 +62,10 @@ PAGE = ROOT / "tests" / "fixtures" / "exposition" / "vllm-0.32-cpu-real.prom"
 INTERVAL = 15.0
 CLIENTS = 50
 TARGET_LATENESS_P99, TARGET_API_P99 = 1.0, 0.5
+#: Seconds of warm-up, with the clients running, before anything is measured: the longest
+#: window the rounds hold (the summaries' and /metrics' 5 minutes) fills, plus one round, so
+#: what RSS does afterwards is the steady state and not the windows filling up.
+WARMUP = 330.0
 ENDPOINTS = ("targets", "status", "latency", "diagnoses", "metrics", "fleet")
 
 
@@ -152,7 +156,9 @@ class Service:
         self.log.close()
 
 
-async def clients(url: str, run: Run, until: float) -> None:
+async def clients(url: str, run: Run, measured_from: float, until: float) -> None:
+    """The 50 clients, from now to ``until``; requests that start before ``measured_from``
+    (the warm-up) are made but not counted."""
     paths = {"targets": "/api/v1/targets", "status": "/", "latency": "/api/v1/targets/{t}/latency?window=5m",
              "diagnoses": "/api/v1/diagnoses", "metrics": "/metrics", "fleet": "/api/v1/latency?window=5m"}
 
@@ -163,13 +169,15 @@ async def clients(url: str, run: Run, until: float) -> None:
                 endpoint = ENDPOINTS[i % len(ENDPOINTS)]
                 path = paths[endpoint].format(t=f"t{(i * 7919) % run.n:04d}")
                 i += 1
-                t0 = time.perf_counter()
+                t0, t0_mono = time.perf_counter(), time.monotonic()
                 try:
                     response = await client.get(path)
                     ok = 200 <= response.status_code < 300
                     kind = f"HTTP {response.status_code}"
                 except httpx.HTTPError as exc:
                     ok, kind = False, type(exc).__name__
+                if t0_mono < measured_from:
+                    continue
                 run.api[endpoint].append(time.perf_counter() - t0)
                 if not ok:
                     key = f"{endpoint}: {kind}"
@@ -227,7 +235,7 @@ def round_metrics(url: str) -> dict[str, str]:
     return out
 
 
-def measure(n: int, minutes: float, server: PageServer, database: str | None) -> Run:
+def measure(n: int, minutes: float, server: PageServer, database: str | None, warmup: float) -> Run:
     run = Run(n, minutes)
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         workdir = Path(tmp)
@@ -235,22 +243,28 @@ def measure(n: int, minutes: float, server: PageServer, database: str | None) ->
         try:
             run.startup = service.startup
             print(f"# N={n}: service pid {service.proc.pid} on {service.url} (up after {service.startup:.0f} s); "
-                  "warming up", file=sys.stderr)
-            time.sleep(INTERVAL + 30)
-            run.rss_warm = rss_mb(service.proc.pid)
-            since, cpu0, t0 = time.time(), proc_cpu_seconds(service.proc.pid), time.monotonic()
-            until = t0 + minutes * 60
+                  f"first scrapes, then {warmup:.0f} s of warm-up under the clients", file=sys.stderr)
+            time.sleep(INTERVAL)
+            t0 = time.monotonic()
+            measured_from, until = t0 + warmup, t0 + warmup + minutes * 60
+            since = time.time() + warmup
+            cpu0 = math.nan
 
             async def sample_rss() -> None:
+                nonlocal cpu0
                 while time.monotonic() < until:
-                    run.rss.append((time.monotonic() - t0, rss_mb(service.proc.pid)))
+                    now = time.monotonic()
+                    if now >= measured_from:
+                        if math.isnan(cpu0):
+                            cpu0, run.rss_warm = proc_cpu_seconds(service.proc.pid), rss_mb(service.proc.pid)
+                        run.rss.append((now - measured_from, rss_mb(service.proc.pid)))
                     await asyncio.sleep(5.0)
 
             async def main() -> None:
-                await asyncio.gather(clients(service.url, run, until), sample_rss())
+                await asyncio.gather(clients(service.url, run, measured_from, until), sample_rss())
 
             asyncio.run(main())
-            run.cpu = (proc_cpu_seconds(service.proc.pid) - cpu0) / (time.monotonic() - t0)
+            run.cpu = (proc_cpu_seconds(service.proc.pid) - cpu0) / (time.monotonic() - measured_from)
             end = time.time()
             run.rounds = round_metrics(service.url)
         finally:
@@ -286,6 +300,10 @@ def report(runs: list[Run], database: str) -> bool:
         print(f"| {r.n:,} | " + " | ".join(f"{fmt_ms(pct(r.api[e], 0.5))} / {fmt_ms(pct(r.api[e], 0.99))}"
                                           for e in ENDPOINTS) + " |")
     for r in runs:
+        minutes_rss = [statistics.mean(m for t, m in r.rss if k * 60 <= t < (k + 1) * 60)
+                       for k in range(int(r.minutes)) if any(k * 60 <= t < (k + 1) * 60 for t, _ in r.rss)]
+        print(f"\nN={r.n:,} RSS by measured minute (MB): " + ", ".join(f"{m:,.0f}" for m in minutes_rss))
+    for r in runs:
         if r.errors:
             print(f"\nN={r.n:,} errors: {r.errors}")
         print(f"\nN={r.n:,} rounds (self-metrics): " + ", ".join(f"{k} {v}" for k, v in sorted(r.rounds.items())))
@@ -309,10 +327,14 @@ def main() -> int:
     parser.add_argument("--sizes", default="150,500,1000", help="numbers of targets")
     parser.add_argument("--minutes", type=float, default=10.0, help="measured minutes per size (after warm-up)")
     parser.add_argument("--quick", action="store_true", help="N = 150 and 1,000, 2 minutes each")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help=f"seconds of warm-up under the clients before measuring (default: {WARMUP:g}; --quick: 60)")
     parser.add_argument("--database", default=None, help="a PostgreSQL URL (default: SQLite in a temp directory)")
     args = parser.parse_args()
     sizes = [150, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
     minutes = 2.0 if args.quick else args.minutes
+    if args.warmup is None:
+        args.warmup = 60.0 if args.quick else WARMUP
     print(f"# machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench-load-pages-") as tmp:
         files = []
@@ -326,7 +348,7 @@ def main() -> int:
         ok = False
         try:
             for n in sizes:  # the table so far after each size: a later size that fails loses nothing
-                runs.append(measure(n, minutes, server, args.database))
+                runs.append(measure(n, minutes, server, args.database, args.warmup))
                 ok = report(runs, "PostgreSQL" if args.database else "SQLite")
         finally:
             server.stop()
