@@ -14,7 +14,8 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   targets at 15 s, its SQLite database in a temp directory (``--database``: a PostgreSQL URL
   instead), ``LLM_LATENCY_SCRAPE_JITTER=0`` so a scrape's time is its schedule plus lateness.
   The periodic rounds run at their defaults (summaries and alerts every 15 s, diagnosis 30 s).
-* **Clients.** From the first scrapes on, 50 concurrent ``httpx`` clients loop over the read endpoints a dashboard and an operator use: ``/api/v1/targets``,
+* **Clients.** From the first scrapes on, 50 concurrent ``httpx`` clients loop over the read
+  endpoints a dashboard and an operator use: ``/api/v1/targets``,
   the status page ``/``, one target's ``/latency?window=5m``, ``/api/v1/diagnoses``,
   ``/metrics``, the fleet ``/api/v1/latency?window=5m``, each with a 30 s client timeout.
 
@@ -25,8 +26,8 @@ its time minus its schedule (the target's first scrape + k x 15 s; APScheduler's
 trigger is fixed-rate, so a coalesced or late run shows as lateness), p50/p99/max; the share
 of scheduled scrapes that happened; the service's **CPU** (utime+stime per second of run, of
 its process) and **RSS** every 5 s: at the end of warm-up, the maximum, at the end; RSS growth
-from the first to the last third of the measured run, and the mean of each measured minute. Round self-metrics from ``/metrics``:
-diagnosis/alert/summary round overruns and skips.
+from the first to the last third of the measured run, and the mean of each measured minute.
+Round self-metrics from ``/metrics``: diagnosis/alert/summary round overruns and skips.
 
 Targets (issue 11): 1,000 targets with scrape lateness p99 <= 1 s and API p99 <= 500 ms; RSS
 not growing after warm-up. Exits 1 when one is missed. Run on a quiet machine: on two shared
@@ -326,9 +327,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="150,500,1000", help="numbers of targets")
     parser.add_argument("--minutes", type=float, default=10.0, help="measured minutes per size (after warm-up)")
-    parser.add_argument("--quick", action="store_true", help="N = 150 and 1,000, 2 minutes each")
+    parser.add_argument("--quick", action="store_true", help="N = 150 and 1,000, 2 minutes each after 1 of warm-up")
     parser.add_argument("--warmup", type=float, default=None,
-                        help=f"seconds of warm-up under the clients before measuring (default: {WARMUP:g}; --quick: 60)")
+                        help=f"seconds of warm-up under the clients, not measured (default: {WARMUP:g}; --quick: 60)")
     parser.add_argument("--database", default=None, help="a PostgreSQL URL (default: SQLite in a temp directory)")
     args = parser.parse_args()
     sizes = [150, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
