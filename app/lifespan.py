@@ -254,7 +254,7 @@ class Monitor:
         """The scheduled summary round, after which the memory freed by the rounds and the
         requests goes back to the system (``app.malloc``; this round runs the most regularly)."""
         self.refresh_summaries()
-        malloc.trim()
+        malloc.release()
 
     def _keep_fleet_summary(self, kept: summaries.FleetSummary) -> None:
         self.fleet_summary = kept  # one assignment: a request reads the old or the new, never half

@@ -11,14 +11,22 @@ holes they leave between long-lived blocks are never given back.
 
 :func:`configure` fixes the threshold (``M_MMAP_THRESHOLD``; setting it turns the dynamic
 raise off), so a block of 256 KiB or more is always mapped and always returned on free.
-:func:`trim` (``malloc_trim``) returns the free whole pages inside the arenas, which the
-rounds call after their work. Both are no-ops where the C library is not glibc.
+:func:`trim` (``malloc_trim``) returns the free whole pages inside the arenas. Both are
+no-ops where the C library is not glibc.
+
+:func:`release`, after each summary round, first runs a full collection of the cyclic garbage
+collector, then trims. With the service's collector thresholds (``tune_collector``: 50,000,
+20, 100) a full collection comes only every ~100 million allocations, so objects in reference
+cycles freed by requests and rounds waited in the oldest generation: at 1,000 targets the
+tracked objects went from 0.88 to 1.43 million in 9 minutes and RSS grew 250 MB while glibc's
+heap stayed at about 270 MB.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger(__name__)
@@ -53,3 +61,9 @@ def configure() -> bool:
 def trim() -> bool:
     """Give the arenas' free whole pages back to the system; True if any were."""
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
+
+
+def release() -> None:
+    """Collect the cyclic garbage (every generation), then give the freed pages back."""
+    gc.collect()
+    trim()

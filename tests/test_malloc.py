@@ -61,3 +61,29 @@ def test_a_fixed_mmap_threshold_returns_large_buffers_on_free() -> None:
     before, peak, freed, after = run("configure")
     assert peak - before >= 190
     assert freed - before <= 30  # mapped on their own, unmapped on free: no trim needed
+
+
+def test_release_collects_cycles_that_died_in_the_oldest_generation() -> None:
+    """Objects in cycles that were alive when the young generations were collected reach the
+    oldest one; with the service's thresholds they would wait there for a rare full
+    collection. release() collects them."""
+    import gc
+
+    from app.scrape.scheduler import tune_collector
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    thresholds = gc.get_threshold()
+    tune_collector()
+    try:
+        alive = [Node() for _ in range(20_000)]
+        gc.collect(1)  # they survive the young collections: now in the oldest generation
+        del alive  # garbage, but only a full collection finds cycles there
+        gc.collect(1)
+        assert sum(isinstance(o, Node) for o in gc.get_objects(2)) == 20_000
+        malloc.release()
+        assert sum(isinstance(o, Node) for o in gc.get_objects()) == 0
+    finally:
+        gc.set_threshold(*thresholds)
