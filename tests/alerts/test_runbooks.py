@@ -23,7 +23,7 @@ from app.api.routes import runbooks
 from app.api.routes.status import SECURITY_HEADERS
 from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
-from app.main import create_app
+from app.main import GZIP_MINIMUM_BYTES, create_app
 from app.rules_export import build_rules
 from app.scrape.record import ScrapeRecord
 from app.settings import Settings
@@ -101,10 +101,19 @@ def test_the_index_links_every_runbook_with_its_title(client: TestClient) -> Non
 
 @pytest.mark.parametrize("path", ["/runbooks", "/runbooks/queueing", "/runbooks/slo_ttft"])
 def test_head_answers_like_get_without_a_body(client: TestClient, path: str) -> None:
-    get, head = client.get(path), client.head(path)
+    plain = {"Accept-Encoding": "identity"}
+    get, head = client.get(path, headers=plain), client.head(path, headers=plain)
     assert (head.status_code, head.content) == (200, b"")
     assert head.headers["content-type"] == get.headers["content-type"] == "text/html; charset=utf-8"
     assert int(head.headers["content-length"]) == len(get.content) > 1000
+    # to a client that accepts gzip, HEAD announces the length GET sends, compressed from 4 kB on
+    compressed = len(get.content) >= GZIP_MINIMUM_BYTES
+    packed = {"Accept-Encoding": "gzip"}
+    get, head = client.get(path, headers=packed), client.head(path, headers=packed)
+    assert head.content == b"" and head.headers["content-length"] == get.headers["content-length"]
+    assert head.headers.get("content-encoding") == get.headers.get("content-encoding") == (
+        "gzip" if compressed else None)
+    assert (int(get.headers["content-length"]) < len(get.content) / 2) is compressed
     missing = client.head("/runbooks/nope")
     assert (missing.status_code, missing.content) == (404, b"")
 
