@@ -1,25 +1,25 @@
-"""The C allocator's settings, so memory the process freed goes back to the system.
+"""Memory the process freed goes back to the system: the C allocator's settings and a full
+collection of cyclic garbage.
 
-Why: at 1,000 targets under 50 API clients (``bench/load.py``) the process' RSS kept growing
-after warm-up while its Python objects did not (``tracemalloc``: 630 -> 632 MB over a minute).
-glibc's own figures (``mallinfo2``) showed where it went: 1.74 GB of heap arenas of which
-0.95 GB was free and kept. Large short-lived buffers (a 5 MB ``/metrics`` body, a round's
-query results) are the cause: glibc serves a block above its mmap threshold with ``mmap``
-and unmaps it on free, but every such free raises the threshold to that block's size (up to
-32 MB), so afterwards the same buffers come from the arenas of the 40+ threads, and the
-holes they leave between long-lived blocks are never given back.
+Why: at 1,000 targets under 50 API clients (``bench/load.py``) RSS kept growing after warm-up,
+for two reasons. glibc's heap: with ``tracemalloc`` on, Python's traced memory stayed at
+630-632 MB while glibc's own figures (``mallinfo2``) showed 1.74 GB of heap arenas, 0.95 GB of
+it free and kept. Large short-lived buffers (a 5 MB ``/metrics`` body, a round's query
+results) are the cause: glibc serves a block above its mmap threshold with ``mmap`` and unmaps
+it on free, but every such free raises the threshold to that block's size (up to 32 MB), so
+afterwards the same buffers come from the arenas of the 40+ threads, and the holes they leave
+between long-lived blocks are never given back. And cyclic garbage: with the service's
+collector thresholds (``tune_collector``: 50,000, 20, 100) a full collection comes only every
+~100 million allocations, so objects in reference cycles that were alive when the young
+generations were collected wait in the oldest one (the tracked objects went from 0.88 to 1.43
+million in 9 minutes and RSS grew 250 MB while glibc's heap stayed at about 270 MB).
 
 :func:`configure` fixes the threshold (``M_MMAP_THRESHOLD``; setting it turns the dynamic
 raise off), so a block of 256 KiB or more is always mapped and always returned on free.
-:func:`trim` (``malloc_trim``) returns the free whole pages inside the arenas. Both are
-no-ops where the C library is not glibc.
-
-:func:`release`, after each summary round, first runs a full collection of the cyclic garbage
-collector, then trims. With the service's collector thresholds (``tune_collector``: 50,000,
-20, 100) a full collection comes only every ~100 million allocations, so objects in reference
-cycles freed by requests and rounds waited in the oldest generation: at 1,000 targets the
-tracked objects went from 0.88 to 1.43 million in 9 minutes and RSS grew 250 MB while glibc's
-heap stayed at about 270 MB.
+:func:`trim` (``malloc_trim``) returns the free whole pages inside the arenas; both are no-ops
+where the C library is not glibc. :func:`release`, after each summary round, runs a full
+collection and then trims. The collection holds the interpreter for 0.5-0.7 s at 1,000
+targets (README, "The built-in store under load").
 """
 
 from __future__ import annotations
