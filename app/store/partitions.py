@@ -4,10 +4,11 @@
 ``<table>_hYYYYMMDDHH``; ``sample_levels`` on ``bucket`` by UTC day, ``<table>_dYYYYMMDD``
 (``PARTITION BY RANGE``). Dropping a partition is a catalog operation: no row-by-row
 ``DELETE``, no scan of the table, no dead rows for vacuum. A partition holds rows until its
-whole span is older than the cut-off, so the tables hold up to one span more than their
-retention: hours for the raw samples (their 24 h would be up to 48 h with days, doubling the
-raw rows, the largest table), a day for the levels (7 days of retention, read by windows of
-up to 7 days: hour partitions would multiply the partitions a 7-day read visits by 24).
+whole span is older than the cut-off, so the tables hold up to one span (plus the prune
+interval) more than their retention: hours for the raw samples (their 24 h would be up to 48 h
+with days, doubling the raw rows, the largest table), a day for the levels (7 days of
+retention, read by windows of up to 7 days: hour partitions would multiply the partitions a
+7-day read visits by 24).
 
 Partitions are created ahead (``ahead`` of :data:`PARTITIONED`) by the migration and by every
 prune round, as a plain table then ``ATTACH PARTITION``: that locks the parent against other
