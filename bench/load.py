@@ -301,8 +301,10 @@ def report(runs: list[Run], database: str) -> bool:
         print(f"| {r.n:,} | " + " | ".join(f"{fmt_ms(pct(r.api[e], 0.5))} / {fmt_ms(pct(r.api[e], 0.99))}"
                                           for e in ENDPOINTS) + " |")
     for r in runs:
-        minutes_rss = [statistics.mean(m for t, m in r.rss if k * 60 <= t < (k + 1) * 60)
-                       for k in range(int(r.minutes)) if any(k * 60 <= t < (k + 1) * 60 for t, _ in r.rss)]
+        by_minute: dict[int, list[float]] = {}
+        for t, m in r.rss:
+            by_minute.setdefault(int(t // 60), []).append(m)
+        minutes_rss = [statistics.mean(values) for _, values in sorted(by_minute.items())]
         print(f"\nN={r.n:,} RSS by measured minute (MB): " + ", ".join(f"{m:,.0f}" for m in minutes_rss))
     for r in runs:
         if r.errors:
