@@ -823,6 +823,14 @@ def target_infos(session: Session, target_id: int) -> list[TargetInfo]:
     return list(session.scalars(select(TargetInfo).where(TargetInfo.target_id == target_id)))
 
 
+def latest_scrape(session: Session, target_id: int) -> Scrape | None:
+    """One target's most recent scrape: one row by the ``(target_id, ts)`` index, where
+    :func:`latest_scrapes` groups every target's (a per-target read that asked for all of them
+    cost 4x its own work at 1,000 targets, bench/load.py)."""
+    return session.scalars(select(Scrape).where(Scrape.target_id == target_id)
+                           .order_by(Scrape.ts.desc()).limit(1)).first()
+
+
 def latest_scrapes(session: Session, target_ids: Sequence[int] | None = None) -> dict[int, Scrape]:
     """The most recent scrape of every target (of ``target_ids`` only, when given)."""
     newest_query = select(Scrape.target_id, func.max(Scrape.ts).label("ts"))

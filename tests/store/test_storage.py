@@ -175,6 +175,22 @@ def test_one_bad_scrape_does_not_drop_the_batch(store) -> None:
     assert len(failed) == 1 and failed[0].error_class == "storage_error" and failed[0].ts == t0 + 1
 
 
+def test_latest_scrape_of_one_target_is_the_one_all_targets_give(store) -> None:
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
+                                         labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
+    t0 = 1_700_000_000.0
+    SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(3)]
+                               + [record(other, t0 + 100 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(2)])
+    with sessions() as session:
+        everything = repository.latest_scrapes(session)
+        mine, theirs = repository.latest_scrape(session, target_id), repository.latest_scrape(session, other)
+        assert (mine.ts, theirs.ts) == (t0 + 30, t0 + 115)
+        assert (mine.id, theirs.id) == (everything[target_id].id, everything[other].id)
+        assert repository.latest_scrape(session, other + 1) is None
+
+
 def test_prune_removes_only_old_rows(store) -> None:
     """SQLite deletes rows older than the cut-off (in batches); PostgreSQL drops the hour
     partitions that ended before it, so rows of the cut-off's own hour stay."""

@@ -101,7 +101,7 @@ def refuse_load_balanced(session: SessionDep, target: Target) -> None:
     """409 for a target whose URL is answered by several engine processes (its latest
     scrape says ``load_balanced``): numbers from mixed replicas' counters would look exact and
     be wrong, so none are given. The detail carries the scrape's explanation and remedy."""
-    scrape = repository.latest_scrapes(session).get(target.id)
+    scrape = repository.latest_scrape(session, target.id)
     if scrape is not None and scrape.error_class == "load_balanced":
         raise HTTPException(status.HTTP_409_CONFLICT, {"error_class": "load_balanced", "target": target.name,
                                                        "message": scrape.error or ""})
@@ -143,7 +143,7 @@ def create_target(body: TargetIn, session: SessionDep, monitor: MonitorDep) -> T
 @router.get("/targets/{name}", response_model=TargetOut)
 def get_target(name: str, session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> TargetOut:
     target = get_or_404(session, name)
-    return target_out(monitor, target, repository.latest_scrapes(session).get(target.id), token_holder)
+    return target_out(monitor, target, repository.latest_scrape(session, target.id), token_holder)
 
 
 @router.put("/targets/{name}", response_model=TargetOut, dependencies=[WriteAuth])
