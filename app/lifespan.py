@@ -231,8 +231,7 @@ class Monitor:
 
     def _source_view(self, target: str, up: bool, ts: float) -> None:
         """A source's replica as its Prometheus saw it this round: ``llm_latency_target_up``."""
-        self.telemetry.target_up.labels(target).set(1.0 if up else 0.0)
-        self.telemetry.last_scrape.labels(target).set(ts)
+        self.telemetry.targets.record(target, up=up, ts=ts)
 
     def _owns(self, target: str) -> bool:
         """The scrape path's ownership check, right before a scrape and before its result is

@@ -3,10 +3,11 @@
 Exported at ``/metrics`` for the Prometheus that watches this service (and the Grafana
 dashboards built on it). Labels are bounded: ``target`` (as many as configured),
 ``model`` (as many as the targets serve), and small fixed sets for ``signal``,
-``quantile``, ``result``/``error_class``. The per-target families a round replaces whole
-(latency summaries, diagnoses and alerts, capacity) are not on the registry: each is rendered
-once per round (:class:`RenderedPerRound`) and ``/metrics`` is the registry's text followed by
-theirs (:meth:`Telemetry.exposition`).
+``quantile``, ``result``/``error_class``. The per-target families are not on the registry:
+those a round replaces whole (latency summaries, diagnoses and alerts, capacity) are rendered
+once per round (:class:`RenderedPerRound`), those a scrape sets once per scrape of the target
+(:class:`ScrapeFamilies`), and ``/metrics`` is the registry's text followed by theirs
+(:meth:`Telemetry.exposition`).
 
 Scrape health
     llm_latency_scrapes_total{target,result}            counter; result = ok or an error class
@@ -67,11 +68,14 @@ SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round;
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.probe.telemetry import ProbeCollector
@@ -104,6 +108,96 @@ class RenderedPerRound(Collector):
             registry.register(self)
             cached = self._rendered = (state, generate_latest(registry))  # holds the data it was made of
         return cached[1]
+
+
+class _Families:
+    """What :func:`generate_latest` renders: any object with ``collect()``."""
+
+    def __init__(self, *families: Metric) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def _sample_lines(family: Metric) -> bytes:
+    """A family's sample lines as prometheus_client renders them, without its HELP and TYPE."""
+    text = generate_latest(_Families(family))
+    return b"".join(line for line in text.splitlines(keepends=True) if not line.startswith(b"#"))
+
+
+@dataclass
+class _TargetScrapeState:
+    """One target's values (None: never set; e.g. a source's view sets only up and the time)."""
+
+    up: float | None = None
+    last: float | None = None
+    size: float | None = None
+    kept: float | None = None
+    malformed: float | None = None
+    results: dict[str, tuple[float, float]] = field(default_factory=dict)  # result -> (count, created)
+
+
+class ScrapeFamilies:
+    """The per-target families a scrape sets: attempts by result, up, last scrape time, page
+    size, samples kept, malformed lines. Each target's lines are rendered when its scrape is
+    recorded (by prometheus_client, so the text is the library's own) and every read of
+    ``/metrics`` joins them. As labelled metrics on the registry they were rendered for every
+    read: 7,000 lines at 1,000 targets, 60 % of the endpoint's CPU under bench/load.py's clients,
+    where a scrape renders its own target's 7 lines once. Recorded from the event loop and the
+    sources round (under a lock); read from worker threads without one: a target's lines are
+    replaced whole, and the read copies the mapping's values in one step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[str, _TargetScrapeState] = {}
+        self._lines: dict[str, tuple[bytes, ...]] = {}  # target -> its lines, one item per family
+        self._headers = tuple(generate_latest(_Families(f)) for f in self._families({}))
+
+    @staticmethod
+    def _families(states: Mapping[str, _TargetScrapeState]) -> tuple[Metric, ...]:
+        attempts = CounterMetricFamily("llm_latency_scrapes", "Scrape attempts by target and result.",
+                                       labels=["target", "result"])
+        gauges = {attr: GaugeMetricFamily(name, help_text, labels=["target"]) for attr, name, help_text in (
+            ("up", "llm_latency_target_up", "1 if the last scrape of the target succeeded."),
+            ("last", "llm_latency_target_last_scrape_timestamp_seconds", "Time of the last scrape."),
+            ("size", "llm_latency_target_scrape_bytes", "Size of the last page."),
+            ("kept", "llm_latency_target_samples_kept", "Samples kept from the last page."),
+            ("malformed", "llm_latency_target_malformed_lines", "Malformed lines on the last page."))}
+        for target, state in states.items():
+            for result, (count, created) in state.results.items():
+                attempts.add_metric([target, result], count, created=created)
+            for attr, family in gauges.items():
+                value = getattr(state, attr)
+                if value is not None:
+                    family.add_metric([target], value)
+        return (attempts, *gauges.values())
+
+    def _render(self, target: str, state: _TargetScrapeState) -> None:
+        self._lines[target] = tuple(_sample_lines(f) for f in self._families({target: state}))
+
+    def record(self, target: str, *, up: bool, ts: float, result: str | None = None, size: int | None = None,
+               kept: int | None = None, malformed: int | None = None) -> None:
+        """One scrape (``result`` counted) or a source's view of the target (up and time only)."""
+        with self._lock:
+            state = self._state.setdefault(target, _TargetScrapeState())
+            state.up, state.last = (1.0 if up else 0.0), ts
+            if result is not None:
+                count, created = state.results.get(result, (0.0, time.time()))
+                state.results[result] = (count + 1.0, created)
+            for attr, value in (("size", size), ("kept", kept), ("malformed", malformed)):
+                if value is not None:
+                    setattr(state, attr, float(value))
+            self._render(target, state)
+
+    def forget(self, target: str) -> None:
+        with self._lock:
+            self._state.pop(target, None)
+            self._lines.pop(target, None)
+
+    def exposition(self) -> bytes:
+        rendered = list(self._lines.values())
+        return b"".join(header + b"".join(lines[i] for lines in rendered) for i, header in enumerate(self._headers))
 
 
 class DerivedLatencyCollector(RenderedPerRound):
@@ -224,19 +318,9 @@ class Telemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.scrapes = Counter("llm_latency_scrapes", "Scrape attempts by target and result.",
-                               ["target", "result"], registry=r)
         self.scrape_duration = Histogram("llm_latency_scrape_duration_seconds", "Duration of scrapes (fetch + parse).",
                                          buckets=SCRAPE_BUCKETS, registry=r)
-        self.target_up = Gauge("llm_latency_target_up", "1 if the last scrape of the target succeeded.",
-                               ["target"], registry=r)
-        self.last_scrape = Gauge("llm_latency_target_last_scrape_timestamp_seconds", "Time of the last scrape.",
-                                 ["target"], registry=r)
-        self.scrape_bytes = Gauge("llm_latency_target_scrape_bytes", "Size of the last page.", ["target"], registry=r)
-        self.samples_kept = Gauge("llm_latency_target_samples_kept", "Samples kept from the last page.",
-                                  ["target"], registry=r)
-        self.malformed = Gauge("llm_latency_target_malformed_lines", "Malformed lines on the last page.",
-                               ["target"], registry=r)
+        self.targets = ScrapeFamilies()  # per target, rendered once per scrape (exposition())
         self.writes = Counter("llm_latency_storage_writes", "Scrapes written to the database.", ["result"], registry=r)
         self.write_seconds = Histogram("llm_latency_storage_write_seconds", "Duration of one batch write.",
                                        buckets=SCRAPE_BUCKETS, registry=r)
@@ -270,7 +354,8 @@ class Telemetry:
     def exposition(self) -> bytes:
         """The body of ``/metrics``: the registry's metrics, then the round collectors' text
         as their last round left it (families disjoint, so the two parts concatenate)."""
-        return generate_latest(self.registry) + b"".join(c.rendered() for c in self.per_round)
+        return (generate_latest(self.registry) + self.targets.exposition()
+                + b"".join(c.rendered() for c in self.per_round))
 
     def observe_round(self, name: str, seconds: float, interval: float) -> None:
         """One run of a periodic round (:func:`app.scheduling.add_round`)."""
@@ -283,20 +368,12 @@ class Telemetry:
 
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None:
-        self.scrapes.labels(target, "ok" if up and not error_class else (error_class or "down")).inc()
         self.scrape_duration.observe(duration)
-        self.target_up.labels(target).set(1.0 if up else 0.0)
-        self.last_scrape.labels(target).set(ts)
-        self.scrape_bytes.labels(target).set(size)
-        self.samples_kept.labels(target).set(kept)
-        self.malformed.labels(target).set(malformed)
+        self.targets.record(target, up=up, ts=ts, result="ok" if up and not error_class else (error_class or "down"),
+                            size=size, kept=kept, malformed=malformed)
 
     def forget_target(self, target: str) -> None:
-        for gauge in (self.target_up, self.last_scrape, self.scrape_bytes, self.samples_kept, self.malformed):
-            try:
-                gauge.remove(target)
-            except KeyError:
-                pass
+        self.targets.forget(target)
         self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}
         self.diagnosis.diagnoses = [d for d in self.diagnosis.diagnoses if d["target"] != target]
         self.capacity.assessments = [c for c in self.capacity.assessments if c.target != target]
