@@ -18,8 +18,12 @@ million in 9 minutes and RSS grew 250 MB while glibc's heap stayed at about 270 
 raise off), so a block of 256 KiB or more is always mapped and always returned on free.
 :func:`trim` (``malloc_trim``) returns the free whole pages inside the arenas; both are no-ops
 where the C library is not glibc. :func:`release`, after each summary round, runs a full
-collection and then trims. The collection holds the interpreter for 0.5-0.7 s at 1,000
-targets (README, "The built-in store under load").
+collection and then trims. A collection of everything held the interpreter for 0.5-0.7 s at
+1,000 targets (README, "The built-in store under load"), so what survives a collection is
+frozen (``gc.freeze``: left out of later collections, still freed when its last reference
+goes) and the next collection scans only what was made since; every :data:`FULL_EVERY`-th
+release unfreezes first, so cycles among the frozen are collected too, at most that many
+releases late.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 
 M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
 MMAP_THRESHOLD = 256 * 1024  # bytes: blocks from here up are mapped on their own
+FULL_EVERY = 40  # releases between collections of everything: 10 minutes at the 15 s summary interval
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -63,7 +68,17 @@ def trim() -> bool:
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
 
 
+_releases = 0
+
+
 def release() -> None:
-    """Collect the cyclic garbage (every generation), then give the freed pages back."""
+    """Collect the cyclic garbage made since the last release (of everything, every
+    :data:`FULL_EVERY`-th call, the first included), freeze what survived, then give the freed
+    pages back."""
+    global _releases
+    if _releases % FULL_EVERY == 0:
+        gc.unfreeze()
+    _releases += 1
     gc.collect()
+    gc.freeze()
     trim()
