@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Response
+from pydantic import TypeAdapter
 
-from app.api.common import current_diagnoses, duration_param, get_or_404, time_range
+from app.api.common import current_diagnoses, duration_param, get_or_404, serialized, time_range
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
@@ -32,11 +33,14 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
     }
 
 
+DIAGNOSES_OUT = TypeAdapter(list[DiagnosisOut])
+
+
 @router.get("/diagnoses", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
-def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> list[dict]:
+def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> Response:
     """The latest evaluation of every target and model. A finding's ``state`` is
     ``pending`` until it has held for ``activate_after`` evaluations, then ``active``."""
-    return current_diagnoses(session, monitor)
+    return serialized(DIAGNOSES_OUT, current_diagnoses(session, monitor), exclude_unset=True)
 
 
 @router.get("/diagnoses/history", response_model=list[FindingRecordOut])

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic import TypeAdapter, ValidationError
 
 from app import latency, summaries
-from app.api.common import duration_param, get_or_404, time_range, unprocessable, unprocessable_from
+from app.api.common import duration_param, get_or_404, serialized, time_range, unprocessable, unprocessable_from
 from app.api.deps import BudgetDep, MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
@@ -118,6 +118,8 @@ def reschedule(monitor: Monitor) -> None:
 
 
 TARGETS_OUT = TypeAdapter(list[TargetOut])
+TARGET_LATENCY_OUT = TypeAdapter(TargetLatencyOut)
+FLEET_LATENCY_OUT = TypeAdapter(FleetLatencyOut)
 
 
 @router.get("/targets", response_model=list[TargetOut])
@@ -199,7 +201,7 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: 
                    window: Annotated[str, Query(description="e.g. 5m, 1h")] = "5m",
                    start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                    end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
-                   ) -> dict[str, Any]:
+                   ) -> Response:
     """p50/p90/p95/p99, mean and count of every histogram signal over the window, as
     ``histogram_quantile(q, sum by (le) (increase(x_bucket[window])))`` would give,
     overall and per model; counter rates; gauge last/mean/max. 409 while the target is
@@ -217,7 +219,8 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: 
             report = latency.latency_report(session, [target.id], seconds, end)
             add_disaggregation(session, monitor, target, report, repository.target_infos(session, target.id),
                                end - seconds, end)
-    return {"target": name, "engine": target.detected_engine or target.engine, "window": window, **report}
+    return serialized(TARGET_LATENCY_OUT, {"target": name, "engine": target.detected_engine or target.engine,
+                                           "window": window, **report}, exclude_unset=True)
 
 
 @router.get("/targets/{name}/series", response_model=SeriesOut, responses=LOAD_BALANCED_RESPONSE)
@@ -277,7 +280,7 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
 def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
                   end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None
-                  ) -> dict[str, Any]:
+                  ) -> Response:
     """Fleet-wide percentiles: every target's histograms summed by le. Targets that are
     ``load_balanced`` now are left out and named in ``excluded_load_balanced``. The last
     ``latency_window`` (no ``start``/``end``) is the last summary round's answer (its
@@ -288,9 +291,10 @@ def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, w
     if start is None and end is None and kept is not None and \
             summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval,
                               kept.took):
-        return {"window": window, **kept.body}
+        return serialized(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True)
     with bounded(budget), statement_budget(session, budget):
-        return {"window": window, **summaries.fleet_report(session, seconds, until)}
+        report = summaries.fleet_report(session, seconds, until)
+    return serialized(FLEET_LATENCY_OUT, {"window": window, **report}, exclude_unset=True)
 
 
 @router.get("/discovery", response_model=list[DiscoveryOut])
