@@ -95,7 +95,7 @@ def bounded(bucket: Sequence[float | None] | None, unit: str = "s") -> str:
     return f"{_plain(lower, unit)} – {_plain(float(upper), unit)}"
 
 
-def _field(summary: object, name: str) -> object:
+def field(summary: object, name: str) -> object:
     """A field of a summary given as an object (:class:`app.latency.SignalSummary`) or its JSON form."""
     if summary is None:
         return None
@@ -107,11 +107,11 @@ def _field(summary: object, name: str) -> object:
 def summary_quantile(summary: object, key: str, unit: str = "s") -> str:
     """Quantile ``key`` of a summary (object or JSON) for people: with its bucket (:func:`quantile`),
     or, for a derived signal without quantiles, its bound (:func:`bounded`)."""
-    value = _field(summary, key)
-    intervals = _field(summary, "intervals") or {}
+    value = field(summary, key)
+    intervals = field(summary, "intervals") or {}
     assert isinstance(intervals, dict)
     if value is None:
-        bounds = _field(summary, "bounds") or {}
+        bounds = field(summary, "bounds") or {}
         assert isinstance(bounds, dict)
         return bounded(bounds.get(key), unit) if key in bounds else "–"
     assert isinstance(value, (int, float))
@@ -120,11 +120,11 @@ def summary_quantile(summary: object, key: str, unit: str = "s") -> str:
 
 def summary_bucket(summary: object, key: str, unit: str = "s") -> str:
     """A tooltip for quantile ``key``: which bucket holds it, or how a derived bound was made."""
-    intervals = _field(summary, "intervals") or {}
+    intervals = field(summary, "intervals") or {}
     assert isinstance(intervals, dict)
     if key in intervals:
         return f"interpolated inside the bucket {interval(intervals[key], unit)}"
-    bounds = _field(summary, "bounds") or {}
+    bounds = field(summary, "bounds") or {}
     assert isinstance(bounds, dict)
     if key in bounds:
         return f"derived: the true {key} lies in {bounded(bounds[key], unit)} (quantiles do not add)"

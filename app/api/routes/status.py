@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,36 @@ def fmt_quantile(summary: object, key: str, signal: str = "ttft") -> str:
 def fmt_bucket(summary: object, key: str, signal: str = "ttft") -> str:
     """The cell's tooltip: the bucket that holds the quantile."""
     return human.summary_bucket(summary, key, _unit(signal))
+
+
+@dataclass(frozen=True)
+class LatencyCell:
+    """One percentile cell of the fleet table."""
+
+    stat: str                # ``ttft-p50``
+    value: str               # exact, for ``data-value``
+    title: str               # the bucket that holds it
+    text: str                # as shown
+    derivation: str | None   # how a derived TTFT was made (``q+p``), else None
+
+
+FLEET_CELLS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"))
+
+
+def latency_cells(summaries: Mapping[str, object]) -> list[LatencyCell]:
+    """The fleet table's TTFT/ITL p50/p99 cells of one row, formatted here rather than by a
+    template macro per cell: at 1,000 targets the 4,000 macro calls were half of the page's
+    rendering."""
+    cells = []
+    for key, q in FLEET_CELLS:
+        summary = summaries.get(key)
+        value = human.field(summary, q)
+        assert value is None or isinstance(value, (int, float))
+        derived = key == "ttft" and bool(summary) and bool(human.field(summary, "derived"))
+        cells.append(LatencyCell(f"{key}-{q}", data_value(value), fmt_bucket(summary, q, key),
+                                 fmt_quantile(summary, q, key),
+                                 str(human.field(summary, "derivation")) if derived else None))
+    return cells
 
 
 def fmt_count(value: float | None, estimate: bool = True) -> str:
@@ -558,7 +589,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
                 health.stale = True
             views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
             rows.append({"target": target, "health": health, "level": triage_level(health, views),
-                         "diagnoses": views, "ttft": summary.get("ttft"), "itl": summary.get("itl"),
+                         "diagnoses": views, "cells": latency_cells(summary),
                          "discovered_by": discovered_by(target), "stale_source": stale})
     rows.sort(key=lambda r: (LEVELS.index(r["level"]), r["target"].name))
     counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
