@@ -76,17 +76,29 @@ def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None 
     page shows."""
     base = monitor.external_url
     open_states = repository.open_finding_states(session, target_id)
-    out: list[dict[str, Any]] = []
-    for row in repository.latest_diagnoses(session, target_id):
-        details = row.details
-        findings: list[dict[str, Any]] = []
-        for finding in details.get("findings", []):
-            state, active_since = open_states.get((row.target, row.model, finding["regime"]), ("pending", None))
-            findings.append({**finding, "state": state, "active_since": active_since,
-                             "runbook_url": runbook_link(finding["regime"], base)})
-        out.append({"target": row.target, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
-                    "active": [f["regime"] for f in findings if f["state"] == "active"],
-                    "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
-                    "notes": details.get("notes", []), "signals": details.get("signals", {}),
-                    "not_judged": details.get("not_judged", [])})
-    return out
+    return [diagnosis_out(row, finding_states(row, open_states), base)
+            for row in repository.latest_diagnoses(session, target_id)]
+
+
+FindingStates = tuple[tuple[str, float | None], ...]
+
+
+def finding_states(row: repository.LatestDiagnosis,
+                   open_states: dict[tuple[str, str, str], tuple[str, float | None]]) -> FindingStates:
+    """(state, active since) of each of the diagnosis' findings, in order; ``pending`` for one
+    the finding table does not hold open."""
+    return tuple(open_states.get((row.target, row.model, f["regime"]), ("pending", None))
+                 for f in row.details.get("findings", []))
+
+
+def diagnosis_out(row: repository.LatestDiagnosis, states: FindingStates, base: str) -> dict[str, Any]:
+    """One diagnosis as the API answers it: its stored details and its findings' states."""
+    details = row.details
+    findings = [{**finding, "state": state, "active_since": active_since,
+                 "runbook_url": runbook_link(finding["regime"], base)}
+                for finding, (state, active_since) in zip(details.get("findings", []), states, strict=True)]
+    return {"target": row.target, "model": row.model, "engine": details.get("engine"), "verdict": row.verdict,
+            "active": [f["regime"] for f in findings if f["state"] == "active"],
+            "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
+            "notes": details.get("notes", []), "signals": details.get("signals", {}),
+            "not_judged": details.get("not_judged", [])}

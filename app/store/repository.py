@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Text, bindparam, case, cast, delete, func, insert, select, text, update
@@ -1050,6 +1050,7 @@ class LatestDiagnosis:
     verdict: str
     evaluated_at: float
     details: dict[str, Any]
+    text: str = field(default="", repr=False, compare=False)  # the stored details as read: what they were decoded from
 
 
 # stored details text -> its decoded value, for the rows of the last whole-fleet read
@@ -1071,7 +1072,7 @@ def latest_diagnoses(session: Session, target_id: int | None = None) -> list[Lat
     for name, model, verdict, evaluated_at, text_ in session.execute(query.order_by(Target.name, DiagnosisRow.model)):
         details = known.get(text_) or seen.get(text_) or json.loads(text_)
         seen[text_] = details
-        out.append(LatestDiagnosis(name, model, verdict, evaluated_at, details))
+        out.append(LatestDiagnosis(name, model, verdict, evaluated_at, details, text_))
     if target_id is None:
         _decoded_details = seen  # what a whole-fleet read found: the cache never outgrows the table
     return out

@@ -10,6 +10,8 @@ from fastapi.testclient import TestClient
 from pydantic import TypeAdapter
 
 from app.api.common import current_diagnoses, serialized
+from app.api.routes import diagnoses as diagnoses_route
+from app.api.routes import targets as targets_route
 from app.api.schemas import DiagnosisOut, FleetLatencyOut, TargetLatencyOut
 from tests.api.test_diagnoses_api import stepping_page
 from tests.support.pages import StaticPageServer
@@ -52,3 +54,50 @@ def test_the_answers_are_fastapis_own_bytes(service) -> None:
         # the same value with a key the model does not know: dropped by both
         assert answer.content == fastapi_bytes(model, {**body, "unknown": 1}) == \
             serialized(TypeAdapter(model), {**body, "unknown": 1}, exclude_unset=True).body
+
+
+def test_kept_answers_follow_every_change(service) -> None:
+    """The diagnoses' JSON kept per diagnosis and the round's fleet answer kept per round are
+    FastAPI's bytes for the current value after every change: a new evaluation, a finding that
+    turns active, a deleted target, a new summary round."""
+    c = service.client
+    with StaticPageServer(stepping_page("queueing")) as queued, StaticPageServer(stepping_page("healthy")) as fine:
+        for name, url in (("busy", queued.url), ("calm", fine.url)):
+            assert c.post("/api/v1/targets", json={"name": name, "url": url}).status_code == 201
+        last = None
+        for _ in range(24):
+            service.scrape("busy")
+            last = service.scrape("calm")
+
+    def expected() -> bytes:
+        with service.monitor.sessions() as session:
+            return fastapi_bytes(list[DiagnosisOut], current_diagnoses(session, service.monitor))
+
+    service.monitor.evaluate_diagnoses(now=last.ts)
+    first = c.get("/api/v1/diagnoses").content
+    assert first == expected() and [d["findings"][0]["state"] for d in c.get("/api/v1/diagnoses").json()
+                                    if d["target"] == "busy"] == ["pending"]
+    kept = dict(diagnoses_route._serialized)
+    assert len(kept) == 2 and c.get("/api/v1/diagnoses").content == first
+    assert all(a is b for a, b in zip(kept.values(), diagnoses_route._serialized.values(), strict=True))  # reused
+    service.monitor.evaluate_diagnoses(now=last.ts + 1)  # busy's finding turns active
+    second = c.get("/api/v1/diagnoses").content
+    assert second != first and second == expected()
+    assert next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "busy")["active"] == ["queueing"]
+    assert c.delete("/api/v1/targets/calm").status_code == 204
+    third = c.get("/api/v1/diagnoses")
+    assert third.content == expected() and [d["target"] for d in third.json()] == ["busy"]
+    assert len(diagnoses_route._serialized) == 1
+
+    service.monitor.refresh_summaries()
+    kept_round = service.monitor.fleet_summary
+    fleet = c.get("/api/v1/latency")
+    assert fleet.content == fastapi_bytes(FleetLatencyOut, {"window": "5m", **kept_round.body})
+    assert fleet.json()["targets"] == ["busy"] and c.get("/api/v1/latency").content == fleet.content
+    assert c.get("/api/v1/latency?window=300s").json()["window"] == "300s"  # per spelling of the window
+    assert targets_route._fleet_answers[0] is kept_round and len(targets_route._fleet_answers[1]) == 2
+    service.monitor.refresh_summaries()  # a new round: a new answer
+    assert service.monitor.fleet_summary is not kept_round
+    assert c.get("/api/v1/latency").content == fastapi_bytes(
+        FleetLatencyOut, {"window": "5m", **service.monitor.fleet_summary.body})
+    assert targets_route._fleet_answers[0] is service.monitor.fleet_summary

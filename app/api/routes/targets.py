@@ -276,6 +276,26 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
                                       "ts": i.ts} for i in repository.target_infos(session, target.id)]}
 
 
+#: the last summary round's fleet answer, serialized once per ``window`` spelling (a few)
+_fleet_answers: tuple[summaries.FleetSummary | None, dict[str, bytes]] = (None, {})
+
+
+def round_fleet_answer(kept: summaries.FleetSummary, window: str) -> bytes:
+    """The fleet view the last summary round computed, as JSON: serialized once per round (and
+    per spelling of the window, up to 8), not for every read of it."""
+    global _fleet_answers
+    owner, by_window = _fleet_answers
+    if owner is not kept:
+        by_window = {}
+        _fleet_answers = (kept, by_window)
+    body = by_window.get(window)
+    if body is None:
+        body = bytes(serialized(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True).body)
+        if len(by_window) < 8:
+            by_window[window] = body
+    return body
+
+
 @router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
 def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, window: str = "5m",
                   start: Annotated[UnixTime | None, Query(description="unix seconds; overrides window")] = None,
@@ -291,7 +311,7 @@ def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, w
     if start is None and end is None and kept is not None and \
             summaries.answers(kept.start, kept.end, seconds, until, monitor.settings.summary_interval,
                               kept.took):
-        return serialized(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True)
+        return Response(round_fleet_answer(kept, window), media_type="application/json")
     with bounded(budget), statement_budget(session, budget):
         report = summaries.fleet_report(session, seconds, until)
     return serialized(FLEET_LATENCY_OUT, {"window": window, **report}, exclude_unset=True)
