@@ -143,7 +143,7 @@ class ScrapeFamilies:
     size, samples kept, malformed lines. Each target's lines are rendered when its scrape is
     recorded (by prometheus_client, so the text is the library's own) and every read of
     ``/metrics`` joins them. As labelled metrics on the registry they were rendered for every
-    read: 7,000 lines at 1,000 targets, 60 % of the endpoint's CPU under bench/load.py's clients,
+    read: 7,000 lines at 1,000 targets, most of the endpoint's CPU under bench/load.py's clients,
     where a scrape renders its own target's 7 lines once. Recorded from the event loop and the
     sources round (under a lock); read from worker threads without one: a target's lines are
     replaced whole, and the read copies the mapping's values in one step."""

@@ -58,7 +58,7 @@ def serialized(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool = F
     """The JSON FastAPI makes of ``value`` for a ``response_model`` (validated, then dumped by
     alias), made here in the request's worker thread. FastAPI validates a sync endpoint's return
     in a worker thread but dumps it on the event loop, where the diagnoses of 1,000 targets held
-    up the scrapes and every other request (10 % of the interpreter under bench/load.py)."""
+    up the scrapes and every other request (8-10 % of the interpreter under bench/load.py)."""
     return Response(adapter.dump_json(adapter.validate_python(value), exclude_unset=exclude_unset, by_alias=True),
                     media_type="application/json")
 
