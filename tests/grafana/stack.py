@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.lifespan import Monitor
@@ -121,10 +122,11 @@ def running_stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def monitor_scrapes(stack: Stack) -> dict[str, int]:
-    """Successful scrapes per target, from the monitor's own counter."""
-    registry = stack.monitor.telemetry.registry
-    return {name: int(registry.get_sample_value("llm_latency_scrapes_total", {"target": name, "result": "ok"}) or 0)
-            for name in ENGINES}
+    """Successful scrapes per target, from the monitor's own counter (as /metrics shows it)."""
+    ok = {s.labels["target"]: int(s.value)
+          for family in text_string_to_metric_families(stack.monitor.telemetry.targets.exposition().decode())
+          for s in family.samples if s.name == "llm_latency_scrapes_total" and s.labels["result"] == "ok"}
+    return {name: ok.get(name, 0) for name in ENGINES}
 
 
 def prepare(stack: Stack) -> None:
