@@ -120,10 +120,22 @@ class _Families:
         return self.families
 
 
-def _sample_lines(family: Metric) -> bytes:
-    """A family's sample lines as prometheus_client renders them, without its HELP and TYPE."""
-    text = generate_latest(_Families(family))
-    return b"".join(line for line in text.splitlines(keepends=True) if not line.startswith(b"#"))
+def _sections(*families: Metric) -> dict[bytes, bytes]:
+    """prometheus_client's text for ``families``, by section: its HELP and TYPE lines -> its
+    sample lines. A counter is two sections (``_total``, then ``_created`` as a gauge)."""
+    sections: dict[bytes, bytes] = {}
+    header = b""
+    for line in generate_latest(_Families(*families)).splitlines(keepends=True):
+        if line.startswith(b"# HELP"):
+            header = line
+            sections[header] = b""
+        elif line.startswith(b"#"):
+            samples = sections.pop(header)
+            header += line
+            sections[header] = samples
+        else:
+            sections[header] += line
+    return sections
 
 
 @dataclass
@@ -151,8 +163,9 @@ class ScrapeFamilies:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._state: dict[str, _TargetScrapeState] = {}
-        self._lines: dict[str, tuple[bytes, ...]] = {}  # target -> its lines, one item per family
-        self._headers = tuple(generate_latest(_Families(f)) for f in self._families({}))
+        self._lines: dict[str, tuple[bytes, ...]] = {}  # target -> its lines, one item per section
+        every = _TargetScrapeState(1.0, 0.0, 0.0, 0.0, 0.0, {"ok": (1.0, 0.0)})  # a target in every section
+        self._headers = tuple(_sections(*self._families({"": every})))
 
     @staticmethod
     def _families(states: Mapping[str, _TargetScrapeState]) -> tuple[Metric, ...]:
@@ -174,7 +187,8 @@ class ScrapeFamilies:
         return (attempts, *gauges.values())
 
     def _render(self, target: str, state: _TargetScrapeState) -> None:
-        self._lines[target] = tuple(_sample_lines(f) for f in self._families({target: state}))
+        sections = _sections(*self._families({target: state}))
+        self._lines[target] = tuple(sections.get(header, b"") for header in self._headers)
 
     def record(self, target: str, *, up: bool, ts: float, result: str | None = None, size: int | None = None,
                kept: int | None = None, malformed: int | None = None) -> None:

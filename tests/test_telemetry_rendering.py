@@ -3,11 +3,14 @@ follow every replacement; the registry's own metrics are read live."""
 
 from __future__ import annotations
 
+import subprocess
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.quantiles import LatencySummary
 from app.telemetry import Telemetry
+from tests.support.components import require_binary
 
 
 def samples(body: bytes) -> dict[tuple[str, tuple], float]:
@@ -55,9 +58,12 @@ def library_rendering(scrapes) -> bytes:
     """The same scrapes as labelled prometheus_client metrics on a registry (how they were kept)."""
     r = CollectorRegistry()
     attempts = Counter("llm_latency_scrapes", "Scrape attempts by target and result.", ["target", "result"], registry=r)
-    gauges = [Gauge(name, "help", ["target"], registry=r) for name in (
-        "llm_latency_target_up", "llm_latency_target_last_scrape_timestamp_seconds",
-        "llm_latency_target_scrape_bytes", "llm_latency_target_samples_kept", "llm_latency_target_malformed_lines")]
+    gauges = [Gauge(name, help_text, ["target"], registry=r) for name, help_text in (
+        ("llm_latency_target_up", "1 if the last scrape of the target succeeded."),
+        ("llm_latency_target_last_scrape_timestamp_seconds", "Time of the last scrape."),
+        ("llm_latency_target_scrape_bytes", "Size of the last page."),
+        ("llm_latency_target_samples_kept", "Samples kept from the last page."),
+        ("llm_latency_target_malformed_lines", "Malformed lines on the last page."))]
     for target, up, error_class, size, kept, malformed, ts in scrapes:
         attempts.labels(target, "ok" if up and not error_class else (error_class or "down")).inc()
         for gauge, value in zip(gauges, (1.0 if up else 0.0, ts, size, kept, malformed), strict=True):
@@ -67,6 +73,19 @@ def library_rendering(scrapes) -> bytes:
 
 def without_created(body: bytes) -> dict[tuple[str, tuple], float]:
     return {k: v for k, v in samples(body).items() if not k[0].endswith("_created")}
+
+
+def sections(body: bytes) -> list[tuple[bytes, list[bytes]]]:
+    """(HELP and TYPE lines, sorted sample lines with a _created line's time masked) per section."""
+    out: list[tuple[bytes, list[bytes]]] = []
+    for line in body.splitlines():
+        if line.startswith(b"# HELP"):
+            out.append((line, []))
+        elif line.startswith(b"#"):
+            out[-1] = (out[-1][0] + b"\n" + line, out[-1][1])
+        else:
+            out[-1][1].append(line.rsplit(b" ", 1)[0] + b" <time>" if b"_created{" in line else line)
+    return [(header, sorted(lines)) for header, lines in out]
 
 
 def test_scrape_families_render_what_the_librarys_labelled_metrics_render() -> None:
@@ -79,11 +98,11 @@ def test_scrape_families_render_what_the_librarys_labelled_metrics_render() -> N
     assert samples(ours)[("llm_latency_scrapes_total", (("result", "timeout"), ("target", 'b"q\\x')))] == 2.0
     created = {k for k in samples(ours) if k[0].endswith("_created")}
     assert created == {k for k in samples(theirs) if k[0].endswith("_created")} and len(created) == 4
-    # the same lines byte for byte, the _created timestamps aside (grouped by target here, by
-    # first appearance there; the same family's HELP and TYPE first)
-    def strip(body: bytes) -> list[bytes]:
-        return sorted(line for line in body.splitlines() if b"_created" not in line and not line.startswith(b"# HELP"))
-    assert strip(ours) == strip(theirs) and len(strip(ours)) == 6 + 4 + 5 * 3  # TYPE lines, counts, gauges
+    # the same sections (HELP and TYPE lines, a counter's _created as a section of its own) in the
+    # same order, each with the same lines byte for byte but the _created times (ordered by target
+    # here, by first appearance there)
+    assert sections(ours) == sections(theirs)
+    assert [len(lines) for _, lines in sections(ours)] == [4, 4, 3, 3, 3, 3, 3]
     # in /metrics once each, beside the registry's own families
     helps = [line.split()[2] for line in telemetry.exposition().splitlines() if line.startswith(b"# HELP")]
     assert len(helps) == len(set(helps)) and {b"llm_latency_scrapes_total", b"llm_latency_target_up",
@@ -104,3 +123,14 @@ def test_a_sources_view_sets_up_and_time_and_a_forgotten_target_leaves() -> None
     got = samples(telemetry.exposition())
     assert not any(("target", "t1") in labels for _, labels in got)
     assert got[("llm_latency_target_up", (("target", "prod.a"),))] == 0.0
+
+
+def test_promtool_finds_nothing_to_lint_in_the_scrape_families(tmp_path) -> None:
+    promtool = require_binary("promtool", "linting /metrics")
+    telemetry = Telemetry()
+    for target, up, error_class, size, kept, malformed, ts in SCRAPES:
+        telemetry.record_scrape(target, up, error_class, 0.05, size, kept, malformed, ts)
+    telemetry.targets.record("prod.a", up=True, ts=1_700_000_040.0)
+    result = subprocess.run([promtool, "check", "metrics"], input=telemetry.exposition(), capture_output=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
