@@ -54,13 +54,17 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
     return end - start, end
 
 
+def response_json(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool = False) -> bytes:
+    """The JSON FastAPI makes of ``value`` for a ``response_model``: validated, then dumped by alias."""
+    return adapter.dump_json(adapter.validate_python(value), exclude_unset=exclude_unset, by_alias=True)
+
+
 def serialized(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool = False) -> Response:
-    """The JSON FastAPI makes of ``value`` for a ``response_model`` (validated, then dumped by
-    alias), made here in the request's worker thread. FastAPI validates a sync endpoint's return
-    in a worker thread but dumps it on the event loop, where the diagnoses of 1,000 targets held
-    up the scrapes and every other request (8-10 % of the interpreter under bench/load.py)."""
-    return Response(adapter.dump_json(adapter.validate_python(value), exclude_unset=exclude_unset, by_alias=True),
-                    media_type="application/json")
+    """:func:`response_json` as the answer, made here in the request's worker thread. FastAPI
+    validates a sync endpoint's return in a worker thread but dumps it on the event loop, where
+    the diagnoses of 1,000 targets held up the scrapes and every other request (8-10 % of the
+    interpreter under bench/load.py)."""
+    return Response(response_json(adapter, value, exclude_unset=exclude_unset), media_type="application/json")
 
 
 def get_or_404(session: Session, name: str) -> Target:

@@ -8,7 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
-from app.api.common import current_diagnoses, diagnosis_out, duration_param, finding_states, get_or_404, time_range
+from app.api.common import (
+    current_diagnoses,
+    diagnosis_out,
+    duration_param,
+    finding_states,
+    get_or_404,
+    response_json,
+    time_range,
+)
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
@@ -57,8 +65,7 @@ def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> Response:
         key = (row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base)
         part = known.get(key) or seen.get(key)
         if part is None:
-            part = DIAGNOSIS_OUT.dump_json(DIAGNOSIS_OUT.validate_python(diagnosis_out(row, states, base)),
-                                           exclude_unset=True, by_alias=True)
+            part = response_json(DIAGNOSIS_OUT, diagnosis_out(row, states, base), exclude_unset=True)
         seen[key] = part
         parts.append(part)
     _serialized = seen

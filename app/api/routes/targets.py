@@ -13,7 +13,15 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 from pydantic import TypeAdapter, ValidationError
 
 from app import latency, summaries
-from app.api.common import duration_param, get_or_404, serialized, time_range, unprocessable, unprocessable_from
+from app.api.common import (
+    duration_param,
+    get_or_404,
+    response_json,
+    serialized,
+    time_range,
+    unprocessable,
+    unprocessable_from,
+)
 from app.api.deps import BudgetDep, MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
@@ -290,7 +298,7 @@ def round_fleet_answer(kept: summaries.FleetSummary, window: str) -> bytes:
         _fleet_answers = (kept, by_window)
     body = by_window.get(window)
     if body is None:
-        body = bytes(serialized(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True).body)
+        body = response_json(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True)
         if len(by_window) < 8:
             by_window[window] = body
     return body
