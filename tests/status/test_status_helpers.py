@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from app.api.routes import status
 from app.api.routes.status import (
     CHART_STEPS,
     LEVELS,
+    Badge,
+    FleetRow,
     Health,
+    LatencyCell,
+    VerdictLine,
     build_chart,
     chart_times,
     evidence_text,
+    fleet_rows_html,
     fmt_age,
     fmt_countdown,
     fmt_number,
@@ -96,3 +104,30 @@ def test_chart_geometry_gaps_dots_and_text_alternative() -> None:
                                  "p99 min 991.0 ms, max 991.0 ms, latest 991.0 ms.")
     empty = build_chart("e", "itl", _loaded(points), end, 300.0, None)
     assert empty.empty and empty.description == "ITL over the last 60 min: no data yet."
+
+
+def fleet_row(name: str, **changes: object) -> FleetRow:
+    cells = tuple(LatencyCell(f"ttft-{q}", "0.25", "(0.1, 0.5]", "250.0 ms", None) for q in ("p50", "p99"))
+    healthy = VerdictLine("healthy", "healthy", False, (("kv_cache_pressure", "no KV gauge"),), "m", 1.5e9)
+    row = FleetRow(name, None, (), None, Badge("up", "up", None, None, False), "healthy", (healthy,), None, None, cells)
+    return replace(row, **changes)
+
+
+def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None:
+    a, b = fleet_row("a"), fleet_row("b")
+    first = fleet_rows_html([a, b])
+    assert 'data-target="a"' in first[0] and 'data-stat="ttft-p99" data-value="0.25"' in first[0]
+    assert 'title="kv_cache_pressure: no KV gauge&#10;">1 not judged' in first[0]
+    again = fleet_rows_html([fleet_row("a"), fleet_row("b")])  # equal rows, new objects
+    assert again[0] is first[0] and again[1] is first[1]
+    down = replace(b, health=Badge("down", "down: connect", "connect", "refused <x>", False), level="critical")
+    third = fleet_rows_html([a, down])
+    assert third[0] is first[0] and third[1] is not first[1]
+    assert 'data-health="down"' in third[1] and 'title="refused &lt;x&gt;"' in third[1] \
+        and 'data-severity="critical"' in third[1] and 'data-health="down"' not in first[1]
+    # a target without a verdict shows the countdown; a new countdown is a new row
+    fresh = fleet_rows_html([replace(a, verdicts=(), countdown="in ~12 s")])
+    assert "first evaluation in ~12 s" in fresh[0] and fresh[0] is not first[0]
+    # only the last page's rows are kept: one row now, and the first page's row renders anew
+    assert len(status._row_html) == 1
+    assert fleet_rows_html([a])[0] == first[0] and fleet_rows_html([a])[0] is not first[0]

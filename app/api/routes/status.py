@@ -167,7 +167,7 @@ class LatencyCell:
 FLEET_CELLS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"))
 
 
-def latency_cells(summaries: Mapping[str, object]) -> list[LatencyCell]:
+def latency_cells(summaries: Mapping[str, object]) -> tuple[LatencyCell, ...]:
     """The fleet table's TTFT/ITL p50/p99 cells of one row, formatted here rather than by a
     template macro per cell: at 1,000 targets the 4,000 macro calls were half of the page's
     rendering."""
@@ -180,7 +180,7 @@ def latency_cells(summaries: Mapping[str, object]) -> list[LatencyCell]:
         cells.append(LatencyCell(f"{key}-{q}", data_value(value), fmt_bucket(summary, q, key),
                                  fmt_quantile(summary, q, key),
                                  str(human.field(summary, "derivation")) if derived else None))
-    return cells
+    return tuple(cells)
 
 
 def fmt_count(value: float | None, estimate: bool = True) -> str:
@@ -450,6 +450,84 @@ def triage_level(health: Health, diagnoses: list[dict]) -> str:
     return min({d["kind"] for d in diagnoses} or {"unknown"}, key=LEVELS.index)
 
 
+@dataclass(frozen=True, slots=True)
+class Badge:
+    """What the scrape badge shows of a target's :class:`Health` (not its age or time)."""
+
+    state: str
+    label: str
+    error_class: str | None
+    error: str | None
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictLine:
+    """What the fleet table shows of one diagnosis (one per model)."""
+
+    verdict: str
+    kind: str
+    pending: bool                               # its primary finding is still pending
+    not_judged: tuple[tuple[str, str], ...]     # (regime, reason)
+    model: str | None
+    evaluated_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRow:
+    """Everything one row of the fleet table shows and nothing else, so that the row's HTML
+    is a function of it (:func:`fleet_rows_html`)."""
+
+    name: str
+    origin: str | None
+    labels: tuple[tuple[str, str], ...]         # sorted by key, case-insensitively
+    discovered_by: str | None
+    health: Badge
+    level: str
+    verdicts: tuple[VerdictLine, ...]
+    stale_source: str | None                    # the failing source's name
+    countdown: str | None                       # to the first evaluation, while it has no verdict
+    cells: tuple[LatencyCell, ...]
+
+
+def fleet_row(target: Target, health: Health, views: list[dict], cells: tuple[LatencyCell, ...],
+              stale: SourceStatus | None, countdown: str) -> FleetRow:
+    verdicts = tuple(VerdictLine(d["verdict"], d["kind"], bool(d["primary"]) and d["primary"].get("state") == "pending",
+                                 tuple((n["regime"], n["reason"]) for n in d["not_judged"]), d.get("model"),
+                                 d.get("evaluated_at"))
+                     for d in views)
+    discovered = discovered_by(target)
+    labels = tuple(sorted((target.labels or {}).items(), key=lambda kv: kv[0].lower())) if discovered else ()
+    return FleetRow(target.name, target.origin, labels, discovered,
+                    Badge(health.state, health.label, health.error_class, health.error, health.stale),
+                    triage_level(health, views), verdicts, None if stale is None else stale.name,
+                    None if verdicts or stale is not None else countdown, cells)
+
+
+#: the HTML of the rows the last fleet table showed, by row: a row that did not change since
+#: is not rendered again. Rendering was half of the page's cost at 1,000 targets (77 ms), and
+#: between two reads few rows change (a verdict, a scrape that failed, a new round's numbers).
+_row_html: dict[FleetRow, Markup] = {}
+
+
+def fleet_rows_html(rows: list[FleetRow]) -> list[Markup]:
+    """Each row's HTML, rendered only when it is not the same as a row of the last page; the
+    cache keeps the rows of this page only, so it holds at most one page."""
+    global _row_html
+    kept = _row_html
+    render = templates.get_template("_fleet_row.html").module.fleet_row  # type: ignore[attr-defined]
+    fresh: dict[FleetRow, Markup] = {}
+    out = []
+    for row in rows:
+        shown = kept.get(row)
+        if shown is None:
+            shown = render(row, LEVEL_TEXT)
+        fresh[row] = shown
+        out.append(shown)
+    _row_html = fresh
+    return out
+
+
 def diagnoses_by_target(session, monitor) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for diagnosis in current_diagnoses(session, monitor):
@@ -561,7 +639,9 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     # (none for a failing source: its banner says why its rows have none)
     read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing
             and (kept is None or t.id not in kept.by_target)]
-    rows: list[dict[str, Any]] = []
+    page = common(request, monitor, seconds, shown_end, live)
+    countdown = page["countdown"]
+    rows: list[FleetRow] = []
     # an index the round's summaries answer whole computes nothing: its statements are not bounded
     statements = statement_budget(session, budget) if ids or read else nullcontext()
     with bounded(budget), statements:
@@ -588,17 +668,15 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
             if stale is not None:
                 health.stale = True
             views = sorted(diagnoses.get(target.name, []), key=lambda d: LEVELS.index(d["kind"]))
-            rows.append({"target": target, "health": health, "level": triage_level(health, views),
-                         "diagnoses": views, "cells": latency_cells(summary),
-                         "discovered_by": discovered_by(target), "stale_source": stale})
-    rows.sort(key=lambda r: (LEVELS.index(r["level"]), r["target"].name))
-    counts = {level: sum(r["level"] == level for r in rows) for level in LEVELS}
-    down = sum(r["health"].state == "down" for r in rows)
-    return html("index.html", rows=rows, counts=counts, down=down, levels=LEVELS, level_text=LEVEL_TEXT,
-                budgets=budget_views(monitor),
+            rows.append(fleet_row(target, health, views, latency_cells(summary), stale, countdown))
+    rows.sort(key=lambda r: (LEVELS.index(r.level), r.name))
+    counts = {level: sum(r.level == level for r in rows) for level in LEVELS}
+    down = sum(r.health.state == "down" for r in rows)
+    return html("index.html", rows=rows, row_html=fleet_rows_html(rows), counts=counts, down=down, levels=LEVELS,
+                level_text=LEVEL_TEXT, budgets=budget_views(monitor),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
-                **common(request, monitor, seconds, shown_end, live))
+                **page)
 
 
 def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | None:
