@@ -3,6 +3,8 @@ bytes FastAPI's own ``response_model`` path makes of the same value, on a servic
 
 from __future__ import annotations
 
+import operator
+import time
 from typing import Any
 
 from fastapi import FastAPI
@@ -12,7 +14,8 @@ from pydantic import TypeAdapter
 from app.api.common import current_diagnoses, serialized
 from app.api.routes import diagnoses as diagnoses_route
 from app.api.routes import targets as targets_route
-from app.api.schemas import DiagnosisOut, FleetLatencyOut, TargetLatencyOut
+from app.api.schemas import DiagnosisOut, FleetLatencyOut, TargetLatencyOut, TargetOut
+from app.store import repository
 from tests.api.test_diagnoses_api import stepping_page
 from tests.support.pages import StaticPageServer
 
@@ -77,9 +80,10 @@ def test_kept_answers_follow_every_change(service) -> None:
     first = c.get("/api/v1/diagnoses").content
     assert first == expected() and [d["findings"][0]["state"] for d in c.get("/api/v1/diagnoses").json()
                                     if d["target"] == "busy"] == ["pending"]
-    kept = dict(diagnoses_route._serialized)
+    kept = dict(diagnoses_route.DIAGNOSIS_JSON._kept)
     assert len(kept) == 2 and c.get("/api/v1/diagnoses").content == first
-    assert all(a is b for a, b in zip(kept.values(), diagnoses_route._serialized.values(), strict=True))  # reused
+    assert all(a is b for a, b in zip(kept.values(), diagnoses_route.DIAGNOSIS_JSON._kept.values(),
+                                      strict=True))  # reused
     service.monitor.evaluate_diagnoses(now=last.ts + 1)  # busy's finding turns active
     second = c.get("/api/v1/diagnoses").content
     assert second != first and second == expected()
@@ -87,7 +91,7 @@ def test_kept_answers_follow_every_change(service) -> None:
     assert c.delete("/api/v1/targets/calm").status_code == 204
     third = c.get("/api/v1/diagnoses")
     assert third.content == expected() and [d["target"] for d in third.json()] == ["busy"]
-    assert len(diagnoses_route._serialized) == 1
+    assert len(diagnoses_route.DIAGNOSIS_JSON) == 1
 
     service.monitor.refresh_summaries()
     kept_round = service.monitor.fleet_summary
@@ -101,3 +105,43 @@ def test_kept_answers_follow_every_change(service) -> None:
     assert c.get("/api/v1/latency").content == fastapi_bytes(
         FleetLatencyOut, {"window": "5m", **service.monitor.fleet_summary.body})
     assert targets_route._fleet_answers[0] is service.monitor.fleet_summary
+
+
+def test_the_targets_list_keeps_each_targets_json_until_it_changes(service) -> None:
+    """The list is FastAPI's bytes for every target's current value; a target's JSON is made
+    again only when it changed: its scrape, its labels, its removal."""
+    c = service.client
+
+    def expected() -> bytes:
+        with service.monitor.sessions() as session:
+            latest = repository.latest_scrapes(session)
+            return fastapi_bytes(list[TargetOut], [targets_route.target_out(service.monitor, t, latest.get(t.id))
+                                                   for t in repository.list_targets(session)])
+
+    def kept() -> list[bytes]:
+        return list(targets_route.TARGET_JSON._kept.values())
+
+    with StaticPageServer(stepping_page("healthy")) as one, StaticPageServer(stepping_page("healthy")) as two:
+        for name, url in (("a", one.url), ("b", two.url), ("c", two.url)):
+            assert c.post("/api/v1/targets", json={"name": name, "url": url}).status_code == 201
+        service.scrape("a")
+        service.scrape("b")
+        deadline = time.monotonic() + 30  # the detected engine is stored beside the scrape, in the background
+        while [t["detected_engine"] for t in c.get("/api/v1/targets").json()] != ["vllm", "vllm", None]:
+            assert time.monotonic() < deadline, "the detected engines were never stored"
+            time.sleep(0.05)
+        first = c.get("/api/v1/targets")
+        assert first.content == expected()
+        assert [t["last_scrape"] is None for t in first.json()] == [False, False, True]
+        before = kept()
+        assert c.get("/api/v1/targets").content == first.content and all(map(operator.is_, kept(), before))
+        service.scrape("b")  # b's JSON is new, a's and c's are reused
+        second = c.get("/api/v1/targets")
+        assert second.content == expected()
+        assert second.json()[1]["last_scrape"]["ts"] > first.json()[1]["last_scrape"]["ts"]
+        assert [x is y for x, y in zip(kept(), before, strict=True)] == [True, False, True]
+    assert c.patch("/api/v1/targets/c", json={"labels": {"team": "infra"}}).status_code == 200
+    third = c.get("/api/v1/targets")
+    assert third.content == expected() and third.json()[2]["labels"] == {"team": "infra"}
+    assert c.delete("/api/v1/targets/a").status_code == 204
+    assert c.get("/api/v1/targets").content == expected() and len(targets_route.TARGET_JSON) == 2

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from app.api.routes import status
+from markupsafe import Markup
+
 from app.api.routes.status import (
     CHART_STEPS,
+    FLEET_ROW_HTML,
     LEVELS,
     Badge,
     FleetRow,
@@ -16,7 +18,6 @@ from app.api.routes.status import (
     build_chart,
     chart_times,
     evidence_text,
-    fleet_rows_html,
     fmt_age,
     fmt_countdown,
     fmt_number,
@@ -113,6 +114,10 @@ def fleet_row(name: str, **changes: object) -> FleetRow:
     return replace(row, **changes)
 
 
+def fleet_rows_html(rows: list[FleetRow]) -> list[Markup]:
+    return FLEET_ROW_HTML.parts((row, row) for row in rows)
+
+
 def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None:
     a, b = fleet_row("a"), fleet_row("b")
     first = fleet_rows_html([a, b])
@@ -129,5 +134,5 @@ def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None
     fresh = fleet_rows_html([replace(a, verdicts=(), countdown="in ~12 s")])
     assert "first evaluation in ~12 s" in fresh[0] and fresh[0] is not first[0]
     # only the last page's rows are kept: one row now, and the first page's row renders anew
-    assert len(status._row_html) == 1
+    assert len(FLEET_ROW_HTML) == 1
     assert fleet_rows_html([a])[0] == first[0] and fleet_rows_html([a])[0] is not first[0]

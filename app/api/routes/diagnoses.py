@@ -9,6 +9,8 @@ from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
 from app.api.common import (
+    FindingStates,
+    KeptParts,
     current_diagnoses,
     diagnosis_out,
     duration_param,
@@ -42,9 +44,9 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
 
 
 DIAGNOSIS_OUT = TypeAdapter(DiagnosisOut)
-#: each diagnosis' JSON by everything it is made of (see :func:`list_diagnoses`); replaced
-#: whole by every read, so it never holds more than the current diagnoses
-_serialized: dict[tuple, bytes] = {}
+#: each diagnosis' JSON by everything it is made of (see :func:`list_diagnoses`)
+DIAGNOSIS_JSON = KeptParts[tuple, tuple[repository.LatestDiagnosis, FindingStates, str], bytes](
+    lambda made: response_json(DIAGNOSIS_OUT, diagnosis_out(*made), exclude_unset=True))
 
 
 @router.get("/diagnoses", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
@@ -56,19 +58,14 @@ def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> Response:
     for every read was 16 % of the interpreter under bench/load.py's clients; so each one's JSON
     (FastAPI's bytes for it) is kept by what it is made of: the stored row and text, its
     findings' states and the runbook base. The list is those joined, as pydantic writes a list."""
-    global _serialized
     base = monitor.external_url
     open_states = repository.open_finding_states(session)
-    known, seen, parts = _serialized, dict[tuple, bytes](), []
+    items = []
     for row in repository.latest_diagnoses(session):
         states = finding_states(row, open_states)
-        key = (row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base)
-        part = known.get(key) or seen.get(key)
-        if part is None:
-            part = response_json(DIAGNOSIS_OUT, diagnosis_out(row, states, base), exclude_unset=True)
-        seen[key] = part
-        parts.append(part)
-    _serialized = seen
+        items.append(((row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base),
+                      (row, states, base)))
+    parts = DIAGNOSIS_JSON.parts(items)
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
 
 

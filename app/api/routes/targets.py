@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from app import latency, summaries
 from app.api.common import (
+    KeptParts,
     duration_param,
     get_or_404,
     response_json,
@@ -125,18 +126,37 @@ def reschedule(monitor: Monitor) -> None:
     anyio.from_thread.run(monitor.reload_targets)
 
 
-TARGETS_OUT = TypeAdapter(list[TargetOut])
+TARGET_OUT = TypeAdapter(TargetOut)
 TARGET_LATENCY_OUT = TypeAdapter(TargetLatencyOut)
 FLEET_LATENCY_OUT = TypeAdapter(FleetLatencyOut)
 
 
+def target_key(monitor: Monitor, target: Target, last: Scrape | None, token_holder: bool) -> tuple:
+    """Everything a target's JSON in the list is made of. Its JSON columns (labels, hardware,
+    canary) are stood for by ``updated_at``: they change only through
+    :func:`app.store.repository.update_target`, which sets it; a scrape row never changes."""
+    s = monitor.settings
+    return (target.id, target.name, target.url, target.engine, target.detected_engine, target.scrape_interval,
+            target.scrape_timeout, target.source, target.origin, target.gone_at, target.created_at,
+            target.updated_at, s.default_scrape_interval, s.default_scrape_timeout, token_holder,
+            None if last is None else (last.id, last.ts))
+
+
+TargetMade = tuple[Monitor, Target, Scrape | None, bool]
+#: each target's JSON in the list by what it is made of (:func:`target_key`)
+TARGET_JSON = KeptParts[tuple, TargetMade, bytes](lambda made: TARGET_OUT.dump_json(target_out(*made)))
+
+
 @router.get("/targets", response_model=list[TargetOut])
 def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHolderDep) -> Response:
-    # the models built here are valid already: serialized once, instead of dumped, validated
-    # again and serialized as FastAPI does with a returned value (83 of 105 ms at 1,000 targets)
+    """Every target with its latest scrape. The models built here are valid already: each is
+    serialized once, instead of dumped, validated again and serialized as FastAPI does with a
+    returned value (83 of 105 ms at 1,000 targets); and a target's JSON is kept while what it
+    shows is unchanged, since between two reads most targets are (a scrape every 15 s)."""
     latest = repository.latest_scrapes(session)
-    out = [target_out(monitor, t, latest.get(t.id), token_holder) for t in repository.list_targets(session)]
-    return Response(TARGETS_OUT.dump_json(out), media_type="application/json")
+    parts = TARGET_JSON.parts((target_key(monitor, t, latest.get(t.id), token_holder),
+                               (monitor, t, latest.get(t.id), token_holder)) for t in repository.list_targets(session))
+    return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
 
 
 @router.post("/targets", response_model=TargetOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
