@@ -80,10 +80,25 @@ def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None 
     """The latest evaluation of every target and model (of ``target_id`` only, when given), each
     finding with its lifecycle state: the answer of ``GET /api/v1/diagnoses`` and what the status
     page shows."""
+    return [diagnosis_out(*made) for _, made in diagnosis_sources(session, monitor, target_id)]
+
+
+DiagnosisMade = tuple[repository.LatestDiagnosis, "FindingStates", str]
+
+
+def diagnosis_sources(session: Session, monitor: Monitor,
+                      target_id: int | None = None) -> list[tuple[tuple, DiagnosisMade]]:
+    """What each current diagnosis is made of, with the key that stands for all of it (the
+    stored row and text, its findings' states, the runbook base): the answer's parts are kept
+    by that key (:class:`KeptParts`)."""
     base = monitor.external_url
     open_states = repository.open_finding_states(session, target_id)
-    return [diagnosis_out(row, finding_states(row, open_states), base)
-            for row in repository.latest_diagnoses(session, target_id)]
+    out = []
+    for row in repository.latest_diagnoses(session, target_id):
+        states = finding_states(row, open_states)
+        out.append(((row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base),
+                    (row, states, base)))
+    return out
 
 
 FindingStates = tuple[tuple[str, float | None], ...]

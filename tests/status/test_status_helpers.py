@@ -23,10 +23,12 @@ from app.api.routes.status import (
     fmt_number,
     fmt_seconds,
     fmt_window,
+    round_cells,
     triage_level,
     with_flags,
 )
-from app.latency import LoadedHistograms
+from app.diagnosis.rounds import RoundSummaries
+from app.latency import LoadedHistograms, SignalSummary
 from app.quantiles import HistogramSnapshot
 from app.store.repository import SeriesRef
 
@@ -54,8 +56,8 @@ def test_window_and_countdown_spelling() -> None:
 def test_triage_level_is_down_first_then_the_worst_verdict() -> None:
     up, down, never = Health("up", "up"), Health("down", "down: connect"), Health("unknown", "no scrape yet")
 
-    def views(*kinds: str) -> list[dict]:
-        return [{"kind": kind} for kind in kinds]
+    def views(*kinds: str) -> list[str]:
+        return list(kinds)
 
     assert LEVELS == ("critical", "warning", "info", "unknown", "healthy")
     assert triage_level(down, views("healthy")) == "critical"  # a down target whatever its last verdict
@@ -136,3 +138,18 @@ def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None
     # only the last page's rows are kept: one row now, and the first page's row renders anew
     assert len(FLEET_ROW_HTML) == 1
     assert fleet_rows_html([a])[0] == first[0] and fleet_rows_html([a])[0] is not first[0]
+
+
+def test_a_rounds_cells_are_formatted_once_per_round() -> None:
+    def round_of(p99: float) -> RoundSummaries:
+        ttft = SignalSummary(0.1, 0.2, 0.3, p99, 0.15, 40.0, {"p99": (0.25, 0.5)}, True)
+        return RoundSummaries(0.0, 60.0, {1: {"ttft": ttft}, 2: {}})
+
+    first = round_of(0.3)
+    cells = round_cells(first, 1)
+    assert [(c.stat, c.value, c.text) for c in cells[:2]] == [("ttft-p50", "0.1", "100.0 ms"),
+                                                              ("ttft-p99", "0.3", "300.0 ms")]
+    assert [c.text for c in round_cells(first, 2)] == ["–"] * 4  # no summary of a signal: a dash
+    assert round_cells(first, 1) is cells  # the same round: formatted once
+    later = round_cells(round_of(0.4), 1)  # a new round: formatted again from its summaries
+    assert later is not cells and later[1].value == "0.4"

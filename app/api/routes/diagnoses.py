@@ -9,12 +9,12 @@ from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
 from app.api.common import (
-    FindingStates,
+    DiagnosisMade,
     KeptParts,
     current_diagnoses,
     diagnosis_out,
+    diagnosis_sources,
     duration_param,
-    finding_states,
     get_or_404,
     response_json,
     time_range,
@@ -45,7 +45,7 @@ def finding_out(target: str, row: FindingRow, base_url: str) -> dict:
 
 DIAGNOSIS_OUT = TypeAdapter(DiagnosisOut)
 #: each diagnosis' JSON by everything it is made of (see :func:`list_diagnoses`)
-DIAGNOSIS_JSON = KeptParts[tuple, tuple[repository.LatestDiagnosis, FindingStates, str], bytes](
+DIAGNOSIS_JSON = KeptParts[tuple, DiagnosisMade, bytes](
     lambda made: response_json(DIAGNOSIS_OUT, diagnosis_out(*made), exclude_unset=True))
 
 
@@ -58,14 +58,7 @@ def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> Response:
     for every read was 16 % of the interpreter under bench/load.py's clients; so each one's JSON
     (FastAPI's bytes for it) is kept by what it is made of: the stored row and text, its
     findings' states and the runbook base. The list is those joined, as pydantic writes a list."""
-    base = monitor.external_url
-    open_states = repository.open_finding_states(session)
-    items = []
-    for row in repository.latest_diagnoses(session):
-        states = finding_states(row, open_states)
-        items.append(((row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base),
-                      (row, states, base)))
-    parts = DIAGNOSIS_JSON.parts(items)
+    parts = DIAGNOSIS_JSON.parts(diagnosis_sources(session, monitor))
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
 
 
