@@ -15,7 +15,8 @@ Every number comes from the same functions as the JSON API
 (:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
 :func:`app.api.common.current_diagnoses`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
-the number of targets (one session; all histogram snapshots of the window in one query).
+the number of targets (one session; all histogram snapshots of the window in one query), and
+renders only the rows that changed since the last read (:data:`FLEET_ROW_HTML`).
 
 Discovered targets (a Prometheus source, file/http discovery) name where they come from and
 their labels. A Prometheus source that cannot be read gets a banner naming it and its error
