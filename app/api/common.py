@@ -159,3 +159,27 @@ class KeptParts(Generic[Key, Made, Part]):
             out.append(part)
         self._kept = seen
         return out
+
+
+class RoundMemo(Generic[Key, Part]):
+    """Values made from one round's result (its fleet answer per spelling of the window, a
+    target's percentile cells on the status page), kept until a newer result is asked about:
+    made once per round, not for every read. The result and its values are one tuple, replaced
+    in one assignment, so a reader never gets a value made from another round's result."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit  # values kept per round
+        self._state: tuple[object | None, dict[Key, Part]] = (None, {})
+
+    def get(self, owner: object, key: Key, make: Callable[[], Part]) -> Part:
+        """The value for ``key`` made from ``owner`` (the round's result, by identity)."""
+        kept_owner, values = self._state
+        if kept_owner is not owner:
+            values = {}
+            self._state = (owner, values)
+        value = values.get(key)
+        if value is None:
+            value = make()
+            if len(values) < self._limit:
+                values[key] = value
+        return value

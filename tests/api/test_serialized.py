@@ -99,12 +99,12 @@ def test_kept_answers_follow_every_change(service) -> None:
     assert fleet.content == fastapi_bytes(FleetLatencyOut, {"window": "5m", **kept_round.body})
     assert fleet.json()["targets"] == ["busy"] and c.get("/api/v1/latency").content == fleet.content
     assert c.get("/api/v1/latency?window=300s").json()["window"] == "300s"  # per spelling of the window
-    assert targets_route._fleet_answers[0] is kept_round and len(targets_route._fleet_answers[1]) == 2
+    assert targets_route.FLEET_ANSWERS._state[0] is kept_round and len(targets_route.FLEET_ANSWERS._state[1]) == 2
     service.monitor.refresh_summaries()  # a new round: a new answer
     assert service.monitor.fleet_summary is not kept_round
     assert c.get("/api/v1/latency").content == fastapi_bytes(
         FleetLatencyOut, {"window": "5m", **service.monitor.fleet_summary.body})
-    assert targets_route._fleet_answers[0] is service.monitor.fleet_summary
+    assert targets_route.FLEET_ANSWERS._state[0] is service.monitor.fleet_summary
 
 
 def test_the_targets_list_keeps_each_targets_json_until_it_changes(service) -> None:

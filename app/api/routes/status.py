@@ -50,7 +50,15 @@ from markupsafe import Markup, escape
 
 from app import human, latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
-from app.api.common import DiagnosisMade, KeptParts, current_diagnoses, diagnosis_out, diagnosis_sources, duration_param
+from app.api.common import (
+    DiagnosisMade,
+    KeptParts,
+    RoundMemo,
+    current_diagnoses,
+    diagnosis_out,
+    diagnosis_sources,
+    duration_param,
+)
 from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
@@ -515,22 +523,14 @@ def verdicts_by_target(session, monitor) -> dict[str, list[VerdictLine]]:
     return out
 
 
-#: the last round's summaries and each target's cells from them, formatted once per round
-_round_cells: tuple[RoundSummaries | None, dict[int, tuple[LatencyCell, ...]]] = (None, {})
+#: each target's cells from the last round's summaries (up to 100,000 targets)
+ROUND_CELLS = RoundMemo[int, tuple[LatencyCell, ...]](100_000)
 
 
 def round_cells(kept: RoundSummaries, target_id: int) -> tuple[LatencyCell, ...]:
     """A target's cells from the round's summaries, formatted once per round (the same for
     every read until the next round: 4,000 cells per read at 1,000 targets)."""
-    global _round_cells
-    owner, cells = _round_cells
-    if owner is not kept:
-        cells = {}
-        _round_cells = (kept, cells)
-    found = cells.get(target_id)
-    if found is None:
-        found = cells[target_id] = latency_cells(kept.by_target[target_id])
-    return found
+    return ROUND_CELLS.get(kept, target_id, lambda: latency_cells(kept.by_target[target_id]))
 
 
 def fleet_row(target: Target, health: Health, verdicts: list[VerdictLine], cells: tuple[LatencyCell, ...],

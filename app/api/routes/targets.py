@@ -15,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from app import latency, summaries
 from app.api.common import (
     KeptParts,
+    RoundMemo,
     duration_param,
     get_or_404,
     response_json,
@@ -304,24 +305,15 @@ def target_config(name: str, session: SessionDep) -> dict[str, Any]:
                                       "ts": i.ts} for i in repository.target_infos(session, target.id)]}
 
 
-#: the last summary round's fleet answer, serialized once per ``window`` spelling (a few)
-_fleet_answers: tuple[summaries.FleetSummary | None, dict[str, bytes]] = (None, {})
+#: the last summary round's fleet answer, serialized once per ``window`` spelling (up to 8)
+FLEET_ANSWERS = RoundMemo[str, bytes](8)
 
 
 def round_fleet_answer(kept: summaries.FleetSummary, window: str) -> bytes:
     """The fleet view the last summary round computed, as JSON: serialized once per round (and
-    per spelling of the window, up to 8), not for every read of it."""
-    global _fleet_answers
-    owner, by_window = _fleet_answers
-    if owner is not kept:
-        by_window = {}
-        _fleet_answers = (kept, by_window)
-    body = by_window.get(window)
-    if body is None:
-        body = response_json(FLEET_LATENCY_OUT, {"window": window, **kept.body}, exclude_unset=True)
-        if len(by_window) < 8:
-            by_window[window] = body
-    return body
+    per spelling of the window), not for every read of it."""
+    return FLEET_ANSWERS.get(kept, window, lambda: response_json(FLEET_LATENCY_OUT, {"window": window, **kept.body},
+                                                                  exclude_unset=True))
 
 
 @router.get("/latency", response_model=FleetLatencyOut, response_model_exclude_unset=True)
