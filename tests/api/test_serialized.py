@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ from app.api.routes import diagnoses as diagnoses_route
 from app.api.routes import targets as targets_route
 from app.api.schemas import DiagnosisOut, FleetLatencyOut, TargetLatencyOut, TargetOut
 from app.store import repository
+from app.store.models import Target
 from tests.api.test_diagnoses_api import stepping_page
 from tests.support.pages import StaticPageServer
 
@@ -145,3 +147,19 @@ def test_the_targets_list_keeps_each_targets_json_until_it_changes(service) -> N
     assert third.content == expected() and third.json()[2]["labels"] == {"team": "infra"}
     assert c.delete("/api/v1/targets/a").status_code == 204
     assert c.get("/api/v1/targets").content == expected() and len(targets_route.TARGET_JSON) == 2
+
+
+def test_a_targets_key_covers_every_column_of_the_targets_table() -> None:
+    """A column left out of :func:`target_key` would let the list show an old value: a change
+    of every column but the JSON ones (stood for by ``updated_at``, which every update sets)
+    changes the key, and a column added to the table fails this until the key covers it."""
+    stood_for_by_updated_at = {"labels", "hardware", "canary"}
+    values = {"id": 1, "name": "a", "url": "http://127.0.0.1:1/metrics", "engine": "auto", "detected_engine": None,
+              "scrape_interval": None, "scrape_timeout": None, "source": "api", "origin": None, "gone_at": None,
+              "created_at": 1.0, "updated_at": 1.0}
+    assert {c.key for c in Target.__table__.columns} == set(values) | stood_for_by_updated_at
+    monitor = SimpleNamespace(settings=SimpleNamespace(default_scrape_interval=15.0, default_scrape_timeout=10.0))
+    key = targets_route.target_key(monitor, Target(**values), None, True)  # type: ignore[arg-type]
+    for column in values:
+        changed = {**values, column: "other" if isinstance(values[column], str) or values[column] is None else 2.0}
+        assert targets_route.target_key(monitor, Target(**changed), None, True) != key, column  # type: ignore[arg-type]
