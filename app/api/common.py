@@ -1,14 +1,12 @@
 """Helpers every route module shares: FastAPI-shaped 422s, duration and time-range query
 parameters, a target looked up by name or 404, the current diagnoses (JSON API and status
-page), answers serialized in the request's thread, the parts of list answers kept between
-reads. One module, so a route module imports these
+page), answers serialized in the request's thread. One module, so a route module imports these
 rather than another route module."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import HTTPException, Response, status
 from pydantic import TypeAdapter, ValidationError
@@ -90,7 +88,7 @@ def diagnosis_sources(session: Session, monitor: Monitor,
                       target_id: int | None = None) -> list[tuple[tuple, DiagnosisMade]]:
     """What each current diagnosis is made of, with the key that stands for all of it (the
     stored row and text, its findings' states, the runbook base): the answer's parts are kept
-    by that key (:class:`KeptParts`)."""
+    by that key (:class:`app.kept.KeptParts`)."""
     base = monitor.external_url
     open_states = repository.open_finding_states(session, target_id)
     out = []
@@ -123,63 +121,3 @@ def diagnosis_out(row: repository.LatestDiagnosis, states: FindingStates, base: 
             "evaluated_at": row.evaluated_at, "window": details.get("window"), "findings": findings,
             "notes": details.get("notes", []), "signals": details.get("signals", {}),
             "not_judged": details.get("not_judged", [])}
-
-
-Key = TypeVar("Key", bound=Hashable)
-Made = TypeVar("Made")
-Part = TypeVar("Part")
-
-
-class KeptParts(Generic[Key, Made, Part]):
-    """The parts of a list answer (a diagnosis' JSON, a target's JSON, a fleet table row's
-    HTML) kept by what each is made of, so that a read makes only the parts that changed since
-    the last read. At 1,000 targets most of an answer is the same from one read to the next,
-    and making every part again was most of what the diagnoses, the targets list and the status
-    page cost under bench/load.py's clients. Each read replaces what is kept by its own parts,
-    so at most one answer's parts are held; a key must hold everything its part shows."""
-
-    def __init__(self, make: Callable[[Made], Part]) -> None:
-        self._make = make
-        self._kept: dict[Key, Part] = {}
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def parts(self, items: Iterable[tuple[Key, Made]]) -> list[Part]:
-        """Each item's part, in order: the kept one for a key seen by the last read, else
-        ``make(made)``."""
-        kept, seen, out = self._kept, dict[Key, Part](), []
-        for key, made in items:
-            part = seen.get(key)
-            if part is None:
-                part = kept.get(key)
-            if part is None:
-                part = self._make(made)
-            seen[key] = part
-            out.append(part)
-        self._kept = seen
-        return out
-
-
-class RoundMemo(Generic[Key, Part]):
-    """Values made from one round's result (its fleet answer per spelling of the window, a
-    target's percentile cells on the status page), kept until a newer result is asked about:
-    made once per round, not for every read. The result and its values are one tuple, replaced
-    in one assignment, so a reader never gets a value made from another round's result."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit  # values kept per round
-        self._state: tuple[object | None, dict[Key, Part]] = (None, {})
-
-    def get(self, owner: object, key: Key, make: Callable[[], Part]) -> Part:
-        """The value for ``key`` made from ``owner`` (the round's result, by identity)."""
-        kept_owner, values = self._state
-        if kept_owner is not owner:
-            values = {}
-            self._state = (owner, values)
-        value = values.get(key)
-        if value is None:
-            value = make()
-            if len(values) < self._limit:
-                values[key] = value
-        return value

@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer
 
+from app.kept import KeptParts
 from app.quantiles import HistogramSnapshot, to_millis
 from app.store import levels as lv
 from app.store.encoding import (
@@ -1053,29 +1054,24 @@ class LatestDiagnosis:
     text: str = field(default="", repr=False, compare=False)  # the stored details as read: what they were decoded from
 
 
-# stored details text -> its decoded value, for the rows of the last whole-fleet read
-_decoded_details: dict[str, dict[str, Any]] = {}
+#: stored details text -> its decoded value, for the rows of the last whole-fleet read
+DECODED_DETAILS = KeptParts[str, str, dict[str, Any]](json.loads)
 
 
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[LatestDiagnosis]:
     """The latest evaluation of every target and model (of ``target_id`` only). The details
     are read as text and decoded once per distinct text: they change once per diagnosis round,
     and decoding every target's (~2 KB each) for every status page and ``/api/v1/diagnoses``
-    read was a quarter of the process's time at 1,000 targets (bench/load.py)."""
-    global _decoded_details
+    read was a quarter of the process's time at 1,000 targets (bench/load.py). Only a
+    whole-fleet read replaces what is kept, so the cache never outgrows the table."""
     query = select(Target.name, DiagnosisRow.model, DiagnosisRow.verdict, DiagnosisRow.evaluated_at,
                    cast(DiagnosisRow.details, Text)).join(Target, Target.id == DiagnosisRow.target_id)
     if target_id is not None:
         query = query.where(DiagnosisRow.target_id == target_id)
-    known, seen = _decoded_details, dict[str, dict[str, Any]]()
-    out = []
-    for name, model, verdict, evaluated_at, text_ in session.execute(query.order_by(Target.name, DiagnosisRow.model)):
-        details = known.get(text_) or seen.get(text_) or json.loads(text_)
-        seen[text_] = details
-        out.append(LatestDiagnosis(name, model, verdict, evaluated_at, details, text_))
-    if target_id is None:
-        _decoded_details = seen  # what a whole-fleet read found: the cache never outgrows the table
-    return out
+    rows = session.execute(query.order_by(Target.name, DiagnosisRow.model)).all()
+    decoded = DECODED_DETAILS.parts(((text_, text_) for *_, text_ in rows), keep=target_id is None)
+    return [LatestDiagnosis(name, model, verdict, evaluated_at, details, text_)
+            for (name, model, verdict, evaluated_at, text_), details in zip(rows, decoded, strict=True)]
 
 
 def open_finding_states(session: Session, target_id: int | None = None

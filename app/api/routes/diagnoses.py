@@ -10,7 +10,6 @@ from pydantic import TypeAdapter
 
 from app.api.common import (
     DiagnosisMade,
-    KeptParts,
     current_diagnoses,
     diagnosis_out,
     diagnosis_sources,
@@ -24,6 +23,7 @@ from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
+from app.kept import KeptParts
 from app.limits import UnixTime
 from app.store import repository
 from app.store.models import FindingRow

@@ -52,8 +52,6 @@ from app import human, latency, quantiles
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.common import (
     DiagnosisMade,
-    KeptParts,
-    RoundMemo,
     current_diagnoses,
     diagnosis_out,
     diagnosis_sources,
@@ -66,6 +64,7 @@ from app.budget import bounded
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
 from app.durations import format_duration, format_utc
+from app.kept import KeptParts, RoundMemo
 from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
 from app.promapi import PromAPIError

@@ -14,8 +14,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from app import latency, summaries
 from app.api.common import (
-    KeptParts,
-    RoundMemo,
     duration_param,
     get_or_404,
     response_json,
@@ -41,6 +39,7 @@ from app.api.schemas import (
 )
 from app.budget import bounded
 from app.config import TargetConfig
+from app.kept import KeptParts, RoundMemo
 from app.lifespan import Monitor
 from app.limits import UnixTime
 from app.promapi import PromAPIError
@@ -155,8 +154,9 @@ def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHo
     returned value (83 of 105 ms at 1,000 targets); and a target's JSON is kept while what it
     shows is unchanged, since between two reads most targets are (a scrape every 15 s)."""
     latest = repository.latest_scrapes(session)
-    parts = TARGET_JSON.parts((target_key(monitor, t, latest.get(t.id), token_holder),
-                               (monitor, t, latest.get(t.id), token_holder)) for t in repository.list_targets(session))
+    shown = [(t, latest.get(t.id)) for t in repository.list_targets(session)]
+    parts = TARGET_JSON.parts((target_key(monitor, t, last, token_holder), (monitor, t, last, token_holder))
+                              for t, last in shown)
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
 
 
