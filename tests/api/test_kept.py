@@ -18,6 +18,9 @@ def test_kept_parts_make_only_what_changed_and_hold_only_the_last_answer() -> No
     assert kept.parts([("a", 1), ("c", 3)]) == ["<1>", "<3>"] and made == [1, 2, 3]  # a reused, c new
     assert len(kept) == 2  # b, absent from the last answer, is gone
     assert kept.parts([("b", 2)]) == ["<2>"] and made == [1, 2, 3, 2] and len(kept) == 1
+    # a read of a subset uses what is kept and leaves it: b reused, d made, b still the only one kept
+    assert kept.parts([("b", 2), ("d", 4)], keep=False) == ["<2>", "<4>"] and made == [1, 2, 3, 2, 4]
+    assert len(kept) == 1 and kept.parts([("b", 2)]) == ["<2>"] and made == [1, 2, 3, 2, 4]
 
 
 def test_round_memo_makes_a_value_once_per_round_up_to_its_limit() -> None:
