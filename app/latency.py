@@ -164,8 +164,12 @@ class StoredWindows:
     series: list[SeriesRef]
     timelines: dict[int, levels.Timeline]
     exact: bool = True  # False once a window had to leave out an interval straddling an old edge
-    # a series' window is asked again by the per-model pass and the rank means: combined once
+    # a series' window is asked again by the per-model pass and the rank means: combined once,
+    # its increases extrapolated once, and a signal's sum over the same series (a target's
+    # only model is all of it) merged once
     _selections: dict[tuple[int, int, int], levels.Selection] = field(default_factory=dict)
+    _histograms: dict[tuple[int, int, int], WindowHistogram | None] = field(default_factory=dict)
+    _merged: dict[tuple[int, int, tuple[int, ...]], WindowHistogram | None] = field(default_factory=dict)
 
     def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
         checkpoint()  # a request's budget and client, between series and windows (app.budget)
@@ -178,12 +182,21 @@ class StoredWindows:
 
     def window(self, ref: SeriesRef, start: float, end: float) -> WindowHistogram | None:
         s_ms, e_ms = to_millis(start), to_millis(end)
-        return levels.histogram(ref.bounds, self._select(ref, s_ms, e_ms), s_ms, e_ms)
+        key = (ref.id, s_ms, e_ms)
+        if key in self._histograms:
+            return self._histograms[key]
+        h = self._histograms[key] = levels.histogram(ref.bounds, self._select(ref, s_ms, e_ms), s_ms, e_ms)
+        return h
 
     def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None:
-        parts = [self.window(s, start, end) for s in self.series
-                 if s.signal == signal and s.kind == "histogram" and (model is None or s.model == model)]
-        return quantiles.merge(p for p in parts if p is not None)
+        refs = [s for s in self.series
+                if s.signal == signal and s.kind == "histogram" and (model is None or s.model == model)]
+        key = (to_millis(start), to_millis(end), tuple(s.id for s in refs))
+        if key in self._merged:
+            return self._merged[key]
+        parts = [self.window(s, start, end) for s in refs]
+        merged = self._merged[key] = quantiles.merge(p for p in parts if p is not None)
+        return merged
 
     def rate(self, ref: SeriesRef, start: float, end: float) -> float | None:
         s_ms, e_ms = to_millis(start), to_millis(end)

@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from app import summaries
 from app.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
+from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.store.db import statement_budget
 from tests.api.conftest import Service, make_service
@@ -49,14 +50,14 @@ def test_a_budget_is_spent_at_an_exact_check_on_a_simulated_clock() -> None:
 
 
 def test_a_disconnected_client_stops_the_fleet_computation_early(quiet_service: Service) -> None:
-    end = _fleet(quiet_service, 20)
+    end = _fleet(quiet_service, 25)
     sessions = quiet_service.monitor.sessions
     polls: list[int] = []
     full = RequestBudget(3600.0, disconnected=lambda: polls.append(1) is not None)  # always there
     with sessions() as session, bounded(full):
         report = summaries.fleet_report(session, 3600.0, end)
-    assert len(report["targets"]) == 20 and report["ttft"]["count"] > 0
-    assert full.checks > 10 * (POLL_EVERY + 1)  # the whole fleet: one check per series and window
+    assert len(report["targets"]) == 25 and report["ttft"]["count"] > 0
+    assert full.checks > 10 * (POLL_EVERY + 1)  # the whole fleet: one check per series and window combined
     assert len(polls) == (full.checks - 1) // POLL_EVERY + 1
 
     answers = iter([False, True])  # there at the first poll, gone at the second
@@ -170,5 +171,33 @@ def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:
             counted = session.execute(text("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
                                            "WHERE x < 200000) SELECT count(*) FROM c")).scalar()
             assert counted == 200000
+    finally:
+        engine.dispose()
+
+
+def test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budget(tmp_path: Path) -> None:
+    """SQLite steps a read as its rows are fetched, so the progress handler can end a raw
+    read after ``execute`` returned, inside the driver's ``fetchmany``: that error too comes
+    out as BudgetExceeded, and the read runs to the end without a budget."""
+    url = f"sqlite:///{tmp_path / 'raw.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    try:
+        with sessions.begin() as session:
+            target_id = repository.create_target(session, name="t1", url="http://127.0.0.1:9/metrics").id
+        end = float(int(time.time()))
+        repository.SampleWriter(engine).write(history_records([target_id], end, snapshots=400, every=15.0))  # 100 min
+        with sessions() as session:
+            series = [s.id for s in repository.find_series(session, [target_id], HISTOGRAM_SIGNALS)]
+            lo_ms, hi_ms = int((end - 7200) * 1000), int(end * 1000)
+            whole = repository._raw_chunks(session, series, True, lo_ms, hi_ms, True)
+            assert sorted(len(chunks) for chunks in whole.values()) == [400] * len(series)
+            calls = iter(range(10**6))  # every look at the clock advances it by 1 s
+            budget = RequestBudget(3.0, clock=lambda: float(next(calls)))
+            with pytest.raises(BudgetExceeded), statement_budget(session, budget):
+                repository._raw_chunks(session, series, True, lo_ms, hi_ms, True)
+            assert budget.checks == 0  # ended by the database's progress handler, not by a checkpoint
+            assert next(calls) > 3  # the handler looked at the clock while the rows were fetched
     finally:
         engine.dispose()
