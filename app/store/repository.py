@@ -857,13 +857,18 @@ def latest_scrape(session: Session, target_id: int) -> Scrape | None:
 
 
 def latest_scrapes(session: Session, target_ids: Sequence[int] | None = None) -> dict[int, Scrape]:
-    """The most recent scrape of every target (of ``target_ids`` only, when given)."""
-    newest_query = select(Scrape.target_id, func.max(Scrape.ts).label("ts"))
+    """The most recent scrape of every target (of ``target_ids`` only, when given): one
+    index lookup per target (``ix_scrapes_target_ts`` read backwards from the target's end),
+    so the cost follows the number of targets, not the scrape log's length. A
+    ``max(ts) ... GROUP BY target_id`` reads the whole log: at 1,000 targets it took 9.9 ms
+    with 15 minutes of scrapes and 509 ms with a day (SQLite), and the log holds
+    ``retention`` (7 days) of them."""
+    newest = (select(Scrape.id).where(Scrape.target_id == Target.id).order_by(Scrape.ts.desc(), Scrape.id.desc())
+              .limit(1).correlate(Target).scalar_subquery())
+    newest_ids = select(newest).select_from(Target)
     if target_ids is not None:
-        newest_query = newest_query.where(Scrape.target_id.in_(list(target_ids)))
-    newest = newest_query.group_by(Scrape.target_id).subquery()
-    rows = session.scalars(select(Scrape).join(newest, (Scrape.target_id == newest.c.target_id)
-                                               & (Scrape.ts == newest.c.ts)))
+        newest_ids = newest_ids.where(Target.id.in_(list(target_ids)))
+    rows = session.scalars(select(Scrape).where(Scrape.id.in_(newest_ids)))
     return {row.target_id: row for row in rows}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import event, inspect
 
 from app import latency, quantiles
 from app.scrape.record import ScrapeRecord
@@ -189,6 +189,45 @@ def test_latest_scrape_of_one_target_is_the_one_all_targets_give(store) -> None:
         assert (mine.ts, theirs.ts) == (t0 + 30, t0 + 115)
         assert (mine.id, theirs.id) == (everything[target_id].id, everything[other].id)
         assert repository.latest_scrape(session, other + 1) is None
+
+
+def test_the_latest_scrapes_are_read_by_one_index_lookup_per_target(store) -> None:
+    """The status page and the targets list read every target's latest scrape per request:
+    the query looks each target up in ``ix_scrapes_target_ts`` (its plan has no scan of the
+    scrape log, whose length is 7 days of scrapes), and gives the newest scrape of each."""
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
+        repository.create_target(session, name="t3", url="http://127.0.0.1:3/metrics")  # never scraped
+    t0 = 1_700_000_000.0
+    SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(40)]
+                               + [record(other, t0 + 7 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(30)])
+    statements: list[tuple[str, object]] = []
+
+    def keep(conn, cursor, statement, parameters, context, executemany) -> None:
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        with sessions() as session:
+            latest = repository.latest_scrapes(session)
+            some = repository.latest_scrapes(session, [other])
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    assert {t: s.ts for t, s in latest.items()} == {target_id: t0 + 39 * 15, other: t0 + 7 + 29 * 15}
+    assert {t: s.ts for t, s in some.items()} == {other: t0 + 7 + 29 * 15}
+    (statement, parameters), _ = statements
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+            assert not [step for step in plan if step.startswith("SCAN scrapes")], plan
+            assert any(step.startswith("SEARCH scrapes USING") and "INDEX ix_scrapes_target_ts (target_id=?)" in step
+                       for step in plan), plan
+        else:
+            conn.exec_driver_sql("SET enable_seqscan = off")  # three targets: else everything is a seq scan
+            plan = [row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters)]
+            lookups = [i for i, step in enumerate(plan) if "using ix_scrapes_target_ts" in step]
+            assert lookups and all("Index Cond: (target_id = targets.id)" in plan[i + 1] for i in lookups), plan
 
 
 def test_prune_removes_only_old_rows(store) -> None:
