@@ -170,8 +170,10 @@ class TargetInfo(Base):
 
 class FindingRow(Base):
     __tablename__ = "findings"
+    # ix_findings_state: every read of the open findings (status page, diagnoses, each round)
+    # asks for all targets' by state; resolved ones are kept as history and outnumber them
     __table_args__ = (Index("ix_findings_open", "target_id", "model", "state"),
-                      Index("ix_findings_last_seen", "last_seen"))
+                      Index("ix_findings_last_seen", "last_seen"), Index("ix_findings_state", "state"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))

@@ -3,6 +3,8 @@ PostgreSQL: details decoded once per distinct text, every open finding's state."
 
 from __future__ import annotations
 
+from sqlalchemy import event
+
 from app.store import repository
 
 PAYLOAD = {"severity": "warning", "confidence": 0.8, "primary": True, "summary": "s", "evidence": [],
@@ -49,3 +51,42 @@ def test_open_finding_states_cover_every_open_finding(store) -> None:
     assert states[("t1", "m000", "queueing")] == ("active", 900.0)
     assert states[("t1", "m598", "queueing")] == ("pending", None)
     assert ("t1", "m599", "queueing") not in states
+
+
+def test_the_open_findings_of_all_targets_are_read_by_state_not_by_scanning_the_history(store) -> None:
+    """Resolved findings stay as history and outnumber the open ones; the reads of every
+    target's open findings (status page, diagnoses, each round) look them up in
+    ``ix_findings_state`` instead of scanning that history."""
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        rows = [repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
+                                          flush=False) for i in range(40)]
+        session.flush()
+        for row in rows[:30]:
+            repository.set_finding_state(session, row, "resolved", 900.0, flush=False)
+    statements: list[tuple[str, object]] = []
+
+    def keep(conn, cursor, statement, parameters, context, executemany) -> None:
+        statements.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", keep)
+    try:
+        with sessions() as session:
+            states = repository.open_finding_states(session)
+            history = repository.finding_history(session, states=("pending", "active"))
+            every_open = repository.all_open_findings(session)
+    finally:
+        event.remove(engine, "before_cursor_execute", keep)
+    assert len(states) == len(history) == 10 and sum(map(len, every_open.values())) == 10
+    assert len(statements) == 3
+    with engine.connect() as conn:
+        for statement, parameters in statements:
+            if engine.dialect.name == "sqlite":
+                plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
+                assert not [step for step in plan if step.startswith("SCAN findings")], plan
+                assert any(step.startswith("SEARCH findings USING INDEX ix_findings_state (state=?)")
+                           for step in plan), plan
+            else:
+                conn.exec_driver_sql("SET enable_seqscan = off")  # 40 rows: else everything is a seq scan
+                plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
+                assert "on ix_findings_state" in plan or "using ix_findings_state" in plan, plan
