@@ -3,12 +3,22 @@ PostgreSQL: details decoded once per distinct text, every open finding's state."
 
 from __future__ import annotations
 
-from sqlalchemy import event
-
 from app.store import repository
+from tests.support.plans import executed, plan
 
 PAYLOAD = {"severity": "warning", "confidence": 0.8, "primary": True, "summary": "s", "evidence": [],
            "remedies": ["r"], "runbook": "rb", "caused_by": None, "window": 300}
+
+
+def stored_findings(sessions, target_id: int, n: int, *moves: tuple[range, str, float]) -> None:
+    """``n`` pending findings of models m000, m001, ..., then those in each range moved to a state."""
+    with sessions.begin() as session:
+        rows = [repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
+                                          flush=False) for i in range(n)]
+        session.flush()
+        for indices, state, at in moves:
+            for i in indices:
+                repository.set_finding_state(session, rows[i], state, at, flush=False)
 
 
 def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(store) -> None:
@@ -36,13 +46,7 @@ def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(s
 
 def test_open_finding_states_cover_every_open_finding(store) -> None:
     _, sessions, target_id = store
-    with sessions.begin() as session:
-        rows = [repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
-                                          flush=False) for i in range(600)]
-        session.flush()
-        for row in rows[:450]:
-            repository.set_finding_state(session, row, "active", 900.0, flush=False)
-        repository.set_finding_state(session, rows[599], "resolved", 950.0, flush=False)
+    stored_findings(sessions, target_id, 600, (range(450), "active", 900.0), (range(599, 600), "resolved", 950.0))
     with sessions() as session:
         states = repository.open_finding_states(session)
         only = repository.open_finding_states(session, target_id + 1)
@@ -58,35 +62,18 @@ def test_the_open_findings_of_all_targets_are_read_by_state_not_by_scanning_the_
     target's open findings (status page, diagnoses, each round) look them up in
     ``ix_findings_state`` instead of scanning that history."""
     engine, sessions, target_id = store
-    with sessions.begin() as session:
-        rows = [repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
-                                          flush=False) for i in range(40)]
-        session.flush()
-        for row in rows[:30]:
-            repository.set_finding_state(session, row, "resolved", 900.0, flush=False)
-    statements: list[tuple[str, object]] = []
-
-    def keep(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    try:
-        with sessions() as session:
-            states = repository.open_finding_states(session)
-            history = repository.finding_history(session, states=("pending", "active"))
-            every_open = repository.all_open_findings(session)
-    finally:
-        event.remove(engine, "before_cursor_execute", keep)
+    stored_findings(sessions, target_id, 40, (range(30), "resolved", 900.0))
+    with executed(engine) as statements, sessions() as session:
+        states = repository.open_finding_states(session)
+        history = repository.finding_history(session, states=("pending", "active"))
+        every_open = repository.all_open_findings(session)
     assert len(states) == len(history) == 10 and sum(map(len, every_open.values())) == 10
     assert len(statements) == 3
-    with engine.connect() as conn:
-        for statement, parameters in statements:
-            if engine.dialect.name == "sqlite":
-                plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
-                assert not [step for step in plan if step.startswith("SCAN findings")], plan
-                assert any(step.startswith("SEARCH findings USING INDEX ix_findings_state (state=?)")
-                           for step in plan), plan
-            else:
-                conn.exec_driver_sql("SET enable_seqscan = off")  # 40 rows: else everything is a seq scan
-                plan = "\n".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters))
-                assert "on ix_findings_state" in plan or "using ix_findings_state" in plan, plan
+    for statement, parameters in statements:
+        steps = plan(engine, statement, parameters)
+        if engine.dialect.name == "sqlite":
+            assert not [step for step in steps if step.startswith("SCAN findings")], steps
+            assert any(step.startswith("SEARCH findings USING INDEX ix_findings_state (state=?)")
+                       for step in steps), steps
+        else:
+            assert any("on ix_findings_state" in step or "using ix_findings_state" in step for step in steps), steps

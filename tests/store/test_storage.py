@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from sqlalchemy import event, inspect
+from sqlalchemy import inspect
 
 from app import latency, quantiles
 from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository, retention
 from app.store.repository import DatabaseUnavailable, SampleWriter
+from tests.support.plans import executed, plan
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
 TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses",
@@ -202,32 +203,20 @@ def test_the_latest_scrapes_are_read_by_one_index_lookup_per_target(store) -> No
     t0 = 1_700_000_000.0
     SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(40)]
                                + [record(other, t0 + 7 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(30)])
-    statements: list[tuple[str, object]] = []
-
-    def keep(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", keep)
-    try:
-        with sessions() as session:
-            latest = repository.latest_scrapes(session)
-            some = repository.latest_scrapes(session, [other])
-    finally:
-        event.remove(engine, "before_cursor_execute", keep)
+    with executed(engine) as statements, sessions() as session:
+        latest = repository.latest_scrapes(session)
+        some = repository.latest_scrapes(session, [other])
     assert {t: s.ts for t, s in latest.items()} == {target_id: t0 + 39 * 15, other: t0 + 7 + 29 * 15}
     assert {t: s.ts for t, s in some.items()} == {other: t0 + 7 + 29 * 15}
     (statement, parameters), _ = statements
-    with engine.connect() as conn:
-        if engine.dialect.name == "sqlite":
-            plan = [row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters)]
-            assert not [step for step in plan if step.startswith("SCAN scrapes")], plan
-            assert any(step.startswith("SEARCH scrapes USING") and "INDEX ix_scrapes_target_ts (target_id=?)" in step
-                       for step in plan), plan
-        else:
-            conn.exec_driver_sql("SET enable_seqscan = off")  # three targets: else everything is a seq scan
-            plan = [row[0] for row in conn.exec_driver_sql(f"EXPLAIN {statement}", parameters)]
-            lookups = [i for i, step in enumerate(plan) if "using ix_scrapes_target_ts" in step]
-            assert lookups and all("Index Cond: (target_id = targets.id)" in plan[i + 1] for i in lookups), plan
+    steps = plan(engine, statement, parameters)
+    if engine.dialect.name == "sqlite":
+        assert not [step for step in steps if step.startswith("SCAN scrapes")], steps
+        assert any(step.startswith("SEARCH scrapes USING") and "INDEX ix_scrapes_target_ts (target_id=?)" in step
+                   for step in steps), steps
+    else:
+        lookups = [i for i, step in enumerate(steps) if "using ix_scrapes_target_ts" in step]
+        assert lookups and all("Index Cond: (target_id = targets.id)" in steps[i + 1] for i in lookups), steps
 
 
 def test_prune_removes_only_old_rows(store) -> None:
