@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, Text, bindparam, case, cast, delete, func, insert, select, text, update
+from sqlalchemy import Delete, Engine, Text, bindparam, case, cast, delete, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -895,11 +895,24 @@ def scrape_counts_by_target(session: Session, since: float) -> dict[int, tuple[i
 
 
 def prune_records(session: Session, before: float) -> dict[str, int]:
-    """Delete dropped findings older than ``before`` (retention); the sample tables and the
-    scrape log are pruned by :func:`prune_samples`."""
+    """Delete dropped findings and finished notifications (delivered or expired, with their
+    delivery attempts) older than ``before`` (retention); the sample tables and the scrape
+    log are pruned by :func:`prune_samples`. A pending notification stays whatever its age:
+    the outbox never loses one."""
+    def deleted(statement: Delete) -> int:
+        result = session.execute(statement)
+        return (result.rowcount or 0) if isinstance(result, CursorResult) else 0
+
     # findings that never became active are noise once they are old; real history stays
-    result = session.execute(delete(FindingRow).where(FindingRow.state == "dropped", FindingRow.last_seen < before))
-    return {"findings": result.rowcount or 0}
+    findings = deleted(delete(FindingRow).where(FindingRow.state == "dropped", FindingRow.last_seen < before))
+    # every notification keeps the payload it sent: kept forever, the outbox would grow with
+    # every alert ever sent
+    finished = (NotificationRow.state.in_(("delivered", "expired")), NotificationRow.created_at < before,
+                or_(NotificationRow.delivered_at.is_(None), NotificationRow.delivered_at < before))
+    attempts = deleted(delete(DeliveryAttemptRow).where(
+        DeliveryAttemptRow.notification_id.in_(select(NotificationRow.id).where(*finished))))
+    return {"findings": findings, "notifications": deleted(delete(NotificationRow).where(*finished)),
+            "delivery_attempts": attempts}
 
 
 #: SQLite pruning deletes at most this many rows per transaction, so a scrape batch waiting

@@ -244,6 +244,32 @@ def test_prune_removes_only_old_rows(store) -> None:
     assert {p.ts for p in kept} == remaining
 
 
+def test_retention_prunes_finished_notifications_and_their_attempts_but_never_a_pending_one(store) -> None:
+    """Delivered and expired notifications older than the cut-off go with their delivery
+    attempts; a recent one stays, and a pending one stays whatever its age (the outbox loses
+    nothing); one created before the cut-off but delivered after it stays too."""
+    _, sessions, _ = store
+    t0 = 1_700_000_000.0
+    with sessions.begin() as session:
+        for name, created, state, delivered in (("old-delivered", t0, "delivered", t0 + 5),
+                                                ("old-expired", t0 + 1, "expired", None),
+                                                ("old-pending", t0 + 2, "pending", None),
+                                                ("late-delivered", t0 + 3, "delivered", t0 + 500),
+                                                ("new-delivered", t0 + 400, "delivered", t0 + 405)):
+            row = repository.enqueue_notification(session, name, "hook", "{}:{}", "firing", "{}", created)
+            for attempt in range(2):
+                repository.record_attempt(session, row, created + attempt, 500 if attempt == 0 else 200, 0.01, None,
+                                          None)
+            row.state, row.delivered_at = state, delivered
+    deleted = retention.prune(sessions, 250.0, now=t0 + 450)  # cut-off: t0 + 200
+    assert deleted["notifications"] == 2 and deleted["delivery_attempts"] == 4
+    with sessions() as session:
+        left = repository.list_notifications(session)
+        attempts = repository.attempts_of(session, [n.id for n in left])
+    assert sorted(n.id for n in left) == ["late-delivered", "new-delivered", "old-pending"]
+    assert sorted(len(a) for a in attempts.values()) == [2, 2, 2]
+
+
 def test_the_retention_round_prunes_the_store_and_the_tables_features_pass_in(store) -> None:
     """The store's tables and each feature's pruner (probe runs in the service) get the same
     cut-off, ``now - retention``; rows deleted per table and name."""
