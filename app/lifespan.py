@@ -98,6 +98,7 @@ class Monitor:
         self._replica_threads = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="replica")
         self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
         self._canaries: dict[str, tuple[TargetSpec, CanaryConfig]] | None = None  # as last scheduled
+        self._reloading = asyncio.Lock()  # one reload_targets at a time (made again in start(), on its loop)
 
     @property
     def external_url(self) -> str:
@@ -151,11 +152,16 @@ class Monitor:
             ]
 
     async def reload_targets(self) -> None:
-        """Scrape (and run the canaries of) the targets this replica owns, as of now."""
-        specs = await self._in_replica_thread(self.target_specs)
-        owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
-        self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
-        await self._sync_canaries()
+        """Scrape (and run the canaries of) the targets this replica owns, as of now. One
+        reload at a time: the heartbeat's, discovery's and an API write's run concurrently on
+        the loop, and a reload that read the targets before a write committed and synced after
+        the write's own reload dropped the new target's scraper again (a `scrape now` right
+        after creating the target then found none)."""
+        async with self._reloading:
+            specs = await self._in_replica_thread(self.target_specs)
+            owned, taken_over = self.ownership.update([s.name for s in specs], self.membership.live, time.time())
+            self.scraping.sync_targets([s for s in specs if s.name in owned], immediate=taken_over)
+            await self._sync_canaries()
 
     async def _sync_canaries(self) -> None:
         """The canary jobs of the owned targets that enable one; only when they changed, since
@@ -304,6 +310,7 @@ class Monitor:
 
     async def start(self) -> None:
         malloc.configure()  # large buffers are mapped and unmapped, not left as holes in the heap
+        self._reloading = asyncio.Lock()  # this loop's: a lock that waited once belongs to its loop
         try:
             await asyncio.to_thread(self.prepare_database)
             await asyncio.to_thread(self.load_config_targets)

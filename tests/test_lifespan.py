@@ -36,3 +36,38 @@ def test_stop_waits_for_a_connection_a_worker_thread_still_holds(migrated_url: s
     assert not worker.is_alive()
     assert engine.pool.checkedout() == 0
     assert held[0] in closed  # closed by the stop's dispose, not left to the garbage collector
+
+
+def test_a_reload_that_read_the_targets_before_a_new_one_never_drops_its_scraper(migrated_url: str,
+                                                                                 tmp_path: Path) -> None:
+    """A heartbeat's reload reads the targets, then a target is created through the API (its
+    own reload), then the heartbeat's reload goes on with what it read: one reload at a time,
+    so the new target's scraper is there afterwards (interleaved, the stale reload removed it)."""
+    running = make_service(migrated_url, tmp_path, replica_heartbeat="1h", replica_expiry="2h")
+    svc = next(running)
+    try:
+        monitor = svc.monitor
+        read_first, go_on = threading.Event(), threading.Event()
+        original = monitor.target_specs
+        calls: list[list[str]] = []
+
+        def specs_then_wait():  # the first reload reads, then waits; the others just read
+            specs = original()
+            calls.append([s.name for s in specs])
+            if len(calls) == 1:
+                read_first.set()
+                assert go_on.wait(30)
+            return specs
+
+        monitor.target_specs = specs_then_wait  # type: ignore[method-assign]
+        stale = svc.client.portal.start_task_soon(monitor.reload_targets)
+        assert read_first.wait(30)
+        threading.Timer(0.5, go_on.set).start()  # the heartbeat's reload goes on while the POST waits
+        assert svc.client.post("/api/v1/targets", json={"name": "late",
+                                                        "url": "http://127.0.0.1:9/metrics"}).status_code == 201
+        stale.result(30)
+        assert "late" in monitor.scraping.scrapers
+        # the write's reload (and any other queued meanwhile) read the targets after the stale one had synced
+        assert calls[0] == [] and calls[1:] and all(names == ["late"] for names in calls[1:])
+    finally:
+        running.close()  # leaves the service's TestClient: the stop
