@@ -1,17 +1,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event
 
 from app.lifespan import Monitor
 from app.main import create_app
 from app.settings import Settings
+from tests.support.plans import executed
 
 
 @dataclass
@@ -56,16 +55,5 @@ def quiet_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
     yield from make_quiet_service(migrated_url, tmp_path)
 
 
-@contextmanager
-def counted_statements(engine: Engine) -> Iterator[list[str]]:
-    """The SQL statements run on ``engine`` inside the block, in order."""
-    statements: list[str] = []
-
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+#: the SQL statements run on an engine inside a block, in order (one hook for every test that counts them)
+counted_statements = executed

@@ -63,7 +63,7 @@ def test_the_open_findings_of_all_targets_are_read_by_state_not_by_scanning_the_
     ``ix_findings_state`` instead of scanning that history."""
     engine, sessions, target_id = store
     stored_findings(sessions, target_id, 40, (range(30), "resolved", 900.0))
-    with executed(engine) as statements, sessions() as session:
+    with executed(engine, parameters=True) as statements, sessions() as session:
         states = repository.open_finding_states(session)
         history = repository.finding_history(session, states=("pending", "active"))
         every_open = repository.all_open_findings(session)

@@ -203,7 +203,7 @@ def test_the_latest_scrapes_are_read_by_one_index_lookup_per_target(store) -> No
     t0 = 1_700_000_000.0
     SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(40)]
                                + [record(other, t0 + 7 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(30)])
-    with executed(engine) as statements, sessions() as session:
+    with executed(engine, parameters=True) as statements, sessions() as session:
         latest = repository.latest_scrapes(session)
         some = repository.latest_scrapes(session, [other])
     assert {t: s.ts for t, s in latest.items()} == {target_id: t0 + 39 * 15, other: t0 + 7 + 29 * 15}

@@ -10,12 +10,13 @@ from sqlalchemy import Engine, event
 
 
 @contextmanager
-def executed(engine: Engine) -> Iterator[list[tuple[str, object]]]:
-    """The (statement, parameters) run on ``engine`` inside the block, in order."""
-    statements: list[tuple[str, object]] = []
+def executed(engine: Engine, parameters: bool = False) -> Iterator[list]:
+    """The SQL statements run on ``engine`` inside the block, in order; with ``parameters``,
+    each as (statement, parameters), for :func:`plan`."""
+    statements: list = []
 
-    def keep(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append((statement, parameters))
+    def keep(conn, cursor, statement, params, context, executemany) -> None:
+        statements.append((statement, params) if parameters else statement)
 
     event.listen(engine, "before_cursor_execute", keep)
     try:
