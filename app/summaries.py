@@ -23,7 +23,7 @@ from app.latency import HISTOGRAM_SIGNALS, SignalSummary
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
-from app.store.models import Target
+from app.store.models import TargetView
 from app.window import TargetWindow, merge_windows
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
@@ -56,13 +56,13 @@ def answers(start: float, end: float, seconds: float, now: float, interval: floa
     return math.isclose(end - start, seconds, abs_tol=1e-3) and now - end <= 2 * max(interval, took) + took
 
 
-def fleet_members(session: Session) -> tuple[list[Target], list[Target]]:
+def fleet_members(session: Session) -> tuple[list[TargetView], list[TargetView]]:
     """(targets summed, targets left out): a target whose latest scrape says ``load_balanced``
     is left out, since its numbers would mix replicas."""
     latest = repository.latest_scrapes(session)
-    targets: list[Target] = []
-    excluded: list[Target] = []
-    for target in repository.list_targets(session):
+    targets: list[TargetView] = []
+    excluded: list[TargetView] = []
+    for target in repository.target_rows(session):
         scrape = latest.get(target.id)
         (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
     return targets, excluded
@@ -77,7 +77,7 @@ def fleet_report(session: Session, seconds: float, end: float) -> dict[str, Any]
     return fleet_body(targets, excluded, windows, end - seconds, end)
 
 
-def fleet_body(targets: list[Target], excluded: list[Target], windows: dict[int, TargetWindow], start: float,
+def fleet_body(targets: list[TargetView], excluded: list[TargetView], windows: dict[int, TargetWindow], start: float,
                end: float) -> dict[str, Any]:
     """The fleet view from each member's own window (:func:`app.window.merge_windows`: the
     targets summed by ``le``, as ``sum by (le)`` over all their series is), so the summary

@@ -203,7 +203,7 @@ def slo_burn_conditions(config: AlertsConfig, statuses: list[SloStatus]) -> list
 def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
     out = []
     latest = repository.latest_scrapes(session)
-    for target in repository.list_targets(session):
+    for target in repository.target_rows(session):
         scrape = latest.get(target.id)
         if scrape is None or scrape.up or target.gone_at is not None:  # a gone replica is not down
             continue

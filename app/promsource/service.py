@@ -31,7 +31,7 @@ from app.quantiles import WindowHistogram
 from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import repository
-from app.store.models import Target
+from app.store.models import Target, TargetView
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class PrometheusSource:
         self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
         self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
 
-    def key_of(self, target: Target) -> TargetKey:
+    def key_of(self, target: TargetView) -> TargetKey:
         key = self.keys.get(target.name)
         if key is None:
             key = tuple(target.labels.get(name, "") for name in self.config.target_labels)
@@ -290,7 +290,7 @@ class SourceService:
         return out
 
     # ------------------------------------------------------------------ on demand
-    def window(self, target: Target, start: float, end: float,
+    def window(self, target: TargetView, start: float, end: float,
                signals: Sequence[str] = HISTOGRAM_SIGNALS) -> TargetWindow:
         """One discovered target's window, for the latency API (raises PromAPIError)."""
         source = self.get(target.origin)
@@ -305,7 +305,7 @@ class SourceService:
                                   source.reader.windows(start, end, signals, only=key).get(key)) \
             or TargetWindow(start, end)
 
-    def prefill_of(self, session: Session, target: Target, start: float, end: float
+    def prefill_of(self, session: Session, target: TargetView, start: float, end: float
                    ) -> tuple[list[str], TargetWindow] | None:
         """The prefill side of a decode replica's P/D deployment: the replicas of its source that
         share its ``pd_pair_labels`` values and whose role (:func:`app.latency.pd_role`) is
@@ -334,21 +334,21 @@ class SourceService:
                 prefill[row.name] = window
         return (sorted(prefill), merge_windows(prefill, start, end)) if prefill else None
 
-    def windows_of(self, targets: Sequence[Target], start: float, end: float,
+    def windows_of(self, targets: Sequence[TargetView], start: float, end: float,
                    signals: Sequence[str]) -> dict[int, TargetWindow]:
         """Windows of many discovered targets (the status page's fleet table), by target id: one
         set of queries per source, not per target. A source that cannot answer (or is no longer
         configured) contributes nothing; its targets simply have no numbers."""
         return self.windows_and_failures(targets, start, end, signals)[0]
 
-    def windows_and_failures(self, targets: Sequence[Target], start: float, end: float,
+    def windows_and_failures(self, targets: Sequence[TargetView], start: float, end: float,
                              signals: Sequence[str]) -> tuple[dict[int, TargetWindow], set[int]]:
         """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
         numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
         return self._per_source(targets, lambda source: source.reader.windows(start, end, signals),
                                 lambda source, target, windows: windows.get(source.key_of(target)), "windows")
 
-    def histograms_over(self, targets: Sequence[Target], signal: str, windows: Sequence[float], end: float
+    def histograms_over(self, targets: Sequence[TargetView], signal: str, windows: Sequence[float], end: float
                         ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:
         """Per replica of ``targets`` (ids), its ``signal`` histogram per model over each of
         ``windows`` ending at ``end`` (one query per source and window), and the ids whose
@@ -358,7 +358,7 @@ class SourceService:
                                 lambda source, target, answers: [a.get(source.key_of(target), {}) for a in answers],
                                 "SLO histograms")
 
-    def first_seen(self, targets: Sequence[Target], signal: str, span: float, end: float
+    def first_seen(self, targets: Sequence[TargetView], signal: str, span: float, end: float
                    ) -> tuple[dict[int, float], set[int]]:
         """Per replica of ``targets`` (ids), when its ``signal`` histogram first has a sample in
         the ``span`` before ``end`` (one query per source), and the ids whose source could not
@@ -385,13 +385,13 @@ class SourceService:
                 self._reused[key] = (now, value)
         return now, value
 
-    def _per_source(self, targets: Sequence[Target], ask: Callable[[PrometheusSource], _Answer],
-                    pick: Callable[[PrometheusSource, Target, _Answer], _Value | None], what: str
+    def _per_source(self, targets: Sequence[TargetView], ask: Callable[[PrometheusSource], _Answer],
+                    pick: Callable[[PrometheusSource, TargetView, _Answer], _Value | None], what: str
                     ) -> tuple[dict[int, _Value], set[int]]:
         """Ask each source of ``targets`` once (``ask``), then take each target's part of the
         answer (``pick``, None: nothing for it); also the ids of the targets whose source could
         not answer (or is no longer configured): their numbers are unknown, not absent."""
-        by_source: dict[str, list[Target]] = {}
+        by_source: dict[str, list[TargetView]] = {}
         for target in targets:
             by_source.setdefault(target.origin or "", []).append(target)
         out: dict[int, _Value] = {}
@@ -412,7 +412,7 @@ class SourceService:
                     out[target.id] = value
         return out, failed
 
-    def quantile_series(self, target: Target, signal: str, q: float | None, span: float, step: float,
+    def quantile_series(self, target: TargetView, signal: str, q: float | None, span: float, step: float,
                         lookback: float, end: float, model: str | None = None) -> list[dict]:
         """Points of a quantile over time for one discovered target (raises PromAPIError)."""
         source = self.get(target.origin)

@@ -72,7 +72,7 @@ from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMis
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
-from app.store.models import DISCOVERED_SOURCES, Scrape, Target
+from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
 from app.summaries import answers
 
 router = APIRouter(include_in_schema=False)
@@ -406,7 +406,7 @@ class Health:
     duration: float | None = None
 
 
-def scrape_health(scrape: Scrape | None, interval: float, now: float) -> Health:
+def scrape_health(scrape: ScrapeView | None, interval: float, now: float) -> Health:
     if scrape is None:
         return Health("unknown", "no scrape yet")
     age = now - scrape.ts
@@ -423,12 +423,12 @@ def failing_sources(monitor) -> dict[str, SourceStatus]:
     return {s.name: s for s in monitor.sources.statuses() if s.failing}
 
 
-def stale_source(target: Target, failing: dict[str, SourceStatus]) -> SourceStatus | None:
+def stale_source(target: TargetView, failing: dict[str, SourceStatus]) -> SourceStatus | None:
     """The failing source a target is read from: its verdicts are the last ones, not current."""
     return failing.get(target.origin or "") if target.source == SOURCE_KIND else None
 
 
-def discovered_by(target: Target) -> str | None:
+def discovered_by(target: TargetView) -> str | None:
     """``Prometheus source prod``, ``file_sd targets.json``: where a discovered target comes from."""
     if target.source not in DISCOVERED_SOURCES:
         return None
@@ -532,7 +532,7 @@ def round_cells(kept: RoundSummaries, target_id: int) -> tuple[LatencyCell, ...]
     return ROUND_CELLS.get(kept, target_id, lambda: latency_cells(kept.by_target[target_id]))
 
 
-def fleet_row(target: Target, health: Health, verdicts: list[VerdictLine], cells: tuple[LatencyCell, ...],
+def fleet_row(target: TargetView, health: Health, verdicts: list[VerdictLine], cells: tuple[LatencyCell, ...],
               stale: SourceStatus | None, countdown: str) -> FleetRow:
     discovered = discovered_by(target)
     labels = tuple(sorted((target.labels or {}).items(), key=lambda kv: kv[0].lower())) if discovered else ()
@@ -646,7 +646,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     targets the last round's summaries do not answer are computed here, under the request
     budget (503 past ``api_request_budget``, like the JSON API)."""
     seconds, end, live = page_params(monitor, window, end)
-    everything = repository.list_targets(session)
+    everything = repository.target_rows(session)
     targets = [t for t in everything if t.gone_at is None]
     gone = sorted((t for t in everything if t.gone_at is not None), key=lambda t: t.name)
     failing = failing_sources(monitor)

@@ -47,13 +47,13 @@ from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
-from app.store.models import DISCOVERED_SOURCES, Scrape, Target
+from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
 from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
 
 
-def scrape_out(scrape: Scrape | None) -> ScrapeOut | None:
+def scrape_out(scrape: ScrapeView | None) -> ScrapeOut | None:
     if scrape is None:
         return None
     return ScrapeOut(ts=scrape.ts, up=scrape.up, duration_seconds=scrape.duration, bytes=scrape.bytes,
@@ -62,7 +62,7 @@ def scrape_out(scrape: Scrape | None) -> ScrapeOut | None:
                      error=scrape.error)
 
 
-def target_out(monitor: Monitor, target: Target, last: Scrape | None = None,
+def target_out(monitor: Monitor, target: TargetView, last: ScrapeView | None = None,
                token_holder: bool = True) -> TargetOut:
     """A target as the API shows it; a password in its URL only to token holders (writers are)."""
     s = monitor.settings
@@ -131,7 +131,7 @@ TARGET_LATENCY_OUT = TypeAdapter(TargetLatencyOut)
 FLEET_LATENCY_OUT = TypeAdapter(FleetLatencyOut)
 
 
-def target_key(monitor: Monitor, target: Target, last: Scrape | None, token_holder: bool) -> tuple:
+def target_key(monitor: Monitor, target: TargetView, last: ScrapeView | None, token_holder: bool) -> tuple:
     """Everything a target's JSON in the list is made of. Its JSON columns (labels, hardware,
     canary) are stood for by ``updated_at``: they change only through
     :func:`app.store.repository.update_target`, which sets it; a scrape row never changes."""
@@ -142,7 +142,7 @@ def target_key(monitor: Monitor, target: Target, last: Scrape | None, token_hold
             None if last is None else (last.id, last.ts))
 
 
-TargetMade = tuple[Monitor, Target, Scrape | None, bool]
+TargetMade = tuple[Monitor, TargetView, ScrapeView | None, bool]
 #: each target's JSON in the list by what it is made of (:func:`target_key`)
 TARGET_JSON = KeptParts[tuple, TargetMade, bytes](lambda made: TARGET_OUT.dump_json(target_out(*made)))
 
@@ -154,7 +154,7 @@ def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHo
     returned value (83 of 105 ms at 1,000 targets); and a target's JSON is kept while what it
     shows is unchanged, since between two reads most targets are (a scrape every 15 s)."""
     latest = repository.latest_scrapes(session)
-    shown = [(t, latest.get(t.id)) for t in repository.list_targets(session)]
+    shown = [(t, latest.get(t.id)) for t in repository.target_rows(session)]
     parts = TARGET_JSON.parts((target_key(monitor, t, last, token_holder), (monitor, t, last, token_holder))
                               for t, last in shown)
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
@@ -357,7 +357,7 @@ def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") 
     latest = repository.latest_scrapes(session)
     counts = repository.scrape_counts_by_target(session, since)  # one query for the fleet, not one per target
     out = []
-    for target in repository.list_targets(session):
+    for target in repository.target_rows(session):
         total, failed = counts.get(target.id, (0, 0))
         out.append({"target": target.name, "engine": target.detected_engine or target.engine,
                     "scrapes": total, "failed": failed,
