@@ -496,6 +496,17 @@ class FleetRow:
     stale_source: str | None                    # the failing source's name
     countdown: str | None                       # to the first evaluation, while it has no verdict
     cells: tuple[LatencyCell, ...]
+    hashed: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hashed", hash((self.name, self.origin, self.labels, self.discovered_by, self.health,
+                                                 self.level, self.verdicts, self.stale_source, self.countdown,
+                                                 self.cells)))
+
+    def __hash__(self) -> int:
+        """Made once: a row is looked up three times per read in :data:`FLEET_ROW_HTML`, and
+        hashing its nested verdicts and cells each time was 6 % of the page at 1,000 targets."""
+        return self.hashed
 
 
 def verdict_line(made: DiagnosisMade) -> VerdictLine:
