@@ -138,6 +138,13 @@ def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None
     # only the last page's rows are kept: one row now, and the first page's row renders anew
     assert len(FLEET_ROW_HTML) == 1
     assert fleet_rows_html([a])[0] == first[0] and fleet_rows_html([a])[0] is not first[0]
+    # the row's hash is made once, from every field: a changed cell is a new row
+    assert hash(fleet_row("a")) == hash(a) != hash(b)
+    slower = replace(a, cells=(a.cells[0], replace(a.cells[1], value="0.5", text="500.0 ms")))
+    assert hash(slower) != hash(a) and slower != a
+    changed = fleet_rows_html([slower])
+    assert 'data-stat="ttft-p99" data-value="0.5"' in changed[0] \
+        and 'data-stat="ttft-p99" data-value="0.25"' not in changed[0]
 
 
 def test_a_rounds_cells_are_formatted_once_per_round() -> None:

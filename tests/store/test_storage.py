@@ -11,6 +11,7 @@ from app import latency, quantiles
 from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository, retention
+from app.store.models import Scrape, Target
 from app.store.repository import DatabaseUnavailable, SampleWriter
 from tests.support.plans import executed, plan
 
@@ -217,6 +218,35 @@ def test_the_latest_scrapes_are_read_by_one_index_lookup_per_target(store) -> No
     else:
         lookups = [i for i, step in enumerate(steps) if "using ix_scrapes_target_ts" in step]
         assert lookups and all("Index Cond: (target_id = targets.id)" in steps[i + 1] for i in lookups), steps
+
+
+def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
+    """The status page, the targets list, the fleet view and TargetDown read targets and latest
+    scrapes as Core rows (``target_rows``, ``latest_scrapes``): every column the ORM object has,
+    decoded the same way (JSON labels as a dict, ``up`` as a bool on SQLite's integers too)."""
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics",
+                                         labels={"pool": "a", "zone": "b"}, hardware={"gpu": "L4", "count": 2},
+                                         scrape_interval=30.0, source="file_sd", origin="pods.json").id
+    t0 = 1_700_000_000.0
+    down = ScrapeRecord(other, t0 + 7, False, 0.5, 0, 0, 0, 0, None, "timeout", "no answer in 5s", None)
+    SampleWriter(engine).write([record(target_id, t0, (1.0,) * 5, 1.0, 1.0), down])
+    columns = [c.key for c in inspect(Target).column_attrs]
+    scrape_columns = [c.key for c in inspect(Scrape).column_attrs]
+    with sessions() as session:
+        rows, objects = repository.target_rows(session), repository.list_targets(session)
+        latest = repository.latest_scrapes(session)
+        orm_scrapes = {t: repository.latest_scrape(session, t) for t in (target_id, other)}
+    assert [r.name for r in rows] == [o.name for o in objects] == ["t1", "t2"]
+    for row, obj in zip(rows, objects, strict=True):
+        assert {c: getattr(row, c) for c in columns} == {c: getattr(obj, c) for c in columns}
+    assert rows[1].labels == {"pool": "a", "zone": "b"} and rows[1].hardware == {"gpu": "L4", "count": 2}
+    for t in (target_id, other):
+        assert {c: getattr(latest[t], c) for c in scrape_columns} == {c: getattr(orm_scrapes[t], c)
+                                                                      for c in scrape_columns}
+    assert latest[target_id].up is True and latest[other].up is False
+    assert (latest[other].ts, latest[other].error_class, latest[other].error) == (t0 + 7, "timeout", "no answer in 5s")
 
 
 def test_prune_removes_only_old_rows(store) -> None:
