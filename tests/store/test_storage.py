@@ -247,6 +247,13 @@ def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
                                                                       for c in scrape_columns}
     assert latest[target_id].up is True and latest[other].up is False
     assert (latest[other].ts, latest[other].error_class, latest[other].error) == (t0 + 7, "timeout", "no answer in 5s")
+    # a target and a scrape added to the session and not yet flushed are seen, as an ORM read sees them
+    with sessions.begin() as session:
+        third = repository.create_target(session, name="t0", url="http://127.0.0.1:3/metrics")
+        session.add(Scrape(target_id=other, ts=t0 + 60, up=True, duration=0.1, bytes=10, samples_seen=1,
+                           samples_kept=1, malformed=0))
+        assert [r.name for r in repository.target_rows(session)] == ["t0", "t1", "t2"]
+        assert repository.latest_scrapes(session)[other].ts == t0 + 60 and third.id not in repository.latest_scrapes(session)
 
 
 def test_prune_removes_only_old_rows(store) -> None:
