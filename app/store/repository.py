@@ -20,7 +20,22 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Delete, Engine, Select, Text, bindparam, case, cast, delete, func, insert, or_, select, text, update
+from sqlalchemy import (
+    Delete,
+    Engine,
+    Select,
+    Text,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError, OperationalError

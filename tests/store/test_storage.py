@@ -253,7 +253,8 @@ def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
         session.add(Scrape(target_id=other, ts=t0 + 60, up=True, duration=0.1, bytes=10, samples_seen=1,
                            samples_kept=1, malformed=0))
         assert [r.name for r in repository.target_rows(session)] == ["t0", "t1", "t2"]
-        assert repository.latest_scrapes(session)[other].ts == t0 + 60 and third.id not in repository.latest_scrapes(session)
+        latest = repository.latest_scrapes(session)
+        assert latest[other].ts == t0 + 60 and third.id not in latest
 
 
 def test_prune_removes_only_old_rows(store) -> None:
