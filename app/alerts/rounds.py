@@ -22,7 +22,7 @@ from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.sources import source_sums as slo_source_sums
 from app.slo.status import slo_statuses
-from app.store import repository
+from app.store import db, repository
 from app.window import TargetWindow
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     source_windows, held = slo_source_windows(sessions, config, now, sources) if sources else ({}, frozenset())
     source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
                                                                                            now)
-    with sessions.begin() as session:
+    with db.write_transaction(sessions) as session:
         try:  # a savepoint: a recording that fails (another instance wrote the same rows) must not stop alerting
             with session.begin_nested():
                 record_increments(session, slos, now, retention)

@@ -90,6 +90,22 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+@contextmanager
+def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A session in one transaction that reads and then writes, committed at the end.
+
+    On SQLite it takes the write lock when it begins (``BEGIN IMMEDIATE``, waiting up to the
+    busy timeout for the scrape writer's batch): in WAL mode a transaction that has read cannot
+    start writing once another connection has committed since (SQLITE_BUSY_SNAPSHOT, "database
+    is locked" at once, no busy wait), and pysqlite leaves a SAVEPOINT's transaction deferred.
+    Other writers wait for it instead; readers never do. PostgreSQL needs nothing of this."""
+    with sessions.begin() as session:
+        connection = session.connection()
+        if connection.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        yield session
+
+
 def alembic_config(url: str) -> Config:
     """Alembic's configuration without alembic.ini: the migrations wherever this
     installation has them (app.resources), the database from ``url``."""

@@ -9,8 +9,8 @@ What a real engine shows and no fixture can:
 * idle, the server is quiet: no TTFT observations between two scrapes, nothing waiting;
 * with 16 concurrent streams on 2 sequence slots (``--max-num-seqs 2``) the engine
   queues: most of TTFT is queue time, TTFT p50 is many times the single-request
-  baseline, the waiting gauge climbs to >= 10; and the server's TTFT histogram agrees
-  with what the clients themselves measured.
+  baseline, the waiting gauge climbs to >= 10; the server's TTFT is its queue plus prefill
+  time, and never more than what the clients themselves measured.
 
 The numbers measured are printed at the end of the run (terminal summary).
 """
@@ -282,14 +282,22 @@ def test_queueing_with_16_streams_on_2_slots(service: Service, vllm_server: Vllm
     # ~3.5 rounds of 128 decode steps (measured 7-10 s, 60-300x). 10x is conservative.
     assert ttft["p50"] > 10 * base_ttft["p50"], numbers
     assert base_report["queue_time"]["mean"] < 0.1 * base_ttft["mean"] + 0.01, numbers
-    # Client and server measure the same wait: the server from its arrival timestamp to
-    # processing the first token, the client from sending the request to reading the
-    # first SSE chunk, a span that contains the server's. So the client mean is never
-    # below the server mean (10 ms slack for rounding), and above it only by HTTP
-    # parsing, tokenization and SSE delivery: measured +0.02..0.05 s; allowed 0.25 s +
-    # 5 % (a scheduling hiccup on a 2-core machine shared with the engine).
+    # TTFT is queue + prefill + the engine's own bookkeeping, all three read from the engine's
+    # histograms: the parts never exceed the whole (measured 8.4 of 8.6 s), and reading the
+    # queue histogram as TTFT (or TTFT in the wrong unit) would break one of these.
+    assert queue["mean"] + prefill["mean"] <= ttft["mean"] + 0.01, numbers
+    assert queue["mean"] + prefill["mean"] >= 0.9 * ttft["mean"], numbers
+    # Client and server measure the same wait: the server from its arrival timestamp to the
+    # first token, the client from sending the request to reading the first SSE chunk, a span
+    # that contains the server's. So the client mean is never below the server mean (10 ms
+    # slack for rounding). Above it is time spent outside the engine core: HTTP, tokenization,
+    # SSE delivery - measured +0.02..0.05 s on a quiet machine, but +4.3 s once in CI, when the
+    # API server process was starved by the engine's threads on the two cores and delivered
+    # each stream's tokens in one burst at its end (client TTFT mean above the server's e2e
+    # mean). That is wall-clock time of other processes, so the bound above is loose: a client
+    # mean within twice the server's catches a histogram misread by a unit or a bucket scale.
     gap = client_mean - ttft["mean"]
-    assert -0.01 <= gap <= 0.25 + 0.05 * ttft["mean"], numbers
+    assert -0.01 <= gap <= 0.25 + ttft["mean"], numbers
     # The diagnosis over the load window names the regime, with the numbers above as evidence.
     diagnosis = service.diagnosis(l0.ts, l1.ts)
     REPORT["diagnosis under load"] = json.dumps([(f["regime"], f["primary"], f["summary"])

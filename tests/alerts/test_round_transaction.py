@@ -1,0 +1,75 @@
+"""The alerting round's transaction on SQLite: another writer (the scrape flusher) commits while
+the round reads, and the round still records its SLO increments and writes its alerts.
+
+SQLite in WAL mode cannot turn a read transaction into a write one once another connection
+has committed since its first read (SQLITE_BUSY_SNAPSHOT: "database is locked" at once, the
+busy timeout does not apply). The round reads and then writes in one transaction, so it
+takes the write lock when it begins; a concurrent writer waits for it instead."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from app.alerts.config import AlertsConfig
+from app.alerts.rounds import evaluate_alerts
+from app.emulator.simulation import Simulation
+from app.slo import record as slo_record
+from app.slo import repository as slo_repository
+from app.store import repository
+from tests.slo.harness import T0, SloHarness
+
+SLO = {"name": "ttft-99", "signal": "ttft", "threshold": "2.5s", "objective": "99%"}
+
+
+def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = SloHarness(tmp_path, [SLO], {"a": Simulation("healthy", seed=0)})
+    try:
+        for _ in range(8):  # two minutes of 15 s scrapes
+            h.engines[0].sim.run_for(15.0)
+            h.clock += 15.0
+            h.scrape()
+        path = h.url.removeprefix("sqlite:///")
+        concurrent: list[str] = []
+        original = repository.list_targets
+
+        def list_targets_then_another_writer_commits(session, *args, **kwargs):
+            targets = original(session, *args, **kwargs)
+            if not concurrent:  # once, right after the round's first read inside its transaction
+                other = sqlite3.connect(path, timeout=0)  # no busy wait: a held write lock refuses at once
+                try:
+                    # a change of value: an UPDATE to the same value commits nothing
+                    other.execute("UPDATE targets SET url = url || '?'")
+                    other.commit()
+                    concurrent.append("committed")
+                except sqlite3.OperationalError as exc:
+                    concurrent.append(f"refused: {exc}")
+                finally:
+                    other.close()
+            return targets
+
+        monkeypatch.setattr(slo_record.repository, "list_targets", list_targets_then_another_writer_commits)
+        config = AlertsConfig.model_validate({"slos": []})
+        now = T0 + h.clock
+        result = evaluate_alerts(h.sessions, config, generator_url="http://127.0.0.1/alerts", eval_interval=15.0,
+                                 now=now, slos=h.slos)
+        # The round held the write lock from its start, so the other writer could not slip in
+        # between its read and its write (the flusher, with its busy timeout, waits instead) ...
+        assert concurrent == ["refused: database is locked"], concurrent
+        # ... and the round did all of its work: the increments of the two minutes are recorded.
+        assert result["conditions"] >= 0 and result["notifications"] == 0
+        with h.sessions() as session:
+            recorded = slo_repository.last_recorded(session, "ttft-99", "ttft", 2.5)
+        assert recorded == {h.engines[0].target_id: now}, recorded
+        # The round's lock is gone with its commit: the other writer gets in now.
+        other = sqlite3.connect(path, timeout=0)
+        try:
+            assert other.execute("UPDATE targets SET url = url || '?'").rowcount == 1
+            other.commit()
+        finally:
+            other.close()
+    finally:
+        h.close()
