@@ -561,3 +561,54 @@ def test_prop_no_extrapolation_no_reset_is_additive(steps: list[tuple[int, int]]
     ts = [float(i * 15) for i in range(len(steps))]
     inc = lambda vals: increase(list(zip(ts, vals)), ts[0], ts[-1])  # noqa: E731
     assert inc([x + y for x, y in zip(a_vals, b_vals)]) == inc(a_vals) + inc(b_vals)  # type: ignore[operator]
+
+
+# --------------------------------------------------------------------------- extrapolate_all
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), n=st.integers(2, 12), components=st.integers(1, 6))
+def test_extrapolating_components_together_gives_each_ones_own_float(data, n: int, components: int) -> None:
+    """A histogram's buckets, ``_sum`` and ``_count`` share their timestamps, so
+    :func:`extrapolate_all` computes the timestamps' part once; every value must still be
+    the very float :func:`increase` / :func:`rate` give for that component alone, including
+    a component that starts near zero (its start extrapolated only to where it was 0), one
+    with a reset and one that does not grow."""
+    from app.quantiles import extrapolate_all
+
+    steps = data.draw(st.lists(st.integers(1, 30_000), min_size=n - 1, max_size=n - 1))
+    t0 = 1_700_000_000_000 + data.draw(st.integers(0, 60_000))
+    ts_ms = [t0]
+    for step in steps:
+        ts_ms.append(ts_ms[-1] + step)
+    start_ms = t0 - data.draw(st.integers(0, 60_000))
+    end_ms = ts_ms[-1] + data.draw(st.integers(0, 60_000))
+    value = st.floats(0, 1e6, allow_nan=False)
+    series = [data.draw(st.lists(value, min_size=n, max_size=n)) for _ in range(components)]
+    series[0] = sorted(series[0])  # a counter that never resets (rule 3 applies when it starts near 0)
+    results = []
+    for values in series:
+        result = values[-1] - values[0]
+        for prev, v in zip(values, values[1:]):
+            if v < prev:
+                result += prev  # rule 1: a reset
+        results.append(result)
+    firsts = [values[0] for values in series]
+    start, end = start_ms / 1000, end_ms / 1000
+    for is_rate, one in ((False, increase), (True, rate)):
+        together = extrapolate_all(results, firsts, ts_ms[0], ts_ms[-1], n, start_ms, end_ms, is_counter=True,
+                                   is_rate=is_rate)
+        alone = [one([(t / 1000, v) for t, v in zip(ts_ms, values)], start, end) for values in series]
+        assert [float(x).hex() for x in together] == [float(x).hex() for x in alone], (together, alone)
+
+
+def test_extrapolating_together_keeps_a_near_zero_start_of_its_own() -> None:
+    """Worked case: two components over samples at 10 s and 20 s of a [0, 30] s window. The
+    gaps to the window's edges (10 s) are below 1.1 x the 10 s average, so both ends are
+    extrapolated to the edges: the first component, 100 -> 200, gives 100 x 30/10 = 300. The
+    second, 1 -> 11, would have been 0 only 1 s before its first sample (10 x 1/10), so its
+    start is extrapolated by 1 s, not 10: 10 x (10 + 1 + 10)/10 = 21."""
+    from app.quantiles import extrapolate_all
+
+    assert extrapolate_all([100.0, 10.0], [100.0, 1.0], 10_000, 20_000, 2, 0, 30_000, is_counter=True,
+                           is_rate=False) == [300.0, 21.0]

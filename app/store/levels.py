@@ -36,7 +36,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.quantiles import WindowHistogram, extrapolate, to_millis
+from app.quantiles import WindowHistogram, extrapolate, extrapolate_all, to_millis
 
 #: Interval lengths of the downsampled levels, in seconds, finest first.
 LEVELS: tuple[int, ...] = (300, 3600)
@@ -264,9 +264,8 @@ def histogram(bounds: tuple[float, ...], chunk: Chunk | None, start_ms: int, end
     result = list(map(operator.sub, chunk.last, chunk.first))
     for i, v in chunk.resets:
         result[i] += v
-    f_ms, l_ms, n, first = chunk.first_ms, chunk.last_ms, chunk.n, chunk.first
-    values = [extrapolate(r, first[i], f_ms, l_ms, n, start_ms, end_ms, is_counter=True, is_rate=False)
-              for i, r in enumerate(result)]
+    values = extrapolate_all(result, chunk.first, chunk.first_ms, chunk.last_ms, chunk.n, start_ms, end_ms,
+                             is_counter=True, is_rate=False)
     nb = len(bounds)
     return WindowHistogram(bounds, tuple(values[:nb]), values[nb], values[nb + 1])
 
