@@ -1,4 +1,5 @@
-"""The alerting round: conditions -> alert states -> outbox rows, in one transaction.
+"""The alerting round: conditions -> alert states -> outbox rows, in one transaction (after
+the ``slos:`` increments are recorded, in one of their own).
 
 Run by the scheduler every ``alert_interval`` (and by tests with an explicit ``now``); the
 outbox is delivered separately (:mod:`app.alerts.delivery`), so a slow receiver never holds
@@ -74,12 +75,16 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     source_windows, held = slo_source_windows(sessions, config, now, sources) if sources else ({}, frozenset())
     source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
                                                                                            now)
-    with db.write_transaction(sessions) as session:
-        try:  # a savepoint: a recording that fails (another instance wrote the same rows) must not stop alerting
-            with session.begin_nested():
+    if slos:
+        # The recording first, in a transaction of its own: one that fails (another instance
+        # wrote the same rows) must not stop alerting. It reads and then writes, so it holds
+        # the write lock from its start on SQLite; the alert round's reads below do not.
+        try:
+            with db.write_transaction(sessions) as session:
                 record_increments(session, slos, now, retention)
         except SQLAlchemyError:
             log.warning("recording the SLO increments failed; SLOs use what is recorded", exc_info=True)
+    with sessions.begin() as session:
         statuses = slo_statuses(session, slos, now, retention, source_sums, source_errors)
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
                                         eval_interval=eval_interval, source_windows=source_windows,

@@ -1,10 +1,12 @@
-"""The alerting round's transaction on SQLite: another writer (the scrape flusher) commits while
+"""The alerting round's transactions on SQLite: another writer (the scrape flusher) commits while
 the round reads, and the round still records its SLO increments and writes its alerts.
 
 SQLite in WAL mode cannot turn a read transaction into a write one once another connection
 has committed since its first read (SQLITE_BUSY_SNAPSHOT: "database is locked" at once, the
-busy timeout does not apply). The round reads and then writes in one transaction, so it
-takes the write lock when it begins; a concurrent writer waits for it instead."""
+busy timeout does not apply). The SLO recording reads and then writes in one transaction, so
+it takes the write lock when it begins and a concurrent writer waits for it instead; the
+alert round proper reads outside any transaction until its first write, so other writers are
+not held up while it computes its conditions."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig
 from app.alerts.rounds import evaluate_alerts
 from app.emulator.simulation import Simulation
+from app.scrape.record import ScrapeRecord
 from app.slo import record as slo_record
 from app.slo import repository as slo_repository
 from app.store import repository
@@ -32,6 +36,9 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
             h.engines[0].sim.run_for(15.0)
             h.clock += 15.0
             h.scrape()
+        # the last scrape failed: the round has a TargetDown condition to write (pending, for 60 s)
+        h.writer.write([ScrapeRecord(h.engines[0].target_id, T0 + h.clock + 1, False, 0.001,
+                                     error_class="connect", error="refused")])
         path = h.url.removeprefix("sqlite:///")
         concurrent: list[str] = []
         original = repository.list_targets
@@ -52,6 +59,22 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
             return targets
 
         monkeypatch.setattr(slo_record.repository, "list_targets", list_targets_then_another_writer_commits)
+        during_conditions: list[str] = []
+        original_down = alerts_engine.target_down_conditions
+
+        def target_down_while_another_writer_commits(session, config):
+            other = sqlite3.connect(path, timeout=0)
+            try:
+                other.execute("UPDATE targets SET url = url || '!'")
+                other.commit()
+                during_conditions.append("committed")
+            except sqlite3.OperationalError as exc:
+                during_conditions.append(f"refused: {exc}")
+            finally:
+                other.close()
+            return original_down(session, config)
+
+        monkeypatch.setattr(alerts_engine, "target_down_conditions", target_down_while_another_writer_commits)
         config = AlertsConfig.model_validate({"slos": []})
         now = T0 + h.clock
         result = evaluate_alerts(h.sessions, config, generator_url="http://127.0.0.1/alerts", eval_interval=15.0,
@@ -59,11 +82,16 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         # The round held the write lock from its start, so the other writer could not slip in
         # between its read and its write (the flusher, with its busy timeout, waits instead) ...
         assert concurrent == ["refused: database is locked"], concurrent
-        # ... and the round did all of its work: the increments of the two minutes are recorded.
-        assert result["conditions"] >= 0 and result["notifications"] == 0
+        # ... while the alert round's condition reads hold no lock: a writer gets in meanwhile ...
+        assert during_conditions == ["committed"], during_conditions
+        # ... and the round did all of its work: the increments of the two minutes are recorded
+        # and the TargetDown alert is written, pending.
+        assert result == {"conditions": 1, "notifications": 0}, result
         with h.sessions() as session:
             recorded = slo_repository.last_recorded(session, "ttft-99", "ttft", 2.5)
+            alerts = [(row.alertname, row.state) for row in repository.open_alerts(session)]
         assert recorded == {h.engines[0].target_id: now}, recorded
+        assert alerts == [(alerts_engine.TARGET_DOWN, "pending")], alerts
         # The round's lock is gone with its commit: the other writer gets in now.
         other = sqlite3.connect(path, timeout=0)
         try:
