@@ -5,7 +5,7 @@ API both use them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 Key = TypeVar("Key", bound=Hashable)
@@ -28,6 +28,12 @@ class KeptParts(Generic[Key, Made, Part]):
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    @property
+    def kept(self) -> Mapping[Key, Part]:
+        """What the last kept read kept. A read replaces the mapping, never changes it, so a
+        caller may hold it while other reads go on."""
+        return self._kept
 
     def parts(self, items: Iterable[tuple[Key, Made]], keep: bool = True) -> list[Part]:
         """Each item's part, in order: the kept one for a key seen by the last kept read, else

@@ -87,14 +87,14 @@ DiagnosisMade = tuple[repository.LatestDiagnosis, "FindingStates", str]
 def diagnosis_sources(session: Session, monitor: Monitor,
                       target_id: int | None = None) -> list[tuple[tuple, DiagnosisMade]]:
     """What each current diagnosis is made of, with the key that stands for all of it (the
-    stored row and text, its findings' states, the runbook base): the answer's parts are kept
+    stored row and the version of its details, its findings' states, the runbook base): the answer's parts are kept
     by that key (:class:`app.kept.KeptParts`)."""
     base = monitor.external_url
     open_states = repository.open_finding_states(session, target_id)
     out = []
     for row in repository.latest_diagnoses(session, target_id):
         states = finding_states(row, open_states)
-        out.append(((row.target, row.model, row.verdict, row.evaluated_at, row.text, states, base),
+        out.append(((row.target, row.model, row.verdict, row.evaluated_at, row.version, states, base),
                     (row, states, base)))
     return out
 

@@ -140,7 +140,7 @@ def _same_columns(session: Session) -> None:
 
 _FINDING_COLUMNS = ("state", "severity", "confidence", "is_primary", "summary", "details", "last_seen",
                     "activated_at", "resolved_at", "consecutive", "clear_count")
-_DIAGNOSIS_COLUMNS = ("verdict", "evaluated_at", "details")
+_DIAGNOSIS_COLUMNS = ("verdict", "evaluated_at", "details", "digest", "digest_at")
 
 
 def _exported(diagnosis: Diagnosis, data: dict, states: dict[tuple[str, str, str], str]) -> dict:

@@ -268,6 +268,11 @@ class DiagnosisRow(Base):
     verdict: Mapped[str] = mapped_column(String(32))
     evaluated_at: Mapped[float] = mapped_column(Float)
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # what the details are (a digest of them) and the evaluation it was written with: a reader
+    # that has those details decoded need not fetch them (app.store.repository.latest_diagnoses);
+    # a writer that predates the columns leaves digest_at behind evaluated_at, and its rows are read
+    digest: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    digest_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class AlertRow(Base):

@@ -10,6 +10,7 @@ scrape can never drop the others.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -34,6 +35,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -1100,13 +1102,15 @@ def save_diagnosis(session: Session, target_id: int, model: str, verdict: str, n
     (target id, model) when the caller saves a whole round (:func:`diagnosis_rows`, one query);
     without it the row is looked up and the change flushed at once."""
     row = session.get(DiagnosisRow, (target_id, model)) if rows is None else rows.get((target_id, model))
+    digest = details_digest(details)
     if row is None:
-        row = DiagnosisRow(target_id=target_id, model=model, verdict=verdict, evaluated_at=now, details=details)
+        row = DiagnosisRow(target_id=target_id, model=model, verdict=verdict, evaluated_at=now, details=details,
+                           digest=digest, digest_at=now)
         session.add(row)
         if rows is not None:
             rows[(target_id, model)] = row
     else:
-        row.verdict, row.evaluated_at, row.details = verdict, now, details
+        row.verdict, row.evaluated_at, row.details, row.digest, row.digest_at = verdict, now, details, digest, now
     if rows is None:
         session.flush()
 
@@ -1118,37 +1122,71 @@ def diagnosis_rows(session: Session) -> dict[tuple[int, str], DiagnosisRow]:
             for row in session.scalars(select(DiagnosisRow).options(defer(DiagnosisRow.details)))}
 
 
+def details_digest(details: dict[str, Any]) -> str:
+    """What a diagnosis' details are, in 32 hex digits (:func:`latest_diagnoses`)."""
+    return hashlib.blake2b(json.dumps(details).encode(), digest_size=16).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class LatestDiagnosis:
     """A target's and model's stored latest evaluation; ``details`` is shared between readers
-    (:func:`latest_diagnoses`) and must not be changed."""
+    (:func:`latest_diagnoses`) and must not be changed. ``version`` stands for the details:
+    their digest, or the stored text where the row has no digest of this evaluation."""
 
     target: str
     model: str
     verdict: str
     evaluated_at: float
     details: dict[str, Any]
-    text: str = field(default="", repr=False, compare=False)  # the stored details as read: what they were decoded from
+    version: str = field(default="", repr=False, compare=False)
 
 
-#: stored details text -> its decoded value, for the rows of the last whole-fleet read
-DECODED_DETAILS = KeptParts[str, str, dict[str, Any]](json.loads)
+#: a version of stored details -> their decoded value, for the rows of the last whole-fleet read
+#: (what is made is the stored text, or the value already decoded)
+DECODED_DETAILS = KeptParts[str, str | dict[str, Any], dict[str, Any]](
+    lambda made: made if isinstance(made, dict) else json.loads(made))
+
+_DIAGNOSIS_HEAD = (Target.name, DiagnosisRow.model, DiagnosisRow.verdict, DiagnosisRow.evaluated_at,
+                   DiagnosisRow.target_id, DiagnosisRow.digest, DiagnosisRow.digest_at)
+#: rows whose details one statement fetches
+DETAILS_PER_FETCH = 500
 
 
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[LatestDiagnosis]:
     """The latest evaluation of every target and model (of ``target_id`` only). The details
-    are read as text and decoded once per distinct text: they change once per diagnosis round,
-    and decoding every target's (~2 KB each) for every status page and ``/api/v1/diagnoses``
-    read was a quarter of the process's time at 1,000 targets (bench/load.py). Only a
-    whole-fleet read replaces what is kept, so the cache never outgrows the table."""
-    query = select(Target.name, DiagnosisRow.model, DiagnosisRow.verdict, DiagnosisRow.evaluated_at,
-                   cast(DiagnosisRow.details, Text)).join(Target, Target.id == DiagnosisRow.target_id)
+    change once per diagnosis round, but fetching every target's (4-5 KB each) as text and
+    decoding them for every status page and ``/api/v1/diagnoses`` read was most of what those
+    reads cost at 1,000 targets (bench/load.py). So the rows are read without them first; only
+    the details whose digest the last whole-fleet read did not decode are fetched (with the
+    rest of their row again, so a row is never half of one evaluation and half of the next).
+    A row whose digest is not of its evaluation (written by a version that predates digests)
+    is fetched and keyed by its text. Only a whole-fleet read replaces what is kept, so the
+    cache never outgrows the table."""
+    head = select(*_DIAGNOSIS_HEAD).join(Target, Target.id == DiagnosisRow.target_id)
     if target_id is not None:
-        query = query.where(DiagnosisRow.target_id == target_id)
-    rows = session.execute(query.order_by(Target.name, DiagnosisRow.model)).all()
-    decoded = DECODED_DETAILS.parts(((text_, text_) for *_, text_ in rows), keep=target_id is None)
-    return [LatestDiagnosis(name, model, verdict, evaluated_at, details, text_)
-            for (name, model, verdict, evaluated_at, text_), details in zip(rows, decoded, strict=True)]
+        head = head.where(DiagnosisRow.target_id == target_id)
+    kept = DECODED_DETAILS.kept  # held: a read in another thread replaces it, never changes it
+    rows: list[tuple] = []  # (name, model, verdict, evaluated_at, version, made)
+    missing: dict[tuple[int, str], int] = {}  # (target id, model) -> index in rows
+    for name, model, verdict, at, tid, digest, digest_at in session.execute(head.order_by(Target.name,
+                                                                                          DiagnosisRow.model)):
+        details = kept.get(digest) if digest is not None and digest_at == at else None
+        if details is None:
+            missing[(tid, model)] = len(rows)
+        rows.append((name, model, verdict, at, digest, details))
+    keys = list(missing)
+    for i in range(0, len(keys), DETAILS_PER_FETCH):
+        full = select(*_DIAGNOSIS_HEAD, cast(DiagnosisRow.details, Text)).join(
+            Target, Target.id == DiagnosisRow.target_id).where(
+            tuple_(DiagnosisRow.target_id, DiagnosisRow.model).in_(keys[i:i + DETAILS_PER_FETCH]))
+        for name, model, verdict, at, tid, digest, digest_at, text_ in session.execute(full):
+            version = digest if digest is not None and digest_at == at else text_
+            rows[missing.pop((tid, model))] = (name, model, verdict, at, version, text_)
+    gone = set(missing.values())  # deleted between the two reads (their target was removed)
+    rows = [row for i, row in enumerate(rows) if i not in gone]
+    decoded = DECODED_DETAILS.parts(((version, made) for *_, version, made in rows), keep=target_id is None)
+    return [LatestDiagnosis(name, model, verdict, at, details, version)
+            for (name, model, verdict, at, version, _), details in zip(rows, decoded, strict=True)]
 
 
 def open_finding_states(session: Session, target_id: int | None = None

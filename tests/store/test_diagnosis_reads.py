@@ -1,5 +1,5 @@
 """The stored diagnoses as the status page and ``/api/v1/diagnoses`` read them, on SQLite and
-PostgreSQL: details decoded once per distinct text, every open finding's state."""
+PostgreSQL: details fetched and decoded once per distinct content, every open finding's state."""
 
 from __future__ import annotations
 
@@ -42,6 +42,62 @@ def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(s
     with sessions() as session:
         (one,) = repository.latest_diagnoses(session, target_id)[:1]
     assert one.verdict == "healthy" and one.details["signals"] == {"waiting_mean": 0.0, "ttft_p99": 0.25}
+
+
+def test_a_read_fetches_only_the_details_it_has_not_decoded(store) -> None:
+    """The rows are read without their details; the details of a row are fetched only when
+    the last whole-fleet read did not decode its digest, together with the row again."""
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        for i in range(30):
+            repository.save_diagnosis(session, target_id, f"m{i:02d}", "healthy", 1000.0,
+                                      {"engine": "vllm", "findings": [], "signals": {"i": i}})
+    with sessions() as session:
+        repository.latest_diagnoses(session)  # decodes all 30
+    with executed(engine, parameters=True) as statements, sessions() as session:
+        unchanged = repository.latest_diagnoses(session)
+    assert len(unchanged) == 30 and [d.details["signals"]["i"] for d in unchanged] == list(range(30))
+    assert len(statements) == 1 and "details" not in statements[0][0].split("FROM")[0], statements
+    with sessions.begin() as session:
+        repository.save_diagnosis(session, target_id, "m07", "queueing", 1015.0,
+                                  {"engine": "vllm", "findings": [{"regime": "queueing"}], "signals": {"i": 77}})
+    with executed(engine, parameters=True) as statements, sessions() as session:
+        after = repository.latest_diagnoses(session)
+    assert len(statements) == 2, statements
+    fetch, parameters = statements[1]
+    assert "details" in fetch.split("FROM")[0]
+    assert "m07" in str(parameters) and "m08" not in str(parameters), parameters  # that row's details only
+    assert (after[7].verdict, after[7].evaluated_at, after[7].details["signals"]) == ("queueing", 1015.0, {"i": 77})
+    assert [d.details["signals"]["i"] for d in after] == [*range(7), 77, *range(8, 30)]
+    assert after[8].details is unchanged[8].details  # the others are the ones decoded before
+
+
+def test_a_row_written_without_a_digest_of_its_evaluation_is_read_in_full(store) -> None:
+    """A replica of a version without digests updates verdict, time and details and leaves
+    the digest of the evaluation before: the reader must not take those details for the old ones."""
+    from sqlalchemy import update
+
+    from app.store.models import DiagnosisRow
+
+    _, sessions, target_id = store
+    old = {"engine": "vllm", "findings": [], "signals": {"waiting_mean": 0.0}}
+    with sessions.begin() as session:
+        repository.save_diagnosis(session, target_id, "m1", "healthy", 1000.0, old)
+    with sessions() as session:
+        (before,) = repository.latest_diagnoses(session)
+    assert before.version == repository.details_digest(old)
+    new = {"engine": "vllm", "findings": [{"regime": "queueing"}], "signals": {"waiting_mean": 12.0}}
+    with sessions.begin() as session:  # what an older writer does: the digest columns untouched
+        session.execute(update(DiagnosisRow).values(verdict="queueing", evaluated_at=1015.0, details=new))
+    with sessions() as session:
+        (after,) = repository.latest_diagnoses(session)
+    assert (after.verdict, after.evaluated_at, after.details) == ("queueing", 1015.0, new)
+    assert after.version != before.version  # keyed by its text, not by the stale digest
+    with sessions.begin() as session:  # the next evaluation by a current writer has a digest again
+        repository.save_diagnosis(session, target_id, "m1", "queueing", 1030.0, new)
+    with sessions() as session:
+        (current,) = repository.latest_diagnoses(session)
+    assert current.version == repository.details_digest(new) and current.details == new
 
 
 def test_open_finding_states_cover_every_open_finding(store) -> None:
