@@ -28,6 +28,19 @@ from tests.slo.harness import T0, SloHarness
 SLO = {"name": "ttft-99", "signal": "ttft", "threshold": "2.5s", "objective": "99%"}
 
 
+def another_writer(path: str) -> str:
+    """A write from another connection that does not wait ("committed", or why it was refused)."""
+    other = sqlite3.connect(path, timeout=0)  # no busy wait: a held write lock refuses at once
+    try:
+        other.execute("UPDATE targets SET url = url || '?'")  # a new value: the same one commits nothing
+        other.commit()
+        return "committed"
+    except sqlite3.OperationalError as exc:
+        return f"refused: {exc}"
+    finally:
+        other.close()
+
+
 def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h = SloHarness(tmp_path, [SLO], {"a": Simulation("healthy", seed=0)})
@@ -46,16 +59,7 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         def list_targets_then_another_writer_commits(session, *args, **kwargs):
             targets = original(session, *args, **kwargs)
             if not concurrent:  # once, right after the round's first read inside its transaction
-                other = sqlite3.connect(path, timeout=0)  # no busy wait: a held write lock refuses at once
-                try:
-                    # a change of value: an UPDATE to the same value commits nothing
-                    other.execute("UPDATE targets SET url = url || '?'")
-                    other.commit()
-                    concurrent.append("committed")
-                except sqlite3.OperationalError as exc:
-                    concurrent.append(f"refused: {exc}")
-                finally:
-                    other.close()
+                concurrent.append(another_writer(path))
             return targets
 
         monkeypatch.setattr(slo_record.repository, "list_targets", list_targets_then_another_writer_commits)
@@ -63,15 +67,7 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         original_down = alerts_engine.target_down_conditions
 
         def target_down_while_another_writer_commits(session, config):
-            other = sqlite3.connect(path, timeout=0)
-            try:
-                other.execute("UPDATE targets SET url = url || '!'")
-                other.commit()
-                during_conditions.append("committed")
-            except sqlite3.OperationalError as exc:
-                during_conditions.append(f"refused: {exc}")
-            finally:
-                other.close()
+            during_conditions.append(another_writer(path))
             return original_down(session, config)
 
         monkeypatch.setattr(alerts_engine, "target_down_conditions", target_down_while_another_writer_commits)
@@ -93,11 +89,6 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         assert recorded == {h.engines[0].target_id: now}, recorded
         assert alerts == [(alerts_engine.TARGET_DOWN, "pending")], alerts
         # The round's lock is gone with its commit: the other writer gets in now.
-        other = sqlite3.connect(path, timeout=0)
-        try:
-            assert other.execute("UPDATE targets SET url = url || '?'").rowcount == 1
-            other.commit()
-        finally:
-            other.close()
+        assert another_writer(path) == "committed"
     finally:
         h.close()
