@@ -1152,6 +1152,11 @@ _DIAGNOSIS_HEAD = (Target.name, DiagnosisRow.model, DiagnosisRow.verdict, Diagno
 DETAILS_PER_FETCH = 500
 
 
+def _digest_of(evaluated_at: float, digest: str | None, digest_at: float | None) -> str | None:
+    """The row's digest if it was written with this evaluation (an older writer leaves it behind)."""
+    return digest if digest is not None and digest_at == evaluated_at else None
+
+
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[LatestDiagnosis]:
     """The latest evaluation of every target and model (of ``target_id`` only). The details
     change once per diagnosis round, but fetching every target's (4-5 KB each) as text and
@@ -1170,7 +1175,8 @@ def latest_diagnoses(session: Session, target_id: int | None = None) -> list[Lat
     missing: dict[tuple[int, str], int] = {}  # (target id, model) -> index in rows
     for name, model, verdict, at, tid, digest, digest_at in session.execute(head.order_by(Target.name,
                                                                                           DiagnosisRow.model)):
-        details = kept.get(digest) if digest is not None and digest_at == at else None
+        current = _digest_of(at, digest, digest_at)
+        details = None if current is None else kept.get(current)
         if details is None:
             missing[(tid, model)] = len(rows)
         rows.append((name, model, verdict, at, digest, details))
@@ -1180,8 +1186,8 @@ def latest_diagnoses(session: Session, target_id: int | None = None) -> list[Lat
             Target, Target.id == DiagnosisRow.target_id).where(
             tuple_(DiagnosisRow.target_id, DiagnosisRow.model).in_(keys[i:i + DETAILS_PER_FETCH]))
         for name, model, verdict, at, tid, digest, digest_at, text_ in session.execute(full):
-            version = digest if digest is not None and digest_at == at else text_
-            rows[missing.pop((tid, model))] = (name, model, verdict, at, version, text_)
+            rows[missing.pop((tid, model))] = (name, model, verdict, at, _digest_of(at, digest, digest_at) or text_,
+                                               text_)
     gone = set(missing.values())  # deleted between the two reads (their target was removed)
     rows = [row for i, row in enumerate(rows) if i not in gone]
     decoded = DECODED_DETAILS.parts(((version, made) for *_, version, made in rows), keep=target_id is None)
