@@ -238,7 +238,7 @@ def build(url: str, targets: int, days: float, end: float, raw_hours: float,
     retention.downsample(sessions, now=end + 600)
     downsample_cpu += time.process_time() - began
     retention.prune(sessions, 7 * DAY, now=end, raw_retention=raw_hours * 3600)
-    raw = table_bytes(engine, ("histogram_samples", "scalar_samples"))
+    raw = table_bytes(engine, ("scrape_samples",))
     levels = table_bytes(engine, ("sample_levels",))
     raw_days = min(days, raw_hours / 24)
     sizes = {

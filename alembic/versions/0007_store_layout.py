@@ -2,8 +2,8 @@
 
 ``histogram_samples.counts`` changes from comma-joined text to the binary encoding of
 app/store/encoding.py (existing rows converted). ``sample_levels`` holds the 5-minute and
-1-hour levels (app/store/levels.py), built here from the existing samples;
-``level_progress`` says how far they are built. On PostgreSQL the three sample tables
+1-hour levels (app/store/levels.py); ``level_progress`` says how far they are built (migration
+0012 builds them, from the raw rows as it lays them out). On PostgreSQL the three sample tables
 become ``PARTITION BY RANGE`` tables with one partition per day (app/store/partitions.py),
 the existing rows copied into them. The downgrade converts the counts back to text and
 drops the levels (raw samples pruned since are not restored).
@@ -12,7 +12,6 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-03 18:00:00.000000
 """
-import contextlib
 import time
 
 import sqlalchemy as sa
@@ -90,7 +89,7 @@ def _time_range(bind: sa.engine.Connection) -> tuple[float, float]:
 
 
 def upgrade() -> None:
-    from app.store import partitions, repository
+    from app.store import partitions
 
     bind = op.get_bind()
     postgres = bind.dialect.name == 'postgresql'
@@ -105,8 +104,8 @@ def upgrade() -> None:
         op.create_table('scalar_samples', *_scalar_columns(), **by_ts)
         op.create_table('sample_levels', *_level_columns(), postgresql_partition_by='RANGE (bucket)')
         start, now = _time_range(bind)
-        for table in partitions.PARTITIONED:
-            partitions.ensure(bind, table, start, now + partitions.PARTITIONED[table].ahead)
+        for table in ('histogram_samples', 'scalar_samples', 'sample_levels'):
+            partitions.ensure(bind, table, start, now + partitions.layout_of(table).ahead)
         op.execute('INSERT INTO scalar_samples (series_id, ts, value) SELECT series_id, ts, value '
                    'FROM scalar_samples_old')
         op.drop_table('scalar_samples_old')
@@ -117,7 +116,7 @@ def upgrade() -> None:
     op.drop_table('histogram_samples_old')
     op.create_table('level_progress', sa.Column('level', sa.Integer(), primary_key=True),
                     sa.Column('done_until', sa.Float(), nullable=False))
-    repository.downsample(lambda: contextlib.nullcontext(bind), time.time())
+    # the levels are built by 0012 (the store's code reads the raw samples as 0012 lays them out)
 
 
 def downgrade() -> None:

@@ -1,4 +1,4 @@
-"""Binary row encoding of bucket counts (``histogram_samples.counts``, ``sample_levels``).
+"""Binary row encoding of samples (``scrape_samples.samples``, ``sample_levels``).
 
 Cumulative bucket counts of a real engine are whole numbers below 2**32, so they are
 stored as little-endian uint32 (4 bytes a count) behind a one-byte format tag; anything
@@ -6,12 +6,17 @@ else (a fractional or negative count, NaN, more than 2**32) falls back to float6
 bytes, exact). Measured against the comma-joined ``repr`` text this replaces (~13 bytes a
 count on a loaded engine's page) in the README's storage section. ``struct`` packs in C,
 so encoding costs less CPU at ingest than formatting the text did.
+
+A scrape's samples are one row (:func:`encode_scrape`): each series' entry behind its id,
+kind and length. Twenty rows a scrape (one per histogram and scalar series) cost
+PostgreSQL a 24-byte tuple header, alignment and a primary-key entry each, more than
+the samples themselves (README, storage).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Container, Iterator, Sequence
 from functools import lru_cache
 
 UINT32 = b"I"
@@ -19,6 +24,9 @@ FLOAT64 = b"d"
 _PAIR = struct.Struct("<dd")
 _ONE = struct.Struct("<d")
 _RESET = struct.Struct("<Id")
+_ENTRY = struct.Struct("<IBH")  # series id, kind, payload bytes
+_SCALAR_ENTRY = struct.Struct("<IBHd")
+HISTOGRAM_ENTRY, SCALAR_ENTRY = 0, 1
 
 
 @lru_cache(maxsize=256)
@@ -81,3 +89,32 @@ def decode_resets(blob: bytes | None) -> tuple[tuple[int, float], ...]:
     if not blob:
         return ()
     return tuple(_RESET.iter_unpack(blob))
+
+
+def encode_scrape(histograms: Sequence[tuple[int, bytes]], scalars: Sequence[tuple[int, float]]) -> bytes:
+    """One scrape's samples: ``histograms`` as (series id, :func:`snapshot_blob`),
+    ``scalars`` as (series id, value)."""
+    parts = []
+    for sid, blob in histograms:
+        parts.append(_ENTRY.pack(sid, HISTOGRAM_ENTRY, len(blob)))
+        parts.append(blob)
+    parts.extend(_SCALAR_ENTRY.pack(sid, SCALAR_ENTRY, 8, value) for sid, value in scalars)
+    return b"".join(parts)
+
+
+def decode_scrape(blob: bytes, wanted: Container[int]) -> Iterator[tuple[int, tuple[float, ...]]]:
+    """(series id, vector) of the entries of :func:`encode_scrape` whose series is
+    ``wanted``, in stored order: a histogram's vector is its counts, ``_sum`` and
+    ``_count`` (:func:`decode_snapshot`), a scalar's its value."""
+    at, end, entry = 0, len(blob), _ENTRY
+    while at < end:
+        sid, kind, size = entry.unpack_from(blob, at)
+        at += 7
+        if sid in wanted:
+            if kind == SCALAR_ENTRY:
+                yield sid, _ONE.unpack_from(blob, at)
+            elif kind == HISTOGRAM_ENTRY:
+                yield sid, decode_snapshot(blob[at:at + size])
+            else:
+                raise ValueError(f"unknown sample entry kind {kind}")
+        at += size

@@ -8,13 +8,13 @@ Layout, and why:
   bucket layout). Histogram bucket bounds are stored here **once**, not per sample.
   A changed layout (engine restarted with custom buckets) is a new series, so old
   and new counts are never mixed.
-* ``histogram_samples``: one cumulative snapshot (bucket counts, sum, count) per
-  series per scrape. Cumulative snapshots, not deltas, so that any window can be
-  computed later with Prometheus' own increase()/reset rules.
-* ``scalar_samples``: gauge and counter values per series per scrape.
+* ``scrape_samples``: the raw samples, one row per target per scrape holding every
+  series' sample (app/store/encoding.py): a histogram's cumulative snapshot (bucket
+  counts, sum, count), a gauge's or counter's value. Cumulative snapshots, not deltas,
+  so that any window can be computed later with Prometheus' own increase()/reset rules.
 * ``sample_levels``: the same series downsampled to 5 min and 1 h intervals, kept
   longer than the raw samples (README "Storage"); ``level_progress`` says how far.
-  On PostgreSQL the three sample tables are partitioned by time (app/store/partitions.py).
+  On PostgreSQL both sample tables are partitioned by time (app/store/partitions.py).
 * ``scrapes``: the health log — every scrape attempt, up or down, with timing, size,
   samples kept and the error class.
 * ``findings``: one row per occurrence of a diagnosed regime on a target/model, from
@@ -127,22 +127,16 @@ class Series(Base):
     bounds: Mapped[str] = mapped_column(Text, default="")  # comma-joined upper bounds, "" for scalars
 
 
-class HistogramSample(Base):
-    __tablename__ = "histogram_samples"
+class ScrapeSample(Base):
+    """Every sample of one scrape of one target, encoded by
+    :func:`app.store.encoding.encode_scrape` (a series absent from the scrape, or a NaN
+    scalar, has no entry). One row a scrape instead of one per series: README, storage."""
 
-    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
+    __tablename__ = "scrape_samples"
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
     ts: Mapped[float] = mapped_column(Float, primary_key=True)
-    counts: Mapped[bytes] = mapped_column(LargeBinary)  # cumulative bucket counts (app.store.encoding)
-    sum: Mapped[float | None] = mapped_column(Float, nullable=True)  # NULL when the page had no _sum
-    count: Mapped[float] = mapped_column(Float)
-
-
-class ScalarSample(Base):
-    __tablename__ = "scalar_samples"
-
-    series_id: Mapped[int] = mapped_column(ForeignKey("series.id", ondelete="CASCADE"), primary_key=True)
-    ts: Mapped[float] = mapped_column(Float, primary_key=True)
-    value: Mapped[float] = mapped_column(Float)
+    samples: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class SampleLevel(Base):

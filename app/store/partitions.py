@@ -1,6 +1,6 @@
 """PostgreSQL: the sample tables are partitioned by time, so retention drops whole partitions.
 
-``histogram_samples`` and ``scalar_samples`` are partitioned on ``ts`` by UTC hour, named
+``scrape_samples`` (the raw samples) is partitioned on ``ts`` by UTC hour, named
 ``<table>_hYYYYMMDDHH``; ``sample_levels`` on ``bucket`` by UTC day, ``<table>_dYYYYMMDD``
 (``PARTITION BY RANGE``). Dropping a partition is a catalog operation: no row-by-row
 ``DELETE``, no scan of the table, no dead rows for vacuum. A partition holds rows until its
@@ -38,14 +38,20 @@ class Layout(NamedTuple):
     ahead: int  # seconds of partitions made ahead of now
 
 
-PARTITIONED = {"histogram_samples": Layout("ts", HOUR, DAY), "scalar_samples": Layout("ts", HOUR, DAY),
-               "sample_levels": Layout("bucket", DAY, 3 * DAY)}
+PARTITIONED = {"scrape_samples": Layout("ts", HOUR, DAY), "sample_levels": Layout("bucket", DAY, 3 * DAY)}
+#: The raw tables of one row per series and scrape, before migration 0012 (its downgrade
+#: and the migrations before it make their partitions).
+FORMER = {"histogram_samples": Layout("ts", HOUR, DAY), "scalar_samples": Layout("ts", HOUR, DAY)}
 _NAME = re.compile(r"_(?:d(\d{8})|h(\d{10}))$")
+
+
+def layout_of(table: str) -> Layout:
+    return PARTITIONED[table] if table in PARTITIONED else FORMER[table]
 
 
 def partition_name(table: str, start: float) -> str:
     when = dt.datetime.fromtimestamp(start, dt.UTC)
-    return f"{table}_h{when:%Y%m%d%H}" if PARTITIONED[table].span == HOUR else f"{table}_d{when:%Y%m%d}"
+    return f"{table}_h{when:%Y%m%d%H}" if layout_of(table).span == HOUR else f"{table}_d{when:%Y%m%d}"
 
 
 def span_of(name: str) -> tuple[float, float] | None:
@@ -67,7 +73,7 @@ def partitions_of(conn: Connection, table: str) -> list[str]:
 
 
 def _create(conn: Connection, table: str, start: float, has_default: bool) -> None:
-    column, span, _ = PARTITIONED[table]
+    column, span, _ = layout_of(table)
     name, end = partition_name(table, start), start + span
     conn.execute(text(f'CREATE TABLE "{name}" (LIKE "{table}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS)'))
     if has_default and conn.scalar(text(f'SELECT 1 FROM "{table}_default" WHERE {column} >= :a AND {column} < :b '
@@ -81,7 +87,7 @@ def _create(conn: Connection, table: str, start: float, has_default: bool) -> No
 def ensure(conn: Connection, table: str, start: float, end: float) -> int:
     """Create the partitions covering ``[start, end]``, and those of any span whose rows are
     in the default partition, that no partition covers yet; how many."""
-    column, span, _ = PARTITIONED[table]
+    column, span, _ = layout_of(table)
     existing = partitions_of(conn, table)
     covered = [s for s in map(span_of, existing) if s is not None]
     has_default = f"{table}_default" in existing
@@ -120,5 +126,5 @@ def drop_before(conn: Connection, table: str, before: float) -> int:
             conn.execute(text(f'DROP TABLE "{name}"'))
             dropped += 1
     if f"{table}_default" in names:
-        conn.execute(text(f'DELETE FROM "{table}_default" WHERE {PARTITIONED[table].column} < :b'), {"b": before})
+        conn.execute(text(f'DELETE FROM "{table}_default" WHERE {layout_of(table).column} < :b'), {"b": before})
     return dropped

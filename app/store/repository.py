@@ -1,7 +1,8 @@
 """All SQL of the service lives here. Callers own the transaction boundary.
 
 Hot path: :class:`SampleWriter` writes a batch of scrapes with one multi-row insert
-per table (SQLAlchemy Core "executemany"/"insertmanyvalues"), in one transaction.
+per table (SQLAlchemy Core "executemany"/"insertmanyvalues", ``COPY`` on PostgreSQL), in
+one transaction; a scrape's samples are one ``scrape_samples`` row.
 Every scrape in the batch is therefore written completely or not at all. If the batch
 fails (it should not), each scrape is retried in a transaction of its own so one bad
 scrape can never drop the others.
@@ -47,12 +48,13 @@ from app.kept import KeptParts
 from app.quantiles import HistogramSnapshot, to_millis
 from app.store import levels as lv
 from app.store.encoding import (
-    decode_counts,
     decode_resets,
+    decode_scrape,
     decode_snapshot,
     decode_value,
     encode_counts,
     encode_resets,
+    encode_scrape,
     encode_snapshot,
     encode_value,
     snapshot_blob,
@@ -62,14 +64,13 @@ from app.store.models import (
     DeliveryAttemptRow,
     DiagnosisRow,
     FindingRow,
-    HistogramSample,
     LevelProgress,
     NotificationLogRow,
     NotificationRow,
     ReceiverRow,
     SampleLevel,
-    ScalarSample,
     Scrape,
+    ScrapeSample,
     ScrapeView,
     Series,
     SilenceRow,
@@ -141,8 +142,7 @@ def delete_target(session: Session, target: Target) -> None:
     # Explicit child deletes: SQLite only cascades with foreign_keys=ON, and
     # explicit statements make the cost visible.
     series_ids = select(Series.id).where(Series.target_id == target.id)
-    session.execute(delete(HistogramSample).where(HistogramSample.series_id.in_(series_ids)))
-    session.execute(delete(ScalarSample).where(ScalarSample.series_id.in_(series_ids)))
+    session.execute(delete(ScrapeSample).where(ScrapeSample.target_id == target.id))
     session.execute(delete(SampleLevel).where(SampleLevel.series_id.in_(series_ids)))
     session.execute(delete(Series).where(Series.target_id == target.id))
     session.execute(delete(Scrape).where(Scrape.target_id == target.id))
@@ -271,8 +271,6 @@ class SampleWriter:
         self._infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
         self._open: dict[int, _OpenInterval] = {}
         self._step_ms = lv.LEVELS[0] * 1000
-        # SQLite stores -0.0 as 0.0: the run keeps a value as it will be read back
-        self._stored: Callable[[float], float] = (lambda v: v + 0.0) if engine.dialect.name == "sqlite" else float
 
     def forget_target(self, target_id: int) -> None:
         for key, sid in list(self._series.items()):
@@ -324,9 +322,9 @@ class SampleWriter:
         new_series: dict[SeriesKey, int] = {}
         new_infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
         with self.engine.begin() as conn:
-            scrape_rows, hist_rows, scalar_rows, infos = [], [], [], []
+            scrape_rows, sample_rows, infos = [], [], []
             level_rows: list[dict] = []
-            feed, stored = self._feed, self._stored
+            feed = self._feed
             for r in records:
                 scrape_rows.append({
                     "target_id": r.target_id, "ts": r.ts, "up": r.up, "duration": r.duration, "bytes": r.bytes,
@@ -337,19 +335,22 @@ class SampleWriter:
                 if c is None:
                     continue
                 ms = to_millis(r.ts)
+                histograms, scalars = [], []
                 for h in c.histograms:
                     key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
                     sid = (self._series.get(key) or new_series.get(key)
                            or self._resolve(conn, key, "histogram", new_series))
                     counts = encode_counts(h.counts)
-                    hist_rows.append((sid, r.ts, counts, None if math.isnan(h.sum) else h.sum, h.count))
-                    feed(sid, "histogram", r.ts, ms, (*h.counts, stored(h.sum), stored(h.count)), counts, level_rows)
+                    histograms.append((sid, snapshot_blob(counts, h.sum, h.count)))
+                    feed(sid, "histogram", r.ts, ms, (*h.counts, h.sum, h.count), counts, level_rows)
                 for s in c.scalars:
                     key = (r.target_id, s.signal, s.model, s.rank, "")
                     sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, s.kind, new_series)
                     if not math.isnan(s.value):
-                        scalar_rows.append((sid, r.ts, s.value))
-                        feed(sid, s.kind, r.ts, ms, (stored(s.value),), None, level_rows)
+                        scalars.append((sid, s.value))
+                        feed(sid, s.kind, r.ts, ms, (s.value,), None, level_rows)
+                if histograms or scalars:
+                    sample_rows.append((r.target_id, r.ts, encode_scrape(histograms, scalars)))
                 for info in c.infos:
                     info_key = (r.target_id, info.name, info.model, info.rank)
                     known = new_infos.get(info_key) or self._infos.get(info_key)
@@ -357,12 +358,12 @@ class SampleWriter:
                         infos.append((r.target_id, info, r.ts))
                         new_infos[info_key] = (info.labels, r.ts)
             conn.execute(insert(Scrape), scrape_rows)
-            if hist_rows or scalar_rows:
-                _reopen_levels(conn, min(r.ts for r in records if r.canonical is not None))
-            if conn.dialect.name == "postgresql":
-                _copy_rows(conn, hist_rows, scalar_rows)
-            else:
-                _insert_rows(conn, hist_rows, scalar_rows)
+            if sample_rows:
+                _reopen_levels(conn, min(row[1] for row in sample_rows))
+                if conn.dialect.name == "postgresql":
+                    _copy_rows(conn, sample_rows)
+                else:
+                    _insert_rows(conn, sample_rows)
             if level_rows:
                 _insert_new_levels(conn, level_rows)
             for target_id, info, ts in infos:
@@ -407,41 +408,32 @@ class SampleWriter:
         return sid
 
 
-# Sample rows are tuples in this column order (HistogramSample, ScalarSample).
-_HISTOGRAM_COLUMNS = "histogram_samples (series_id, ts, counts, sum, count)"
-_SCALAR_COLUMNS = "scalar_samples (series_id, ts, value)"
+# Sample rows are tuples in this column order (ScrapeSample).
+_SAMPLE_COLUMNS = "scrape_samples (target_id, ts, samples)"
 
 
-def _insert_rows(conn: Connection, hist_rows: list[tuple], scalar_rows: list[tuple]) -> None:
-    """SQLite: one ``executemany`` per table with positional rows, straight to the driver.
+def _insert_rows(conn: Connection, sample_rows: list[tuple]) -> None:
+    """SQLite: one ``executemany`` with positional rows, straight to the driver.
 
-    Measured in bench/ingest.py on the 8-model page (176 rows per scrape):
-    ``conn.execute(insert(HistogramSample), dict_rows)`` spent ~350 µs per scrape
+    Measured in bench/ingest.py on the 8-model page (176 rows per scrape when a series'
+    sample was a row): ``conn.execute(insert(...), dict_rows)`` spent ~350 µs per scrape
     building parameters in SQLAlchemy, more than sqlite3 spent storing the rows.
     """
-    if hist_rows:
-        conn.exec_driver_sql(f"INSERT INTO {_HISTOGRAM_COLUMNS} VALUES (?, ?, ?, ?, ?)", hist_rows)
-    if scalar_rows:
-        conn.exec_driver_sql(f"INSERT INTO {_SCALAR_COLUMNS} VALUES (?, ?, ?)", scalar_rows)
+    conn.exec_driver_sql(f"INSERT INTO {_SAMPLE_COLUMNS} VALUES (?, ?, ?)", sample_rows)
 
 
-def _copy_rows(conn: Connection, hist_rows: list[tuple], scalar_rows: list[tuple]) -> None:
+def _copy_rows(conn: Connection, sample_rows: list[tuple]) -> None:
     """PostgreSQL: sample rows go in with ``COPY`` inside the same transaction.
 
-    Measured in bench/ingest.py on the 8-model page: 543 us per scrape with COPY against
-    1,778 us with executemany (the multi-row INSERT statements cost more to build and to
-    parse server-side than the rows themselves).
+    Measured in bench/ingest.py on the 8-model page (a row per series then): 543 us per
+    scrape with COPY against 1,778 us with executemany (the multi-row INSERT statements
+    cost more to build and to parse server-side than the rows themselves).
     """
     cursor = conn.connection.driver_connection.cursor()
     try:
-        if hist_rows:
-            with cursor.copy(f"COPY {_HISTOGRAM_COLUMNS} FROM STDIN") as copy:
-                for row in hist_rows:
-                    copy.write_row(row)
-        if scalar_rows:
-            with cursor.copy(f"COPY {_SCALAR_COLUMNS} FROM STDIN") as copy:
-                for row in scalar_rows:
-                    copy.write_row(row)
+        with cursor.copy(f"COPY {_SAMPLE_COLUMNS} FROM STDIN") as copy:
+            for row in sample_rows:
+                copy.write_row(row)
     finally:
         cursor.close()
 
@@ -484,33 +476,23 @@ def _bounds(text: str) -> tuple[float, ...]:
 
 def histogram_snapshots(session: Session, series_ids: Sequence[int], start: float,
                         end: float) -> dict[int, list[HistogramSnapshot]]:
-    """Snapshots with ``start <= ts <= end`` per series, oldest first."""
+    """Snapshots with ``start <= ts <= end`` per histogram series, oldest first."""
     out: dict[int, list[HistogramSnapshot]] = defaultdict(list)
-    if not series_ids:
-        return out
-    rows = session.execute(
-        select(HistogramSample.series_id, HistogramSample.ts, HistogramSample.counts, HistogramSample.sum,
-               HistogramSample.count)
-        .where(HistogramSample.series_id.in_(series_ids), HistogramSample.ts >= start, HistogramSample.ts <= end)
-        .order_by(HistogramSample.series_id, HistogramSample.ts)
-    )
-    for sid, ts, counts, total, count in rows:
-        out[sid].append(HistogramSnapshot(ts, decode_counts(counts), math.nan if total is None else total, count))
+    wanted = set(series_ids)
+    for _, ts, blob in _raw_rows(session, wanted, start, end):
+        for sid, vector in decode_scrape(blob, wanted):
+            out[sid].append(HistogramSnapshot(ts, vector[:-2], vector[-2], vector[-1]))
     return out
 
 
 def scalar_points(session: Session, series_ids: Sequence[int], start: float,
                   end: float) -> dict[int, list[tuple[float, float]]]:
+    """(ts, value) with ``start <= ts <= end`` per gauge or counter series, oldest first."""
     out: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    if not series_ids:
-        return out
-    rows = session.execute(
-        select(ScalarSample.series_id, ScalarSample.ts, ScalarSample.value)
-        .where(ScalarSample.series_id.in_(series_ids), ScalarSample.ts >= start, ScalarSample.ts <= end)
-        .order_by(ScalarSample.series_id, ScalarSample.ts)
-    )
-    for sid, ts, value in rows:
-        out[sid].append((ts, value))
+    wanted = set(series_ids)
+    for _, ts, blob in _raw_rows(session, wanted, start, end):
+        for sid, (value,) in decode_scrape(blob, wanted):
+            out[sid].append((ts, value))
     return out
 
 
@@ -550,38 +532,58 @@ def _reopen_levels(conn: Connection, oldest: float) -> None:
         conn.execute(_REOPEN, {"start": math.floor(oldest / level) * level, "level": level, "ts": oldest})
 
 
-_RAW_HISTOGRAMS = text(
-    "SELECT series_id, ts, counts, sum, count FROM histogram_samples WHERE series_id IN :ids "
-    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
-_RAW_SCALARS = text("SELECT series_id, ts, value FROM scalar_samples WHERE series_id IN :ids "
-                    "AND ts >= :lo AND ts <= :hi ORDER BY series_id, ts").bindparams(bindparam("ids", expanding=True))
+#: The raw rows of the series' targets (a series belongs to one target: its samples are in
+#: that target's rows), each target's in time order.
+_RAW_ROWS = text(
+    "SELECT target_id, ts, samples FROM scrape_samples WHERE target_id IN (SELECT DISTINCT target_id FROM series "
+    "WHERE id IN :ids) AND ts >= :lo AND ts <= :hi ORDER BY target_id, ts").bindparams(
+    bindparam("ids", expanding=True))
 _LEVEL_COLUMNS = "SELECT series_id, n, first_ts, first, last_ts, last, resets, total, peak FROM sample_levels "
 _LEVEL_ROWS = {closed: text(_LEVEL_COLUMNS + "WHERE series_id IN :ids AND level = :level AND bucket >= :lo AND bucket "
                             + ("<=" if closed else "<") + " :hi ORDER BY series_id, bucket").bindparams(
     bindparam("ids", expanding=True)) for closed in (False, True)}
 
 
-def _raw_samples(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
+def _raw_rows(conn: Connection | Session, series_ids: Iterable[int], lo: float,
+              hi: float) -> Iterator[tuple[int, float, bytes]]:
+    """(target id, ts, samples) of the ``scrape_samples`` rows with ``lo <= ts <= hi`` of
+    the series' targets, each target's in time order. Plain SQL text: on a short window
+    building the ORM expression cost more than the rows. Fetched :data:`RAW_FETCH` rows
+    at a time (:func:`_driver_batches`): row by row the driver's per-row calls cost as
+    much as decoding the rows, all at once would hold a round's every sample."""
+    ids = list(series_ids)
+    if not ids:
+        return
+    for rows in _driver_batches(conn.execute(_RAW_ROWS, {"ids": ids, "lo": lo, "hi": hi})):
+        yield from rows
+
+
+def _raw_samples(conn: Connection | Session, series_ids: Sequence[int], lo_ms: int, hi_ms: int,
                  closed: bool) -> Iterable[tuple[int, int, tuple[float, ...]]]:
-    """(series id, ms, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed), in
-    series and time order, one per millisecond (the first, as Prometheus keeps one). A
-    histogram's vector is its counts, then ``_sum`` and ``_count``. Plain SQL text: on a
-    short window building the ORM expression cost more than the rows. Fetched
-    :data:`RAW_FETCH` rows at a time (:func:`_driver_batches`): row by row the driver's
-    per-row calls cost as much as decoding the rows, all at once would hold a round's every
-    sample."""
-    params = {"ids": list(series_ids), "lo": lo_ms / 1000 - 0.001, "hi": hi_ms / 1000 + 0.001}
-    last_sid = last_ms = None
-    for rows in _driver_batches(conn.execute(_RAW_HISTOGRAMS if histogram else _RAW_SCALARS, params)):
-        for row in rows:
-            sid, ms = row[0], int(round(row[1] * 1000.0))  # to_millis, inline: once per raw sample
-            if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed) or (ms == last_ms and sid == last_sid):
-                continue
-            last_sid, last_ms = sid, ms
-            if histogram:
-                yield sid, ms, (*decode_counts(row[2]), math.nan if row[3] is None else row[3], row[4])
-            else:
-                yield sid, ms, (row[2],)
+    """(series id, ms, vector) of raw samples with ``lo <= ms < hi`` (``<= hi`` if closed),
+    each series' in time order, one per series and millisecond (the first, as Prometheus
+    keeps one). A histogram's vector is its counts, then ``_sum`` and ``_count``; a
+    scalar's its value."""
+    wanted = set(series_ids)
+    previous: tuple[int, int] | None = None  # (target, ms) of the last row read
+    first_blob, seen = b"", None
+    for target_id, ts, blob in _raw_rows(conn, wanted, lo_ms / 1000 - 0.001, hi_ms / 1000 + 0.001):
+        ms = int(round(ts * 1000.0))  # to_millis, inline: once per raw row
+        if ms < lo_ms or ms > hi_ms or (ms == hi_ms and not closed):
+            continue
+        if (target_id, ms) != previous:
+            previous, first_blob, seen = (target_id, ms), blob, None
+            for sid, vector in decode_scrape(blob, wanted):
+                yield sid, ms, vector
+            continue
+        # another row of the target in the same millisecond (scrapes under a millisecond
+        # apart, as ``to_millis`` rounds): only the series the earlier rows lacked
+        if seen is None:
+            seen = {sid for sid, _ in decode_scrape(first_blob, wanted)}
+        for sid, vector in decode_scrape(blob, wanted):
+            if sid not in seen:
+                seen.add(sid)
+                yield sid, ms, vector
 
 
 #: Raw rows fetched per driver call (:func:`_raw_samples`).
@@ -611,7 +613,7 @@ def _driver_batches(result: Result) -> Iterator[Sequence[tuple]]:
         result.close()
 
 
-def _raw_chunks(conn: Connection | Session, series_ids: Sequence[int], histogram: bool, lo_ms: int, hi_ms: int,
+def _raw_chunks(conn: Connection | Session, series_ids: Sequence[int], lo_ms: int, hi_ms: int,
                 closed: bool, fold: bool = False) -> dict[int, list[lv.Chunk]]:
     """Each series' raw samples in the range as chunks: one per sample, or with ``fold`` all
     of a series' samples as one chunk (exactly :func:`app.store.levels.combine` of them,
@@ -619,11 +621,11 @@ def _raw_chunks(conn: Connection | Session, series_ids: Sequence[int], histogram
     whole range."""
     out: dict[int, list[lv.Chunk]] = defaultdict(list)
     if not fold:
-        for sid, ms, vector in _raw_samples(conn, series_ids, histogram, lo_ms, hi_ms, closed):
+        for sid, ms, vector in _raw_samples(conn, series_ids, lo_ms, hi_ms, closed):
             out[sid].append(lv.raw_chunk(ms, vector))
         return out
     runs: dict[int, lv.Run] = {}
-    for sid, ms, vector in _raw_samples(conn, series_ids, histogram, lo_ms, hi_ms, closed):
+    for sid, ms, vector in _raw_samples(conn, series_ids, lo_ms, hi_ms, closed):
         run = runs.get(sid)
         if run is None:
             run = runs[sid] = lv.Run()
@@ -649,20 +651,15 @@ def _level_rows(conn: Connection | Session, series_ids: Sequence[int], kinds: di
 def timelines(session: Session, series: Sequence[SeriesRef], segments: Sequence[lv.Segment],
               fold_raw: bool = False) -> dict[int, lv.Timeline]:
     """The chunks of every series over a read plan (:func:`app.store.levels.plan`): one
-    query per segment and table, whatever the number of series. ``fold_raw``: the caller
+    query per segment, whatever the number of series. ``fold_raw``: the caller
     asks only for the one window the plan covers, so each raw segment of a series is one
     chunk (:func:`_raw_chunks`)."""
     chunks: dict[int, list[lv.Chunk]] = {s.id: [] for s in series}
     kinds = {s.id: s.kind for s in series}
-    hist_ids = [s.id for s in series if s.kind == "histogram"]
-    scalar_ids = [s.id for s in series if s.kind != "histogram"]
     for seg in segments:
         if seg.level == 0:
-            for ids, histogram in ((hist_ids, True), (scalar_ids, False)):
-                if ids:
-                    for sid, raw in _raw_chunks(session, ids, histogram, seg.lo_ms, seg.hi_ms, seg.closed,
-                                                fold_raw).items():
-                        chunks[sid].extend(raw)
+            for sid, raw in _raw_chunks(session, list(kinds), seg.lo_ms, seg.hi_ms, seg.closed, fold_raw).items():
+                chunks[sid].extend(raw)
         elif series:
             for sid, chunk in _level_rows(session, list(kinds), kinds, seg.level, seg.lo_ms, seg.hi_ms, seg.closed):
                 chunks[sid].append(chunk)
@@ -683,16 +680,19 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
     intervals it completed (kept or built).
 
     The writer builds most finest-level rows as it writes (:class:`SampleWriter`). For
-    those, a slice costs two small grouped queries per series batch: the raw samples per
-    series and interval (counted in SQL) and the stored rows' ``n``. Only a series with an
+    those, a slice costs two small grouped queries per series batch: the raw rows per
+    target and interval (counted in SQL) and the stored rows' ``n``. Only a series with an
     interval whose count differs (a missing row, a row from a writer that did not see every
-    sample, or a row without samples) has its raw samples read and its rows rebuilt.
+    sample, a row without samples, or a series absent from some of its target's scrapes)
+    has its raw samples read and its rows rebuilt.
 
     ``begin``: a context manager yielding a connection in a transaction (``engine.begin``,
     or the migration's own connection)."""
     with begin() as conn:
         _, progress = level_progress(conn)  # type: ignore[arg-type]
-        kinds = {sid: kind for sid, kind in conn.execute(select(Series.id, Series.kind))}
+        kinds, targets = {}, {}
+        for sid, kind, target_id in conn.execute(select(Series.id, Series.kind, Series.target_id)):
+            kinds[sid], targets[sid] = kind, target_id
     ids = sorted(kinds)
     written: dict[int, int] = {}
     source: int | None = None
@@ -718,7 +718,7 @@ def downsample(begin: Callable[[], AbstractContextManager[Connection]], now: flo
                 with begin() as conn:
                     kept = 0
                     if source is None:
-                        batch, kept = _stale_series(conn, batch, kinds, level, t, t_next)
+                        batch, kept = _stale_series(conn, batch, targets, level, t, t_next)
                     per_series = _source_chunks(conn, batch, kinds, source, t, t_next) if batch else {}
                 rows = []
                 for sid, chunks in per_series.items():
@@ -791,54 +791,56 @@ _INTERVAL_INDEX = {
     "sqlite": "CAST(ts * 1000 + 0.5 AS INTEGER) / :step",
     "postgresql": "CAST(floor(ts * 1000 + 0.5) AS BIGINT) / :step",
 }
-_RAW_COUNTS = {
-    (dialect, table): text(
-        f"SELECT series_id, {index} AS i, count(*) FROM {table} WHERE series_id IN :ids "
-        "AND ts >= :lo AND ts < :hi GROUP BY series_id, i").bindparams(bindparam("ids", expanding=True))
-    for dialect, index in _INTERVAL_INDEX.items() for table in ("histogram_samples", "scalar_samples")}
+_RAW_COUNTS = {dialect: text(
+    f"SELECT target_id, {index} AS i, count(*) FROM scrape_samples WHERE target_id IN :ids "
+    "AND ts >= :lo AND ts < :hi GROUP BY target_id, i").bindparams(bindparam("ids", expanding=True))
+    for dialect, index in _INTERVAL_INDEX.items()}
 _LEVEL_COUNTS = text("SELECT series_id, bucket, n FROM sample_levels WHERE series_id IN :ids AND level = :level "
                      "AND bucket >= :lo AND bucket < :hi").bindparams(bindparam("ids", expanding=True))
 
 
-def raw_counts(conn: Connection, series_ids: Sequence[int], histogram: bool, level: int, start: float,
+def raw_counts(conn: Connection, target_ids: Sequence[int], level: int, start: float,
                end: float) -> dict[tuple[int, int], int]:
-    """Raw samples per (series, interval start in ms) of ``level`` for the intervals that
-    start in ``[start, end)``, counted in SQL (read through the ``(series_id, ts)`` key)."""
+    """Raw rows (scrapes with samples) per (target, interval start in ms) of ``level`` for
+    the intervals that start in ``[start, end)``, counted in SQL (read through the
+    ``(target_id, ts)`` key)."""
     step = level * 1000
     lo_ms, hi_ms = to_millis(start), to_millis(end)
-    dialect = "postgresql" if conn.dialect.name == "postgresql" else "sqlite"
-    query = _RAW_COUNTS[(dialect, "histogram_samples" if histogram else "scalar_samples")]
+    query = _RAW_COUNTS["postgresql" if conn.dialect.name == "postgresql" else "sqlite"]
     out = {}
-    for sid, index, count in conn.execute(query, {"ids": list(series_ids), "step": step, "lo": start - 0.001,
-                                                 "hi": end + 0.001}):
+    for target_id, index, count in conn.execute(query, {"ids": list(target_ids), "step": step,
+                                                       "lo": start - 0.001, "hi": end + 0.001}):
         bucket_ms = int(index) * step
         if lo_ms <= bucket_ms < hi_ms:
-            out[(sid, bucket_ms)] = int(count)
+            out[(target_id, bucket_ms)] = int(count)
     return out
 
 
-def _stale_series(conn: Connection, batch: Sequence[int], kinds: dict[int, str], level: int, start: float,
+def _stale_series(conn: Connection, batch: Sequence[int], targets: dict[int, int], level: int, start: float,
                   end: float) -> tuple[list[int], int]:
     """(the series of ``batch`` whose rows of the slice must be rebuilt from raw samples, the
-    rows of the others, kept): a row is kept when its ``n`` equals the raw samples stored in
-    its interval (a writer's row holds a subset of them, in time order, one a millisecond,
-    so equal counts mean every sample, and none duplicated within a millisecond). Any other
-    difference - a missing row, a row without samples - rebuilds the series."""
-    counts: dict[tuple[int, int], int] = {}
-    for histogram in (True, False):
-        ids = [sid for sid in batch if (kinds[sid] == "histogram") == histogram]
-        if ids:
-            counts.update(raw_counts(conn, ids, histogram, level, start, end))
+    rows of the others, kept): a row is kept when its ``n`` equals the raw rows stored in
+    its interval for the series' target. A writer's row holds a subset of the series'
+    samples, in time order, one a millisecond, and a series has at most one sample a row,
+    so equal counts mean every sample, and none duplicated within a millisecond. Any other
+    difference - a missing row, a row without samples, a series absent from some of its
+    target's scrapes (a model gone, a NaN gauge) - rebuilds the series: never wrong, only
+    dearer."""
+    by_target: dict[int, list[int]] = defaultdict(list)
+    for sid in batch:
+        by_target[targets[sid]].append(sid)
+    expected = {(sid, bucket_ms): n for (target_id, bucket_ms), n in
+                raw_counts(conn, list(by_target), level, start, end).items() for sid in by_target[target_id]}
     stored = {(sid, to_millis(bucket)): n for sid, bucket, n in conn.execute(
         _LEVEL_COUNTS, {"ids": list(batch), "level": level, "lo": start, "hi": end})}
-    stale = {key[0] for key in counts.keys() | stored.keys() if counts.get(key) != stored.get(key)}
+    stale = {key[0] for key in expected.keys() | stored.keys() if expected.get(key) != stored.get(key)}
     kept = sum(1 for sid, _ in stored if sid not in stale)
     return [sid for sid in batch if sid in stale], kept
 
 
 def _earliest(conn: Connection, source: int | None) -> float | None:
     if source is None:
-        values = [conn.scalar(select(func.min(HistogramSample.ts))), conn.scalar(select(func.min(ScalarSample.ts)))]
+        values = [conn.scalar(select(func.min(ScrapeSample.ts)))]
     else:
         values = [conn.scalar(select(func.min(SampleLevel.bucket)).where(SampleLevel.level == source))]
     present = [v for v in values if v is not None]
@@ -850,12 +852,8 @@ def _source_chunks(conn: Connection, batch: Sequence[int], kinds: dict[int, str]
     out: dict[int, list[lv.Chunk]] = defaultdict(list)
     lo_ms, hi_ms = to_millis(start), to_millis(end)
     if source is None:
-        for histogram in (True, False):
-            ids = [sid for sid in batch if (kinds[sid] == "histogram") == histogram]
-            if not ids:
-                continue
-            for sid, raw in _raw_chunks(conn, ids, histogram, lo_ms, hi_ms, False).items():
-                out[sid].extend(raw)
+        for sid, raw in _raw_chunks(conn, batch, lo_ms, hi_ms, False).items():
+            out[sid].extend(raw)
     else:
         for sid, chunk in _level_rows(conn, batch, kinds, source, lo_ms, hi_ms, False):
             out[sid].append(chunk)
@@ -955,22 +953,25 @@ def prune_records(session: Session, before: float) -> dict[str, int]:
 #: SQLite pruning deletes at most this many rows per transaction, so a scrape batch waiting
 #: for the write lock waits for one such statement only (~10 ms on a slow disk).
 PRUNE_BATCH_ROWS = 2000
+#: The same for ``scrape_samples``, whose row holds a whole scrape (~1.2 KB on the vLLM
+#: page): about as many bytes a transaction as 2,000 of the other tables' rows.
+RAW_PRUNE_BATCH_ROWS = 200
 
 
-def prune_samples(engine: Engine, before: float, raw_before: float,
-                  batch_rows: int = PRUNE_BATCH_ROWS) -> dict[str, int]:
+def prune_samples(engine: Engine, before: float, raw_before: float, batch_rows: int = PRUNE_BATCH_ROWS,
+                  raw_batch_rows: int = RAW_PRUNE_BATCH_ROWS) -> dict[str, int]:
     """Retention of the sample tables and the scrape log: raw samples older than
     ``raw_before``, downsampled levels and scrapes older than ``before``.
 
     PostgreSQL drops whole time partitions (no row-by-row delete, no table scan, no vacuum
     debt); rows of the partly expired partition stay until its span is over. SQLite deletes
     in rowid order (rows are inserted in time order, so the oldest come first) in
-    transactions of ``batch_rows`` rows each, committing in between so the scrape writer
-    never waits for more than one batch. Returns rows (PostgreSQL: partitions) removed."""
+    transactions of ``batch_rows`` rows each (raw rows: ``raw_batch_rows``), committing in
+    between so the scrape writer never waits for more than one batch. Returns rows (PostgreSQL: partitions) removed."""
     from app.store import partitions
 
     raw_before = min(raw_before, _raw_prune_limit(engine, raw_before))
-    cutoffs = {"histogram_samples": raw_before, "scalar_samples": raw_before, "sample_levels": before}
+    cutoffs = {"scrape_samples": raw_before, "sample_levels": before}
     deleted: dict[str, int] = {}
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
@@ -980,7 +981,8 @@ def prune_samples(engine: Engine, before: float, raw_before: float,
     else:
         for table, cutoff in (*cutoffs.items(), ("scrapes", before)):
             column = "bucket" if table == "sample_levels" else "ts"
-            deleted[table] = _prune_in_batches(engine, table, column, cutoff, batch_rows)
+            rows = raw_batch_rows if table == "scrape_samples" else batch_rows
+            deleted[table] = _prune_in_batches(engine, table, column, cutoff, rows)
     with engine.begin() as conn:
         _set_progress(conn, RAW_LEVEL, raw_before)
     return deleted

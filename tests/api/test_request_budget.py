@@ -175,7 +175,8 @@ def test_one_long_statement_is_ended_by_the_budget(migrated_url: str) -> None:
         engine.dispose()
 
 
-def test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budget(tmp_path: Path) -> None:
+def test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite steps a read as its rows are fetched, so the progress handler can end a raw
     read after ``execute`` returned, inside the driver's ``fetchmany``: that error too comes
     out as BudgetExceeded, and the read runs to the end without a budget."""
@@ -191,12 +192,14 @@ def test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budge
         with sessions() as session:
             series = [s.id for s in repository.find_series(session, [target_id], HISTOGRAM_SIGNALS)]
             lo_ms, hi_ms = int((end - 7200) * 1000), int(end * 1000)
-            whole = repository._raw_chunks(session, series, True, lo_ms, hi_ms, True)
+            whole = repository._raw_chunks(session, series, lo_ms, hi_ms, True)
             assert sorted(len(chunks) for chunks in whole.values()) == [400] * len(series)
+            # 400 rows (a row a scrape) are ~3,500 of SQLite's steps: the handler every 100
+            monkeypatch.setattr(db, "SQLITE_PROGRESS_STEPS", 100)
             calls = iter(range(10**6))  # every look at the clock advances it by 1 s
             budget = RequestBudget(3.0, clock=lambda: float(next(calls)))
             with pytest.raises(BudgetExceeded), statement_budget(session, budget):
-                repository._raw_chunks(session, series, True, lo_ms, hi_ms, True)
+                repository._raw_chunks(session, series, lo_ms, hi_ms, True)
             assert budget.checks == 0  # ended by the database's progress handler, not by a checkpoint
             assert next(calls) > 3  # the handler looked at the clock while the rows were fetched
     finally:

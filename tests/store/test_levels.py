@@ -189,7 +189,7 @@ def test_store_windows_from_levels_equal_raw_and_survive_raw_pruning(store) -> N
         raw_since, done = repository.level_progress(session)
         assert raw_since == t0 + 6 * HOUR and done == {300: t0 + 7 * HOUR - 300, 3600: t0 + 6 * HOUR}
         if engine.dialect.name == "sqlite":
-            assert deleted["histogram_samples"] == len(history.snapshots)
+            assert deleted["scrape_samples"] == len(history.snapshots)
             assert repository.histogram_snapshots(session, list(range(1, 10)), 0, 2 * t0) == {}
         for start, end in ((t0, t0 + 6 * HOUR), (t0 + 1800, t0 + 4 * HOUR)):
             assert latency.store_window(session, [target_id], start, end).overall.histograms["ttft"] == before[
@@ -209,7 +209,7 @@ def test_pruning_never_holds_the_writer_for_long(store) -> None:
 
     @event.listens_for(engine, "before_cursor_execute")
     def spy(conn, cursor, statement, parameters, context, executemany):
-        if "histogram_samples" in statement and (statement.startswith(("DELETE", "DROP"))):
+        if "scrape_samples" in statement and (statement.startswith(("DELETE", "DROP"))):
             statements.append((statement, parameters))
 
     if engine.dialect.name == "postgresql":
@@ -217,15 +217,15 @@ def test_pruning_never_holds_the_writer_for_long(store) -> None:
             from app.store import partitions
             partitions.ensure_ahead(conn, t0)  # the samples move from the default partition to their hour's
         deleted = repository.prune_samples(engine, t0 + 86400, t0 + 86400)
-        assert deleted["histogram_samples_partitions"] == 24  # the hours of the day before the cut-off
-        assert [s for s, _ in statements] == [f'DROP TABLE "histogram_samples_h20231115{h:02d}"' for h in range(24)] + [
-            "DELETE FROM \"histogram_samples_default\" WHERE ts < %(b)s"]
+        assert deleted["scrape_samples_partitions"] == 24  # the hours of the day before the cut-off
+        assert [s for s, _ in statements] == [f'DROP TABLE "scrape_samples_h20231115{h:02d}"' for h in range(24)] + [
+            "DELETE FROM \"scrape_samples_default\" WHERE ts < %(b)s"]
         return
-    deleted = repository.prune_samples(engine, t0, t0 + HOUR + 1, batch_rows=50)
-    assert deleted["histogram_samples"] == 240
+    deleted = repository.prune_samples(engine, t0, t0 + HOUR + 1, raw_batch_rows=50)
+    assert deleted["scrape_samples"] == 240
     assert len(statements) == 5
     for statement, (low, high, cutoff) in statements:
-        assert statement.startswith("DELETE FROM histogram_samples WHERE rowid > ? AND rowid <= ?")
+        assert statement.startswith("DELETE FROM scrape_samples WHERE rowid > ? AND rowid <= ?")
         assert high - low <= 50 and cutoff == t0 + HOUR + 1
 
 
@@ -291,8 +291,9 @@ def test_levels_answer_what_prometheus_answers(store, prometheus_over_history) -
 
 def test_migration_0007_converts_existing_samples_and_builds_levels(database_url: str) -> None:
     """Data written under 0006 (counts as comma-joined text) is converted to the binary
-    encoding, PostgreSQL's tables become day-partitioned, the levels are built from it and
-    answer windows as the raw samples do; the downgrade gives the text back."""
+    encoding and (0012) to one row a scrape, PostgreSQL's tables become partitioned, the
+    levels are built from it and answer windows as the raw samples do; the downgrade gives
+    the rows and the text back."""
     import sqlalchemy as sa
 
     from app.store import db
@@ -332,14 +333,16 @@ def test_migration_0007_converts_existing_samples_and_builds_levels(database_url
     if engine.dialect.name == "postgresql":
         with engine.connect() as conn:
             kinds = dict(conn.execute(sa.text("SELECT relname, relkind FROM pg_class WHERE relname IN "
-                                              "('histogram_samples', 'scalar_samples', 'sample_levels')")).all())
-        assert kinds == {"histogram_samples": "p", "scalar_samples": "p", "sample_levels": "p"}
+                                              "('scrape_samples', 'sample_levels')")).all())
+        assert kinds == {"scrape_samples": "p", "sample_levels": "p"}
     engine.dispose()
     db.downgrade(database_url, "0006")
     engine = db.make_engine(database_url)
     with engine.connect() as conn:
         texts = [row[0] for row in conn.execute(sa.text("SELECT counts FROM histogram_samples ORDER BY ts"))]
+        tokens = conn.execute(sa.text("SELECT ts, value FROM scalar_samples WHERE series_id = 2 ORDER BY ts")).all()
     assert texts == [",".join(map(repr, map(float, s.counts))) for s in history.snapshots]
+    assert [tuple(row) for row in tokens] == history.tokens  # through 0012's one row a scrape and back
     engine.dispose()
 
 
@@ -471,7 +474,7 @@ def test_write_time_rows_equal_the_rows_built_from_raw_samples(store) -> None:
     assert {key: rebuilt[key] for key in from_writer} == from_writer
     # the boundary samples are where Python puts them, in SQL too (else the round would rebuild)
     with engine.connect() as conn:
-        counts = repository.raw_counts(conn, [1], True, 300, t0 + 5100, t0 + 6300)
+        counts = repository.raw_counts(conn, [target_id], 300, t0 + 5100, t0 + 6300)
     assert {ms / 1000 - t0: n for (_, ms), n in counts.items()} == {5100: 20, 5400: 21, 5700: 21, 6000: 20}
 
 
@@ -537,8 +540,7 @@ def test_the_round_reads_no_raw_sample_when_the_writer_rows_are_complete(store) 
         written = retention.downsample(sessions, now=t0 + 2 * HOUR - 300 + levels.GRACE_SECONDS)
     assert written == {300: 3 * 23, 3600: 3 * 1}
     raw_reads = [s for s in statements if "_samples" in s and "count(*)" not in s]
-    assert raw_reads == ["SELECT min(histogram_samples.ts) AS min_1 \nFROM histogram_samples",
-                         "SELECT min(scalar_samples.ts) AS min_1 \nFROM scalar_samples"]
+    assert raw_reads == ["SELECT min(scrape_samples.ts) AS min_1 \nFROM scrape_samples"]
     assert [s.split()[0] for s in statements if "sample_levels" in s].count("DELETE") == 1  # the hourly slice's
     assert {k: v for k, v in stored_levels(engine).items() if k[1] == 300} == from_writer
 

@@ -16,7 +16,7 @@ from app.store.repository import DatabaseUnavailable, SampleWriter
 from tests.support.plans import executed, plan
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
-TABLES = {"targets", "series", "histogram_samples", "scalar_samples", "scrapes", "target_info", "findings", "diagnoses",
+TABLES = {"targets", "series", "scrape_samples", "scrapes", "target_info", "findings", "diagnoses",
           "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests",
           "notification_log", "sample_levels", "level_progress",
           "slo_increments"}
@@ -26,7 +26,7 @@ def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0011"
+    assert db.current_revision(engine) == db.head_revision() == "0012"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
@@ -145,18 +145,22 @@ def test_ranks_are_summed_and_kv_usage_averaged(store) -> None:
     engine, sessions, target_id = store
     t0 = 1_700_000_000.0
     records = []
-    for rank, kv in (("0", 0.2), ("1", 0.8)):
-        for i, ts in enumerate((t0, t0 + 10)):
+    for i, ts in enumerate((t0, t0 + 10)):
+        scrape = None
+        for rank, kv in (("0", 0.2), ("1", 0.8)):
             r = record(target_id, ts, (0.0, 0.0, 0.0, 0.0, 0.0) if i == 0 else (4.0, 4.0, 4.0, 4.0, 4.0),
                        0.0 if i == 0 else 0.2, 0.0, kv)
             for h in r.canonical.histograms:
                 h.rank = rank
             for s in r.canonical.scalars:
                 s.rank = rank
-            records.append(r)
-    # two ranks scraped at the same instant belong to one scrape each; write as separate batches
-    assert SampleWriter(engine).write(records[:2]) == 2
-    assert SampleWriter(engine).write(records[2:]) == 2
+            if scrape is None:
+                scrape = r
+            else:  # one page holds both ranks' series
+                scrape.canonical.histograms.extend(r.canonical.histograms)
+                scrape.canonical.scalars.extend(r.canonical.scalars)
+        records.append(scrape)
+    assert SampleWriter(engine).write(records) == 2
     with sessions() as session:
         report = latency.latency_report(session, [target_id], 10.0, t0 + 10)
     assert report["ttft"]["count"] == 8.0
@@ -270,10 +274,10 @@ def test_prune_removes_only_old_rows(store) -> None:
     deleted = retention.prune(sessions, 400.0, now=t0 + day + 450.0)  # cut-off: t0 + day + 50
     assert deleted["scrapes"] == 5
     if engine.dialect.name == "postgresql":
-        assert deleted["histogram_samples_partitions"] == deleted["scalar_samples_partitions"] == 1  # day one's hour
+        assert deleted["scrape_samples_partitions"] == 1  # day one's hour
         remaining = {t0 + day, t0 + day + 100}
     else:
-        assert deleted["histogram_samples"] == 5 and deleted["scalar_samples"] == 10
+        assert deleted["scrape_samples"] == 5
         remaining = {t0 + day + 100}
     with sessions() as session:
         assert len(repository.scrape_log(session, target_id)) == 1

@@ -1,0 +1,114 @@
+"""Raw samples as one row per scrape (``scrape_samples``): the encoding, what the readers get
+back, two rows of a target in one millisecond, and series absent from some of their
+target's scrapes (the downsample round compares its rows with the target's rows)."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+from sqlalchemy import text
+
+from app.store import repository, retention
+from app.store.encoding import decode_scrape, encode_counts, encode_scrape, snapshot_blob
+from app.store.repository import SampleWriter
+from tests.store.test_levels import rebuilt_levels, stored_levels
+from tests.store.test_storage import record
+
+T0 = 1_700_006_400.0  # a UTC midnight
+
+
+def bits(values) -> list[bytes]:
+    """Floats by their bytes: -0.0 differs from 0.0, NaN equals NaN."""
+    return [struct.pack("<d", v) for v in values]
+
+
+def test_a_scrape_round_trips_exactly_and_readers_take_only_their_series() -> None:
+    whole = encode_counts((1, 5, 9))  # uint32
+    fractional = encode_counts((0.5, 2.25, 1e300))  # float64
+    blob = encode_scrape([(7, snapshot_blob(whole, math.nan, 9.0)), (8, snapshot_blob(fractional, -0.0, 3.0))],
+                         [(9, -0.0), (70_000, 1.5e-300)])
+    decoded = dict(decode_scrape(blob, {7, 8, 9, 70_000}))
+    assert decoded[7][:3] == (1, 5, 9) and math.isnan(decoded[7][3]) and decoded[7][4] == 9.0
+    assert bits(decoded[8]) == bits((0.5, 2.25, 1e300, -0.0, 3.0))
+    assert bits(decoded[9]) == bits((-0.0,)) and decoded[70_000] == (1.5e-300,)
+    assert list(decode_scrape(blob, {8})) == [(8, decoded[8])]
+    assert list(decode_scrape(blob, set())) == []
+    # 7 bytes of entry head each; the histograms' blobs as they are; a scalar's 8 bytes
+    assert len(blob) == 4 * 7 + (1 + 12 + 16) + (1 + 24 + 16) + 2 * 8
+    corrupt = blob[:4] + b"\x05" + blob[5:]
+    with pytest.raises(ValueError, match="unknown sample entry kind 5"):
+        list(decode_scrape(corrupt, {7}))
+
+
+def test_each_scrape_is_one_row_and_reads_back_exactly(store) -> None:
+    engine, sessions, target_id = store
+    records = [record(target_id, T0 + 15 * i, (i, 2 * i, 3 * i, 4 * i, 4 * i), 0.5 * i, 10.0 * i,
+                      kv=math.nan if i == 2 else i / 10) for i in range(5)]
+    assert SampleWriter(engine).write(records) == 5
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM scrape_samples")).scalar() == 5
+    with sessions() as session:
+        (ttft,) = repository.find_series(session, [target_id], ["ttft"])
+        kv, tokens = (repository.find_series(session, [target_id], [name])[0] for name in ("kv_usage",
+                                                                                            "generation_tokens_total"))
+        snapshots = repository.histogram_snapshots(session, [ttft.id], T0, T0 + 60)[ttft.id]
+        assert [(s.ts, s.counts, s.sum, s.count) for s in snapshots] == [
+            (T0 + 15 * i, (i, 2 * i, 3 * i, 4 * i, 4 * i), 0.5 * i, 4 * i) for i in range(5)]
+        points = repository.scalar_points(session, [kv.id, tokens.id], T0 + 1, T0 + 60)
+        assert points[kv.id] == [(T0 + 15, 0.1), (T0 + 45, 0.3), (T0 + 60, 0.4)]  # the NaN is not stored
+        assert points[tokens.id] == [(T0 + 15 * i, 10.0 * i) for i in range(1, 5)]
+
+
+def test_two_rows_of_a_target_in_one_millisecond_keep_each_series_first_sample(store) -> None:
+    """As Prometheus keeps one sample a millisecond: the first row's, and a series the first
+    row lacks from the second; another target's row in the same millisecond is its own."""
+    engine, sessions, target_id = store
+    with sessions.begin() as session:
+        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
+    first = record(target_id, T0, (1, 1, 1, 1, 1), 1.0, 5.0, kv=math.nan)
+    second = record(target_id, T0 + 0.0002, (2, 2, 2, 2, 2), 2.0, 6.0, kv=0.75)
+    beside = record(other, T0, (3, 3, 3, 3, 3), 3.0, 7.0, kv=0.25)
+    assert SampleWriter(engine).write([first, second, beside]) == 3
+    with sessions() as session:
+        series = {(s.target_id, s.signal): s.id for s in repository.find_series(
+            session, [target_id, other], ["ttft", "kv_usage", "generation_tokens_total"])}
+        ms = round(T0 * 1000)
+        samples = sorted(repository._raw_samples(session, list(series.values()), ms, ms, closed=True))
+    by_series = {(t, signal): [v for sid, _, v in samples if sid == series[(t, signal)]]
+                 for t, signal in series}
+    assert by_series[(target_id, "ttft")] == [(1, 1, 1, 1, 1, 1.0, 1)]
+    assert by_series[(target_id, "generation_tokens_total")] == [(5.0,)]
+    assert by_series[(target_id, "kv_usage")] == [(0.75,)]  # only the second row has it
+    assert by_series[(other, "ttft")] == [(3, 3, 3, 3, 3, 3.0, 3)] and by_series[(other, "kv_usage")] == [(0.25,)]
+    assert len(samples) == 6
+
+
+def test_series_absent_from_some_scrapes_get_exact_levels(store) -> None:
+    """A gauge that is NaN in some scrapes and a model that goes away halfway: the round
+    counts the target's rows, finds those series' rows short of them, rebuilds them from the
+    raw samples and stores what a round over the raw samples alone stores."""
+    engine, sessions, target_id = store
+    records = []
+    for i in range(240):  # an hour
+        r = record(target_id, T0 + 15 * i, (i, i, 2 * i, 2 * i, 3 * i), 0.1 * i, 5.0 * i,
+                   kv=math.nan if i % 7 == 0 else (i % 10) / 10)
+        if i < 130:
+            gone = record(target_id, r.ts, (i, i, i, i, i), 0.2 * i, 1.0 * i, model="gone")
+            r.canonical.histograms.extend(gone.canonical.histograms)
+            r.canonical.scalars.extend(gone.canonical.scalars)
+        records.append(r)
+    writer = SampleWriter(engine)
+    for i in range(0, len(records), 40):
+        assert writer.write(records[i:i + 40]) == 40
+    now = T0 + 2 * 3600
+    written = retention.downsample(sessions, now=now)
+    assert written[300] == 12 * 3 + 7 * 3  # model "m" in every interval, "gone" in the first 7 (130 scrapes)
+    after_round = stored_levels(engine)
+    assert after_round == rebuilt_levels(engine, sessions, now)
+    with sessions() as session:
+        (kv,) = [s for s in repository.find_series(session, [target_id], ["kv_usage"]) if s.model == "m"]
+    kv_rows = {key[2]: row for key, row in after_round.items() if key[0] == kv.id and key[1] == 300}
+    assert [kv_rows[T0 + 300 * k][3] for k in range(12)] == [
+        sum(1 for i in range(20 * k, 20 * k + 20) if i % 7) for k in range(12)]
