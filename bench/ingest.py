@@ -376,7 +376,7 @@ class PathResult:
     cpu_store_thread: float = 0.0  # thread_time of the writer thread
     wall_scrape: float = 0.0
     wall_total: float = 0.0
-    rows_per_scrape: float = 0.0
+    series_per_scrape: float = 0.0
     pg_server_cpu: float | None = None
     setup_s: float = 0.0           # migrate + create targets (wall)
     warmup_scrape_s: float = 0.0   # first round: cold parsers, engine detection (wall)
@@ -525,7 +525,7 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
         result.failures.clear()
         rows = sum(len(r.canonical.histograms) + len(r.canonical.scalars) + len(r.canonical.infos)
                    for r in batch if r.canonical is not None)
-        result.rows_per_scrape = rows / max(1, len(batch))
+        result.series_per_scrape = rows / max(1, len(batch))
         gc.collect()
         tune_collector()  # the collector settings ScrapeService uses, and its freeze after the first write
         gc.freeze()
@@ -935,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
           "writes the round's batch with `SampleWriter.write` in a worker thread (`asyncio.to_thread`, as "
           "`ScrapeService.flush` does). One warm-up round is not measured. No APScheduler and no telemetry "
           "callbacks (`on_result`) in the loop.\n")
-    print("| page | DB | scrapes | rows/scrape | CPU µs/scrape | fetch+parse+normalize | store (writer thread) "
+    print("| page | DB | scrapes | series/scrape | CPU µs/scrape | fetch+parse+normalize | store (writer thread) "
           "| of which cyclic GC (full GCs) | scrapes/s per core | wall scrapes/s | PostgreSQL server CPU µs/scrape "
           "| page server CPU µs/scrape | other processes (cores) | failures |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -944,7 +944,7 @@ def main(argv: list[str] | None = None) -> int:
         fails = ", ".join(f"{k}: {v}" for k, v in r.failures.items()) or "none"
         if r.note:
             fails += f"; {r.note}"
-        print(f"| {r.page} | {r.db} | {r.targets}×{r.rounds} | {r.rows_per_scrape:.0f} | {r.us(r.cpu_total):,.0f} | "
+        print(f"| {r.page} | {r.db} | {r.targets}×{r.rounds} | {r.series_per_scrape:.0f} | {r.us(r.cpu_total):,.0f} | "
               f"{r.us(r.cpu_scrape):,.0f} | {r.us(r.cpu_store_thread):,.0f} (process {r.us(r.cpu_store):,.0f}) | "
               f"{r.us(r.gc_cpu):,.0f} ({r.gc_full}) | {1e6 / r.us(r.cpu_total):,.0f} | "
               f"{r.scrapes / r.wall_total:,.0f} | {pgcpu} | {r.us(r.server_cpu):,.0f} | {r.foreign_cores:.2f} | "

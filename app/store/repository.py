@@ -592,8 +592,9 @@ RAW_FETCH = 5000
 
 def _driver_batches(result: Result) -> Iterator[Sequence[tuple]]:
     """The rows of an executed plain-SQL statement as the driver's tuples, :data:`RAW_FETCH`
-    at a time. A summary round reads 400,000 raw rows for 1,000 targets; SQLAlchemy's
-    ``partitions`` built a ``Row`` for each, which cost a tenth of the round
+    at a time. A summary round read 400,000 raw rows for 1,000 targets (a row a series
+    then; 20,000 as a row a scrape); SQLAlchemy's ``partitions`` built a ``Row`` for each,
+    which cost a tenth of the round
     (bench/query.py's builder, 1,000 targets, 5-minute window). A driver error while
     fetching (SQLite's progress handler interrupting a read over its budget) is raised as
     SQLAlchemy's, as ``partitions`` would have."""
