@@ -15,9 +15,9 @@ prune round, as a plain table then ``ATTACH PARTITION``: that locks the parent a
 schema changes only, where ``CREATE TABLE ... PARTITION OF`` locks out every read and write
 of it until the statement ends. A ``<table>_default`` partition catches a sample whose span
 has no partition yet (a clock far ahead, history written in the past), so a write is never
-refused; ``ensure`` moves such rows into their own partition when it creates it. Tables made
-when the raw tables were partitioned by day keep their day partitions until those expire;
-hour partitions are only made for hours no day partition covers.
+refused; ``ensure`` moves such rows into their own partition when it creates it. A span
+already covered by a longer partition (the day partitions raw tables had before hour ones)
+keeps it until it expires; hour partitions are only made for hours no partition covers.
 """
 
 from __future__ import annotations
