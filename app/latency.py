@@ -294,6 +294,18 @@ def _itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
     return out
 
 
+def _itl_and_running(session: Session, target_ids: Sequence[int], start: float, end: float
+                     ) -> tuple[LoadedHistograms, list[SeriesRef], dict[int, list[tuple[float, float]]]]:
+    """The ITL histograms and the running-batch gauges of the targets over the window, from
+    raw samples (a diagnosis window is recent) in one read: (ITL, running series, their
+    points) for :func:`_itl_intervals`."""
+    itl = repository.find_series(session, target_ids, ("itl",))
+    running = repository.find_series(session, target_ids, ("running",))
+    snapshots, points = repository.snapshots_and_points(session, [s.id for s in itl], [s.id for s in running],
+                                                        start, end)
+    return LoadedHistograms(itl, snapshots), running, points
+
+
 def store_window(session: Session, target_ids: Sequence[int], start: float, end: float,
                  signals: Sequence[str] = HISTOGRAM_SIGNALS, *, per_model: bool = True,
                  diagnosis: bool = False) -> TargetWindow:
@@ -312,9 +324,7 @@ def store_window(session: Session, target_ids: Sequence[int], start: float, end:
             window.models[model] = _model_window(stored, start, end, model)
     if diagnosis:
         if per_model and "itl" in signals:
-            loaded = load_histograms(session, target_ids, ("itl",), start, end)
-            running = repository.find_series(session, target_ids, ("running",))
-            points = repository.scalar_points(session, [s.id for s in running], start, end)
+            loaded, running, points = _itl_and_running(session, target_ids, start, end)
             for model, model_window in window.models.items():
                 model_window.itl_intervals = _itl_intervals(loaded, running, points, model, start, end)
         (target_id,) = target_ids
@@ -374,9 +384,7 @@ def store_windows(session: Session, target_ids: Sequence[int], start: float, end
     if diagnosis:
         # the per-interval ITL by batch reads raw samples (a diagnosis window is recent)
         if "itl" in signals:
-            itl = load_histograms(session, target_ids, ("itl",), start, end)
-            running = repository.find_series(session, target_ids, ("running",))
-            points = repository.scalar_points(session, [s.id for s in running], start, end)
+            itl, running, points = _itl_and_running(session, target_ids, start, end)
             for ref in itl.series:
                 itl_of[ref.target_id].append(ref)
             for ref in running:

@@ -64,7 +64,8 @@ def _make_partitioned(bind: sa.engine.Connection, tables: dict[str, list[sa.Colu
         now = time.time()
         low = bind.scalar(sa.text(earliest))
         for table in tables:
-            partitions.ensure(bind, table, now if low is None else min(low, now), now + partitions.DAY)
+            partitions.ensure(bind, table, now if low is None else min(low, now),
+                              now + partitions.layout_of(table).ahead)
 
 
 def _insert(bind: sa.engine.Connection, sql: str, rows: list[dict], blob: str | None = None) -> None:

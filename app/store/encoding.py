@@ -106,10 +106,10 @@ def decode_scrape(blob: bytes, wanted: Container[int]) -> Iterator[tuple[int, tu
     """(series id, vector) of the entries of :func:`encode_scrape` whose series is
     ``wanted``, in stored order: a histogram's vector is its counts, ``_sum`` and
     ``_count`` (:func:`decode_snapshot`), a scalar's its value."""
-    at, end, entry = 0, len(blob), _ENTRY
+    at, end, entry, head = 0, len(blob), _ENTRY, _ENTRY.size
     while at < end:
         sid, kind, size = entry.unpack_from(blob, at)
-        at += 7
+        at += head
         if sid in wanted:
             if kind == SCALAR_ENTRY:
                 yield sid, _ONE.unpack_from(blob, at)

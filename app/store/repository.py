@@ -474,26 +474,34 @@ def _bounds(text: str) -> tuple[float, ...]:
     return decode_floats(text)
 
 
+def snapshots_and_points(session: Session, histogram_ids: Iterable[int], scalar_ids: Iterable[int], start: float,
+                         end: float) -> tuple[dict[int, list[HistogramSnapshot]], dict[int, list[tuple[float, float]]]]:
+    """The raw samples with ``start <= ts <= end`` of histogram and of gauge or counter
+    series, oldest first per series, in one read of their targets' rows: (snapshots per
+    histogram series, (ts, value) per scalar series)."""
+    snapshots: dict[int, list[HistogramSnapshot]] = defaultdict(list)
+    points: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    histograms = set(histogram_ids)
+    wanted = histograms | set(scalar_ids)
+    for _, ts, blob in _raw_rows(session, wanted, start, end):
+        for sid, vector in decode_scrape(blob, wanted):
+            if sid in histograms:
+                snapshots[sid].append(HistogramSnapshot(ts, vector[:-2], vector[-2], vector[-1]))
+            else:
+                points[sid].append((ts, vector[0]))
+    return snapshots, points
+
+
 def histogram_snapshots(session: Session, series_ids: Sequence[int], start: float,
                         end: float) -> dict[int, list[HistogramSnapshot]]:
     """Snapshots with ``start <= ts <= end`` per histogram series, oldest first."""
-    out: dict[int, list[HistogramSnapshot]] = defaultdict(list)
-    wanted = set(series_ids)
-    for _, ts, blob in _raw_rows(session, wanted, start, end):
-        for sid, vector in decode_scrape(blob, wanted):
-            out[sid].append(HistogramSnapshot(ts, vector[:-2], vector[-2], vector[-1]))
-    return out
+    return snapshots_and_points(session, series_ids, (), start, end)[0]
 
 
 def scalar_points(session: Session, series_ids: Sequence[int], start: float,
                   end: float) -> dict[int, list[tuple[float, float]]]:
     """(ts, value) with ``start <= ts <= end`` per gauge or counter series, oldest first."""
-    out: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    wanted = set(series_ids)
-    for _, ts, blob in _raw_rows(session, wanted, start, end):
-        for sid, (value,) in decode_scrape(blob, wanted):
-            out[sid].append((ts, value))
-    return out
+    return snapshots_and_points(session, (), series_ids, start, end)[1]
 
 
 RAW_LEVEL = 0  # level_progress row of the raw samples: raw samples older than its value are pruned
