@@ -39,6 +39,7 @@ from app import capacity, malloc, replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
+from app.changes import Changing
 from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import rounds as diagnosis_rounds
 from app.probe import canary
@@ -61,6 +62,11 @@ T = TypeVar("T")
 
 class Monitor:
     """The running service: database, scheduler, scraper, probe jobs, outbox, telemetry."""
+
+    #: the status page's numbers, from the last diagnosis round
+    round_summaries = Changing[diagnosis_rounds.RoundSummaries]()
+    #: ``GET /api/v1/latency``'s default window, from the last summary round
+    fleet_summary = Changing[summaries.FleetSummary]()
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -85,8 +91,6 @@ class Monitor:
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
-        self.round_summaries: diagnosis_rounds.RoundSummaries | None = None  # the status page's numbers
-        self.fleet_summary: summaries.FleetSummary | None = None  # GET /api/v1/latency's default window
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
         replica_id = settings.replica_id or replicas.default_replica_id()
         self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
@@ -262,7 +266,7 @@ class Monitor:
         malloc.release()
 
     def _keep_fleet_summary(self, kept: summaries.FleetSummary) -> None:
-        self.fleet_summary = kept  # one assignment: a request reads the old or the new, never half
+        self.fleet_summary = kept
 
     def evaluate_diagnoses(self, now: float | None = None,
                            sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:
@@ -274,7 +278,7 @@ class Monitor:
         return results
 
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
-        self.round_summaries = kept  # one assignment: a page reads the old or the new, never half
+        self.round_summaries = kept
 
     def next_diagnosis_at(self) -> float:
         """When the next diagnosis round starts (unix seconds), so the status page can tell a
@@ -342,14 +346,16 @@ class Monitor:
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, self._leader_only(retention.downsample),
                              s.downsample_interval, observe)
+        # the three rounds that read every target's window, out of step (at the defaults, 15 s,
+        # 30 s and 15 s: summaries at 0, diagnosis at 5, alerts at 7.5 s of each 15 s)
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self._summaries_round, s.summary_interval,
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_diagnoses(sessions=sessions)),
-                             self.diagnosis_config.interval, observe)
+                             self.diagnosis_config.interval, observe, phase=1 / 6)
         scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
-                             s.alert_interval, observe)
+                             s.alert_interval, observe, phase=1 / 2)
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
         self._replica_threads_started = [

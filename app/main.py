@@ -48,5 +48,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequireTokenForWrites, settings=settings)
     # inside the coalescing, so one computation is compressed once for all who share it
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MINIMUM_BYTES, compresslevel=GZIP_LEVEL)
-    app.add_middleware(CoalesceReads)  # identical concurrent reads share one computation
+    # identical concurrent reads share one computation; an unchanged answer is reused briefly
+    app.add_middleware(CoalesceReads, max_age=settings.read_max_age)
     return app

@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
+from app.changes import changes
+
 log = logging.getLogger(__name__)
 
 #: A round's report after each run: (job id, seconds it took, its interval in seconds).
@@ -47,7 +49,9 @@ def make_scheduler() -> AsyncIOScheduler:
 
 def in_thread(func: Callable[[], object], name: str | None = None) -> Callable[[], Awaitable[None]]:
     """``func`` as a coroutine job that runs it in a worker thread and logs (not raises) a
-    failure, naming the job ``name`` (default: the function's name)."""
+    failure, naming the job ``name`` (default: the function's name). A job may keep its results
+    in memory, so its end counts as a change (:mod:`app.changes`: no answer read before it is
+    reused after it)."""
     job_name = name or str(getattr(func, "__name__", "job"))
 
     async def run() -> None:
@@ -55,15 +59,19 @@ def in_thread(func: Callable[[], object], name: str | None = None) -> Callable[[
             await asyncio.to_thread(func)
         except Exception:
             log.exception("periodic job %s failed", job_name)
+        finally:
+            changes.bump()
     run.__name__ = job_name
     return run
 
 
 def add_round(scheduler: AsyncIOScheduler, job_id: str, func: Callable[[], object], seconds: float,
-              observe: RoundObserver | None = None) -> None:
+              observe: RoundObserver | None = None, phase: float = 0.0) -> None:
     """Run ``func`` every ``seconds`` in a worker thread; rounds never overlap and a missed
     round is coalesced rather than replayed (and counted: :func:`watch_skips`). ``observe``
-    is told each run's duration (a failed run's too)."""
+    is told each run's duration (a failed run's too). The first run comes one interval after
+    now plus ``phase`` of an interval, so that rounds of the same interval do not all start at
+    once and compete for the one interpreter while the requests wait."""
     job = func
     if observe is not None:
         def job() -> None:
@@ -72,8 +80,9 @@ def add_round(scheduler: AsyncIOScheduler, job_id: str, func: Callable[[], objec
                 func()
             finally:
                 observe(job_id, time.monotonic() - started, seconds)
+    first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds * (1.0 + phase))
     scheduler.add_job(in_thread(job, job_id), "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True,
-                      replace_existing=True)
+                      replace_existing=True, next_run_time=first)
 
 
 def watch_skips(scheduler: AsyncIOScheduler, on_skip: Callable[[str, str], None]) -> None:

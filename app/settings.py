@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     api_request_budget: Seconds = Field(30.0, gt=0, description="Time budget of one expensive read (latency, fleet "
                                         "view, series): past it the request ends with 503; a client that "
                                         "disconnects stops the work sooner.")
+    read_max_age: Seconds = Field(1.0, ge=0, le=60, description="A read answered at most this long ago is "
+                                  "answered again the same way when nothing changed since (no commit, round "
+                                  "or write request of this replica); 0 computes every read.")
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
     alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
     delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from app import scheduling
+from app.changes import changes
 
 
 def test_a_round_runs_off_the_event_loop_and_a_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
@@ -105,3 +106,34 @@ def test_a_round_within_its_interval_is_no_overrun() -> None:
     assert sample("llm_latency_round_overruns_total", {"round": "diagnosis"}) == 1.0
     assert sample("llm_latency_round_duration_seconds_count", {"round": "diagnosis"}) == 2.0
     assert sample("llm_latency_round_duration_seconds_bucket", {"round": "diagnosis", "le": "5.0"}) == 1.0
+
+
+def test_a_rounds_phase_puts_its_first_run_later_by_that_share_of_its_interval() -> None:
+    async def main() -> dict[str, float | None]:
+        scheduler = scheduling.make_scheduler()
+        scheduler.start()
+        try:
+            scheduling.add_round(scheduler, "in_step", lambda: None, 15.0)
+            scheduling.add_round(scheduler, "half_late", lambda: None, 15.0, phase=0.5)
+            return {job: scheduling.next_run_at(scheduler, job) for job in ("in_step", "half_late")}
+        finally:
+            scheduler.shutdown(wait=False)
+
+    before = time.time()
+    runs = asyncio.run(main())
+    after = time.time()
+    assert before + 15.0 <= runs["in_step"] <= after + 15.0
+    assert before + 22.5 <= runs["half_late"] <= after + 22.5
+
+
+def test_the_end_of_every_job_counts_as_a_change() -> None:
+    """A job may keep its results in memory: a read answered before it is not reused after it
+    (app.changes, app.api.coalesce), whether the job succeeded or failed."""
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    before = changes.current
+    asyncio.run(scheduling.in_thread(lambda: None)())
+    middle = changes.current
+    asyncio.run(scheduling.in_thread(broken)())
+    assert before < middle < changes.current

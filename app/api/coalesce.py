@@ -15,14 +15,28 @@ change an answer (:data:`IGNORED_HEADERS`): a request with a token and one witho
 an answer. A computation is detached from the request that started it: it goes on for the
 others when its first client leaves, and it sees a disconnect (:mod:`app.budget` stops the
 work) only once every client waiting for it has gone.
+
+A finished answer is also reused, for ``max_age`` seconds (the service's ``read_max_age``,
+1 s by default), by a later identical read when nothing changed since its computation began:
+no commit of this process and no round's result kept (:mod:`app.changes`), and no write request
+through this layer. So a read after a write still sees the write, and what a reused answer can
+miss is bounded by ``max_age``: the clock moving on (its window ends when it began, and says
+so) and other replicas' writes. Only ``200`` answers are reused; they carry an ``Age`` header,
+and a request with ``Cache-Control: no-cache`` asks for a new computation. Under fifty clients
+a question is then computed about once per change, not once per wave of clients.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.changes import Changes, changes
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 #: headers that differ between clients asking the same question without changing the answer
@@ -30,6 +44,22 @@ IGNORED_HEADERS = frozenset({b"user-agent", b"connection", b"keep-alive", b"x-re
                              b"tracestate", b"cache-control", b"pragma"})
 
 Key = tuple[str, str, bytes, tuple[tuple[bytes, bytes], ...]]
+#: Finished answers kept for reuse at most, and their bytes at most (the oldest goes first;
+#: a larger answer is not kept); each lives ``max_age``. /metrics at 1,000 targets is ~5 MB.
+KEPT_ANSWERS, KEPT_BYTES = 256, 64 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A finished computation: when it began (monotonic), what had changed by then, its messages."""
+
+    began: float
+    change: int
+    messages: list[Message]
+
+    @property
+    def size(self) -> int:
+        return sum(len(m.get("body", b"")) for m in self.messages)
 
 
 @dataclass(eq=False)
@@ -60,8 +90,14 @@ def request_key(scope: Scope) -> Key | None:
 class CoalesceReads:
     """ASGI middleware: identical concurrent reads share one computation (module docstring)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_age: float = 0.0, changed: Changes = changes,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
+        self.max_age = max_age
+        self.changed = changed
+        self.clock = clock
+        self._answers: OrderedDict[Key, _Answer] = OrderedDict()  # finished, reusable for max_age
+        self._kept_bytes = 0
         self._waiting: dict[Key, _Flight] = {}      # a computation not started yet: joinable
         self._turns: dict[Key, asyncio.Lock] = {}   # one computation per question at a time
         self._running: set[asyncio.Task[None]] = set()
@@ -69,7 +105,16 @@ class CoalesceReads:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = request_key(scope)
         if key is None:
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if scope["type"] == "http":
+                    self.changed.bump()  # a write: no answer computed before it is reused after it
+            return
+        kept = self._reusable(key, scope)
+        if kept is not None:
+            for message in kept:
+                await send(message)
             return
         flight = self._waiting.get(key)
         if flight is None:
@@ -85,6 +130,36 @@ class CoalesceReads:
             watcher.cancel()
         for message in messages:
             await send(message)
+
+    def _reusable(self, key: Key, scope: Scope) -> list[Message] | None:
+        """The kept answer to ``key`` with its ``Age``, if it may answer this request (module
+        docstring); expired answers go."""
+        now = self.clock()
+        while self._answers and now - next(iter(self._answers.values())).began > self.max_age:
+            self._drop_oldest()
+        kept = self._answers.get(key)
+        if kept is None or now - kept.began > self.max_age or kept.change != self.changed.current \
+                or _no_cache(scope):
+            return None
+        start, *rest = kept.messages
+        age = (b"age", b"%d" % int(now - kept.began))
+        return [{**start, "headers": [*start.get("headers", []), age]}, *rest]
+
+    def _keep(self, key: Key, answer: _Answer) -> None:
+        if self.max_age <= 0 or not answer.messages or answer.messages[0].get("status") != 200 \
+                or answer.size > KEPT_BYTES:
+            return
+        old = self._answers.pop(key, None)
+        if old is not None:
+            self._kept_bytes -= old.size
+        self._answers[key] = answer  # the newest last: expiry and eviction take the oldest
+        self._kept_bytes += answer.size
+        while len(self._answers) > KEPT_ANSWERS or self._kept_bytes > KEPT_BYTES:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        _, answer = self._answers.popitem(last=False)
+        self._kept_bytes -= answer.size
 
     @staticmethod
     async def _watch(receive: Receive, flight: _Flight) -> None:
@@ -115,6 +190,7 @@ class CoalesceReads:
             async with turn:
                 if self._waiting.get(key) is flight:
                     del self._waiting[key]  # from here on, new arrivals wait for the next computation
+                began, change = self.clock(), self.changed.current
                 await self.app(scope, receive, send)
         except asyncio.CancelledError:
             flight.answer.cancel()  # the service is stopping: so are its waiting requests
@@ -124,6 +200,18 @@ class CoalesceReads:
             flight.answer.exception()  # retrieved: every waiter raises it, none is left unobserved
         else:
             flight.answer.set_result(messages)
+            self._keep(key, _Answer(began, change, messages))
         finally:
             if not turn.locked() and key not in self._waiting:
                 self._turns.pop(key, None)
+
+
+def _no_cache(scope: Scope) -> bool:
+    """``Cache-Control: no-cache`` (or ``no-store``, ``max-age=0``): the client wants an answer
+    computed after it asked."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"cache-control":
+            directives = {d.strip().lower() for d in value.split(b",")}
+            if directives & {b"no-cache", b"no-store", b"max-age=0"}:
+                return True
+    return False

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
 from app.budget import BudgetExceeded, RequestBudget
+from app.changes import changes
 from app.resources import migrations_dir
 
 #: Connections per process: anyio's default 40 API worker threads, the scrape writer and the
@@ -49,9 +50,26 @@ def make_engine(url: str, echo: bool = False) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
-        return engine
-    return create_engine(url, echo=echo, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
-                         pool_timeout=POOL_TIMEOUT)
+        return _counting_commits(engine)
+    return _counting_commits(create_engine(url, echo=echo, pool_pre_ping=True, pool_size=POOL_SIZE,
+                                           max_overflow=POOL_OVERFLOW, pool_timeout=POOL_TIMEOUT))
+
+
+def _counting_commits(engine: Engine) -> Engine:
+    """Every commit moves :data:`app.changes.changes` when it starts and again when its connection
+    is back in the pool, after the commit completed (why twice: :mod:`app.changes`)."""
+
+    @event.listens_for(engine, "commit")
+    def _committing(connection) -> None:
+        connection.connection.info["committed"] = True  # the pool record's info
+        changes.bump()
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection, record) -> None:
+        if record is not None and record.info.pop("committed", False):
+            changes.bump()
+
+    return engine
 
 
 #: How often (SQLite virtual-machine instructions) a running statement checks a request's budget.

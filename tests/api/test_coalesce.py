@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from app.api.coalesce import CoalesceReads, request_key
+from app.api.coalesce import KEPT_ANSWERS, KEPT_BYTES, CoalesceReads, request_key
+from app.changes import Changes
+from app.store import repository
 
 
 class Gated:
@@ -181,3 +183,160 @@ def test_only_reads_without_a_body_are_coalesced(headers, method, coalesced) -> 
     assert (request_key(scope) is not None) is coalesced
     with_agent = request_key({**scope, "headers": [*headers, (b"User-Agent", b"other")]})
     assert with_agent == request_key(scope)  # the user agent never splits a question
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reusing(inner, max_age: float = 1.0):
+    """The middleware with answers reused for ``max_age`` s, its own change counter and clock."""
+    changed, clock = Changes(), Clock()
+    return CoalesceReads(inner, max_age=max_age, changed=changed, clock=clock), changed, clock
+
+
+async def answered(app, inner, path: str = "/status", method: str = "GET", headers: list | None = None) -> Client:
+    """One request, its computation (if it starts one) let through at once."""
+    client = Client(app, path, method, headers)
+    await settle()
+    for gate in inner.gates:
+        gate.set()
+    await client.task
+    return client
+
+
+def age(client: Client) -> bytes | None:
+    return dict(client.messages[0]["headers"]).get(b"age")
+
+
+def test_an_unchanged_answer_is_reused_within_max_age_and_says_its_age() -> None:
+    async def run() -> None:
+        inner = Gated()
+        app, _, clock = reusing(inner, max_age=1.0)
+        first = await answered(app, inner)
+        clock.now += 0.9
+        second = await answered(app, inner)
+        assert inner.started == 1 and second.body == first.body == b"1 /status"
+        assert age(first) is None and age(second) == b"0"
+        clock.now += 0.2  # 1.1 s after the computation began: too old
+        third = await answered(app, inner)
+        assert inner.started == 2 and third.body == b"2 /status" and age(third) is None
+
+    asyncio.run(run())
+
+
+def test_a_change_a_write_or_no_cache_means_a_new_computation() -> None:
+    async def run() -> None:
+        inner = Gated()
+        app, changed, clock = reusing(inner)
+        await answered(app, inner)
+        changed.bump()  # a commit of this process, or a round's result kept
+        assert (await answered(app, inner)).body == b"2 /status"
+        assert (await answered(app, inner)).body == b"2 /status"  # reused: nothing changed since
+        await answered(app, inner, "/api/v1/silences", method="POST")  # a write through the API (computation 3)
+        assert (await answered(app, inner)).body == b"4 /status"
+        no_cache = await answered(app, inner, headers=[(b"host", b"monitor"), (b"cache-control", b"no-cache")])
+        assert no_cache.body == b"5 /status"
+        assert (await answered(app, inner)).body == b"5 /status"  # the same question: the newer answer is reused
+        assert inner.started == 5
+
+    asyncio.run(run())
+
+
+def test_a_change_during_a_computation_keeps_its_answer_from_being_reused() -> None:
+    async def run() -> None:
+        inner = Gated()
+        app, changed, _ = reusing(inner)
+        first = Client(app)
+        await settle()
+        changed.bump()  # committed while the first computation was reading: it may not have seen it
+        inner.gates[0].set()
+        await first.task
+        assert (await answered(app, inner)).body == b"2 /status"
+
+    asyncio.run(run())
+
+
+def test_only_200_answers_are_reused_and_only_max_age_zero_disables_reuse() -> None:
+    async def run() -> None:
+        statuses = iter([503, 200, 200])
+
+        async def flaky(scope, receive, send) -> None:
+            await receive()
+            status = next(statuses)
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b"%d" % status})
+
+        app, _, _ = reusing(flaky)
+        bodies = []
+        for _ in range(3):
+            client = Client(app)
+            await client.task
+            bodies.append(client.body)
+        assert bodies == [b"503", b"200", b"200"]  # the 503 was computed again, the 200 reused
+        assert next(statuses) == 200  # the third 200 was never computed
+
+        inner = Gated()
+        never, _, _ = reusing(inner, max_age=0.0)
+        assert [(await answered(never, inner)).body for _ in range(2)] == [b"1 /status", b"2 /status"]
+
+    asyncio.run(run())
+
+
+def test_kept_answers_are_bounded_and_expire() -> None:
+    async def run() -> None:
+        inner = Gated()
+        app, _, clock = reusing(inner)
+        for i in range(KEPT_ANSWERS + 20):
+            await answered(app, inner, f"/t/{i}")
+        assert len(app._answers) == KEPT_ANSWERS
+        assert (await answered(app, inner, "/t/0")).body == f"{KEPT_ANSWERS + 21} /t/0".encode()  # evicted: computed
+        clock.now += 5.0
+        await answered(app, inner, "/t/x")
+        assert list(app._answers) == [("GET", "/t/x", b"", ((b"host", b"monitor"),))]  # the expired ones are gone
+
+    asyncio.run(run())
+
+
+def test_kept_answers_are_bounded_in_bytes() -> None:
+    async def run() -> None:
+        size = KEPT_BYTES // 4 + 1  # four of them do not fit
+
+        async def large(scope, receive, send) -> None:
+            await receive()
+            body = b"x" * (KEPT_BYTES + 1 if scope["path"] == "/huge" else size)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+
+        app, _, _ = reusing(large)
+        for i in range(4):
+            await Client(app, f"/{i}").task
+        assert [k[1] for k in app._answers] == ["/1", "/2", "/3"] and app._kept_bytes == 3 * size
+        await Client(app, "/huge").task  # larger than the bound: answered, not kept
+        assert [k[1] for k in app._answers] == ["/1", "/2", "/3"]
+
+    asyncio.run(run())
+
+
+def test_the_service_reuses_a_read_until_it_commits_anything(quiet_service) -> None:
+    """End to end on both databases: a repeated read is the kept answer while nothing is
+    committed; a commit by any of the process' sessions (here a target added behind the API's
+    back, as discovery would) and a write request each make the next read a new computation."""
+    client, monitor = quiet_service.client, quiet_service.monitor
+    assert client.post("/api/v1/targets", json={"name": "a", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
+    first = client.get("/api/v1/targets")
+    again = client.get("/api/v1/targets")
+    assert "age" not in first.headers and again.headers["age"] == "0"
+    assert again.json() == first.json() and [t["name"] for t in first.json()] == ["a"]
+    with monitor.sessions() as session:
+        repository.create_target(session, name="b", url="http://127.0.0.1:9/b/metrics")
+        session.commit()
+    after_commit = client.get("/api/v1/targets")
+    assert "age" not in after_commit.headers and [t["name"] for t in after_commit.json()] == ["a", "b"]
+    assert client.delete("/api/v1/targets/b").status_code == 204
+    after_write = client.get("/api/v1/targets")
+    assert "age" not in after_write.headers and [t["name"] for t in after_write.json()] == ["a"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app import scheduling
 from app.main import create_app
 from app.settings import Settings
 from tests.api.conftest import make_service
@@ -63,3 +64,16 @@ def test_sqlite_upgrades_itself(tmp_path: Path) -> None:
     with TestClient(app) as client:
         assert client.get("/readyz").json()["status"] == "ok"
     assert (tmp_path / "llm-latency.db").exists()
+
+
+def test_the_rounds_that_read_every_window_start_out_of_step(service) -> None:
+    """Summaries, diagnosis and alerts (15 s, 30 s, 15 s by default) do not start together: the
+    diagnosis round comes a sixth of its interval later and the alert round half of its."""
+    monitor = service.monitor
+    runs = {job: scheduling.next_run_at(monitor.scheduler, job)
+            for job in (scheduling.SUMMARIES_JOB, scheduling.DIAGNOSIS_JOB, scheduling.ALERTS_JOB)}
+    settings, diagnosis = monitor.settings, monitor.diagnosis_config.interval
+    assert (settings.summary_interval, diagnosis, settings.alert_interval) == (15.0, 30.0, 15.0)
+    started = runs[scheduling.SUMMARIES_JOB] - settings.summary_interval  # when the rounds were added
+    assert abs(runs[scheduling.DIAGNOSIS_JOB] - (started + 35.0)) < 1.0
+    assert abs(runs[scheduling.ALERTS_JOB] - (started + 22.5)) < 1.0
