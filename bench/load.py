@@ -14,10 +14,15 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   targets at 15 s, its SQLite database in a temp directory (``--database``: a PostgreSQL URL
   instead), ``LLM_LATENCY_SCRAPE_JITTER=0`` so a scrape's time is its schedule plus lateness.
   The periodic rounds run at their defaults (summaries and alerts every 15 s, diagnosis 30 s).
-* **Clients.** From the first scrapes on, 50 concurrent ``httpx`` clients loop over the read
-  endpoints a dashboard and an operator use: ``/api/v1/targets``,
-  the status page ``/``, one target's ``/latency?window=5m``, ``/api/v1/diagnoses``,
-  ``/metrics``, the fleet ``/api/v1/latency?window=5m``, each with a 30 s client timeout.
+* **Clients.** From the first scrapes on, 50 concurrent clients (one ``aiohttp`` session
+  each, gzip accepted) loop over the read endpoints a dashboard and an operator use:
+  ``/api/v1/targets``, the status page ``/``, one target's ``/latency?window=5m``,
+  ``/api/v1/diagnoses``, ``/metrics``, the fleet ``/api/v1/latency?window=5m``, each with a
+  30 s client timeout. ``--client httpx`` uses one ``httpx.AsyncClient`` each instead, as the
+  bench did before: at 1,000 targets its own CPU (two thirds of a core for the 50 clients)
+  made the clients' event loop a queue of its own, counted in every request's time
+  (``python -m bench.ingest`` table (d): httpx costs 45x aiohttp's CPU per fetch at 50
+  concurrent).
 
 Measured after a warm-up under the clients (``--warmup``, default 330 s: the rounds' longest
 window, 5 minutes, fills, plus one round): **API** p50/p99 per endpoint and over all requests,
@@ -55,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # allow `python bench/load.py`
     sys.path.insert(0, str(ROOT))
 
+import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 
 from bench.ingest import PageServer, page_variants, proc_cpu_seconds, rss_mb  # noqa: E402
@@ -92,6 +98,7 @@ class Run:
     lateness: list[float] = field(default_factory=list)
     scrape_share: float = math.nan
     cpu: float = math.nan  # cores used by the service over the measured run
+    client_cpu: float = math.nan  # cores used by the 50 clients (this process) over the measured run
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds since measuring, MB)
     rss_warm: float = math.nan
     rounds: dict[str, str] = field(default_factory=dict)
@@ -157,14 +164,14 @@ class Service:
         self.log.close()
 
 
-async def clients(url: str, run: Run, measured_from: float, until: float) -> None:
+async def clients(url: str, run: Run, measured_from: float, until: float, kind_of_client: str = "aiohttp") -> None:
     """The 50 clients, from now to ``until``; requests that start before ``measured_from``
     (the warm-up) are made but not counted."""
     paths = {"targets": "/api/v1/targets", "status": "/", "latency": "/api/v1/targets/{t}/latency?window=5m",
              "diagnoses": "/api/v1/diagnoses", "metrics": "/metrics", "fleet": "/api/v1/latency?window=5m"}
 
     async def one(k: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+        async with Getter(url, kind_of_client) as client:
             i = k
             while time.monotonic() < until:
                 endpoint = ENDPOINTS[i % len(ENDPOINTS)]
@@ -172,10 +179,10 @@ async def clients(url: str, run: Run, measured_from: float, until: float) -> Non
                 i += 1
                 t0, t0_mono = time.perf_counter(), time.monotonic()
                 try:
-                    response = await client.get(path)
-                    ok = 200 <= response.status_code < 300
-                    kind = f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
+                    status = await client.get(path)
+                    ok = 200 <= status < 300
+                    kind = f"HTTP {status}"
+                except (TimeoutError, httpx.HTTPError, aiohttp.ClientError) as exc:
                     ok, kind = False, type(exc).__name__
                 if t0_mono < measured_from:
                     continue
@@ -185,6 +192,31 @@ async def clients(url: str, run: Run, measured_from: float, until: float) -> Non
                     run.errors[key] = run.errors.get(key, 0) + 1
 
     await asyncio.gather(*(one(k) for k in range(CLIENTS)))
+
+
+class Getter:
+    """One client's connection: GET a path, read the whole (gzip-decoded) body, return the status."""
+
+    def __init__(self, base_url: str, kind: str) -> None:
+        self.base_url, self.kind = base_url, kind
+
+    async def __aenter__(self) -> Getter:
+        if self.kind == "httpx":
+            self.httpx = httpx.AsyncClient(base_url=self.base_url, timeout=30.0)
+        else:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0),
+                                                 connector=aiohttp.TCPConnector(limit=1))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await (self.httpx.aclose() if self.kind == "httpx" else self.session.close())
+
+    async def get(self, path: str) -> int:
+        if self.kind == "httpx":
+            return (await self.httpx.get(path)).status_code
+        async with self.session.get(self.base_url + path) as response:
+            await response.read()
+            return response.status
 
 
 def lateness(workdir: Path, database: str | None, since: float, until: float) -> tuple[list[float], float]:
@@ -236,7 +268,8 @@ def round_metrics(url: str) -> dict[str, str]:
     return out
 
 
-def measure(n: int, minutes: float, server: PageServer, database: str | None, warmup: float) -> Run:
+def measure(n: int, minutes: float, server: PageServer, database: str | None, warmup: float,
+            kind_of_client: str = "aiohttp") -> Run:
     run = Run(n, minutes)
     with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
         workdir = Path(tmp)
@@ -249,23 +282,25 @@ def measure(n: int, minutes: float, server: PageServer, database: str | None, wa
             t0 = time.monotonic()
             measured_from, until = t0 + warmup, t0 + warmup + minutes * 60
             since = time.time() + warmup
-            cpu0 = math.nan
+            cpu0 = own0 = math.nan
 
             async def sample_rss() -> None:
-                nonlocal cpu0
+                nonlocal cpu0, own0
                 while time.monotonic() < until:
                     now = time.monotonic()
                     if now >= measured_from:
                         if math.isnan(cpu0):
                             cpu0, run.rss_warm = proc_cpu_seconds(service.proc.pid), rss_mb(service.proc.pid)
+                            own0 = time.process_time()
                         run.rss.append((now - measured_from, rss_mb(service.proc.pid)))
                     await asyncio.sleep(5.0)
 
             async def main() -> None:
-                await asyncio.gather(clients(service.url, run, measured_from, until), sample_rss())
+                await asyncio.gather(clients(service.url, run, measured_from, until, kind_of_client), sample_rss())
 
             asyncio.run(main())
             run.cpu = (proc_cpu_seconds(service.proc.pid) - cpu0) / (time.monotonic() - measured_from)
+            run.client_cpu = (time.process_time() - own0) / (time.monotonic() - measured_from)
             end = time.time()
             run.rounds = round_metrics(service.url)
         finally:
@@ -284,8 +319,8 @@ def report(runs: list[Run], database: str) -> bool:
     print(f"\n## Load: one process, N targets at {INTERVAL:g} s, {CLIENTS} API clients ({database}; "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
     print("| N | start-up | minutes | scrapes done | lateness p50 / p99 / max | API requests | API p50 | API p99 "
-          "| errors | CPU (cores) | RSS warm / max / end | RSS growth (first → last third) |")
-    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|")
+          "| errors | CPU (cores) | clients' CPU | RSS warm / max / end | RSS growth (first → last third) |")
+    print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in runs:
         api = r.all_api
         rss = [m for _, m in r.rss]
@@ -293,6 +328,7 @@ def report(runs: list[Run], database: str) -> bool:
               f"{fmt_ms(pct(r.lateness, 0.5))} / "
               f"{fmt_ms(pct(r.lateness, 0.99))} / {fmt_ms(max(r.lateness, default=math.nan))} | {len(api):,} | "
               f"{fmt_ms(pct(api, 0.5))} | {fmt_ms(pct(api, 0.99))} | {sum(r.errors.values())} | {r.cpu:.2f} | "
+              f"{r.client_cpu:.2f} | "
               f"{r.rss_warm:,.0f} / {max(rss, default=math.nan):,.0f} / {rss[-1] if rss else math.nan:,.0f} MB | "
               f"{r.rss_growth:+,.0f} MB |")
     print("\n| N | " + " | ".join(f"{e} p50 / p99" for e in ENDPOINTS) + " |")
@@ -333,6 +369,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=None,
                         help=f"seconds of warm-up under the clients, not measured (default: {WARMUP:g}; --quick: 60)")
     parser.add_argument("--database", default=None, help="a PostgreSQL URL (default: SQLite in a temp directory)")
+    parser.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp",
+                        help="the API clients' HTTP library (default aiohttp: see the docstring)")
     args = parser.parse_args()
     sizes = [150, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
     minutes = 2.0 if args.quick else args.minutes
@@ -351,7 +389,7 @@ def main() -> int:
         ok = False
         try:
             for n in sizes:  # the table so far after each size: a later size that fails loses nothing
-                runs.append(measure(n, minutes, server, args.database, args.warmup))
+                runs.append(measure(n, minutes, server, args.database, args.warmup, args.client))
                 ok = report(runs, "PostgreSQL" if args.database else "SQLite")
         finally:
             server.stop()
