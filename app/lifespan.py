@@ -346,16 +346,15 @@ class Monitor:
                              observe)
         scheduling.add_round(self.scheduler, scheduling.DOWNSAMPLE_JOB, self._leader_only(retention.downsample),
                              s.downsample_interval, observe)
-        # the three rounds that read every target's window, out of step (at the defaults, 15 s,
-        # 30 s and 15 s: summaries at 0, diagnosis at 5, alerts at 7.5 s of each 15 s)
+        phases = scheduling.PHASES  # the three rounds that read every target's window, out of step
         scheduling.add_round(self.scheduler, scheduling.SUMMARIES_JOB, self._summaries_round, s.summary_interval,
-                             observe)
+                             observe, phases[scheduling.SUMMARIES_JOB])
         scheduling.add_round(self.scheduler, scheduling.DIAGNOSIS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_diagnoses(sessions=sessions)),
-                             self.diagnosis_config.interval, observe, phase=1 / 6)
+                             self.diagnosis_config.interval, observe, phases[scheduling.DIAGNOSIS_JOB])
         scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
-                             s.alert_interval, observe, phase=1 / 2)
+                             s.alert_interval, observe, phases[scheduling.ALERTS_JOB])
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
         self._replica_threads_started = [

@@ -7,10 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from app import scheduling
 from tests.api.conftest import Service, make_service
 
-DIAGNOSIS_INTERVAL = 95.0  # under 100 s the countdown is spelled in seconds; long enough that no
+DIAGNOSIS_INTERVAL = 84.0  # the first round 98 s after the start (its phase adds a sixth): under
+                           # 100 s the countdown is spelled in seconds; long enough that no
                            # scheduled round runs while a test builds its fleet
+FIRST_DIAGNOSIS = DIAGNOSIS_INTERVAL * (1 + scheduling.PHASES[scheduling.DIAGNOSIS_JOB])
 
 
 @pytest.fixture
