@@ -299,8 +299,9 @@ def _itl_and_running(session: Session, target_ids: Sequence[int], start: float, 
     """The ITL histograms and the running-batch gauges of the targets over the window, from
     raw samples (a diagnosis window is recent) in one read: (ITL, running series, their
     points) for :func:`_itl_intervals`."""
-    itl = repository.find_series(session, target_ids, ("itl",))
-    running = repository.find_series(session, target_ids, ("running",))
+    series = repository.find_series(session, target_ids, ("itl", "running"))
+    itl = [s for s in series if s.signal == "itl"]
+    running = [s for s in series if s.signal == "running"]
     snapshots, points = repository.snapshots_and_points(session, [s.id for s in itl], [s.id for s in running],
                                                         start, end)
     return LoadedHistograms(itl, snapshots), running, points
