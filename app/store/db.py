@@ -55,14 +55,36 @@ def make_engine(url: str, echo: bool = False) -> Engine:
                                            max_overflow=POOL_OVERFLOW, pool_timeout=POOL_TIMEOUT))
 
 
+#: How a statement that only reads begins; any other statement makes its transaction a change.
+READING_STATEMENTS = ("select", "pragma", "show", "set ", "savepoint", "release", "explain")
+#: The execution option that keeps a connection's commits from counting as changes (what the scrape
+#: writer stores: :mod:`app.changes` says why).
+NOT_A_CHANGE = "not_a_change"
+
+
 def _counting_commits(engine: Engine) -> Engine:
-    """Every commit moves :data:`app.changes.changes` when it starts and again when its connection
-    is back in the pool, after the commit completed (why twice: :mod:`app.changes`)."""
+    """Every commit of a transaction that wrote moves :data:`app.changes.changes` when it starts
+    and again when its connection is back in the pool, after the commit completed (why twice:
+    :mod:`app.changes`). A transaction that only read (the alert delivery's poll of its outbox
+    every second, say) is no change, nor is one on a connection with the :data:`NOT_A_CHANGE`
+    execution option."""
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _executing(connection, _cursor, statement: str, *_args) -> None:
+        if (not statement.lstrip()[:9].lower().startswith(READING_STATEMENTS)
+                and not connection.get_execution_options().get(NOT_A_CHANGE)):
+            connection.connection.info["wrote"] = True  # the pool record's info
 
     @event.listens_for(engine, "commit")
     def _committing(connection) -> None:
-        connection.connection.info["committed"] = True  # the pool record's info
-        changes.bump()
+        info = connection.connection.info
+        if info.pop("wrote", False):
+            info["committed"] = True
+            changes.bump()
+
+    @event.listens_for(engine, "rollback")
+    def _rolled_back(connection) -> None:
+        connection.connection.info.pop("wrote", None)
 
     @event.listens_for(engine, "checkin")
     def _returned(_dbapi_connection, record) -> None:

@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session, defer
 from app.kept import KeptParts
 from app.quantiles import HistogramSnapshot, to_millis
 from app.store import levels as lv
+from app.store.db import NOT_A_CHANGE
 from app.store.encoding import (
     decode_resets,
     decode_scrape,
@@ -322,6 +323,7 @@ class SampleWriter:
         new_series: dict[SeriesKey, int] = {}
         new_infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
         with self.engine.begin() as conn:
+            conn.execution_options(**{NOT_A_CHANGE: True})  # reaches reused answers by their age
             scrape_rows, sample_rows, infos = [], [], []
             level_rows: list[dict] = []
             feed = self._feed
