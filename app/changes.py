@@ -3,10 +3,14 @@ its database or keeps a round's result in memory.
 
 A read answered a moment ago is still the answer when nothing changed since it began
 (:mod:`app.api.coalesce` reuses it); this is how the API knows. Every engine made by
-:func:`app.store.db.make_engine` moves it on each commit, once when the commit starts and again
-when the connection goes back to the pool (after the commit completed), so an answer that began
-while a commit was under way is never taken for one that saw it. Writes by other processes (other
-replicas) are not seen here: a reused answer is at most ``read_max_age`` old.
+:func:`app.store.db.make_engine` moves it on each commit of a transaction that wrote, once when
+the commit starts and again when the connection goes back to the pool (after the commit
+completed), so an answer that began while a commit was under way is never taken for one that saw
+it. Not counted, because they come as steadily as the clock moves and a reused answer is at most
+``read_max_age`` old anyway: what the scrape writer stores (every half second), this replica's
+heartbeat and lease renewals (:data:`app.store.db.NOT_A_CHANGE`), and transactions that only read.
+Counted, they kept every answer from living a second. Writes by other processes (other replicas)
+are not seen here: a reused answer is at most ``read_max_age`` old.
 """
 
 from __future__ import annotations

@@ -22,8 +22,12 @@ no commit of this process and no round's result kept (:mod:`app.changes`), and n
 through this layer. So a read after a write still sees the write, and what a reused answer can
 miss is bounded by ``max_age``: the clock moving on (its window ends when it began, and says
 so) and other replicas' writes. Only ``200`` answers are reused; they carry an ``Age`` header,
-and a request with ``Cache-Control: no-cache`` asks for a new computation. Under fifty clients
-a question is then computed about once per change, not once per wave of clients.
+and a request with ``Cache-Control: no-cache`` asks for a new computation. By the same rule a
+read may join a computation already under way, instead of queueing for the next one: when that
+computation began at most ``max_age`` ago and nothing changed since, its answer is one the read
+could have reused had it already finished (it gets it with ``Age``; if it fails or is not a
+``200``, the read waits for a computation of its own). Under fifty clients a question is then computed about
+once per change or per ``max_age``, and nobody waits for two computations in a row.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class _Flight:
     answer: asyncio.Future[list[Message]]
     clients: int = 0
     everyone_gone: asyncio.Event = field(default_factory=asyncio.Event)
+    began: float = 0.0  # once running: when (monotonic), and what had changed by then
+    change: int = -1
 
     def leave(self) -> None:
         self.clients -= 1
@@ -99,6 +105,7 @@ class CoalesceReads:
         self._answers: OrderedDict[Key, _Answer] = OrderedDict()  # finished, reusable for max_age
         self._kept_bytes = 0
         self._waiting: dict[Key, _Flight] = {}      # a computation not started yet: joinable
+        self._computing: dict[Key, _Flight] = {}    # under way: joinable while its answer would be reusable
         self._turns: dict[Key, asyncio.Lock] = {}   # one computation per question at a time
         self._running: set[asyncio.Task[None]] = set()
 
@@ -116,20 +123,42 @@ class CoalesceReads:
             for message in kept:
                 await send(message)
             return
+        running = self._joinable(key, scope)
+        if running is not None:
+            try:
+                messages = await self._answer_of(running, receive)
+            except Exception:  # that computation failed: this read waits for one of its own
+                messages = []
+            if messages and messages[0].get("status") == 200:
+                for message in self._aged(messages, running.began):
+                    await send(message)
+                return
         flight = self._waiting.get(key)
         if flight is None:
             flight = self._waiting[key] = _Flight(asyncio.get_running_loop().create_future())
             task = asyncio.create_task(self._compute(key, flight, dict(scope)))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+        for message in await self._answer_of(flight, receive):
+            await send(message)
+
+    async def _answer_of(self, flight: _Flight, receive: Receive) -> list[Message]:
+        """Wait, as one more of its clients, for ``flight``'s answer (counted out on a disconnect)."""
         flight.clients += 1
         watcher = asyncio.create_task(self._watch(receive, flight))
         try:
-            messages = await asyncio.shield(flight.answer)
+            return await asyncio.shield(flight.answer)
         finally:
             watcher.cancel()
-        for message in messages:
-            await send(message)
+
+    def _joinable(self, key: Key, scope: Scope) -> _Flight | None:
+        """The computation of ``key`` under way, if its answer would be reusable by this request
+        had it finished: it began at most ``max_age`` ago and nothing changed since."""
+        flight = self._computing.get(key)
+        if flight is None or self.max_age <= 0 or self.clock() - flight.began > self.max_age \
+                or flight.change != self.changed.current or _no_cache(scope):
+            return None
+        return flight
 
     def _reusable(self, key: Key, scope: Scope) -> list[Message] | None:
         """The kept answer to ``key`` with its ``Age``, if it may answer this request (module
@@ -141,8 +170,12 @@ class CoalesceReads:
         if kept is None or now - kept.began > self.max_age or kept.change != self.changed.current \
                 or _no_cache(scope):
             return None
-        start, *rest = kept.messages
-        age = (b"age", b"%d" % int(now - kept.began))
+        return self._aged(kept.messages, kept.began)
+
+    def _aged(self, messages: list[Message], began: float) -> list[Message]:
+        """An answer computed from ``began`` on, with its ``Age`` header."""
+        start, *rest = messages
+        age = (b"age", b"%d" % int(self.clock() - began))
         return [{**start, "headers": [*start.get("headers", []), age]}, *rest]
 
     def _keep(self, key: Key, answer: _Answer) -> None:
@@ -190,7 +223,8 @@ class CoalesceReads:
             async with turn:
                 if self._waiting.get(key) is flight:
                     del self._waiting[key]  # from here on, new arrivals wait for the next computation
-                began, change = self.clock(), self.changed.current
+                flight.began, flight.change = began, change = self.clock(), self.changed.current
+                self._computing[key] = flight
                 await self.app(scope, receive, send)
         except asyncio.CancelledError:
             flight.answer.cancel()  # the service is stopping: so are its waiting requests
@@ -202,6 +236,8 @@ class CoalesceReads:
             flight.answer.set_result(messages)
             self._keep(key, _Answer(began, change, messages))
         finally:
+            if self._computing.get(key) is flight:
+                del self._computing[key]
             if not turn.locked() and key not in self._waiting:
                 self._turns.pop(key, None)
 

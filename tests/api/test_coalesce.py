@@ -261,6 +261,81 @@ def test_a_change_during_a_computation_keeps_its_answer_from_being_reused() -> N
     asyncio.run(run())
 
 
+def test_a_read_joins_a_computation_under_way_when_its_answer_would_be_reusable() -> None:
+    """Arriving while the question is computed, a read takes that computation's answer (with
+    ``Age``) if it began at most max_age ago and nothing changed since; otherwise it waits for
+    the next computation, as without reuse."""
+    async def run() -> None:
+        inner = Gated()
+        app, changed, clock = reusing(inner, max_age=1.0)
+        first = Client(app)
+        await settle()
+        clock.now += 0.6
+        joined = [Client(app, headers=[(b"host", b"monitor"), (b"user-agent", f"ua{i}".encode())]) for i in range(5)]
+        fresh = Client(app, headers=[(b"host", b"monitor"), (b"cache-control", b"no-cache")])
+        await settle()
+        clock.now += 0.5  # 1.1 s after the computation began: a later arrival may not join it
+        late = Client(app)
+        await settle()
+        changed.bump()
+        after_change = Client(app, headers=[(b"host", b"monitor"), (b"user-agent", b"other")])
+        await settle()
+        assert inner.started == 1
+        inner.gates[0].set()
+        await asyncio.wait_for(asyncio.gather(first.task, *(c.task for c in joined)), 5)  # no second computation
+        assert {c.body for c in [first, *joined]} == {b"1 /status"}
+        assert age(first) is None and {age(c) for c in joined} == {b"1"}  # 1.1 s since it began
+        await settle()
+        assert inner.started == 2  # the late, the changed-since and the no-cache reads share the next one
+        inner.gates[1].set()
+        await asyncio.gather(late.task, after_change.task, fresh.task)
+        assert {late.body, after_change.body, fresh.body} == {b"2 /status"}
+        assert app._computing == {} and app._waiting == {}
+
+    asyncio.run(run())
+
+
+def test_a_read_that_joined_a_failed_or_non_200_computation_gets_one_of_its_own() -> None:
+    async def run() -> None:
+        statuses = iter([503, 200])
+        gate = asyncio.Event()
+
+        async def slow(scope, receive, send) -> None:
+            await receive()
+            status = next(statuses)
+            if status == 503:
+                await gate.wait()
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b"%d" % status})
+
+        app, _, _ = reusing(slow)
+        first = Client(app)
+        await settle()
+        joiner = Client(app, headers=[(b"host", b"monitor"), (b"user-agent", b"joiner")])
+        await settle()
+        gate.set()
+        await asyncio.gather(first.task, joiner.task)
+        assert (first.body, joiner.body) == (b"503", b"200")
+
+        inner = Gated()
+        app, _, _ = reusing(inner)
+        first = Client(app)
+        await settle()
+        joiner = Client(app, headers=[(b"host", b"monitor"), (b"user-agent", b"joiner")])
+        await settle()
+        inner.fail = True
+        inner.gates[0].set()
+        with pytest.raises(RuntimeError):
+            await first.task
+        await settle()
+        inner.fail = False
+        inner.gates[1].set()
+        await joiner.task
+        assert joiner.body == b"2 /status" and inner.started == 2
+
+    asyncio.run(run())
+
+
 def test_only_200_answers_are_reused_and_only_max_age_zero_disables_reuse() -> None:
     async def run() -> None:
         statuses = iter([503, 200, 200])
