@@ -55,11 +55,13 @@ KEPT_ANSWERS, KEPT_BYTES = 256, 64 * 2**20
 
 @dataclass(frozen=True, slots=True)
 class _Answer:
-    """A finished computation: when it began (monotonic), what had changed by then, its messages."""
+    """A finished computation: when it began (monotonic), what had changed by then, its
+    messages, and how long it took (seconds)."""
 
     began: float
     change: int
     messages: list[Message]
+    took: float = 0.0
 
     @property
     def size(self) -> int:
@@ -120,7 +122,8 @@ class CoalesceReads:
             return
         kept = self._reusable(key, scope)
         if kept is not None:
-            for message in kept:
+            self._refresh_ahead(key, kept, scope)
+            for message in self._aged(kept.messages, kept.began):
                 await send(message)
             return
         running = self._joinable(key, scope)
@@ -133,14 +136,27 @@ class CoalesceReads:
                 for message in self._aged(messages, running.began):
                     await send(message)
                 return
-        flight = self._waiting.get(key)
-        if flight is None:
-            flight = self._waiting[key] = _Flight(asyncio.get_running_loop().create_future())
-            task = asyncio.create_task(self._compute(key, flight, dict(scope)))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-        for message in await self._answer_of(flight, receive):
+        for message in await self._answer_of(self._waiting.get(key) or self._start(key, scope), receive):
             await send(message)
+
+    def _start(self, key: Key, scope: Scope) -> _Flight:
+        """A new computation of ``key``, joinable until it starts (it waits for the one before)."""
+        flight = self._waiting[key] = _Flight(asyncio.get_running_loop().create_future())
+        task = asyncio.create_task(self._compute(key, flight, dict(scope)))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return flight
+
+    def _refresh_ahead(self, key: Key, kept: _Answer, scope: Scope) -> None:
+        """Start the next computation of a kept answer that is being asked for, so that it is
+        ready as the kept one expires: once the kept answer is older than ``max_age`` less what
+        it took to compute, and none is under way or queued. No client waits for it; the ones
+        that come meanwhile get the kept answer (never older than ``max_age``) or join it. An
+        expensive question asked continuously (the status page, ``/metrics``) is thus never
+        waited for while nothing changes, at the cost of computing it once per ``max_age``."""
+        if self.clock() - kept.began >= self.max_age - kept.took and key not in self._waiting \
+                and key not in self._computing:
+            self._start(key, scope)
 
     async def _answer_of(self, flight: _Flight, receive: Receive) -> list[Message]:
         """Wait, as one more of its clients, for ``flight``'s answer (counted out on a disconnect)."""
@@ -160,9 +176,9 @@ class CoalesceReads:
             return None
         return flight
 
-    def _reusable(self, key: Key, scope: Scope) -> list[Message] | None:
-        """The kept answer to ``key`` with its ``Age``, if it may answer this request (module
-        docstring); expired answers go."""
+    def _reusable(self, key: Key, scope: Scope) -> _Answer | None:
+        """The kept answer to ``key``, if it may answer this request (module docstring);
+        expired answers go."""
         now = self.clock()
         while self._answers and now - next(iter(self._answers.values())).began > self.max_age:
             self._drop_oldest()
@@ -170,7 +186,7 @@ class CoalesceReads:
         if kept is None or now - kept.began > self.max_age or kept.change != self.changed.current \
                 or _no_cache(scope):
             return None
-        return self._aged(kept.messages, kept.began)
+        return kept
 
     def _aged(self, messages: list[Message], began: float) -> list[Message]:
         """An answer computed from ``began`` on, with its ``Age`` header."""
@@ -234,7 +250,7 @@ class CoalesceReads:
             flight.answer.exception()  # retrieved: every waiter raises it, none is left unobserved
         else:
             flight.answer.set_result(messages)
-            self._keep(key, _Answer(began, change, messages))
+            self._keep(key, _Answer(began, change, messages, self.clock() - began))
         finally:
             if self._computing.get(key) is flight:
                 del self._computing[key]

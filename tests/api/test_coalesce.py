@@ -295,6 +295,40 @@ def test_a_read_joins_a_computation_under_way_when_its_answer_would_be_reusable(
     asyncio.run(run())
 
 
+def test_a_kept_answer_asked_for_near_its_expiry_is_computed_again_ahead_while_it_is_served() -> None:
+    """Once a kept answer is older than max_age less what it took to compute, a read still gets
+    it at once and starts the next computation, so the question is never waited for while
+    nothing changes; no answer older than max_age is ever served."""
+    async def run() -> None:
+        inner = Gated()
+        app, changed, clock = reusing(inner, max_age=1.0)
+        first = Client(app)
+        await settle()
+        clock.now += 0.3  # the computation takes 0.3 s
+        inner.gates[0].set()
+        await first.task
+        clock.now += 0.35  # 0.65 s old: not yet within 0.3 s of its expiry
+        assert (await answered(app, inner)).body == b"1 /status" and inner.started == 1
+        clock.now += 0.1  # 0.75 s old: served, and the next computation starts
+        ahead = Client(app)
+        await asyncio.wait_for(ahead.task, 5)  # answered without waiting for it
+        assert ahead.body == b"1 /status" and age(ahead) == b"0"
+        await settle()
+        assert inner.started == 2
+        also = Client(app)  # while it runs: the kept answer again, and no third computation
+        await asyncio.wait_for(also.task, 5)
+        assert also.body == b"1 /status" and inner.started == 2
+        clock.now += 0.2
+        inner.gates[1].set()
+        await settle()
+        assert (await answered(app, inner)).body == b"2 /status" and inner.started == 2
+        clock.now += 0.5  # the first answer would have expired by now; the second is 0.7 s old
+        changed.bump()  # and after a change nothing is served from before it
+        assert (await answered(app, inner)).body == b"3 /status"
+
+    asyncio.run(run())
+
+
 def test_a_read_that_joined_a_failed_or_non_200_computation_gets_one_of_its_own() -> None:
     async def run() -> None:
         statuses = iter([503, 200])
