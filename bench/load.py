@@ -22,7 +22,12 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   bench did before: at 1,000 targets, once the service answered more requests, the httpx
   clients took 0.65 of a core of the two the service runs on (aiohttp: 0.40; ``python -m
   bench.ingest`` table (d): httpx costs 45x aiohttp's CPU per fetch at 50 concurrent). The
-  clients' CPU is printed beside the service's.
+  aiohttp clients read each body as it was sent (gzip) without inflating it: a request's time
+  is the service's, until its last byte arrived. Inflating every answer (``--client
+  aiohttp-inflate``, as the bench did before) cost the one client process most of a core once
+  the service answered from kept answers (every ``/metrics`` is ~5 MB inflated at 1,000
+  targets), and the requests then waited for the clients' own event loop. The clients' CPU is
+  printed beside the service's.
 
 Measured after a warm-up under the clients (``--warmup``, default 330 s: the rounds' longest
 window, 5 minutes, fills, plus one round): **API** p50/p99 per endpoint and over all requests,
@@ -195,7 +200,9 @@ async def clients(url: str, run: Run, measured_from: float, until: float, kind_o
 
 
 class Getter:
-    """One client's connection: GET a path, read the whole (gzip-decoded) body, return the status."""
+    """One client's connection: GET a path, read the whole body, return the status. The
+    ``aiohttp`` clients read the gzip-encoded body as it came (what the service sent and when it
+    finished sending it), ``aiohttp-inflate`` and ``httpx`` decode it too."""
 
     def __init__(self, base_url: str, kind: str) -> None:
         self.base_url, self.kind = base_url, kind
@@ -205,7 +212,8 @@ class Getter:
             self.httpx = httpx.AsyncClient(base_url=self.base_url, timeout=30.0)
         else:
             self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0),
-                                                 connector=aiohttp.TCPConnector(limit=1))
+                                                 connector=aiohttp.TCPConnector(limit=1),
+                                                 auto_decompress=self.kind == "aiohttp-inflate")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -369,7 +377,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=None,
                         help=f"seconds of warm-up under the clients, not measured (default: {WARMUP:g}; --quick: 60)")
     parser.add_argument("--database", default=None, help="a PostgreSQL URL (default: SQLite in a temp directory)")
-    parser.add_argument("--client", choices=("aiohttp", "httpx"), default="aiohttp",
+    parser.add_argument("--client", choices=("aiohttp", "aiohttp-inflate", "httpx"), default="aiohttp",
                         help="the API clients' HTTP library (default aiohttp: see the docstring)")
     args = parser.parse_args()
     sizes = [150, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]

@@ -26,8 +26,10 @@ and a request with ``Cache-Control: no-cache`` asks for a new computation. By th
 read may join a computation already under way, instead of queueing for the next one: when that
 computation began at most ``max_age`` ago and nothing changed since, its answer is one the read
 could have reused had it already finished (it gets it with ``Age``; if it fails or is not a
-``200``, the read waits for a computation of its own). Under fifty clients a question is then computed about
-once per change or per ``max_age``, and nobody waits for two computations in a row.
+``200``, the read waits for a computation of its own). And a kept answer asked for near its expiry starts the
+next computation while it is still served (:meth:`CoalesceReads._refresh_ahead`). Under fifty
+clients a question is then computed about once per change or per ``max_age``, and while nothing
+changes nobody waits for it.
 """
 
 from __future__ import annotations
