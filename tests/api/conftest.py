@@ -39,7 +39,7 @@ def service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
     yield from make_service(migrated_url, tmp_path)
 
 
-def make_quiet_service(url: str, tmp_path: Path) -> Iterator[Service]:
+def make_quiet_service(url: str, tmp_path: Path, **settings: object) -> Iterator[Service]:
     """A service whose periodic jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
     heartbeat and lease) do not run during the test, so every statement on the engine belongs to
     the request under test."""
@@ -47,7 +47,7 @@ def make_quiet_service(url: str, tmp_path: Path) -> Iterator[Service]:
     config.write_text("diagnosis:\n  interval: 1h\n")
     yield from make_service(url, tmp_path, config_file=config, summary_interval="1h", alert_interval="1h",
                             delivery_interval="1h", downsample_interval="1h", replica_heartbeat="1h",
-                            replica_expiry="2h")
+                            replica_expiry="2h", **settings)
 
 
 @pytest.fixture

@@ -4,12 +4,18 @@ never one that started before they arrived; different questions never share an a
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from app.api.coalesce import KEPT_ANSWERS, KEPT_BYTES, CoalesceReads, request_key
 from app.changes import Changes
 from app.store import repository
+from app.store.repository import SampleWriter
+from tests.api.conftest import Service, make_quiet_service
+from tests.store.test_storage import record
 
 
 class Gated:
@@ -431,16 +437,28 @@ def test_kept_answers_are_bounded_in_bytes() -> None:
     asyncio.run(run())
 
 
-def test_the_service_reuses_a_read_until_it_commits_anything(quiet_service) -> None:
+@pytest.fixture
+def reusing_service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
+    """A quiet service that reuses answers for 1 s (the default; the suite runs with 0)."""
+    yield from make_quiet_service(migrated_url, tmp_path, read_max_age=1.0)
+
+
+def test_the_service_reuses_a_read_until_it_commits_anything(reusing_service) -> None:
     """End to end on both databases: a repeated read is the kept answer while nothing is
-    committed; a commit by any of the process' sessions (here a target added behind the API's
-    back, as discovery would) and a write request each make the next read a new computation."""
-    client, monitor = quiet_service.client, quiet_service.monitor
+    committed but scrapes; a commit by any of the process' sessions (here a target added behind
+    the API's back, as discovery would) and a write request each make the next read a new
+    computation."""
+    client, monitor = reusing_service.client, reusing_service.monitor
     assert client.post("/api/v1/targets", json={"name": "a", "url": "http://127.0.0.1:9/metrics"}).status_code == 201
     first = client.get("/api/v1/targets")
     again = client.get("/api/v1/targets")
     assert "age" not in first.headers and again.headers["age"] == "0"
     assert again.json() == first.json() and [t["name"] for t in first.json()] == ["a"]
+    with monitor.sessions() as session:
+        target_id = repository.get_target(session, "a").id
+    assert SampleWriter(monitor.engine).write([record(target_id, time.time(), (1.0, 2.0, 2.0, 3.0, 3.0), 1.5, 10.0)]) == 1
+    scraped = client.get("/api/v1/targets")  # a stored scrape reaches a kept answer only by its age
+    assert scraped.headers["age"] == "0" and scraped.json() == first.json()
     with monitor.sessions() as session:
         repository.create_target(session, name="b", url="http://127.0.0.1:9/b/metrics")
         session.commit()
