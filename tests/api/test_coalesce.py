@@ -456,7 +456,8 @@ def test_the_service_reuses_a_read_until_it_commits_anything(reusing_service) ->
     assert again.json() == first.json() and [t["name"] for t in first.json()] == ["a"]
     with monitor.sessions() as session:
         target_id = repository.get_target(session, "a").id
-    assert SampleWriter(monitor.engine).write([record(target_id, time.time(), (1.0, 2.0, 2.0, 3.0, 3.0), 1.5, 10.0)]) == 1
+    stored = record(target_id, time.time(), (1.0, 2.0, 2.0, 3.0, 3.0), 1.5, 10.0)
+    assert SampleWriter(monitor.engine).write([stored]) == 1
     scraped = client.get("/api/v1/targets")  # a stored scrape reaches a kept answer only by its age
     assert scraped.headers["age"] == "0" and scraped.json() == first.json()
     with monitor.sessions() as session:
