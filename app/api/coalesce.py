@@ -173,10 +173,13 @@ class CoalesceReads:
         """The computation of ``key`` under way, if its answer would be reusable by this request
         had it finished: it began at most ``max_age`` ago and nothing changed since."""
         flight = self._computing.get(key)
-        if flight is None or self.max_age <= 0 or self.clock() - flight.began > self.max_age \
-                or flight.change != self.changed.current or _no_cache(scope):
-            return None
-        return flight
+        return flight if flight is not None and self._may_answer(flight.began, flight.change, scope) else None
+
+    def _may_answer(self, began: float, change: int, scope: Scope) -> bool:
+        """Whether an answer whose computation began at ``began`` with the change count ``change``
+        may answer this request: at most ``max_age`` old, nothing changed since, no ``no-cache``."""
+        return self.max_age > 0 and self.clock() - began <= self.max_age and change == self.changed.current \
+            and not _no_cache(scope)
 
     def _reusable(self, key: Key, scope: Scope) -> _Answer | None:
         """The kept answer to ``key``, if it may answer this request (module docstring);
@@ -185,10 +188,7 @@ class CoalesceReads:
         while self._answers and now - next(iter(self._answers.values())).began > self.max_age:
             self._drop_oldest()
         kept = self._answers.get(key)
-        if kept is None or now - kept.began > self.max_age or kept.change != self.changed.current \
-                or _no_cache(scope):
-            return None
-        return kept
+        return kept if kept is not None and self._may_answer(kept.began, kept.change, scope) else None
 
     def _aged(self, messages: list[Message], began: float) -> list[Message]:
         """An answer computed from ``began`` on, with its ``Age`` header."""
