@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterator
+from operator import le
 
 from app.sources.base import Canonical
 
 HISTORY = 12  # scrapes a bounce is remembered for
 COUNTER_BOUNCES = 2  # counter bounces within HISTORY scrapes that prove several processes
 START_TIME_TOLERANCE = 0.5  # seconds: renderings of one process' start time agree far better
-_START_TIME = re.compile(rb"^process_start_time_seconds(?:\{[^}\n]*\})?\s+(\S+)", re.MULTILINE)
+_START_NAME = b"process_start_time_seconds"
+_START_LINE = b"\n" + _START_NAME
+_START_VALUE = re.compile(rb"(?:\{[^}\n]*\})?[ \t]+(\S+)")  # after the name: labels, blanks, the value
 MESSAGE = ("this URL is answered by several engine processes (a load balancer or Service in front of "
            "replicas): {evidence}; rates and percentiles from it would mix replicas, so none are stored. "
            "Scrape the pods instead (file_sd_configs / http_sd_configs in the targets file) or read "
@@ -38,14 +42,30 @@ MESSAGE = ("this URL is answered by several engine processes (a load balancer or
 
 
 def process_start_time(body: bytes) -> float | None:
-    """``process_start_time_seconds`` of a text page, without parsing the rest of it."""
-    match = _START_TIME.search(body)
-    if match is None:
-        return None
-    try:
-        return float(match.group(1))
-    except ValueError:
-        return None
+    """``process_start_time_seconds`` of a text page, without parsing the rest of it.
+
+    The name is located with ``bytes.find`` (C, memchr-fast) at a line start and only the
+    rest of that line goes through the regex: a ``^name`` regex in MULTILINE mode tried
+    every position of the page, 12 µs of a 52 kB page per scrape (4 % of the scrape path).
+    """
+    for end in _after_start_names(body):
+        match = _START_VALUE.match(body, end)
+        if match is not None:
+            try:
+                return float(match.group(1))
+            except ValueError:
+                return None
+    return None
+
+
+def _after_start_names(body: bytes) -> Iterator[int]:
+    """The offset right after each ``process_start_time_seconds`` that begins a line."""
+    if body.startswith(_START_NAME):
+        yield len(_START_NAME)
+    at = body.find(_START_LINE)
+    while at >= 0:
+        yield at + len(_START_LINE)
+        at = body.find(_START_LINE, at + 1)
 
 
 def counter_values(canonical: Canonical) -> dict[tuple[str, str, str], float]:
@@ -61,7 +81,9 @@ class ReplicaDetector:
 
     def __init__(self) -> None:
         self._starts: deque[float] = deque(maxlen=HISTORY)
-        self._values: deque[dict[tuple[str, str, str], float]] = deque(maxlen=3)
+        self._last: dict[tuple[str, str, str], float] | None = None  # the previous scrape's values
+        # per scrape of the last two: its values that went down against the scrape before it
+        self._drops: deque[dict[tuple[str, str, str], tuple[float, float]]] = deque(maxlen=2)
         self._bounces: deque[str | None] = deque(maxlen=HISTORY)  # per scrape: the evidence seen, if any
 
     @property
@@ -92,21 +114,34 @@ class ReplicaDetector:
 
     def _counter_bounce(self, values: dict[tuple[str, str, str], float]) -> str | None:
         """A drop between the scrape before last (or the one before it) and its successor,
-        undone by this scrape: ``v[j] > v[j+1]`` and ``v[now] >= v[j]``."""
-        history = self._values
+        undone by this scrape: ``v[j] > v[j+1]`` and ``v[now] >= v[j]``.
+
+        Each scrape's drops against the one before it are found once, when it arrives (one
+        C-level comparison of all values when the keys come in the same order, as a page of
+        one shape gives them), so a scrape without drops costs no per-key Python loop."""
         found = None
-        for j in range(len(history) - 1):
-            before, after = history[j], history[j + 1]
-            for key, value in values.items():
-                old, dropped = before.get(key), after.get(key)
-                if old is not None and dropped is not None and dropped < old <= value:
+        for drops in self._drops:
+            for key, (old, dropped) in drops.items():
+                value = values.get(key)
+                if value is not None and old <= value:
                     found = (f"counter {key[0]} went down from {old:g} to {dropped:g} and back up to "
                              f"{value:g} (a restart starts again from zero)")
                     break
             if found:
                 break
-        history.append(values)
+        last = self._last
+        self._last = values
         if found:
-            history.clear()  # one bounce is counted once
-            history.append(values)
+            self._drops.clear()  # one bounce is counted once
+        elif last is not None:
+            self._drops.append(_drops(last, values))
         return found
+
+
+def _drops(before: dict[tuple[str, str, str], float], after: dict[tuple[str, str, str], float]
+           ) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """key -> (value before, lower value after) for every value that went down."""
+    if tuple(before) == tuple(after) and all(map(le, before.values(), after.values())):
+        return {}
+    return {key: (old, dropped) for key, dropped in after.items()
+            if (old := before.get(key)) is not None and dropped < old}

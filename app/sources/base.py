@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from operator import attrgetter, gt, itemgetter
+from operator import gt, itemgetter
 from typing import Protocol, TypeVar
 
 from app.exposition.parser import MetricFamily, ParsedPage
@@ -121,7 +121,6 @@ class Adapter(Protocol):
 
 _T = TypeVar("_T")
 _LE_CACHE: dict[str, float] = {}
-_VALUE = attrgetter("value")
 
 
 def _parse_le(text: str) -> float:
@@ -232,7 +231,7 @@ def _histogram_layout(family: MetricFamily, group_labels: tuple[str, ...],
     return layouts, problems
 
 
-def _memoized(family: MetricFamily, key: Hashable, build: Callable[[], _T]) -> _T:
+def memoized(family: MetricFamily, key: Hashable, build: Callable[[], _T]) -> _T:
     """``build()`` once per page shape: kept in ``family.memo`` when the parser has a plan."""
     memo = family.memo
     if memo is None:
@@ -261,9 +260,9 @@ def histogram_series(
     page of a new shape pays 1,341 µs (building the layouts).
     """
     filter_key = tuple(sorted(label_filter.items())) if label_filter else ()
-    layouts, fixed_problems = _memoized(family, ("histogram", group_labels, filter_key),
+    layouts, fixed_problems = memoized(family, ("histogram", group_labels, filter_key),
                                         lambda: _histogram_layout(family, group_labels, label_filter))
-    values = list(map(_VALUE, family.samples))
+    values = family.values
     if problems is not None:
         problems.extend(fixed_problems)
     result = {}
@@ -301,9 +300,9 @@ def scalar_series(
     Like :func:`histogram_series`, the grouping is computed once per page shape.
     """
     filter_key = tuple(sorted(label_filter.items())) if label_filter else ()
-    layout = _memoized(family, ("scalar", group_labels, filter_key),
+    layout = memoized(family, ("scalar", group_labels, filter_key),
                        lambda: _scalar_layout(family, group_labels, label_filter))
-    values = list(map(_VALUE, family.samples))
+    values = family.values
     return {key: _total(values, positions) for key, positions in layout}
 
 

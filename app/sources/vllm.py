@@ -17,8 +17,8 @@ computed from their rates; vLLM exports no gauge).
 
 from __future__ import annotations
 
-from app.exposition.parser import ParsedPage
-from app.sources.base import Canonical, CanonicalInfo, CanonicalScalar, map_families
+from app.exposition.parser import MetricFamily, ParsedPage
+from app.sources.base import Canonical, CanonicalInfo, CanonicalScalar, map_families, memoized
 
 GROUP = ("model_name", "engine")
 
@@ -85,11 +85,8 @@ class VllmAdapter:
             if h.signal == "kv_transfer_time":
                 out.scalars.append(CanonicalScalar("kv_transfers_total", "counter", h.model, h.rank, h.count))
         config = families.get(INFOS["cache_config"])
-        if config is not None:
-            for sample in config.samples:
-                labels = {k: v for k, v in sample.labels.items() if k not in GROUP}
-                out.infos.append(CanonicalInfo("cache_config", sample.labels.get("model_name", ""),
-                                               sample.labels.get("engine", "0"), labels))
+        if config is not None:  # labels only: built once per page shape
+            out.infos.extend(memoized(config, "cache_config", lambda: _cache_configs(config)))
         sleep = families.get(INFOS["sleep_state"])
         if sleep is not None:
             states = {}
@@ -100,3 +97,9 @@ class VllmAdapter:
             for (model, rank), state in states.items():
                 out.infos.append(CanonicalInfo("sleep_state", model, rank, {"sleep_state": state}))
         return out
+
+
+def _cache_configs(config: MetricFamily) -> tuple[CanonicalInfo, ...]:
+    return tuple(CanonicalInfo("cache_config", sample.labels.get("model_name", ""), sample.labels.get("engine", "0"),
+                               {k: v for k, v in sample.labels.items() if k not in GROUP})
+                 for sample in config.samples)

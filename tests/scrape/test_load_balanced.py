@@ -26,6 +26,10 @@ def test_process_start_time_is_read_from_the_page() -> None:
     assert process_start_time(b'process_start_time_seconds{pid="1"} 12.5\n') == 12.5
     assert process_start_time(b"my_process_start_time_seconds 5\n") is None
     assert process_start_time(b"process_start_time_seconds NaNx\n") is None
+    # only a line that starts with the name counts, the first one with a value
+    assert process_start_time(b"# HELP process_start_time_seconds 9\nprocess_start_time_seconds_x 3\n"
+                              b"process_start_time_seconds\r\nprocess_start_time_seconds 4\r\n") == 4.0
+    assert process_start_time(b"process_start_time_seconds\n5\n") is None  # a value is on the name's line
 
 
 def test_start_time_going_back_is_proof_a_single_restart_is_not() -> None:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from app.store import repository, retention
-from app.store.encoding import decode_scrape, encode_counts, encode_scrape, snapshot_blob
+from app.store.encoding import decode_counts, decode_scrape, encode_counts, encode_scrape, snapshot_blob
 from app.store.repository import SampleWriter
 from tests.store.test_levels import rebuilt_levels, stored_levels
 from tests.store.test_storage import record
@@ -40,6 +40,20 @@ def test_a_scrape_round_trips_exactly_and_readers_take_only_their_series() -> No
     corrupt = blob[:4] + b"\x05" + blob[5:]
     with pytest.raises(ValueError, match="unknown sample entry kind 5"):
         list(decode_scrape(corrupt, {7}))
+
+
+@pytest.mark.parametrize(("counts", "tag", "width"), [
+    ((0.0, 3.0, 4294967295.0), b"I", 4),          # whole floats below 2**32: uint32
+    ((0, 3, 7), b"I", 4),                          # ints as well
+    ((0, 3.0, 7), b"I", 4),                        # and a mix
+    ((-1.0, 3.0), b"d", 8),                        # whole but negative: float64
+    ((1.0, 4294967296.0), b"d", 8),                # whole but >= 2**32
+    ((1.0, math.inf), b"d", 8), ((math.nan, 2.0), b"d", 8), ((1, 2.5), b"d", 8),
+])
+def test_counts_are_uint32_exactly_when_every_one_fits(counts, tag, width) -> None:
+    blob = encode_counts(counts)
+    assert blob[:1] == tag and len(blob) == 1 + width * len(counts)
+    assert bits(decode_counts(blob)) == bits(counts)
 
 
 def test_each_scrape_is_one_row_and_reads_back_exactly(store) -> None:
