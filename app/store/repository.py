@@ -328,11 +328,8 @@ class SampleWriter:
             level_rows: list[dict] = []
             feed = self._feed
             for r in records:
-                scrape_rows.append({
-                    "target_id": r.target_id, "ts": r.ts, "up": r.up, "duration": r.duration, "bytes": r.bytes,
-                    "samples_seen": r.samples_seen, "samples_kept": r.samples_kept, "malformed": r.malformed,
-                    "engine": r.engine, "error_class": r.error_class, "error": r.error,
-                })
+                scrape_rows.append((r.target_id, r.ts, r.up, r.duration, r.bytes, r.samples_seen, r.samples_kept,
+                                    r.malformed, r.engine, r.error_class, r.error))
                 c = r.canonical
                 if c is None:
                     continue
@@ -359,13 +356,11 @@ class SampleWriter:
                     if known is None or known[0] != info.labels or r.ts - known[1] >= INFO_REFRESH_SECONDS:
                         infos.append((r.target_id, info, r.ts))
                         new_infos[info_key] = (info.labels, r.ts)
-            conn.execute(insert(Scrape), scrape_rows)
+            put_rows = _copy_rows if conn.dialect.name == "postgresql" else _insert_rows
+            put_rows(conn, _SCRAPE_COLUMNS, scrape_rows)
             if sample_rows:
                 _reopen_levels(conn, min(row[1] for row in sample_rows))
-                if conn.dialect.name == "postgresql":
-                    _copy_rows(conn, sample_rows)
-                else:
-                    _insert_rows(conn, sample_rows)
+                put_rows(conn, _SAMPLE_COLUMNS, sample_rows)
             if level_rows:
                 _insert_new_levels(conn, level_rows)
             for target_id, info, ts in infos:
@@ -410,31 +405,37 @@ class SampleWriter:
         return sid
 
 
-# Sample rows are tuples in this column order (ScrapeSample).
-_SAMPLE_COLUMNS = "scrape_samples (target_id, ts, samples)"
+# Scrape and sample rows are tuples in these column orders (Scrape, ScrapeSample).
+_SCRAPE_COLUMNS = ("scrapes", ("target_id", "ts", "up", "duration", "bytes", "samples_seen", "samples_kept",
+                               "malformed", "engine", "error_class", "error"))
+_SAMPLE_COLUMNS = ("scrape_samples", ("target_id", "ts", "samples"))
 
 
-def _insert_rows(conn: Connection, sample_rows: list[tuple]) -> None:
+def _insert_rows(conn: Connection, columns: tuple[str, tuple[str, ...]], rows: list[tuple]) -> None:
     """SQLite: one ``executemany`` with positional rows, straight to the driver.
 
     Measured in bench/ingest.py on the 8-model page (176 rows per scrape when a series'
     sample was a row): ``conn.execute(insert(...), dict_rows)`` spent ~350 µs per scrape
-    building parameters in SQLAlchemy, more than sqlite3 spent storing the rows.
+    building parameters in SQLAlchemy, more than sqlite3 spent storing the rows. The scrape
+    rows go the same way (their dicts through ``insert(Scrape)`` were 3 % of a 1-model
+    scrape's whole-path CPU, py-spy).
     """
-    conn.exec_driver_sql(f"INSERT INTO {_SAMPLE_COLUMNS} VALUES (?, ?, ?)", sample_rows)
+    table, names = columns
+    conn.exec_driver_sql(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
 
 
-def _copy_rows(conn: Connection, sample_rows: list[tuple]) -> None:
-    """PostgreSQL: sample rows go in with ``COPY`` inside the same transaction.
+def _copy_rows(conn: Connection, columns: tuple[str, tuple[str, ...]], rows: list[tuple]) -> None:
+    """PostgreSQL: scrape and sample rows go in with ``COPY`` inside the same transaction.
 
     Measured in bench/ingest.py on the 8-model page (a row per series then): 543 us per
     scrape with COPY against 1,778 us with executemany (the multi-row INSERT statements
     cost more to build and to parse server-side than the rows themselves).
     """
+    table, names = columns
     cursor = conn.connection.driver_connection.cursor()
     try:
-        with cursor.copy(f"COPY {_SAMPLE_COLUMNS} FROM STDIN") as copy:
-            for row in sample_rows:
+        with cursor.copy(f"COPY {table} ({', '.join(names)}) FROM STDIN") as copy:
+            for row in rows:
                 copy.write_row(row)
     finally:
         cursor.close()
