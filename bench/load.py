@@ -135,9 +135,11 @@ class Service:
         config.write_text("\n".join(lines) + "\n")
         env = {**os.environ, "PYTHONPATH": str(ROOT), "LLM_LATENCY_DATA_DIR": str(workdir),
                "LLM_LATENCY_SCRAPE_JITTER": "0", "LLM_LATENCY_ALLOWED_TARGET_HOSTS": ""}
-        if database:
-            env["LLM_LATENCY_DATABASE_URL"] = database
         self.log = (workdir / "service.log").open("wb")
+        if database:  # PostgreSQL is migrated by an explicit step (replicas never race to migrate)
+            env["LLM_LATENCY_DATABASE_URL"] = database
+            subprocess.run([sys.executable, "-c", "from app.cli import main; main()", "db", "upgrade"], cwd=str(workdir),
+                           env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, check=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from app.cli import main; main()", "serve", "--config", str(config),
              "--port", str(self.port)], cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=self.log,
