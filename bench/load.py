@@ -138,8 +138,9 @@ class Service:
         self.log = (workdir / "service.log").open("wb")
         if database:  # PostgreSQL is migrated by an explicit step (replicas never race to migrate)
             env["LLM_LATENCY_DATABASE_URL"] = database
-            subprocess.run([sys.executable, "-c", "from app.cli import main; main()", "db", "upgrade"], cwd=str(workdir),
-                           env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, check=True)
+            subprocess.run([sys.executable, "-c", "from app.cli import main; main()", "db", "upgrade"],
+                           cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=self.log,
+                           stderr=subprocess.STDOUT, check=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", "from app.cli import main; main()", "serve", "--config", str(config),
              "--port", str(self.port)], cwd=str(workdir), env=env, stdin=subprocess.DEVNULL, stdout=self.log,

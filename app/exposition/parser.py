@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -170,6 +170,9 @@ class ParsedPage:
     samples_kept: int
     malformed: int  # lines that could not be parsed (counted, skipped)
     errors: list[str]  # first 20 messages like "line 13: invalid metric name" (never the line's text)
+    # Like MetricFamily.memo, for facts about the whole page's names and labels (which family
+    # an adapter reads for each signal): the same dict on every page of one plan, else None.
+    memo: dict[Hashable, Any] | None = field(default=None, compare=False, repr=False)
 
 
 Keep = Callable[[str], bool]
@@ -570,6 +573,8 @@ class PageParser:
                 lineno += 1
         page = ParsedPage(st.families, seen, kept, st.malformed, st.errors)
         plan = _Plan.build(text, page, st) if st.plannable else None
+        if plan is not None:
+            page.memo = plan.memo
         return page, plan
 
     def _comment(self, st: _State, line: str, lineno: int) -> None:
@@ -702,7 +707,7 @@ class _Plan:
     """
 
     __slots__ = ("n_lines", "exact", "exact_lines", "skip", "skip_bases", "sample",
-                 "prefixes", "prefix_chars", "kept_mask", "families", "seen", "kept", "malformed", "errors")
+                 "prefixes", "prefix_chars", "kept_mask", "families", "seen", "kept", "malformed", "errors", "memo")
     n_lines: int
     exact: Callable[[list[str]], tuple[str, ...]]
     exact_lines: tuple[str, ...]
@@ -718,6 +723,7 @@ class _Plan:
     kept: int
     malformed: int
     errors: tuple[str, ...]
+    memo: dict[Hashable, Any]
 
     @classmethod
     def build(cls, text: str, page: ParsedPage, st: _State) -> _Plan | None:
@@ -755,6 +761,7 @@ class _Plan:
                              tuple(map(attrgetter("name"), samples)), tuple(map(attrgetter("labels"), samples))))
         plan.families = tuple(families)
         plan.seen, plan.kept = page.samples_seen, page.samples_kept
+        plan.memo = {}
         plan.malformed, plan.errors = st.malformed, tuple(st.errors)
         return plan
 
@@ -782,4 +789,4 @@ class _Plan:
         planned = MetricFamily.planned
         families = {name: planned(name, type_, names, labels, floats[span], memo)
                     for name, type_, span, memo, names, labels in self.families}
-        return ParsedPage(families, self.seen, self.kept, self.malformed, list(self.errors))
+        return ParsedPage(families, self.seen, self.kept, self.malformed, list(self.errors), self.memo)

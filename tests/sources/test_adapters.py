@@ -181,9 +181,10 @@ def test_series_layouts_reused_across_scrapes_give_what_a_fresh_grouping_gives(f
         # the plan verified the shape: the same memo dicts, now holding the layouts
         assert page.families.keys() == memos.keys()
         assert all(family.memo is memos[name] for name, family in page.families.items())
+        assert page.memo is first.memo is not None  # the page's own memo (map_families' steps) too
         assert result.histograms and any(key[0] == "histogram" for memo in memos.values() for key in memo)
         fresh_page = parse_page(page_text, keep=adapter.families.__contains__)
-        assert all(family.memo is None for family in fresh_page.families.values())
+        assert fresh_page.memo is None and all(family.memo is None for family in fresh_page.families.values())
         fresh = adapter.to_canonical(fresh_page)
         assert result == fresh
         problems_seen += len(result.problems)
