@@ -339,8 +339,8 @@ def map_families(page: ParsedPage, out: Canonical, group: tuple[str, ...], histo
     Which family each signal reads and where its series' numbers are depend on the page's
     names and labels only, so they are worked out once per page shape (``page.memo``; the
     tables are module constants, keyed by identity) and a scrape only reads values: the
-    vLLM adapter 91 → 50 µs per 1-model page (the same canonical signals and problems,
-    ``tests/sources/test_adapters.py``)."""
+    vLLM adapter 91 → 29 µs per 1-model page, 240 → 200 µs per 8-model page (micro-benchmark
+    on a busy machine; the same canonical signals and problems, ``tests/sources/test_adapters.py``)."""
     memo = page.memo
     program: _Program | None
     if memo is None:
