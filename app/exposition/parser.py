@@ -412,7 +412,7 @@ class _State:
     """Mutable state of one line-by-line parse (the general path)."""
 
     __slots__ = ("families", "malformed", "errors", "block", "fam",
-                 "plannable", "skip_runs", "sample_lines", "kept_samples", "kept_runs")
+                 "plannable", "skip_runs", "sample_lines", "kept_runs")
 
     def __init__(self, build_plan: bool) -> None:
         self.families: dict[str, MetricFamily] = {}
@@ -423,7 +423,6 @@ class _State:
         self.plannable = build_plan
         self.skip_runs: list[tuple[int, int, str]] = []  # (first line, count, base)
         self.sample_lines: list[tuple[int, str, bool]] = []  # (line index, identity, kept)
-        self.kept_samples: list[Sample] = []
         self.kept_runs: list[tuple[MetricFamily, int]] = []  # (family, first kept sample)
 
     def enter(self, block: _Block | None) -> None:
@@ -497,7 +496,6 @@ class PageParser:
         series_get = self._series.get
         slow_line = self._slow_line
         sample_lines = st.sample_lines
-        kept_samples = st.kept_samples
         kept_runs = st.kept_runs
         seen = kept = 0
         n = len(text)
@@ -563,10 +561,8 @@ class PageParser:
                     sample = Sample(reported, entry[1], value)
                     fam.samples.append(sample)
                     kept += 1
-                    if planning:
-                        if not kept_runs or kept_runs[-1][0] is not fam:
-                            kept_runs.append((fam, len(kept_samples)))
-                        kept_samples.append(sample)
+                    if planning and (not kept_runs or kept_runs[-1][0] is not fam):
+                        kept_runs.append((fam, kept - 1))  # while planning, every kept sample is counted
                 if planning:
                     if plain:
                         sample_lines.append((lineno, key, fam is not None))
