@@ -131,6 +131,9 @@ class PageFetcher:
             declared = response.content_length
             if declared is not None and declared > self.max_bytes and not response.headers.get("Content-Encoding"):
                 raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")
+            if declared is not None and not response.headers.get("Content-Encoding"):
+                # aiohttp stops at the declared length: one read, no chunk loop or copies
+                return Fetched(await response.read(), response.headers.get("Content-Type", ""))
             body = bytearray()
             async for chunk in response.content.iter_chunked(65536):
                 body += chunk

@@ -135,7 +135,8 @@ def _parse_le(text: str) -> float:
 
 
 def _total(values: list[float], indices: tuple[int, ...]) -> float:
-    """``0.0 + v[i0] + v[i1] + ...`` in page order, as Prometheus' ``sum`` adds."""
+    """``0.0 + v[i0] + v[i1] + ...`` in page order, as Prometheus' ``sum`` adds. The hot
+    callers add a single position inline (``0.0 + v[i]``: the same number, no call)."""
     total = 0.0
     for i in indices:
         total += values[i]
@@ -170,8 +171,9 @@ class _HistogramLayout:
             cumulative = self.gather(values)
         else:
             cumulative = tuple(_total(values, positions) for positions in self.buckets)
-        total = _total(values, self.sums) if self.sums else math.nan
-        count = _total(values, self.counts) if self.counts else None
+        sums, counts = self.sums, self.counts  # one position each unless the grouping sums series
+        total = (0.0 + values[sums[0]]) if len(sums) == 1 else _total(values, sums) if sums else math.nan
+        count = (0.0 + values[counts[0]]) if len(counts) == 1 else _total(values, counts) if counts else None
         return cumulative, total, count
 
 
@@ -363,7 +365,8 @@ def map_families(page: ParsedPage, out: Canonical, group: tuple[str, ...], histo
     for name, steps in program[1]:
         values = families[name].values
         for signal, kind, model, rank, positions in steps:
-            add_scalar(CanonicalScalar(signal, kind, model, rank, _total(values, positions)))
+            value = (0.0 + values[positions[0]]) if len(positions) == 1 else _total(values, positions)
+            add_scalar(CanonicalScalar(signal, kind, model, rank, value))
 
 
 _HistogramStep = tuple[str, tuple[str, ...], tuple[tuple[str, str, str, _HistogramLayout], ...]]

@@ -90,13 +90,19 @@ class VllmAdapter:
         sleep = families.get(INFOS["sleep_state"])
         if sleep is not None:
             states = {}
-            for sample in sleep.samples:
-                if sample.value:
-                    key = (sample.labels.get("model_name", ""), sample.labels.get("engine", "0"))
-                    states[key] = sample.labels.get("sleep_state", "")
+            for (key, state), value in zip(memoized(sleep, "sleep_state", lambda: _sleep_states(sleep)), sleep.values):
+                if value:
+                    states[key] = state
             for (model, rank), state in states.items():
                 out.infos.append(CanonicalInfo("sleep_state", model, rank, {"sleep_state": state}))
         return out
+
+
+def _sleep_states(sleep: MetricFamily) -> tuple[tuple[tuple[str, str], str], ...]:
+    """((model, rank), state) per sample of ``engine_sleep_state``: the labels, read once per
+    page shape (the one whose value is 1 is the state)."""
+    return tuple(((sample.labels.get("model_name", ""), sample.labels.get("engine", "0")),
+                  sample.labels.get("sleep_state", "")) for sample in sleep.samples)
 
 
 def _cache_configs(config: MetricFamily) -> tuple[CanonicalInfo, ...]:

@@ -126,3 +126,29 @@ def test_series_absent_from_some_scrapes_get_exact_levels(store) -> None:
     kv_rows = {key[2]: row for key, row in after_round.items() if key[0] == kv.id and key[1] == 300}
     assert [kv_rows[T0 + 300 * k][3] for k in range(12)] == [
         sum(1 for i in range(20 * k, 20 * k + 20) if i % 7) for k in range(12)]
+
+
+def test_a_histograms_series_follows_its_bounds_values_not_the_tuple_object(store) -> None:
+    """The writer looks bounds up by identity first (adapters reuse the tuple): an equal
+    tuple made anew, or a tuple whose id is reused, must still find the right series."""
+    engine, sessions, target_id = store
+    from app.sources.base import CanonicalHistogram
+
+    writer = SampleWriter(engine)
+
+    def one(ts: float, bounds: tuple[float, ...]):
+        r = record(target_id, ts, (1.0, 2.0, 3.0, 4.0, 5.0), 1.0, 10.0)
+        h = r.canonical.histograms[0]
+        r.canonical.histograms[0] = CanonicalHistogram(h.signal, h.model, h.rank, bounds, h.counts, h.sum, h.count)
+        return r
+
+    same = (0.1, 0.5, 1.0, 2.5, math.inf)
+    assert writer.write([one(T0, same), one(T0 + 15, same), one(T0 + 30, tuple(list(same)))]) == 3
+    other = (0.2, 0.5, 1.0, 2.5, math.inf)
+    assert writer.write([one(T0 + 45, other)]) == 1
+    with sessions() as session:
+        series = repository.find_series(session, [target_id], ["ttft"])
+    assert sorted(s.bounds for s in series) == [(0.1, 0.5, 1.0, 2.5, math.inf), (0.2, 0.5, 1.0, 2.5, math.inf)]
+    for _ in range(5000):  # more tuples than the identity cache holds, made and dropped
+        writer._bounds(tuple(list(other)))
+    assert len(writer._bounds_by_id) <= 4096 and writer._bounds(same) == repository.encode_floats(same)
