@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from app.api.redaction import REDACTED
-from app.scrape.client import PageFetcher, ScrapeError
+from app.scrape.client import ScrapeError
 from tests.alerts.harness import alerting
 from tests.api.conftest import make_service
 from tests.probe.servers import FakeOpenAI
 from tests.probe.test_api import wait_done
 from tests.support.engine_pages import VllmPage
 from tests.support.pages import StaticPageServer
+from tests.support.raw_http import fetch_raw
 
 TOKEN = "redaction-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -79,25 +80,8 @@ def test_a_page_with_secret_lines_is_reported_by_position_and_never_quoted(migra
 def test_a_malformed_response_is_named_by_its_defect_not_its_bytes(response: bytes, error_class: str,
                                                                     message: str) -> None:
     """aiohttp's own messages quote the offending bytes; the fetcher's do not."""
-
-    async def scrape() -> ScrapeError:
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(response)
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            async with PageFetcher() as fetcher:
-                with pytest.raises(ScrapeError) as caught:
-                    await fetcher.fetch(f"http://127.0.0.1:{port}/metrics", 5.0)
-        finally:
-            server.close()
-        return caught.value
-
-    error = asyncio.run(scrape())
+    error = asyncio.run(fetch_raw(response))
+    assert isinstance(error, ScrapeError)
     assert (error.error_class, str(error)) == (error_class, message)
 
 

@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from app.scrape.client import PageFetcher, ScrapeError
+from app.scrape.client import ScrapeError
+from tests.support.raw_http import fetch_raw
 
 PAGE = b"".join(b'vllm:num_requests_running{model_name="m%d"} %d.0\n' % (i, i) for i in range(3000))
 
@@ -18,25 +19,6 @@ def _chunked(body: bytes, size: int) -> bytes:
     return b"".join(parts) + b"0\r\n\r\n"
 
 
-async def _fetch(response: bytes, max_bytes: int) -> bytes | ScrapeError:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(response)
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with PageFetcher(max_bytes=max_bytes) as fetcher:
-            try:
-                return (await fetcher.fetch(f"http://127.0.0.1:{port}/metrics", 5.0)).body
-            except ScrapeError as exc:
-                return exc
-    finally:
-        server.close()
-
-
 DECLARED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
 CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n" + _chunked(PAGE, 7000)
 
@@ -44,7 +26,7 @@ CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: ch
 @pytest.mark.parametrize("response", [DECLARED, CHUNKED], ids=["content-length", "chunked"])
 def test_a_page_reads_the_same_whether_its_length_is_declared_or_not(response: bytes) -> None:
     assert len(PAGE) > 65536  # more than one chunk of the capped loop
-    assert asyncio.run(_fetch(response, 4 * 1024 * 1024)) == PAGE
+    assert asyncio.run(fetch_raw(response, 4 * 1024 * 1024)) == PAGE
 
 
 @pytest.mark.parametrize(("response", "message"), [
@@ -52,6 +34,6 @@ def test_a_page_reads_the_same_whether_its_length_is_declared_or_not(response: b
     (CHUNKED, "page exceeds the 100000-byte limit"),
 ], ids=["content-length", "chunked"])
 def test_a_page_over_the_limit_is_refused_either_way(response: bytes, message: str) -> None:
-    error = asyncio.run(_fetch(response, 100_000))
+    error = asyncio.run(fetch_raw(response, 100_000))
     assert isinstance(error, ScrapeError)
     assert (error.error_class, str(error)) == ("too_large", message)
