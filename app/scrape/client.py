@@ -129,9 +129,9 @@ class PageFetcher:
             if response.status != 200:
                 raise ScrapeError("http_status", http_status_message(response.status))
             declared = response.content_length
-            if declared is not None and declared > self.max_bytes and not response.headers.get("Content-Encoding"):
-                raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")
             if declared is not None and not response.headers.get("Content-Encoding"):
+                if declared > self.max_bytes:
+                    raise ScrapeError("too_large", f"page is {declared} bytes, limit {self.max_bytes}")
                 # aiohttp stops at the declared length: one read, no chunk loop or copies
                 return Fetched(await response.read(), response.headers.get("Content-Type", ""))
             body = bytearray()
