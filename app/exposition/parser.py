@@ -80,7 +80,14 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter
+from types import ModuleType
 from typing import Any
+
+_planned: ModuleType | None
+try:  # the plan applied to a page's bytes in C (_planned.c), built with the package by a C compiler
+    from app.exposition import _planned
+except ImportError:  # installed without one: the same plan, applied in Python (_Plan.values)
+    _planned = None
 
 __all__ = [
     "MetricFamily",
@@ -470,13 +477,12 @@ class PageParser:
         self._plan: _Plan | None = None
 
     def parse(self, page: bytes | str) -> ParsedPage:
-        text = _prepare(page)
         plan = self._plan
         if plan is not None:
-            result = plan.apply(text)
+            result = plan.apply(page)
             if result is not None:
                 return result
-        result, self._plan = self._parse_text(text, build_plan=True)
+        result, self._plan = self._parse_text(_prepare(page), build_plan=True)
         return result
 
     # ----------------------------------------------------------------- general path
@@ -704,8 +710,14 @@ class _Plan:
     the values need converting.
     """
 
-    __slots__ = ("n_lines", "exact", "exact_lines", "skip", "skip_bases", "sample",
-                 "prefixes", "prefix_chars", "kept_mask", "families", "seen", "kept", "malformed", "errors", "memo")
+    __slots__ = ("kinds", "patterns", "n_samples", "n_lines", "exact", "exact_lines", "skip", "skip_bases",
+                 "sample", "prefixes", "prefix_chars", "kept_mask", "families", "seen", "kept", "malformed", "errors",
+                 "memo")
+    # the plan for _planned.values (C): per line its kind and its text, as UTF-8
+    kinds: bytes
+    patterns: tuple[bytes, ...]
+    n_samples: int
+    # the plan for _Plan.values (Python, where the C module was not built)
     n_lines: int
     exact: Callable[[list[str]], tuple[str, ...]]
     exact_lines: tuple[str, ...]
@@ -731,24 +743,13 @@ class _Plan:
             return None
         lines = text.split("\n")
         plan = cls()
-        plan.n_lines = len(lines)
-        exact = bytearray(b"\x01") * len(lines)
-        skip_idx: list[int] = []
-        skip_bases: list[str] = []
-        for first, count, base in st.skip_runs:
-            skip_idx.extend(range(first, first + count))
-            skip_bases.extend([base] * count)
-            exact[first:first + count] = bytes(count)
         sample_idx, keys, kept_mask = zip(*st.sample_lines) if st.sample_lines else ((), (), ())
-        for i in sample_idx:
-            exact[i] = 0
-        plan.exact = _getter(list(compress(range(len(lines)), exact)))
-        plan.exact_lines = plan.exact(lines)
-        plan.skip = _getter(skip_idx)
-        plan.skip_bases = tuple(skip_bases)
-        plan.sample = _getter(list(sample_idx))
-        plan.prefixes = tuple(map(str.__add__, keys, repeat(" ")))
-        plan.prefix_chars = sum(map(len, plan.prefixes))
+        prefixes = tuple(map(str.__add__, keys, repeat(" ")))
+        if _planned is not None:
+            plan._build_for_c(lines, st.skip_runs, sample_idx, prefixes)
+        else:
+            plan._build_for_python(lines, st.skip_runs, sample_idx, prefixes)
+        plan.n_samples = len(sample_idx)
         plan.kept_mask = None if all(kept_mask) else kept_mask
         families = []
         for fam in st.families.values():
@@ -763,8 +764,63 @@ class _Plan:
         plan.malformed, plan.errors = st.malformed, tuple(st.errors)
         return plan
 
-    def apply(self, text: str) -> ParsedPage | None:
+    def _build_for_c(self, lines: list[str], skip_runs: list[tuple[int, int, str]], sample_idx: tuple[int, ...],
+                     prefixes: tuple[str, ...]) -> None:
+        def utf8(line: str) -> bytes:
+            return line.encode("utf-8", "surrogatepass")
+
+        kinds = bytearray(len(lines))  # 0: the line itself must reappear
+        patterns = list(map(utf8, lines))
+        for first, count, base in skip_runs:
+            kinds[first:first + count] = b"\x01" * count  # 1: starts with the base name
+            patterns[first:first + count] = [utf8(base)] * count
+        for i, prefix in zip(sample_idx, prefixes):
+            kinds[i] = 2  # 2: the identity and a blank, then the value
+            patterns[i] = utf8(prefix)
+        self.kinds, self.patterns = bytes(kinds), tuple(patterns)
+
+    def _build_for_python(self, lines: list[str], skip_runs: list[tuple[int, int, str]],
+                          sample_idx: tuple[int, ...], prefixes: tuple[str, ...]) -> None:
+        self.n_lines = len(lines)
+        exact = bytearray(b"\x01") * len(lines)
+        skip_idx: list[int] = []
+        skip_bases: list[str] = []
+        for first, count, base in skip_runs:
+            skip_idx.extend(range(first, first + count))
+            skip_bases.extend([base] * count)
+            exact[first:first + count] = bytes(count)
+        for i in sample_idx:
+            exact[i] = 0
+        self.exact = _getter(list(compress(range(len(lines)), exact)))
+        self.exact_lines = self.exact(lines)
+        self.skip = _getter(skip_idx)
+        self.skip_bases = tuple(skip_bases)
+        self.sample = _getter(list(sample_idx))
+        self.prefixes = prefixes
+        self.prefix_chars = sum(map(len, prefixes))
+
+    def apply(self, page: bytes | str) -> ParsedPage | None:
         """The page parsed by the plan, or None if the page does not have its shape."""
+        if _planned is not None:
+            data = page if isinstance(page, bytes) else (
+                page.encode("utf-8", "surrogatepass") if isinstance(page, str) else bytes(page))
+            if b"\r" in data:
+                data = data.replace(b"\r\n", b"\n")  # as _prepare does
+            floats = _planned.values(data, self.kinds, self.patterns, self.n_samples)
+        else:
+            floats = self.values(_prepare(page))
+        if floats is None:
+            return None
+        if self.kept_mask is not None:
+            floats = list(compress(floats, self.kept_mask))
+        planned = MetricFamily.planned
+        families = {name: planned(name, type_, names, labels, floats[span], memo)
+                    for name, type_, span, memo, names, labels in self.families}
+        return ParsedPage(families, self.seen, self.kept, self.malformed, list(self.errors), self.memo)
+
+    def values(self, text: str) -> list[float] | None:
+        """The sample lines' values (text as :func:`_prepare` leaves it), or None if the page
+        does not have the plan's shape: what ``_planned.values`` does, in Python."""
         lines = text.split("\n")
         if len(lines) != self.n_lines or self.exact(lines) != self.exact_lines:
             return None
@@ -779,12 +835,6 @@ class _Plan:
         if len(joined) + self.prefix_chars != sum(map(len, found)) or "_" in joined:
             return None
         try:
-            floats = list(map(float, values))
+            return list(map(float, values))
         except ValueError:
             return None
-        if self.kept_mask is not None:
-            floats = list(compress(floats, self.kept_mask))
-        planned = MetricFamily.planned
-        families = {name: planned(name, type_, names, labels, floats[span], memo)
-                    for name, type_, span, memo, names, labels in self.families}
-        return ParsedPage(families, self.seen, self.kept, self.malformed, list(self.errors), self.memo)

@@ -4,7 +4,10 @@ on generated ones, plus the cache, the keep filter, OpenMetrics and garbage inpu
 from __future__ import annotations
 
 import math
+import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.exposition import parser as parser_module
 from app.exposition.parser import (
     MetricFamily,
     PageParser,
@@ -28,6 +32,28 @@ VLLM_REAL = EXPOSITION / "vllm-0.32-cpu-real.prom"
 
 
 # ----------------------------------------------------------------------------- helpers
+
+# The plan is applied in C where the package was built with a compiler, else in Python;
+# both must answer exactly like the line-by-line parse.
+PLAN_PATHS = ["C", "Python"]
+
+
+@contextmanager
+def plan_applied_in(path: str) -> Iterator[None]:
+    built = parser_module._planned
+    if path == "C" and built is None:
+        pytest.skip("app.exposition._planned was not built (no C compiler at install)")
+    parser_module._planned = built if path == "C" else None
+    try:
+        yield
+    finally:
+        parser_module._planned = built
+
+
+def page_forms(text: str) -> list[bytes | str]:
+    """The page as a target sends it (UTF-8 bytes), as text, and as bytes that are not UTF-8
+    (Latin-1: "é" becomes one byte the decoder replaces)."""
+    return [text.encode(), text, text.encode("latin-1", "replace")]
 
 
 def _v(value: float) -> object:
@@ -525,6 +551,103 @@ def test_cache_never_serves_stale_values_or_labels() -> None:
     assert plans[6] is None and plans[7] is None and plans[8] is not None
 
 
+def test_the_plan_is_applied_in_c_wherever_the_test_suite_runs_in_ci() -> None:
+    """The benchmarks measure the C path; a build that silently fell back to Python must
+    not pass CI (a user's install without a compiler still works, in Python)."""
+    if os.environ.get("CI") == "true":
+        assert parser_module._planned is not None, "app/exposition/_planned.c was not built"
+
+
+PLAIN_VALUE_TEXTS = ["0", "17", "-3.25", "1e-9", "6.02E+23", "+Inf", "-Inf", "NaN", "inf", "1e999", "1.5e-400"]
+TEXT_ONLY_VALUE_TEXTS = ["\u0661\u0662", "\u00a01", "1_0", "0x10", "1 2", "1 ", "", "1" + "0" * 70]
+
+
+def _converts(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("path", PLAN_PATHS)
+@pytest.mark.parametrize("value", PLAIN_VALUE_TEXTS + TEXT_ONLY_VALUE_TEXTS)
+@pytest.mark.parametrize("ending", ["", "\n", "\n\n"])
+def test_a_value_the_plan_cannot_take_goes_the_long_way_with_the_same_answer(path: str, value: str,
+                                                                              ending: str) -> None:
+    """The plan keeps the page's shape and takes every plain ASCII number (float()'s own
+    conversion); anything else (text that only float() of a str takes, underscores, hex, a
+    timestamp, 71 characters) makes a new parse, which answers the same."""
+    head = "# HELP a_total Déjà vu.\n# TYPE a_total counter\n"
+    first = f'{head}a_total{{m="x"}} 1\nb 2{ending}'
+    second = f'{head}a_total{{m="x"}} {value}\nb 2{ending}'
+    with plan_applied_in(path):
+        for form in range(2):  # UTF-8 bytes, text
+            parser = PageParser()
+            parser.parse(page_forms(first)[form])
+            plan = parser._plan
+            assert plan is not None
+            page = page_forms(second)[form]
+            got = parser.parse(page)
+            assert _everything(got) == _everything(parse_page(page))
+            # In Python the plan takes what float() of a str takes (no underscores); C takes
+            # plain ASCII numbers.
+            if path == "Python":
+                plain = "_" not in value and _converts(value)
+            else:
+                plain = value in PLAIN_VALUE_TEXTS
+            assert (parser._plan is plan) == plain, (value, form)
+            if value in PLAIN_VALUE_TEXTS:
+                assert _v(got.families["a_total"].values[0]) == _v(float(value))
+
+
+@pytest.mark.parametrize("path", PLAN_PATHS)
+def test_a_page_that_is_not_utf8_is_parsed_as_its_decoded_text(path: str) -> None:
+    """Both pages decode to the same text (one replacement character), so the Python plan
+    keeps its shape; C compares the bytes with the text's UTF-8 and parses such a page the
+    long way every time. The answers are the same."""
+    first, second = (page_forms(f"# HELP a Déjà vu.\n# TYPE a gauge\na {v}\n")[2] for v in (1, 2))
+    with plan_applied_in(path):
+        parser = PageParser()
+        parser.parse(first)
+        plan = parser._plan
+        page = parser.parse(second)
+        assert (parser._plan is plan) == (path == "Python")
+        assert _everything(page) == _everything(parse_page(second))
+        assert page.families["a"].values == [2.0]
+
+
+@pytest.mark.parametrize("path", PLAN_PATHS)
+def test_the_plan_sees_every_change_of_shape(path: str) -> None:
+    """Line count, an exact line, a skipped line's family and an identity: each change is
+    noticed (a new plan), and the answers are the one-shot parse's."""
+    text = VLLM_REAL.read_text()
+    lines = text.split("\n")
+    first_sample = next(i for i, line in enumerate(lines) if line.startswith("vllm:"))
+    skipped = next(i for i, line in enumerate(lines) if line.startswith("python_gc_objects_collected_total"))
+    changes = {
+        "a line more": text + "\nextra 1",
+        "a line less": "\n".join(lines[:-2]),
+        "a comment changed": text.replace("# HELP", "# HELP  ", 1),
+        "another family in a skipped block": "\n".join([*lines[:skipped], "vllm:sneaky 1", *lines[skipped + 1:]]),
+        "an identity changed": "\n".join([*lines[:first_sample], lines[first_sample].replace("tiny", "tinz"),
+                                          *lines[first_sample + 1:]]),
+    }
+    keep = keep_prefixes("vllm:")
+    with plan_applied_in(path):
+        for what, changed in changes.items():
+            parser = PageParser(keep)
+            parser.parse(text.encode())
+            plan = parser._plan
+            assert parser.parse(text.encode()) is not None and parser._plan is plan  # the same shape: kept
+            crlf = text.replace("\n", "\r\n").encode()
+            assert _everything(parser.parse(crlf)) == _everything(parse_page(crlf, keep))
+            assert parser._plan is plan  # "\r\n" line ends: the same shape too
+            page = parser.parse(changed.encode())
+            assert parser._plan is not plan, what
+            assert _everything(page) == _everything(parse_page(changed.encode(), keep)), what
+
+
 def test_cache_is_bounded() -> None:
     text = VLLM_REAL.read_text()
     parser = PageParser(max_cache=50)
@@ -685,9 +808,10 @@ def test_generated_pages_match_oracle(families: list[GenFamily], seed: int) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("path", PLAN_PATHS)
 @GEN_SETTINGS
 @given(gen_pages(), st.data())
-def test_generated_page_sequences_never_go_stale(families: list[GenFamily], data) -> None:
+def test_generated_page_sequences_never_go_stale(path: str, families: list[GenFamily], data) -> None:
     """One parser sees the same series with new values, then changed labels, names,
     timestamps and removed lines, then the original again: always the oracle's answer."""
     keep = data.draw(st.sampled_from([None, keep_prefixes("a", "B", "_", ":")]))
@@ -716,16 +840,22 @@ def test_generated_page_sequences_never_go_stale(families: list[GenFamily], data
             mutated.append(replace(f, samples=new))
         variants.append(mutated)
     variants.append(families)
-    parser = PageParser(keep, max_cache=data.draw(st.sampled_from([3, 10_000])))
-    for variant in variants:
-        text = render(variant)
-        page = parser.parse(text)
-        assert canon(page) == oracle(text, keep)
-        assert (page.samples_seen, page.malformed) == (len(_all_samples(variant)), 0)
+    as_bytes = data.draw(st.booleans())
+    with plan_applied_in(path):
+        parser = PageParser(keep, max_cache=data.draw(st.sampled_from([3, 10_000])))
+        for variant in variants:
+            text = render(variant)
+            page = parser.parse(text.encode() if as_bytes else text)
+            assert canon(page) == oracle(text, keep)
+            assert (page.samples_seen, page.malformed) == (len(_all_samples(variant)), 0)
 
 
 MUTATION_TEXT = list(' \t#{}",=_.:\\0123456789abcEINFnan+-') + ["\n", "\r\n", "é", "\x1e", " # "]
-ODD_VALUES = ["abc", "1_0", "", "1 2", '1 # {a="b"} 2', " 1", "1 "]
+ODD_VALUES = ["abc", "1_0", "", "1 2", '1 # {a="b"} 2', " 1", "1 ",
+              # float() takes these from text: Unicode digits and blanks, a control blank,
+              # overflow, underflow, 70 digits, spellings of inf and nan; and not hex
+              "\u0661\u0662", "\u00a01", "1\x1c", "1e999", "1.5e-400", "1" + "0" * 69, "+Inf", "-infinity",
+              "NaN", "nan", "0x10"]
 BASE_PAGES = {
     "vllm": VLLM_REAL.read_text().split("\n"),
     "triton": (EXPOSITION / "triton-trtllm-23.11-readme.prom").read_text().split("\n"),
@@ -765,14 +895,17 @@ def _everything(page: ParsedPage) -> tuple:
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("path", PLAN_PATHS)
 @given(st.data())
-def test_persistent_parser_equals_one_shot_parse_on_mutated_pages(data) -> None:
-    """Whatever the page (valid or not), the line cache and the page plan never change
-    the result: a long-lived parser answers exactly like a fresh one-shot parse."""
+def test_persistent_parser_equals_one_shot_parse_on_mutated_pages(path: str, data) -> None:
+    """Whatever the page (valid or not, as bytes or text), the line cache and the page plan
+    never change the result: a long-lived parser answers exactly like a fresh one-shot parse."""
     base = BASE_PAGES[data.draw(st.sampled_from(sorted(BASE_PAGES)))]
     keep = data.draw(st.sampled_from([None, keep_prefixes("vllm:", "nv_trt", "foo", "process"),
                                       keep_prefixes("vllm:time", "python_", "nv_inference_count")]))
-    parser = PageParser(keep, max_cache=data.draw(st.sampled_from([5, 10_000])))
-    for _ in range(4):
-        text = data.draw(mutated_pages(base))
-        assert _everything(parser.parse(text)) == _everything(parse_page(text, keep))
+    form = data.draw(st.integers(0, 2))
+    with plan_applied_in(path):
+        parser = PageParser(keep, max_cache=data.draw(st.sampled_from([5, 10_000])))
+        for _ in range(4):
+            page = page_forms(data.draw(mutated_pages(base)))[form]
+            assert _everything(parser.parse(page)) == _everything(parse_page(page, keep))
