@@ -4,9 +4,10 @@ service reads at run time travel inside the wheel.
 The database migrations (``alembic/``, where the ``alembic`` command and alembic.ini look)
 and the runbooks (``docs/runbooks/``, where readers of the repository look) stay at the top
 of the source tree and are installed as ``app/migrations`` and ``app/runbooks``;
-``app.resources`` finds them in either place. And the one C extension, the parser's plan
-applied to a page's bytes (``app/exposition/_planned.c``, see its header for why): optional,
-so an install without a C compiler still works, with the same plan applied in Python.
+``app.resources`` finds them in either place. And the two C extensions of the ingest path,
+the parser's plan applied to a page's bytes (``app/exposition/_planned.c``) and the checks
+and encoding of a histogram's numbers (``app/_vectors.c``; each file's header says why):
+optional, so an install without a C compiler still works, with the same code in Python.
 Everything else is in pyproject.toml.
 """
 
@@ -18,5 +19,6 @@ setup(
     package_dir={"app.migrations": "alembic", "app.runbooks": "docs/runbooks"},
     # The parser's plan applied in C (app/exposition/_planned.c); optional: where no C
     # compiler is at hand the install goes on and the parser applies its plan in Python.
-    ext_modules=[Extension("app.exposition._planned", ["app/exposition/_planned.c"], optional=True)],
+    ext_modules=[Extension("app.exposition._planned", ["app/exposition/_planned.c"], optional=True),
+                 Extension("app._vectors", ["app/_vectors.c"], optional=True)],
 )

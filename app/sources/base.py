@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from operator import gt, itemgetter
+from operator import itemgetter
 from typing import Protocol, TypeVar
 
 from app.exposition.parser import MetricFamily, ParsedPage
+from app.vectors import any_decrease
 
 # Histogram signals (seconds unless the name says tokens).
 HISTOGRAM_SIGNALS = (
@@ -285,7 +286,7 @@ def _histogram_layouts(family: MetricFamily, group_labels: tuple[str, ...], labe
 def _value_problems(layout: _HistogramLayout, cumulative: tuple[float, ...], count: float | None,
                     problems: list[str]) -> None:
     """What is wrong with one scrape's numbers of a histogram series (kept all the same)."""
-    if any(map(gt, cumulative, cumulative[1:])):
+    if any_decrease(cumulative):
         problems.append(f"{layout.where}: bucket counts decrease (kept; quantiles apply Prometheus' "
                         "monotonicity fix)")
     if count is not None and count != cumulative[-1]:

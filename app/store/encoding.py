@@ -19,6 +19,8 @@ import struct
 from collections.abc import Callable, Container, Iterator, Sequence
 from functools import lru_cache
 
+from app.vectors import encode_float_counts
+
 UINT32 = b"I"
 FLOAT64 = b"d"
 _PAIR = struct.Struct("<dd")
@@ -40,7 +42,12 @@ def encode_counts(counts: Sequence[float]) -> bytes:
     ``float.is_integer`` over the counts (C) decides, and ``struct`` refuses what does not
     fit (negative or >= 2**32). Floats become ints with ``float.__trunc__`` (exact for a
     whole number): 1.1 against 1.9 µs for 30 buckets with ``int``, whose call goes through
-    the type's constructor (the whole encoding 2.9 → 1.7 µs)."""
+    the type's constructor (the whole encoding 2.9 → 1.7 µs). Where ``app/_vectors.c`` is
+    built, counts that are all floats (what the adapters hand) are encoded there: 0.2 µs."""
+    if encode_float_counts is not None:
+        encoded = encode_float_counts(counts)
+        if encoded is not None:
+            return encoded
     n = len(counts)
     to_int: Callable[[float], int]
     try:

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from app.quantiles import WindowHistogram, extrapolate, extrapolate_all, to_millis
+from app.vectors import all_le
 
 #: Interval lengths of the downsampled levels, in seconds, finest first.
 LEVELS: tuple[int, ...] = (300, 3600)
@@ -93,14 +94,14 @@ class Run:
     def _drops(self, first: tuple[float, ...]) -> None:
         """The step from the run's last sample to the next one's ``first`` when some
         component drops: each drop is a reset of it (value before the drop), as Prometheus
-        reads it. Callers test ``all(map(operator.le, self.last, first))`` first, inline:
-        it is true for almost every step, and the writer takes one per sample."""
+        reads it. Callers test ``all_le(self.last, first)`` first: it is true for almost
+        every step, and the writer takes one per sample."""
         self.resets.extend((i, a) for i, (a, b) in enumerate(zip(self.last, first)) if b < a)
 
     def add(self, c: Chunk) -> None:
         if not self.n:
             self.first_ms, self.first = c.first_ms, c.first
-        elif not all(map(operator.le, self.last, c.first)):
+        elif not all_le(self.last, c.first):
             self._drops(c.first)
         self.resets.extend(c.resets)
         self.last_ms, self.last = c.last_ms, c.last
@@ -113,7 +114,7 @@ class Run:
         """``add(raw_chunk(ms, vector))`` without building the chunk."""
         if not self.n:
             self.first_ms, self.first = ms, vector
-        elif not all(map(operator.le, self.last, vector)):
+        elif not all_le(self.last, vector):
             self._drops(vector)
         self.last_ms, self.last = ms, vector
         self.n += 1
