@@ -15,6 +15,18 @@ Python path).
 #include <Python.h>
 #include <math.h>
 
+/* Python's comparison of two items, held while it may run code that changes a list. */
+static int
+compare_held(PyObject *left, PyObject *right, int op)
+{
+    Py_INCREF(left);
+    Py_INCREF(right);
+    int result = PyObject_RichCompareBool(left, right, op);
+    Py_DECREF(left);
+    Py_DECREF(right);
+    return result;
+}
+
 /* a[i] <= b[i] for every i below the shorter length: all(map(operator.le, a, b)). */
 static PyObject *
 all_le(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -39,13 +51,8 @@ all_le(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (PyFloat_CheckExact(x[i]) && PyFloat_CheckExact(y[i])) {
             result = PyFloat_AS_DOUBLE(x[i]) <= PyFloat_AS_DOUBLE(y[i]);
         }
-        else {  /* Python's comparison, which may run code that changes a list */
-            PyObject *left = x[i], *right = y[i];
-            Py_INCREF(left);
-            Py_INCREF(right);
-            result = PyObject_RichCompareBool(left, right, Py_LE);
-            Py_DECREF(left);
-            Py_DECREF(right);
+        else {
+            result = compare_held(x[i], y[i], Py_LE);
             n = Py_MIN(PySequence_Fast_GET_SIZE(a), PySequence_Fast_GET_SIZE(b));
             x = PySequence_Fast_ITEMS(a);
             y = PySequence_Fast_ITEMS(b);
@@ -74,13 +81,8 @@ any_decrease(PyObject *module, PyObject *c)
         if (PyFloat_CheckExact(x[i]) && PyFloat_CheckExact(x[i + 1])) {
             result = PyFloat_AS_DOUBLE(x[i]) > PyFloat_AS_DOUBLE(x[i + 1]);
         }
-        else {  /* Python's comparison, which may run code that changes a list */
-            PyObject *left = x[i], *right = x[i + 1];
-            Py_INCREF(left);
-            Py_INCREF(right);
-            result = PyObject_RichCompareBool(left, right, Py_GT);
-            Py_DECREF(left);
-            Py_DECREF(right);
+        else {
+            result = compare_held(x[i], x[i + 1], Py_GT);
             n = PySequence_Fast_GET_SIZE(seq);
             x = PySequence_Fast_ITEMS(seq);
         }

@@ -20,9 +20,11 @@ bodies, HTML error pages). This module is built around three observations:
    text that must reappear verbatim, a line of a skipped block that must start with the
    block's name, or a sample line that must start with its cached identity plus a space
    (the rest being the value). The next parse verifies the new page against the plan
-   with a handful of C-level bulk operations (``split``, ``itemgetter``, tuple
-   comparison, ``map(str.removeprefix, ...)``) instead of a Python loop, then converts
-   the values and creates the samples. Any difference in shape (a new series, a moved
+   in C (``_planned.c``: every line compared in place, every value converted from the
+   page's bytes by CPython's own ``float()`` conversion) or, where that extension was not
+   built, with a handful of C-level bulk operations (``split``, ``itemgetter``, tuple
+   comparison, ``map(str.removeprefix, ...)``) instead of a Python loop; then it creates
+   the families. Any difference in shape (a new series, a moved
    line, a timestamp, an odd value) fails verification and the page takes the
    line-by-line path above, which records a fresh plan. The plan therefore can never
    hand out stale labels or values: everything except the value text is compared, and
@@ -44,7 +46,8 @@ into line strings 35 us and ``float()`` 22 us; the plan checks, value extraction
 72 ``MetricFamily`` objects took the rest. On a synthetic 8-model vLLM page (3056
 samples, 2985 kept): 42 ms / 14 ms / 1.05 ms. Since then a family made by the plan
 creates its samples only when they are read (:class:`MetricFamily`): the adapters read
-only the values.
+only the values. And the plan is applied in C: a warm parse of the 1-model page 111 →
+25 µs, of the 8-model page 787 → 116 µs (``bench/ingest.py``, rows a1 and a4).
 
 Semantics (matching ``prometheus_client.parser.text_string_to_metric_families`` on
 every page it accepts, except where noted):
