@@ -11,14 +11,17 @@ PASS/MISS against the ingest targets:
     concurrent) -> ``TargetScraper`` (parse + adapter) -> ``SampleWriter.write`` --
     for N targets served over loopback by a separate process (``bench/page_server.py``),
     on SQLite (temp file) and PostgreSQL (scratch database). CPU per scrape is
-    ``time.process_time()`` of this process over the measured rounds (after a warm-up
-    round), split into fetch+parse+normalize (the event loop) and store (the writer
+    ``time.process_time()`` of this process over the measured rounds (after two warm-up
+    rounds), split into fetch+parse+normalize (the event loop) and store (the writer
     thread). Each round's batch is written in a worker thread (``asyncio.to_thread``,
     as ``ScrapeService.flush`` does) after the round's scrapes finished, so the split
     is exact. PostgreSQL's server-side CPU (our backends' utime+stime from /proc) is
     added to ours (Prometheus' figure includes its storage) and shown beside it. The
     5-minute level is built by the writer (the downsample round's check that remains is
-    not in this path; bench/query.py measures it). Time inside the cyclic GC is
+    not in this path; bench/query.py measures it); the level row a series gets once per
+    interval (once in 300 scrapes here) is written outside the measured rounds: they start
+    in the interval the last unmeasured round opened and wait for a boundary they might
+    reach (else 5 rounds would carry a whole interval's rows, 60 times their share). Time inside the cyclic GC is
     reported too (``gc.callbacks``). Targets are created with ``engine="vllm"``, which is
     what an ``auto`` target becomes after its first page (same parser and adapter).
     Not included: APScheduler's per-job overhead and the telemetry callback (``on_result``).
@@ -85,6 +88,7 @@ if str(ROOT) not in sys.path:  # allow `python bench/ingest.py`
 FIXTURE = ROOT / "tests" / "fixtures" / "exposition" / "vllm-0.32-cpu-real.prom"
 SERVER = Path(__file__).resolve().with_name("page_server.py")
 DEFAULT_PG_ADMIN = os.environ.get("LLM_LATENCY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+VARIANTS = 32  # page versions per target, served in turn
 PROMETHEUS_REFERENCE_US = 1000.0  # "≥ ~1,000 scrapes/s per core" when Prometheus is not run
 
 
@@ -472,6 +476,7 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
     from app.scrape.jobs import TargetScraper, TargetSpec
     from app.scrape.scheduler import tune_collector
     from app.store import db
+    from app.store.levels import LEVELS
     from app.store.repository import SampleWriter, create_target
 
     assert kind.server is not None
@@ -526,6 +531,30 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
         rows = sum(len(r.canonical.histograms) + len(r.canonical.scalars) + len(r.canonical.infos)
                    for r in batch if r.canonical is not None)
         result.series_per_scrape = rows / max(1, len(batch))
+        # A series' 5-minute level row is written once per interval: at this 1 s interval
+        # once in 300 scrapes. A boundary between the last unmeasured round and the end of
+        # the measured ones would charge a whole interval's rows (one per series) to 5
+        # scrapes per target, 60 times their share. So when the rounds might reach the next
+        # boundary, wait for it; and when the intervals the last round opened have ended
+        # (the first write can take a minute), one more round, unmeasured, writes their rows.
+        async def unmeasured_round() -> list:
+            batch = await _scrape_round(scrapers, pending)
+            check(batch)
+            await asyncio.to_thread(writer.write, batch)
+            return batch
+
+        level_s, unmeasured_rounds = LEVELS[0], 2
+        t_round = time.perf_counter()
+        batch = await unmeasured_round()  # a steady round: how long the measured ones take
+        round_s = time.perf_counter() - t_round
+        to_boundary = level_s - time.time() % level_s
+        if to_boundary < rounds * round_s * 1.5 + 5:
+            log(f"    waiting {to_boundary:.0f}s for the next {level_s // 60}-minute level boundary")
+            await asyncio.sleep(to_boundary + 0.5)
+        while time.time() // level_s != max(r.ts for r in batch) // level_s:
+            batch = await unmeasured_round()
+            unmeasured_rounds += 1
+        opened = max(r.ts for r in batch) // level_s
         gc.collect()
         tune_collector()  # the collector settings ScrapeService uses, and its freeze after the first write
         gc.freeze()
@@ -559,6 +588,8 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
             result.scrapes += len(batch)
         result.cpu_total = time.process_time() - c_start
         result.wall_total = time.perf_counter() - w_start
+        if time.time() // level_s != opened:
+            result.note = f"a {level_s // 60}-minute level boundary fell inside the measured rounds"
         result.gc_cpu, result.gc_full = gc_watch.cpu, gc_watch.collections[2]
         server1 = kind.server.cpu_seconds()
         result.cpu_store_thread = sum(write_cpu)
@@ -578,9 +609,9 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
 
     with sessions() as session:
         stored = session.scalar(select(func.count()).select_from(Scrape))
-    expected = n_targets * (rounds + 1)
+    expected = n_targets * (rounds + unmeasured_rounds)
     if stored != expected:
-        result.note = f"stored {stored} scrape rows, expected {expected}"
+        result.note = "; ".join(filter(None, [result.note, f"stored {stored} scrape rows, expected {expected}"]))
     engine.dispose()
     if profiler is not None:
         result.profile = profile_report(profiler, result)
@@ -834,7 +865,7 @@ async def run_async_parts(args: argparse.Namespace, kinds: dict[str, PageKind], 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Ingest benchmark (parse, whole scrape path, Prometheus, HTTP clients).")
     ap.add_argument("--targets", type=int, default=500, help="targets for the whole path (default 500)")
-    ap.add_argument("--rounds", type=int, default=5, help="measured rounds after one warm-up round (default 5)")
+    ap.add_argument("--rounds", type=int, default=20, help="measured rounds after two warm-up rounds (default 20)")
     ap.add_argument("--skip-prometheus", action="store_true", help="no Prometheus baseline (uses 1,000 µs/scrape)")
     ap.add_argument("--skip-postgres", action="store_true")
     ap.add_argument("--skip-http", action="store_true", help="skip the httpx vs aiohttp comparison")
@@ -865,7 +896,9 @@ def main(argv: list[str] | None = None) -> int:
         text = FIXTURE.read_text()
         kinds: dict[str, PageKind] = {}
         for key, page_text in (("1-model", text), ("8-model", multi_model_page(text, 8))):
-            variants, frac = page_variants(page_text, 16)
+            # more variants than a target's scrapes in (b), so no measured scrape sees its
+            # counters fall back (an engine restart, which a real page shows rarely)
+            variants, frac = page_variants(page_text, VARIANTS)
             kind = kinds[key] = PageKind(key, variants, frac)
             files = []
             for i, v in enumerate(variants):
@@ -903,7 +936,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; pages: `{FIXTURE.relative_to(ROOT)}` "
           f"({len(kinds['1-model'].body):,} B) and the 8-model page built from it "
           f"({len(kinds['8-model'].body):,} B); served {'gzip' if args.gzip else 'uncompressed'} "
-          f"by `bench/page_server.py` (separate process), 16 variants rotating per target "
+          f"by `bench/page_server.py` (separate process), {VARIANTS} variants rotating per target "
           f"({kinds['1-model'].changed_fraction:.0%} of sample lines change from one scrape to the next). "
           f"Load average (1 min) before the run: {load_start:.2f}.\n")
     foreign = [(r.foreign_cores, r.foreign_top) for r in paths] + [(p.foreign_cores, p.foreign_top)
@@ -933,7 +966,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n### (b) whole path: fetch (aiohttp, 64 concurrent) + parse + normalize + store, CPU of this process\n")
     print("Each round scrapes every target once (`asyncio.gather` of `TargetScraper.run`, sink = list), then "
           "writes the round's batch with `SampleWriter.write` in a worker thread (`asyncio.to_thread`, as "
-          "`ScrapeService.flush` does). One warm-up round is not measured. No APScheduler and no telemetry "
+          "`ScrapeService.flush` does). Two warm-up rounds (and one more after a 5-minute level boundary) "
+          "are not measured. No APScheduler and no telemetry "
           "callbacks (`on_result`) in the loop.\n")
     print("| page | DB | scrapes | series/scrape | CPU µs/scrape | fetch+parse+normalize | store (writer thread) "
           "| of which cyclic GC (full GCs) | scrapes/s per core | wall scrapes/s | PostgreSQL server CPU µs/scrape "
