@@ -67,14 +67,18 @@ def unix(rfc3339: str) -> float:
     return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
-def readme_verify():
-    """The signature check exactly as README.md's Alerts section documents it."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"(?:^(?: {4}.*)?\n)+", section, re.M)
+DOCS_ALERTS = Path(__file__).parents[2] / "docs" / "alerts.md"
+
+
+def docs_verify():
+    """The signature check exactly as the manual documents it (docs/alerts.md, "Verifying a
+    notification")."""
+    page = DOCS_ALERTS.read_text(encoding="utf-8")
+    section = page.split("\n## Verifying a notification\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```$", section, re.M | re.S)
     code = next(b for b in blocks if "def verify(" in b)
     namespace: dict = {}
-    exec(compile(textwrap.dedent(code), "README.md", "exec"), namespace)
+    exec(compile(textwrap.dedent(code), str(DOCS_ALERTS), "exec"), namespace)
     return namespace["verify"]
 
 
@@ -156,9 +160,9 @@ def test_outage_retries_ordering_restart_and_signatures(migrated_url: str, tmp_p
     assert ttft["externalURL"] == "http://llm-latency.test" and ttft["version"] == "4"
 
 
-def test_webhook_json_has_the_alertmanager_structure_and_the_readme_check_verifies_it(
+def test_webhook_json_has_the_alertmanager_structure_and_the_documented_check_verifies_it(
         migrated_url: str, tmp_path: Path, hook, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme_check = readme_verify()
+    docs_check = docs_verify()
     monkeypatch.setenv("TEST_HOOK_SECRET", SECRET)
     with StaticPageServer(b"") as down:
         down.status = 503
@@ -194,17 +198,17 @@ def test_webhook_json_has_the_alertmanager_structure_and_the_readme_check_verifi
     assert resolved["alerts"][0]["endsAt"] != ZERO_TIME
     assert unix(resolved["alerts"][0]["endsAt"]) > unix(resolved["alerts"][0]["startsAt"])
     assert firing["alerts"][0]["fingerprint"] == resolved["alerts"][0]["fingerprint"]
-    # README's verification snippet, run verbatim on the raw bodies and headers as received
+    # The manual's verification snippet, run verbatim on the raw bodies and headers as received
     for request in hook.received:
         raw, headers = request.body, request.headers
-        assert readme_check(SECRET.encode(), headers, raw) is True
+        assert docs_check(SECRET.encode(), headers, raw) is True
         tampered = raw.replace(b'"target":"b"', b'"target":"c"')
         assert tampered != raw and len(tampered) == len(raw)
-        assert readme_check(SECRET.encode(), headers, tampered) is False
-        assert readme_check(b"another secret", headers, raw) is False
+        assert docs_check(SECRET.encode(), headers, tampered) is False
+        assert docs_check(b"another secret", headers, raw) is False
         old = str(int(headers[TIMESTAMP_HEADER]) - 3600)  # correctly signed an hour ago: a replay
-        assert readme_check(SECRET.encode(), {TIMESTAMP_HEADER: old, SIGNATURE_HEADER: sign(SECRET, old, raw)},
-                            raw) is False
+        assert docs_check(SECRET.encode(), {TIMESTAMP_HEADER: old, SIGNATURE_HEADER: sign(SECRET, old, raw)},
+                          raw) is False
 
 
 def test_the_payload_reproduces_alertmanagers_captured_samples_exactly() -> None:
