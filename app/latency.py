@@ -427,6 +427,9 @@ def report_from_window(window: TargetWindow, per_model: bool = True) -> dict:
     if per_model:
         report["models"] = {model: {**summaries_dict(summarize_histograms(m.histograms)), **_scalars(m)}
                             for model, m in window.models.items() if m.histograms}
+    if window.dropped:
+        report["dropped_series"] = [{"signal": signal, "reason": reason, "series": n}
+                                    for (signal, reason), n in window.dropped.items()]
     return report
 
 

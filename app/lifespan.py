@@ -91,6 +91,7 @@ class Monitor:
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
+        self.telemetry.sources.bad_series = lambda: [(s.name, s.bad_series) for s in self.sources.statuses()]
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
         replica_id = settings.replica_id or replicas.default_replica_id()
         self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)

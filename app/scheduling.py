@@ -15,6 +15,9 @@ its interval (``observe``: the self-metrics' round histogram and overrun counter
 :func:`watch_skips` reports each run APScheduler did not start (``missed``: due while the
 loop was blocked past the grace time; ``overlap``: due while the previous run of the same
 round was still going).
+
+Within a round each target is judged in its own error boundary (:func:`target_boundary`):
+one target whose evaluation fails is logged and counted, and the round goes on with the others.
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -44,6 +51,31 @@ ALERTS_JOB = "alerts"
 #: (:func:`add_round`'s ``phase``), so the three do not start together: at the defaults (15 s,
 #: 30 s, 15 s) the summaries at 0 s, the diagnosis at 5 s and the alerts at 7.5 s of each 15 s.
 PHASES = {SUMMARIES_JOB: 0.0, DIAGNOSIS_JOB: 1 / 6, ALERTS_JOB: 1 / 2}
+
+
+#: Targets whose part of a round failed, by round (``llm_latency_round_target_errors_total``).
+target_errors: Counter[str] = Counter()
+_errors_lock = threading.Lock()
+
+
+@dataclass(slots=True)
+class Outcome:
+    failed: bool = False
+
+
+@contextmanager
+def target_boundary(round_name: str, target: str) -> Iterator[Outcome]:
+    """Run one target's part of a round: an exception is logged with the target's name and
+    counted (:data:`target_errors`), the outcome says ``failed``, and the round goes on with the
+    next target. The caller keeps what the failing one had (its last verdict, its alerts' states)."""
+    outcome = Outcome()
+    try:
+        yield outcome
+    except Exception:
+        outcome.failed = True
+        with _errors_lock:
+            target_errors[round_name] += 1
+        log.exception("%s round: target %s could not be evaluated; the other targets were", round_name, target)
 
 
 def make_scheduler() -> AsyncIOScheduler:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import latency
 from app.latency import HISTOGRAM_SIGNALS, SignalSummary
 from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
+from app.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
 from app.store.models import TargetView
@@ -89,11 +90,12 @@ def fleet_body(targets: list[TargetView], excluded: list[TargetView], windows: d
 
 
 def _time_summaries(name: str, window: TargetWindow, out: dict[tuple[str, str, str], SignalSummary]) -> None:
-    for model, model_window in window.models.items():
-        if model_window.histograms:
-            for signal, summary in latency.summarize_histograms(
-                    {s: h for s, h in model_window.histograms.items() if s in TIME_SIGNALS}).items():
-                out[(name, model, signal)] = summary
+    with target_boundary(SUMMARIES_JOB, name):
+        found = {(name, model, signal): summary for model, model_window in window.models.items()
+                 if model_window.histograms
+                 for signal, summary in latency.summarize_histograms(
+                     {s: h for s, h in model_window.histograms.items() if s in TIME_SIGNALS}).items()}
+        out.update(found)
 
 
 def refresh_summaries(sessions: sessionmaker[Session], window: float, collector: DerivedLatencyCollector,

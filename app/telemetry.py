@@ -27,6 +27,9 @@ Rounds (diagnosis, summaries, alerts, prune; ``round`` is the job's name)
     llm_latency_round_duration_seconds{round}            histogram of each run's duration
     llm_latency_round_overruns_total{round}              runs that took longer than their interval
     llm_latency_round_skips_total{round,reason}          runs the scheduler did not start: missed | overlap
+    llm_latency_round_target_errors_total{round}         targets whose evaluation failed in a round (the others were)
+Prometheus sources
+    llm_latency_source_bad_series_total{source,reason}   series dropped: bad_bound | bad_count | bad_label
 API
     llm_latency_requests_stopped_total{reason}           expensive reads stopped: budget (503) | disconnect
 Alerts
@@ -70,7 +73,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -80,6 +83,7 @@ from prometheus_client.registry import Collector
 
 from app.probe.telemetry import ProbeCollector
 from app.quantiles import LatencySummary
+from app.scheduling import target_errors
 from app.slo.telemetry import SloCollector
 
 if TYPE_CHECKING:  # the capacity signal is computed from diagnoses; telemetry only exports it
@@ -108,6 +112,27 @@ class RenderedPerRound(Collector):
             registry.register(self)
             cached = self._rendered = (state, generate_latest(registry))  # holds the data it was made of
         return cached[1]
+
+
+class SourceCollector(Collector):
+    """Counts kept elsewhere, read at scrape time: targets that failed a round
+    (:data:`app.scheduling.target_errors`) and each source's dropped series (``bad_series``:
+    set by the service to a function giving ``(source, {reason: series})`` pairs)."""
+
+    def __init__(self) -> None:
+        self.bad_series: Callable[[], Iterable[tuple[str, Mapping[str, int]]]] = lambda: ()
+
+    def collect(self) -> Iterable[Metric]:
+        errors = CounterMetricFamily("llm_latency_round_target_errors", "Targets whose evaluation failed in a "
+                                     "round; the round went on with the others.", labels=["round"])
+        for name, count in sorted(target_errors.items()):
+            errors.add_metric([name], count)
+        bad = CounterMetricFamily("llm_latency_source_bad_series", "Series of a source's answers dropped because "
+                                  "they cannot be what the query reads.", labels=["source", "reason"])
+        for source, by_reason in self.bad_series():
+            for reason, count in sorted(by_reason.items()):
+                bad.add_metric([source, reason], count)
+        return [errors, bad]
 
 
 class _Families:
@@ -364,6 +389,8 @@ class Telemetry:
         r.register(self.probes)
         self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
         r.register(self.slo)
+        self.sources = SourceCollector()
+        r.register(self.sources)
 
     def exposition(self) -> bytes:
         """The body of ``/metrics``: the registry's metrics, then the round collectors' text

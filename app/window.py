@@ -81,6 +81,9 @@ class TargetWindow:
     scrapes: int = 0  # successful scrapes in the window
     infos: list[CanonicalInfo] = field(default_factory=list)  # engine configuration (info metrics)
     replicas: dict[str, TargetWindow] = field(default_factory=dict)  # a service's replicas, by target name
+    # series its source sent that could not be read, and why: (signal, reason) -> series
+    # (app.promsource.reader.BAD_SERIES_REASONS); the numbers above are without them
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
@@ -118,4 +121,8 @@ def merge_windows(replicas: dict[str, TargetWindow], start: float, end: float) -
                           scrapes=max((w.scrapes for w in windows), default=0), replicas=dict(replicas))
     for model in sorted({m for w in windows for m in w.models}):
         merged.models[model] = _merge_models([w.models[model] for w in windows if model in w.models])
+    for window in windows:
+        for what, count in window.dropped.items():
+            merged.dropped[what] = merged.dropped.get(what, 0) + count
+    merged.dropped = dict(sorted(merged.dropped.items()))
     return merged

@@ -36,6 +36,7 @@ from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
 from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.quantiles import WindowHistogram
+from app.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow, Target
@@ -107,56 +108,61 @@ def _stored_slo_histograms(session: Session, config: AlertsConfig, targets: list
 
 
 def slo_conditions(session: Session, config: AlertsConfig, now: float,
-                   source_windows: dict[tuple[str, int], TargetWindow] | None = None) -> list[Condition]:
+                   source_windows: dict[tuple[str, int], TargetWindow] | None = None,
+                   failed: set[str] | None = None) -> list[Condition]:
     """``source_windows``: (SLO name, target id) -> the window of a target a Prometheus source
-    reads; every other target's window comes from the built-in store."""
+    reads; every other target's window comes from the built-in store. The names of targets
+    that could not be evaluated are added to ``failed``."""
     out = []
     targets = [t for t in repository.list_targets(session) if t.gone_at is None]
     stored = _stored_slo_histograms(session, config, targets, now)
     for slo in config.slos:
         chosen = [t for t in targets if slo.covers(t.name)]
         for target in chosen:
-            source = (source_windows or {}).get((slo.name, target.id))
-            histograms = source.overall.histograms if source is not None else stored[slo.window].get(target.id)
-            if histograms is None:
-                continue  # a source's target with no numbers this round (see the held targets)
-            summaries = latency.summarize_histograms({s: histograms.get(s) for s in slo_signals(slo.signal)})
-            summary = summaries.get(slo.signal)
-            if summary is None:
-                continue
-            key = QUANTILE_KEYS.get(slo.quantile)
-            merged = histograms.get(slo.signal)
-            bucket: tuple[float, float] | None = None
-            if summary.derived:
-                # no quantile of a derived TTFT, only a bound: the objective is breached for sure
-                # when the bound's lower end is above it
-                bound = summary.bounds.get(key) if key is not None else None
-                value, bucket = (bound[0], bound) if bound is not None else (None, None)
-            elif key is not None:
-                value, bucket = getattr(summary, key), summary.interval(key)
-            else:
-                assert merged is not None
-                value, bucket = quantiles.bucket_quantile(slo.quantile, merged.bounds, merged.increases)
-            if value is None or value != value or value <= slo.threshold:
-                continue
-            label = f"p{slo.quantile * 100:g} {slo.signal.upper().replace('_', ' ')}"
-            if summary.derived:
-                shown = f"at least {human.seconds(value)}"
-                how = (f" (derived from queue and prefill: the true {label} lies in "
-                       f"{human.bounded(bucket)}; quantiles do not add)")
-            else:
-                shown = human.quantile(value, bucket)
-                how = f" (interpolated inside the bucket {human.interval(bucket)})" if bucket else ""
-            labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
-                      "severity": slo.severity}
-            count = human.count(summary.count or 0, summary.count_estimate)
-            annotations = {
-                "summary": f"{target.name}: {label} is {shown}, above the {slo.threshold:g}s objective",
-                "description": f"{label} over the last {slo.window:g}s is {shown}{how} "
-                               f"(objective: at most {slo.threshold:g}s, {count} observations).",
-                **_links(config, target.name, slo.alertname),
-            }
-            out.append(Condition(labels, annotations, slo.for_, value))
+            with target_boundary(ALERTS_JOB, target.name) as outcome:  # one target's failure stops no other's
+                source = (source_windows or {}).get((slo.name, target.id))
+                histograms = source.overall.histograms if source is not None else stored[slo.window].get(target.id)
+                if histograms is None:
+                    continue  # a source's target with no numbers this round (see the held targets)
+                summaries = latency.summarize_histograms({s: histograms.get(s) for s in slo_signals(slo.signal)})
+                summary = summaries.get(slo.signal)
+                if summary is None:
+                    continue
+                key = QUANTILE_KEYS.get(slo.quantile)
+                merged = histograms.get(slo.signal)
+                bucket: tuple[float, float] | None = None
+                if summary.derived:
+                    # no quantile of a derived TTFT, only a bound: the objective is breached for sure
+                    # when the bound's lower end is above it
+                    bound = summary.bounds.get(key) if key is not None else None
+                    value, bucket = (bound[0], bound) if bound is not None else (None, None)
+                elif key is not None:
+                    value, bucket = getattr(summary, key), summary.interval(key)
+                else:
+                    assert merged is not None
+                    value, bucket = quantiles.bucket_quantile(slo.quantile, merged.bounds, merged.increases)
+                if value is None or value != value or value <= slo.threshold:
+                    continue
+                label = f"p{slo.quantile * 100:g} {slo.signal.upper().replace('_', ' ')}"
+                if summary.derived:
+                    shown = f"at least {human.seconds(value)}"
+                    how = (f" (derived from queue and prefill: the true {label} lies in "
+                           f"{human.bounded(bucket)}; quantiles do not add)")
+                else:
+                    shown = human.quantile(value, bucket)
+                    how = f" (interpolated inside the bucket {human.interval(bucket)})" if bucket else ""
+                labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
+                          "severity": slo.severity}
+                count = human.count(summary.count or 0, summary.count_estimate)
+                annotations = {
+                    "summary": f"{target.name}: {label} is {shown}, above the {slo.threshold:g}s objective",
+                    "description": f"{label} over the last {slo.window:g}s is {shown}{how} "
+                                   f"(objective: at most {slo.threshold:g}s, {count} observations).",
+                    **_links(config, target.name, slo.alertname),
+                }
+                out.append(Condition(labels, annotations, slo.for_, value))
+            if outcome.failed and failed is not None:
+                failed.add(target.name)
     return out
 
 
@@ -230,13 +236,15 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
     are (missing data neither fires nor resolves an alert). ``slo_statuses``: the ``slos:``
     section now (app/slo/status.py), for the burn-rate alerts; a target it could not evaluate
     (an error) keeps its burn-rate alerts as they are, for the same reason."""
+    failed: set[str] = set()  # targets whose SLO conditions could not be evaluated: held too
     conditions = {c.fp: c for c in (diagnosis_conditions(session, config)
-                                    + slo_conditions(session, config, now, source_windows)
+                                    + slo_conditions(session, config, now, source_windows, failed)
                                     + slo_burn_conditions(config, slo_statuses or [])
                                     + target_down_conditions(session, config))}
     unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}
+    held = held_targets | failed
     rows = {row.fingerprint: row for row in repository.open_alerts(session)
-            if not (row.labels.get("slo") and row.labels.get("target") in held_targets)
+            if not (row.labels.get("slo") and row.labels.get("target") in held)
             and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})

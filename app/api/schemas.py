@@ -124,6 +124,10 @@ class SourceOut(BaseModel):
     services: int = Field(description="Services its service_labels grouped those into")
     down: int = Field(description="Of those, scraped with up == 0")
     gone: int = Field(description="Targets whose series stopped (kept for their history)")
+    bad_series: dict[str, int] = Field(description="Series of its answers dropped since the start because they "
+                                                   "cannot be what the query reads, by reason: bad_bound (a bucket's "
+                                                   "le is not a number), bad_count (a scrape count that is not a "
+                                                   "finite count), bad_label (a label the query sets, altered)")
 
 
 # --------------------------------------------------------------------------- latency
@@ -240,6 +244,14 @@ class PdSplit(BaseModel):
     note: str
 
 
+class DroppedSeriesOut(BaseModel):
+    """Series of a source's answer left out of the window because they cannot be what is read."""
+
+    signal: str
+    reason: str = Field(description="bad_bound | bad_count | bad_label (see GET /api/v1/sources)")
+    series: int
+
+
 class TargetLatencyOut(SignalsLatency, LatencySpan, TargetLatencyHead):
     """``GET /api/v1/targets/{name}/latency``: the whole target, and per model."""
 
@@ -247,6 +259,8 @@ class TargetLatencyOut(SignalsLatency, LatencySpan, TargetLatencyHead):
     pd_role: PdRoleOut | None = Field(None, description="its part in P/D disaggregation, when anything says")
     disaggregation: PdSplit | None = Field(None, description="a P/D decode worker: TTFT split across it and its "
                                                              "prefill worker")
+    dropped_series: list[DroppedSeriesOut] | None = Field(None, description="a source's series this window lacks "
+                                                                            "(the numbers are without them)")
 
 
 class FleetLatencyOut(SignalsLatency, LatencySpan, FleetLatencyHead):

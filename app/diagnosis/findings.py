@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,18 @@ class Evidence:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+def finite_json(value: object) -> object:
+    """``value`` with every infinite or NaN float as null: JSON has none (PostgreSQL's json type
+    refuses them), e.g. the +Inf edge of a bucket, or a ratio of a source's non-finite numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
 def as_plain(obj: Any) -> Any:
     """:func:`dataclasses.asdict` without its deep copies of every leaf value: dataclasses to
     dicts, lists and tuples and dicts rebuilt, the rest (numbers, strings) shared. A diagnosis
@@ -146,7 +159,8 @@ class Finding:
         return runbook_link(self.regime)
 
     def to_dict(self) -> dict:
-        data = as_plain(self)
+        data = finite_json(as_plain(self))
+        assert isinstance(data, dict)
         start, end = data.pop("window_start"), data.pop("window_end")
         data["window"] = window_dict(start, end) if start is not None and end is not None else None
         data["runbook"] = self.runbook

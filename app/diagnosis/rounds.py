@@ -25,6 +25,7 @@ from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.promsource.service import DISCOVERED_BY_SOURCES
+from app.scheduling import DIAGNOSIS_JOB, target_boundary
 from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
 from app.window import TargetWindow
@@ -90,18 +91,17 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                                             now - config.window, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
             windows.update({t.id: source_windows[t.id] for t in members if t.id in source_windows})
             for target in members:
-                overall = windows[target.id].overall.histograms
-                summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
-                hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
-                engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
-                baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
-                    if target.id in probed else None
-                for diagnosis in diagnosis_engine.evaluate_target(session, target.id, target.name, engine, now,
-                                                                  config.window, config.thresholds, hardware,
-                                                                  probe_baseline=baseline,
-                                                                  data=windows[target.id],
-                                                                  probed=target.id in probed):
-                    evaluated.append((target.id, diagnosis))
+                with target_boundary(DIAGNOSIS_JOB, target.name):  # a failing target keeps its last verdict
+                    overall = windows[target.id].overall.histograms
+                    summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
+                    hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
+                    engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+                    baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
+                        if target.id in probed else None
+                    diagnoses = diagnosis_engine.evaluate_target(
+                        session, target.id, target.name, engine, now, config.window, config.thresholds, hardware,
+                        probe_baseline=baseline, data=windows[target.id], probed=target.id in probed)
+                    evaluated.extend((target.id, diagnosis) for diagnosis in diagnoses)
             del windows  # a chunk's samples are dropped before the next is read: bounded memory
     saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
     with sessions.begin() as session:  # the results in one short write transaction

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app import latency, quantiles
-from app.diagnosis.findings import as_plain
+from app.diagnosis.findings import as_plain, finite_json
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
@@ -153,18 +153,7 @@ class Signals:
 
     def to_dict(self) -> dict:
         """The JSON form (stored with each diagnosis): an infinite bucket edge (+Inf) becomes null."""
-        return {k: _finite(v) for k, v in as_plain(self).items() if v not in (None, [], {})}
-
-
-def _finite(value: object) -> object:
-    """JSON has no Infinity (PostgreSQL's json type refuses it): the +Inf edge of a bucket is null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+        return {k: finite_json(v) for k, v in as_plain(self).items() if v not in (None, [], {})}
 
 
 def _mean(h: LatencySummary | None) -> float | None:

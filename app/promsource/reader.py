@@ -6,12 +6,19 @@ module only regroups the answers by target. Percentiles are then computed from t
 per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
 (:mod:`app.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
 Prometheus' own ``histogram_quantile`` answers over the same range.
+
+Every series is checked where it is decoded: one that cannot be what its query reads (a
+bucket whose ``le`` is not a number, a scrape count that is not a finite count, a label the
+query sets that it did not set) is dropped and counted by reason (:data:`BAD_SERIES_REASONS`,
+:attr:`SourceReader.bad_series`), and the target's window names what it lacks
+(:attr:`app.window.TargetWindow.dropped`). No error of bad data leaves the reader.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import threading
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +43,8 @@ from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
 TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
+#: Series dropped while reading one window, per target: (signal, reason) -> series.
+Drops = dict[TargetKey, Counter[tuple[str, str]]]
 INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
 
 
@@ -79,12 +88,40 @@ class Discovered:
 FIRST_SEEN_STEP = 240.0
 
 
+#: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
+BAD_SERIES_REASONS = {
+    "bad_bound": "a histogram bucket whose le label is not a number",
+    "bad_count": "a count of scrapes that is not a finite number >= 0",
+    "bad_label": "a label the query sets itself that is not one it set",
+}
+
+
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
     return tuple([labels.get(name, "") for name in target_labels])
 
 
 def _bound(le: str) -> float:
     return math.inf if le in ("+Inf", "Inf", "+inf", "inf") else float(le)
+
+
+def _valid_le(le: str) -> bool:
+    """A bucket's ``le`` (or the ``sum``/``count`` tag the query gives those series): a number, not NaN."""
+    if le in ("sum", "count"):
+        return True
+    try:
+        return not math.isnan(_bound(le))
+    except ValueError:
+        return False
+
+
+def _family(labels: dict[str, str], families: int | None = None) -> int | None:
+    """The candidate-family index the query tagged a series with; None when the label is not
+    one it set (``families``: how many candidates the query had, when known)."""
+    text = labels.get(FAMILY_LABEL, "0")
+    if not (text.isascii() and text.isdigit() and len(text) <= 4):
+        return None
+    index = int(text)
+    return index if families is None or index < families else None
 
 
 def _first_family(by_family: dict[int, Any]) -> Any:
@@ -125,6 +162,14 @@ class SourceReader:
         self.target_labels = tuple(target_labels)
         self.service_labels = tuple(service_labels)
         self.matchers = tuple(parse_selector(selector))
+        self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
+        self._lock = threading.Lock()
+
+    def _drop(self, drops: Drops | None, key: TargetKey, signal: str, reason: str) -> None:
+        with self._lock:
+            self.bad_series[reason] += 1
+        if drops is not None:
+            drops.setdefault(key, Counter())[(signal, reason)] += 1
 
     def _queries(self, only: TargetKey | None, where: dict[str, str] | None = None) -> SourceQueries:
         extra = () if only is None else tuple((name, "=", value) for name, value in zip(self.target_labels, only))
@@ -199,27 +244,32 @@ class SourceReader:
         intervals: Any = None
         tgi_kv: Any = None
         ranks_answer: Any = None
+        drops: Drops = {}
         # Each answer is regrouped as soon as it arrives, while the other queries are still
         # running on the server; the ITL split last, as it keeps only models other answers found.
         for index, answer in self.client.map_as_completed(run, jobs):
             kind, signal, _ = jobs[index]
             if kind == "histogram":
-                for key, per_model in self._pick(answer.data, "le", signal).items():
+                for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
                     for name, buckets in per_model.items():
                         model(key, name).histograms[signal] = _histogram(buckets)
             elif kind == "gauge":
-                for key, per_model in self._pick(answer.data, STAT_LABEL).items():
+                for key, per_model in self._pick(answer.data, STAT_LABEL, signal, drops).items():
                     for name, stats in per_model.items():
                         if {"last", "avg", "max"} <= stats.keys():
                             model(key, name).gauges[signal] = GaugeStats(stats["last"], stats["avg"], stats["max"])
             elif kind == "counter":
-                for key, per_model in self._pick(answer.data, None).items():
+                for key, per_model in self._pick(answer.data, None, signal, drops).items():
                     for name, values in per_model.items():
                         if not math.isnan(values[""]):
                             model(key, name).rates[signal] = values[""]
             elif kind == "scrapes":
                 for sample in answer.data:
-                    window(_key(sample.labels, self.target_labels)).scrapes = int(sample.value)
+                    key = _key(sample.labels, self.target_labels)
+                    if math.isfinite(sample.value) and sample.value >= 0:
+                        window(key).scrapes = int(sample.value)
+                    else:
+                        self._drop(drops, key, "scrapes", "bad_count")
             elif kind == "tgi_kv":
                 tgi_kv = answer  # after the gauges: an engine's own KV gauge wins
             elif kind == "ranks":
@@ -233,15 +283,17 @@ class SourceReader:
             for key, kv in self._tgi_kv(tgi_kv.data).items():
                 model(key, "").gauges.setdefault("kv_usage", kv)
         if ranks_answer is not None:
-            for key, rank_models in self._ranks(ranks_answer.data).items():
+            for key, rank_models in self._ranks(ranks_answer.data, drops).items():
                 for name, ranks in rank_models.items():
                     if len(ranks) > 1 and name in window(key).models:
                         model(key, name).ranks = dict(sorted(ranks.items()))
         if intervals is not None:
-            for key, by_model in self._intervals(intervals.data).items():
+            for key, by_model in self._intervals(intervals.data, drops).items():
                 for name, intervals_of_model in by_model.items():
                     if name in window(key).models:
                         model(key, name).itl_intervals = intervals_of_model
+        for key, counts in drops.items():
+            window(key).dropped = dict(sorted(counts.items()))
         out = dict(sorted(out.items()))  # answers arrive in any order; windows and models do not
         for tw in out.values():
             tw.models = dict(sorted(tw.models.items()))
@@ -255,7 +307,8 @@ class SourceReader:
         q = self._queries(None, None)
         answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
         return [{key: {name: _histogram(b) for name, b in per_model.items()}
-                 for key, per_model in self._pick(answer.data, "le", signal).items()} for answer in answers]
+                 for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
+                for answer in answers]
 
     def first_seen(self, signal: str, span: float, end: float) -> dict[TargetKey, float]:
         """Per target, when its ``signal`` histogram first has a sample in the ``span`` before
@@ -279,13 +332,17 @@ class SourceReader:
         answer = self.client.query_range(q_text, first, end, step)
         # target -> family -> t -> model -> {le: value}; per target its first family, then summed
         grouped: dict[TargetKey, dict[int, dict[float, dict[str, dict[str, float]]]]] = defaultdict(dict)
+        families = HISTOGRAM_FAMILIES[signal]
         for series in answer.data:
-            family = int(series.labels.get(FAMILY_LABEL, "0"))
-            by_time = grouped[_key(series.labels, self.target_labels)].setdefault(family, defaultdict(dict))
-            name, le = series.labels.get(MODEL_LABEL, ""), series.labels.get("le", "")
+            key = _key(series.labels, self.target_labels)
+            family, le = _family(series.labels, len(families)), series.labels.get("le", "")
+            if family is None or not _valid_le(le):
+                self._drop(None, key, signal, "bad_label" if family is None else "bad_bound")
+                continue
+            by_time = grouped[key].setdefault(family, defaultdict(dict))
+            name = series.labels.get(MODEL_LABEL, "")
             for t, value in series.points:
                 by_time[round(t, 3)].setdefault(name, {})[le] = value
-        families = HISTOGRAM_FAMILIES[signal]
         chosen = [{t: {m: _rescaled(b, families[min(by_family)].scale) for m, b in per_t.items()}
                    for t, per_t in _first_family(by_family).items()} for _, by_family in sorted(grouped.items())]
         points = []
@@ -297,17 +354,23 @@ class SourceReader:
             points.append(series_point(t, merged, q))
         return points
 
-    def _pick(self, samples: Sequence[_Sample], sub_label: str | None, histogram: str | None = None
-              ) -> dict[TargetKey, dict[str, dict[str, float]]]:
-        """Samples -> target -> model -> {sub label value: value}, from the first family (engine
-        name, newest first) that answered for the target; a ``histogram`` signal's buckets in
-        seconds whatever the unit of the family chosen."""
+    def _pick(self, samples: Sequence[_Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
+              histogram: bool = False) -> dict[TargetKey, dict[str, dict[str, float]]]:
+        """Samples of ``signal``'s query -> target -> model -> {sub label value: value}, from the
+        first family (engine name, newest first) that answered for the target; a ``histogram``'s
+        buckets in seconds whatever the unit of the family chosen. A series whose family tag or
+        bucket bound is not valid is dropped (counted in ``drops``)."""
         grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = {}
         names = self.target_labels
+        families = HISTOGRAM_FAMILIES[signal] if histogram else \
+            GAUGE_FAMILIES[signal] if sub_label == STAT_LABEL else COUNTER_FAMILIES[signal]
         for sample in samples:
             labels = sample.labels
             key = tuple([labels.get(name, "") for name in names])
-            family = int(labels.get(FAMILY_LABEL, "0"))
+            family = _family(labels, len(families))
+            if family is None or (histogram and not _valid_le(labels.get("le", ""))):
+                self._drop(drops, key, signal, "bad_label" if family is None else "bad_bound")
+                continue
             by_family = grouped.get(key)
             if by_family is None:
                 by_family = grouped[key] = {}
@@ -319,19 +382,22 @@ class SourceReader:
             if subs is None:
                 subs = per_model[name] = {}
             subs[labels.get(sub_label, "") if sub_label else ""] = sample.value
-        if histogram is None:
+        if not histogram:
             return {key: _first_family(by_family) for key, by_family in grouped.items()}
-        families = HISTOGRAM_FAMILIES[histogram]
         return {key: {name: _rescaled(buckets, families[min(by_family)].scale)
                       for name, buckets in _first_family(by_family).items()} for key, by_family in grouped.items()}
 
-    def _ranks(self, samples: Sequence[_Sample]) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
+    def _ranks(self, samples: Sequence[_Sample], drops: Drops
+               ) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
         """target -> model -> rank -> {gauge signal: mean}, from the first family per signal and target."""
         # target -> signal -> family -> model -> rank -> value
         grouped: dict[TargetKey, dict[str, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
         for sample in samples:
-            family = int(sample.labels.get(FAMILY_LABEL, "0"))
+            family = _family(sample.labels)
             signal = sample.labels.get(STAT_LABEL, "")
+            if family is None:
+                self._drop(drops, _key(sample.labels, self.target_labels), signal, "bad_label")
+                continue
             rank = sample.labels.get("engine", sample.labels.get("dp_rank", "")) or "0"
             per_family = grouped[_key(sample.labels, self.target_labels)].setdefault(signal, {})
             per_family.setdefault(family, {}).setdefault(sample.labels.get(MODEL_LABEL, ""), {})[rank] = sample.value
@@ -381,12 +447,15 @@ class SourceReader:
                               sample.labels.get("engine") or sample.labels.get("dp_rank") or "0", labels))
         return out
 
-    def _intervals(self, series: Sequence[_Series]) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
+    def _intervals(self, series: Sequence[_Series], drops: Drops) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
         # target -> family -> (model, rank) -> stat -> {t: value}
         grouped: dict[TargetKey, dict[int, dict[tuple[str, str], dict[str, dict[float, float]]]]] = \
             defaultdict(dict)
         for s in series:
-            family = int(s.labels.get(FAMILY_LABEL, "0"))
+            family = _family(s.labels)
+            if family is None:
+                self._drop(drops, _key(s.labels, self.target_labels), "itl", "bad_label")
+                continue
             rank = s.labels.get("engine", s.labels.get("dp_rank", ""))
             ranks = grouped[_key(s.labels, self.target_labels)].setdefault(family, {})
             ranks.setdefault((s.labels.get(MODEL_LABEL, ""), rank), {})[s.labels.get(STAT_LABEL, "")] = \

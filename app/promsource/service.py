@@ -101,6 +101,7 @@ class SourceStatus:
     services: int = 0
     down: int = 0
     gone: int = 0
+    bad_series: dict[str, int] = field(default_factory=dict)  # series dropped since the start, by reason
 
     last_round_ok: bool | None = None  # None until the first round
 
@@ -178,6 +179,8 @@ class SourceService:
         return None if name is None else self.sources.get(name)
 
     def statuses(self) -> list[SourceStatus]:
+        for source in list(self.sources.values()):
+            source.status.bad_series = dict(sorted(source.reader.bad_series.items()))
         return [s.status for s in self.sources.values()]
 
     def close(self) -> None:
