@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import latency
+from app import latency, scheduling
 from app.config import DiagnosisConfig
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis import rounds
@@ -88,4 +88,28 @@ def test_a_rounds_windows_equal_each_targets_own(tmp_path: Path, pages: dict) ->
                                                  DiagnosisConfig().thresholds)
             assert [d.to_dict() for d in a] == [d.to_dict() for d in b]
             assert a[0].verdict != "insufficient_data"
+    engine.dispose()
+
+
+def test_a_target_that_fails_stops_no_other(tmp_path: Path, pages: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each target is judged in its own error boundary: the others are evaluated and saved, the
+    failing one keeps its last verdict, and the failure is counted for /metrics."""
+    engine, sessions, ids, now = _fleet(tmp_path, 3, pages)
+    config = DiagnosisConfig(interval=30, window=60)
+    rounds.evaluate_diagnoses(sessions, config, now=now - 5)
+    real = diagnosis_engine.evaluate_target
+
+    def failing(session, target_id, target, *args, **kwargs):
+        if target == "t001":
+            raise RuntimeError("a bug met by one target only")
+        return real(session, target_id, target, *args, **kwargs)
+
+    monkeypatch.setattr(diagnosis_engine, "evaluate_target", failing)
+    errors = scheduling.target_errors["diagnosis"]
+    results = rounds.evaluate_diagnoses(sessions, config, now=now)
+    assert sorted(d.target for d, _ in results) == ["t000", "t002"]
+    assert scheduling.target_errors["diagnosis"] == errors + 1
+    with sessions() as session:
+        evaluated = {row.target_id: row.evaluated_at for row in repository.diagnosis_rows(session).values()}
+    assert evaluated == {ids[0]: now, ids[1]: now - 5, ids[2]: now}
     engine.dispose()
