@@ -3,7 +3,7 @@ targets YAML (which shares its models with the API).
 
 Without them one request could store a 100 MB label value (every status-page render then
 carries it) or hand the scheduler an interval it cannot represent. The numbers are
-generous for real fleets and are documented in the README ("Limits"); a value past one is
+generous for real fleets and are documented in docs/api.md#limits; a value past one is
 refused with a 422 (API) or a config error naming the field.
 """
 

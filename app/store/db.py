@@ -23,9 +23,9 @@ from app.changes import changes
 from app.resources import migrations_dir
 
 #: Connections per process: anyio's default 40 API worker threads, the scrape writer and the
-#: rounds' threads each get one without waiting (the old 5 + 10 gave 500s under 50 clients:
-#: "QueuePool limit of size 5 overflow 10 reached"). PostgreSQL's default max_connections
-#: (100) holds two replicas at their peak.
+#: rounds' threads each get one without waiting (a smaller pool answers 500s under 50 clients:
+#: "QueuePool limit ... reached"). PostgreSQL's default max_connections (100) holds two
+#: replicas at their peak.
 POOL_SIZE, POOL_OVERFLOW, POOL_TIMEOUT = 10, 40, 60.0
 
 

@@ -3,14 +3,14 @@
 Cumulative bucket counts of a real engine are whole numbers below 2**32, so they are
 stored as little-endian uint32 (4 bytes a count) behind a one-byte format tag; anything
 else (a fractional or negative count, NaN, more than 2**32) falls back to float64 (8
-bytes, exact). Measured against the comma-joined ``repr`` text this replaces (~13 bytes a
-count on a loaded engine's page) in the README's storage section. ``struct`` packs in C,
-so encoding costs less CPU at ingest than formatting the text did.
+bytes, exact): about half the bytes of comma-joined ``repr`` text
+(docs/benchmarks.md#query-and-storage), and ``struct`` packs in C, so encoding costs less
+CPU at ingest than formatting text.
 
 A scrape's samples are one row (:func:`encode_scrape`): each series' entry behind its id,
 kind and length. Twenty rows a scrape (one per histogram and scalar series) cost
 PostgreSQL a 24-byte tuple header, alignment and a primary-key entry each, more than
-the samples themselves (README, storage).
+the samples themselves (docs/operations.md#encoding).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ def encode_counts(counts: Sequence[float]) -> bytes:
 
     ``float.is_integer`` over the counts (C) decides, and ``struct`` refuses what does not
     fit (negative or >= 2**32). Floats become ints with ``float.__trunc__`` (exact for a
-    whole number): 1.1 against 1.9 µs for 30 buckets with ``int``, whose call goes through
-    the type's constructor (the whole encoding 2.9 → 1.7 µs). Where ``app/_vectors.c`` is
-    built, counts that are all floats (what the adapters hand) are encoded there: 0.2 µs."""
+    whole number, and cheaper than ``int``, whose call goes through the type's constructor).
+    Where ``app/_vectors.c`` is built, counts that are all floats (what the adapters hand) are
+    encoded there."""
     if encode_float_counts is not None:
         encoded = encode_float_counts(counts)
         if encoded is not None:

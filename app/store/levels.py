@@ -12,7 +12,7 @@ in the same order, as the raw samples - bit for bit, resets and engine restarts 
 Gauges keep the sum and maximum of their values too (the window's mean is then the same
 value up to float summation order).
 
-Which windows are exact (README "Storage" states this for users):
+Which windows are exact (docs/operations.md#which-windows-are-exact states this for users):
 
 * every window whose edges lie within the raw period (``raw_retention``): its interior is
   read from the coarsest level whose intervals fit, its edges from the next finer level

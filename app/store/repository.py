@@ -114,8 +114,8 @@ def target_rows(session: Session) -> list[TargetView]:
     """Every target by name, as Core rows: for the pages that read the whole fleet's targets and
     change none (the status page, the targets list, the fleet view, the alert round); writers
     use :func:`list_targets`. The rows carry the columns under the model's attribute names;
-    they are read on the session's connection, past the ORM's result processing (3.3 -> 2.9 ms
-    at 1,000 targets, SQLite)."""
+    they are read on the session's connection, past the ORM's result processing (cheaper, and
+    nothing here is written back)."""
     return list(_core_rows(session, select(Target.__table__).order_by(Target.name)))
 
 
@@ -269,7 +269,7 @@ class SampleWriter:
         self._bounds_text: dict[tuple[float, ...], str] = {}
         self._bounds_by_id: dict[int, tuple[tuple[float, ...], str]] = {}
         # last written engine config per (target, name, model, rank): info pages rarely
-        # change, and one UPDATE per info per scrape was a fifth of the ingest CPU
+        # change, and an UPDATE per info per scrape would be a fifth of the ingest CPU
         self._infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
         self._open: dict[int, _OpenInterval] = {}
         self._step_ms = lv.LEVELS[0] * 1000
@@ -317,9 +317,9 @@ class SampleWriter:
     def _bounds(self, bounds: tuple[float, ...]) -> str:
         """The series key's text of a histogram's bounds. An adapter hands the same tuple
         object every scrape of a page shape (its layouts are memoized), so the first lookup
-        is by identity: hashing 30 floats took 260 ns a histogram. The entry holds the tuple,
-        so its id cannot be reused while it is there; bounded, as adapters without a plan
-        make new tuples each scrape."""
+        is by identity, without hashing ~30 floats. The entry holds the tuple, so its id cannot
+        be reused while it is there; bounded, as adapters without a plan make new tuples each
+        scrape."""
         hit = self._bounds_by_id.get(id(bounds))
         if hit is not None and hit[0] is bounds:
             return hit[1]
@@ -424,24 +424,18 @@ _SAMPLE_COLUMNS = ("scrape_samples", ("target_id", "ts", "samples"))
 
 
 def _insert_rows(conn: Connection, columns: tuple[str, tuple[str, ...]], rows: list[tuple]) -> None:
-    """SQLite: one ``executemany`` with positional rows, straight to the driver.
-
-    Measured in bench/ingest.py on the 8-model page (176 rows per scrape when a series'
-    sample was a row): ``conn.execute(insert(...), dict_rows)`` spent ~350 µs per scrape
-    building parameters in SQLAlchemy, more than sqlite3 spent storing the rows. The scrape
-    rows go the same way (their dicts through ``insert(Scrape)`` were 3 % of a 1-model
-    scrape's whole-path CPU, py-spy).
+    """SQLite: one ``executemany`` with positional rows, straight to the driver: building
+    the parameters through SQLAlchemy's ``insert()`` costs more than sqlite3 storing the
+    rows (bench/ingest.py).
     """
     table, names = columns
     conn.exec_driver_sql(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})", rows)
 
 
 def _copy_rows(conn: Connection, columns: tuple[str, tuple[str, ...]], rows: list[tuple]) -> None:
-    """PostgreSQL: scrape and sample rows go in with ``COPY`` inside the same transaction.
-
-    Measured in bench/ingest.py on the 8-model page (a row per series then): 543 us per
-    scrape with COPY against 1,778 us with executemany (the multi-row INSERT statements
-    cost more to build and to parse server-side than the rows themselves).
+    """PostgreSQL: scrape and sample rows go in with ``COPY`` inside the same transaction:
+    multi-row INSERT statements cost more to build and to parse server-side than the rows
+    themselves (bench/ingest.py).
     """
     table, names = columns
     cursor = conn.connection.driver_connection.cursor()
@@ -615,11 +609,9 @@ RAW_FETCH = 5000
 
 def _driver_batches(result: Result) -> Iterator[Sequence[tuple]]:
     """The rows of an executed plain-SQL statement as the driver's tuples, :data:`RAW_FETCH`
-    at a time. A summary round read 400,000 raw rows for 1,000 targets (a row a series
-    then; 20,000 as a row a scrape); SQLAlchemy's ``partitions`` built a ``Row`` for each,
-    which cost a tenth of the round
-    (bench/query.py's builder, 1,000 targets, 5-minute window). A driver error while
-    fetching (SQLite's progress handler interrupting a read over its budget) is raised as
+    at a time, without a SQLAlchemy ``Row`` per row (a round reads tens of thousands of raw
+    rows; a ``Row`` each is a visible share of the round). A driver error while fetching
+    (SQLite's progress handler interrupting a read over its budget) is raised as
     SQLAlchemy's, as ``partitions`` would have."""
     assert isinstance(result, CursorResult)  # a statement's result, not a buffered copy
     cursor = result.cursor
@@ -908,8 +900,8 @@ def target_infos(session: Session, target_id: int) -> list[TargetInfo]:
 
 def latest_scrape(session: Session, target_id: int) -> Scrape | None:
     """One target's most recent scrape: one row by the ``(target_id, ts)`` index, where
-    :func:`latest_scrapes` groups every target's (a per-target read that asked for all of them
-    cost 4x its own work at 1,000 targets, bench/load.py)."""
+    :func:`latest_scrapes` groups every target's (a per-target read asking for all of them
+    costs several times its own work at 1,000 targets, bench/load.py)."""
     return session.scalars(select(Scrape).where(Scrape.target_id == target_id)
                            .order_by(Scrape.ts.desc()).limit(1)).first()
 
@@ -917,11 +909,9 @@ def latest_scrape(session: Session, target_id: int) -> Scrape | None:
 def latest_scrapes(session: Session, target_ids: Sequence[int] | None = None) -> dict[int, ScrapeView]:
     """The most recent scrape of every target (of ``target_ids`` only, when given): one
     index lookup per target (``ix_scrapes_target_ts`` read backwards from the target's end),
-    so the cost follows the number of targets, not the scrape log's length. A
-    ``max(ts) ... GROUP BY target_id`` reads the whole log: at 1,000 targets it took 9.9 ms
-    with 15 minutes of scrapes and 509 ms with a day (SQLite), and the log holds
-    ``retention`` (7 days) of them. Core rows on the session's connection, not ORM objects: read-only,
-    and 1.9 ms against 4.9 at 1,000 targets (SQLite)."""
+    so the cost follows the number of targets, not the scrape log's length (a ``max(ts) ...
+    GROUP BY target_id`` reads the whole log, which holds ``retention`` of scrapes). Core
+    rows on the session's connection, not ORM objects: read-only."""
     newest = (select(Scrape.id).where(Scrape.target_id == Target.id).order_by(Scrape.ts.desc(), Scrape.id.desc())
               .limit(1).correlate(Target).scalar_subquery())
     newest_ids = select(newest).select_from(Target)
@@ -1185,14 +1175,14 @@ def _digest_of(evaluated_at: float, digest: str | None, digest_at: float | None)
 
 def latest_diagnoses(session: Session, target_id: int | None = None) -> list[LatestDiagnosis]:
     """The latest evaluation of every target and model (of ``target_id`` only). The details
-    change once per diagnosis round, but fetching every target's (4-5 KB each) as text and
-    decoding them for every status page and ``/api/v1/diagnoses`` read was most of what those
-    reads cost at 1,000 targets (bench/load.py). So the rows are read without them first; only
-    the details whose digest the last whole-fleet read did not decode are fetched (with the
-    rest of their row again, so a row is never half of one evaluation and half of the next).
-    A row whose digest is not of its evaluation (written by a version that predates digests)
-    is fetched and keyed by its text. Only a whole-fleet read replaces what is kept, so the
-    cache never outgrows the table."""
+    change once per diagnosis round, but fetching and decoding every target's (4-5 KB each)
+    for every status page and ``/api/v1/diagnoses`` read would be most of what those reads
+    cost at 1,000 targets. So the rows are read without them first; only the details whose
+    digest the last whole-fleet read did not decode are fetched (with the rest of their row
+    again, so a row is never half of one evaluation and half of the next). A row whose digest
+    is not of its evaluation (written by a version that predates digests) is fetched and keyed
+    by its text. Only a whole-fleet read replaces what is kept, so the cache never outgrows
+    the table."""
     head = select(*_DIAGNOSIS_HEAD).join(Target, Target.id == DiagnosisRow.target_id)
     if target_id is not None:
         head = head.where(DiagnosisRow.target_id == target_id)
