@@ -1,15 +1,13 @@
 /* Element-wise checks and the count encoding of the number vectors a scrape carries
 (app/vectors.py holds the same functions in Python and says where each is used).
 
-Why C: per histogram series and scrape the ingest path checked its buckets for a decrease
-(the adapter), checked every number against the series' previous sample for a counter reset
-(the writer's 5-minute level) and encoded the counts as uint32 (the stored row). In Python
-each is a loop of one call per number: 3.7 us of CPU for a 25-bucket histogram together,
-0.3 us here (timeit); the store's share of an 8-model vLLM scrape went 648 -> 429 us
-(bench/ingest.py). Each function here answers exactly what its
-Python twin answers; for numbers that are not all floats it compares through Python's own
-comparison (all_le, any_decrease) or answers None (encode_counts: the caller takes the
-Python path).
+Why C: per histogram series and scrape the ingest path checks its buckets for a decrease
+(the adapter), checks every number against the series' previous sample for a counter reset
+(the writer's 5-minute level) and encodes the counts as uint32 (the stored row). In Python
+each is a loop of one call per number, about ten times the CPU of these loops. Each function
+here answers exactly what its Python twin answers; for numbers that are not all floats it
+compares through Python's own comparison (all_le, any_decrease) or answers None
+(encode_counts: the caller takes the Python path).
 */
 
 #define PY_SSIZE_T_CLEAN

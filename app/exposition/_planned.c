@@ -1,10 +1,9 @@
 /* The parser's plan applied to a page's bytes (app/exposition/parser.py, class _Plan).
 
 Why C: for a page of a known shape the plan only verifies the lines and converts the values,
-and in Python most of that time went to making a string object of every line and every value
-(split, removeprefix, float: 585 us of an 8-model vLLM page's 600, bench/ingest.py's
-profile). Here each line is checked in place and each value converted from the page's own
-bytes, through the same CPython function float() uses.
+and in Python nearly all of that time goes to making a string object of every line and every
+value (split, removeprefix, float). Here each line is checked in place and each value
+converted from the page's own bytes, through the same CPython function float() uses.
 
 values(page, kinds, patterns, n_samples) -> list[float] | None
 

@@ -30,24 +30,9 @@ bodies, HTML error pages). This module is built around three observations:
    hand out stale labels or values: everything except the value text is compared, and
    the value text is always converted anew.
 
-Measured on the real 52 kB vLLM 0.32 page (``tests/fixtures/exposition/
-vllm-0.32-cpu-real.prom``, 630 lines, 445 samples), keeping ``vllm:`` families
-(374 samples), CPython 3.11, per parse, best of 3 rounds on a shared 2-CPU machine
-(``python3 bench/parse_bench.py``)::
-
-    prometheus_client.parser.text_string_to_metric_families   6.5 ms
-    PageParser, cold (a new parser for every parse)            2.1 ms   (3x faster)
-    PageParser, warm (same page again: plan path)              0.155 ms (42x faster)
-    PageParser, warm, every value different each time          0.15 ms  (43x faster)
-    PageParser, warm, line cache only (plan disabled)          0.37 ms  (17x faster)
-
-Of those 0.15 ms, creating the 374 ``Sample`` objects cost 41 us, splitting the page
-into line strings 35 us and ``float()`` 22 us; the plan checks, value extraction and the
-72 ``MetricFamily`` objects took the rest. On a synthetic 8-model vLLM page (3056
-samples, 2985 kept): 42 ms / 14 ms / 1.05 ms. Since then a family made by the plan
-creates its samples only when they are read (:class:`MetricFamily`): the adapters read
-only the values. And the plan is applied in C: a warm parse of the 1-model page 111 →
-25 µs, of the 8-model page 787 → 116 µs (``bench/ingest.py``, rows a1 and a4).
+A warm parse of the real vLLM page costs about 1/200 of ``prometheus_client``'s, a cold
+one about 1/4 (``bench/ingest.py`` rows a1-a6 and ``bench/parse_bench.py``;
+docs/benchmarks.md#ingest).
 
 Semantics (matching ``prometheus_client.parser.text_string_to_metric_families`` on
 every page it accepts, except where noted):
@@ -124,9 +109,9 @@ class MetricFamily:
     this order (point 3 of the module docstring), None when the page has no plan. The
     adapters keep their series layouts there, so a repeat page is not regrouped, and then
     they read only ``values``. That is why a family made by the plan (:meth:`planned`)
-    creates its ``Sample`` objects only when ``samples`` is first read: creating them was
-    the largest single cost of a scrape of a known page shape (9.5 % of the scrape path's
-    CPU with 500 targets, py-spy), and the adapters never read them.
+    creates its ``Sample`` objects only when ``samples`` is first read: creating them would
+    be the largest single cost of a scrape of a known page shape, and the adapters never
+    read them.
     """
 
     __slots__ = ("name", "type", "memo", "_samples", "_names", "_labels", "_values")

@@ -1,10 +1,10 @@
 """Fetching /metrics pages: explicit timeouts, a size cap, gzip, bounded concurrency.
 
 Why aiohttp and not httpx on this path: the scrape loop is the one place that makes
-hundreds of requests per second. ``bench/ingest.py`` measures a shared
-``httpx.AsyncClient`` at several ms of CPU per 50 kB fetch once many connections are
-open (httpx issue #3215) against ~0.1 ms for aiohttp; httpx remains the client for
-probes, webhooks and tests, where request rates are low.
+hundreds of requests per second, and a shared ``httpx.AsyncClient`` costs 5-50 times
+aiohttp's CPU per fetch once many connections are open (httpx issue #3215;
+``bench/ingest.py`` rows d1-d2). httpx remains the client for probes, webhooks and tests,
+where request rates are low.
 
 Why ``Accept: text/plain;version=0.0.4``: prometheus_client 0.26 (used by vLLM)
 renames ``vllm:`` families inconsistently when a client negotiates OpenMetrics, so we
@@ -94,9 +94,9 @@ class PageFetcher:
 
         The overall deadline is ``asyncio.timeout`` (Python's own, which turns its
         cancellation into ``TimeoutError`` reliably); aiohttp only gets the connect
-        timeout. Under heavy load aiohttp's own total timeout was seen to leak a bare
-        ``CancelledError`` out of the connect phase, which would have looked like the
-        scrape job itself being cancelled.
+        timeout. Under heavy load aiohttp's own total timeout can leak a bare
+        ``CancelledError`` out of the connect phase, which would look like the scrape job
+        itself being cancelled.
         """
         assert self._session is not None, "PageFetcher.start() first"
         connect = min(self.connect_timeout, timeout)

@@ -43,8 +43,8 @@ MAX_PENDING = 200_000  # scrapes held in memory while the database is unreachabl
 
 def tune_collector() -> None:
     """Scraping allocates many short-lived objects (samples, rows); with CPython's default
-    generation-0 threshold (700) the cyclic collector took 8-11 % of ingest CPU in
-    ``bench/ingest.py``. A higher threshold, plus ``gc.freeze()`` of the long-lived state
+    generation-0 threshold (700) the cyclic collector takes about a tenth of ingest CPU
+    (``bench/ingest.py``). A higher threshold, plus ``gc.freeze()`` of the long-lived state
     (parsers' caches, series ids) after the first write, cuts that to a few percent."""
     gc.set_threshold(50_000, 20, 100)
 
