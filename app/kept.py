@@ -17,8 +17,8 @@ class KeptParts(Generic[Key, Made, Part]):
     """The parts of a list answer (a diagnosis' JSON, a target's JSON, a fleet table row's
     HTML, a stored diagnosis' decoded details) kept by what each is made of, so that a read
     makes only the parts that changed since the last read. At 1,000 targets most of an answer
-    is the same from one read to the next, and making every part again was most of what the
-    diagnoses, the targets list and the status page cost under bench/load.py's clients. Each
+    is the same from one read to the next, and making every part again would be most of what
+    the diagnoses, the targets list and the status page cost under load. Each
     kept read replaces what is kept by its own parts, so at most one answer's parts are held;
     a key must hold everything its part shows."""
 

@@ -219,7 +219,7 @@ def extrapolate_all(results: Sequence[float], firsts: Sequence[float], first_ms:
     buckets, ``_sum`` and ``_count``): what depends only on the timestamps is computed once,
     and only a component whose extrapolation to zero moves its start (rule 3) gets a factor
     of its own. Every value is the same float the one-at-a-time arithmetic gives; computed
-    per bucket it was a sixth of the summary round (1,000 targets, 25 components each)."""
+    per bucket it would be a sixth of the summary round (1,000 targets, 25 components each)."""
     duration_to_start = float(first_ms - start_ms) / 1000
     duration_to_end = float(end_ms - last_ms) / 1000
     sampled_interval = float(last_ms - first_ms) / 1000

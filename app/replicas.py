@@ -17,9 +17,8 @@
   service asks :meth:`Ownership.holds`, which answers from the heartbeat thread's latest
   view (:attr:`Membership.view`) and says no once that view is older than the hand-over
   wait (the newcomer may have taken the target since). So no target is scraped by two
-  replicas, and none
-  goes unscraped for longer than 2 scrape intervals + ``replica_expiry`` when its replica
-  is killed (see the README's replicas section).
+  replicas, and none goes unscraped for longer than 2 scrape intervals + ``replica_expiry``
+  when its replica is killed (docs/operations.md#failover).
 * **The leader** (:class:`Lease`) holds the ``leader`` row of ``leases`` (holder, fencing
   token, expiry) and runs what must happen once per fleet: the diagnosis and alert rounds,
   notification delivery and retention. The lease lasts ``replica_expiry`` and is renewed

@@ -98,8 +98,8 @@ class RenderedPerRound(Collector):
     """A collector whose data a round replaces whole (never changes in place): its text on
     ``/metrics`` is rendered once per replacement and reused by every scrape until the next.
     At 1,000 targets these families are tens of thousands of lines; rendering them for each
-    of many concurrent readers of ``/metrics`` cost more than everything else the endpoint
-    does (bench/load.py). ``_data``: the attributes a round assigns."""
+    of many concurrent readers of ``/metrics`` would cost more than everything else the
+    endpoint does. ``_data``: the attributes a round assigns."""
 
     _data: tuple[str, ...] = ()
     _rendered: tuple[tuple[object, ...], bytes] | None = None
@@ -179,11 +179,11 @@ class ScrapeFamilies:
     """The per-target families a scrape sets: attempts by result, up, last scrape time, page
     size, samples kept, malformed lines. Each target's lines are rendered when its scrape is
     recorded (by prometheus_client, so the text is the library's own) and every read of
-    ``/metrics`` joins them. As labelled metrics on the registry they were rendered for every
-    read: 7,000 lines at 1,000 targets, most of the endpoint's CPU under bench/load.py's clients,
-    where a scrape renders its own target's 7 lines once. Recorded from the event loop and the
-    sources round (under a lock); read from worker threads without one: a target's lines are
-    replaced whole, and the read copies the mapping's values in one step."""
+    ``/metrics`` joins them: as labelled metrics on the registry every read would render all
+    targets' lines (7,000 at 1,000 targets), where a scrape renders its own target's 7 lines
+    once. Recorded from the event loop and the sources round (under a lock); read from worker
+    threads without one: a target's lines are replaced whole, and the read copies the
+    mapping's values in one step."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -18,15 +18,12 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   each, gzip accepted) loop over the read endpoints a dashboard and an operator use:
   ``/api/v1/targets``, the status page ``/``, one target's ``/latency?window=5m``,
   ``/api/v1/diagnoses``, ``/metrics``, the fleet ``/api/v1/latency?window=5m``, each with a
-  30 s client timeout. ``--client httpx`` uses one ``httpx.AsyncClient`` each instead, as the
-  bench did before: at 1,000 targets, once the service answered more requests, the httpx
-  clients took 0.65 of a core of the two the service runs on (aiohttp: 0.40; ``python -m
-  bench.ingest`` table (d): httpx costs 45x aiohttp's CPU per fetch at 50 concurrent). The
-  aiohttp clients read each body as it was sent (gzip) without inflating it: a request's time
-  is the service's, until its last byte arrived. Inflating every answer (``--client
-  aiohttp-inflate``, as the bench did before) cost the one client process most of a core once
-  the service answered from kept answers (every ``/metrics`` is ~5 MB inflated at 1,000
-  targets), and the requests then waited for the clients' own event loop. The clients' CPU is
+  30 s client timeout. The clients share the service's cores, so they are kept cheap: aiohttp
+  (``--client httpx`` for one ``httpx.AsyncClient`` each, which costs many times aiohttp's CPU
+  per fetch, ``bench.ingest`` table (d)), reading each body as it was sent (gzip) without
+  inflating it, so a request's time is the service's, until its last byte arrived.
+  ``--client aiohttp-inflate`` inflates every answer (every ``/metrics`` is ~5 MB inflated at
+  1,000 targets), which makes the clients' own event loop the limit. The clients' CPU is
   printed beside the service's.
 
 Measured after a warm-up under the clients (``--warmup``, default 330 s: the rounds' longest

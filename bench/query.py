@@ -274,8 +274,8 @@ def service_collector() -> Iterator[None]:
     """The cyclic garbage collector as ``llm-latency serve`` runs it (``tune_collector``, and
     what exists before the questions frozen out of its scans, as the service freezes its
     long-lived state after the first write): with CPython's defaults a collection landing
-    in a 7-day ``latency`` call made it 1.5-2.5x slower (55 ms -> 70-155 ms on SQLite), so
-    the p99 measured a collector setting the service does not use."""
+    in a 7-day ``latency`` call slows it by up to 2.5x, so the p99 would measure a collector
+    setting the service does not use."""
     from app.scrape.scheduler import tune_collector
 
     thresholds = gc.get_threshold()

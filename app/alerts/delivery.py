@@ -13,7 +13,8 @@
 * Each request carries ``Idempotency-Key: <notification id>`` (the same on every
   retry) so receivers can drop duplicates, and, when the receiver has a secret,
   ``X-LLM-Latency-Timestamp`` and ``X-LLM-Latency-Signature: sha256=<hex>`` where the hex
-  is HMAC-SHA256(secret, timestamp + "." + raw body). See the README for verification.
+  is HMAC-SHA256(secret, timestamp + "." + raw body); verifying it:
+  docs/alerts.md#verifying-a-notification.
 * Rows live in the database, so pending deliveries survive a restart.
 """
 
@@ -64,7 +65,7 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 
 def verify(secret: str, timestamp: str, body: bytes, signature: str, now: float | None = None,
            tolerance: float = 300.0) -> bool:
-    """The receiver side of :func:`sign` (documented in the README; used by the tests)."""
+    """The receiver side of :func:`sign` (docs/alerts.md#verifying-a-notification; used by the tests)."""
     now = time.time() if now is None else now
     try:
         fresh = abs(now - float(timestamp)) <= tolerance
