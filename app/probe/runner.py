@@ -707,13 +707,13 @@ def _client(spec: ProbeSpec, max_concurrency: int, tls: ssl.SSLContext) -> httpx
     Each level gets a fresh pool: when many requests start together on a pool that already
     holds an idle connection (left by the preflight or the previous level), httpx hands that
     one connection to several of them, and they reach the engine one after another instead
-    of together (32 concurrent requests arrived spread over 4.1 s on a warm pool, 0.18 s on
-    a fresh one; the engine then saw almost no queueing at "concurrency 32").
+    of together (32 "concurrent" requests then arrive spread over seconds, and the engine
+    sees almost no queueing at "concurrency 32").
     httpx's own timeouts are backstops; the runner's clocks (request timeout, stall timeout,
     probe time limit) decide. The pool is exactly as large as the concurrency allows. Proxy
     variables are ignored (as by the scraper): the probe measures the path to the engine.
     ``tls`` is built once per probe: httpx builds a new TLS context per client otherwise,
-    which cost 200 ms per level on a busy machine (0.8 ms with a shared one)."""
+    which can cost a noticeable part of a second per level on a busy machine."""
     timeout = httpx.Timeout(spec.timeout + 5.0, connect=spec.connect_timeout)
     limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
     return httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False, trust_env=False, verify=tls)

@@ -126,7 +126,7 @@ _LE_CACHE: dict[str, float] = {}
 
 def _parse_le(text: str) -> float:
     """``le`` label -> bound. Cached: a page repeats the same few dozen bounds thousands of
-    times per scrape (measured ~5 % of ingest CPU before the cache)."""
+    times per scrape."""
     bound = _LE_CACHE.get(text)
     if bound is None:
         bound = math.inf if text in ("+Inf", "Inf", "+inf", "inf") else float(text)
@@ -259,9 +259,8 @@ def histogram_series(
     reported (vLLM issues #6337/#8819 show broken histograms occur in the wild).
 
     The grouping is computed once per page shape and reused while the page keeps it;
-    only the values are read each scrape. On the 8-model bench page the whole vLLM
-    adapter went from 1,164 µs per scrape (grouping every time) to 208 µs; the first
-    page of a new shape pays 1,341 µs (building the layouts).
+    only the values are read each scrape (grouping every scrape would cost several times
+    the rest of the adapter; the first page of a new shape pays for building the layouts).
     """
     layouts, fixed_problems = _histogram_layouts(family, group_labels, label_filter)
     values = family.values
@@ -342,9 +341,8 @@ def map_families(page: ParsedPage, out: Canonical, group: tuple[str, ...], histo
 
     Which family each signal reads and where its series' numbers are depend on the page's
     names and labels only, so they are worked out once per page shape (``page.memo``; the
-    tables are module constants, keyed by identity) and a scrape only reads values: the
-    vLLM adapter 91 → 29 µs per 1-model page, 240 → 200 µs per 8-model page (micro-benchmark
-    on a busy machine; the same canonical signals and problems, ``tests/sources/test_adapters.py``)."""
+    tables are module constants, keyed by identity) and a scrape only reads values (the
+    same canonical signals and problems either way, ``tests/sources/test_adapters.py``)."""
     program = memoized(page, ("map_families", group, id(histograms), id(gauges), id(counters)),
                        lambda: _families_program(page, group, histograms, gauges, counters))
     families, problems = page.families, out.problems
