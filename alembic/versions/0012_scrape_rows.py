@@ -4,9 +4,9 @@
 per gauge or counter series and scrape) become ``scrape_samples``: one row per target and
 scrape holding every series' sample (app/store/encoding.py ``encode_scrape``). A
 vLLM page's 20 rows cost PostgreSQL a tuple header, alignment and a primary-key entry
-each, more than the samples (README, storage). Existing rows are converted, target by
-target; on PostgreSQL the new table is partitioned by hour like the old ones. The levels
-are built (or completed) from the converted rows. The downgrade converts back.
+each, more than the samples (docs/operations.md#encoding). Existing rows are converted,
+target by target; on PostgreSQL the new table is partitioned by hour like the old ones. The
+levels are built (or completed) from the converted rows. The downgrade converts back.
 
 Revision ID: 0012
 Revises: 0011
