@@ -4,7 +4,8 @@
 Why C: per histogram series and scrape the ingest path checks its buckets for a decrease
 (the adapter), checks every number against the series' previous sample for a counter reset
 (the writer's 5-minute level) and encodes the counts as uint32 (the stored row). In Python
-each is a loop of one call per number, about ten times the CPU of these loops. Each function
+each is a loop of one call per number; without the C extensions the whole ingest path takes
+1.5-1.8 times the CPU per scrape (bench/ingest.py, docs/benchmarks.md#ingest). Each function
 here answers exactly what its Python twin answers; for numbers that are not all floats it
 compares through Python's own comparison (all_le, any_decrease) or answers None
 (encode_counts: the caller takes the Python path).

@@ -154,7 +154,7 @@ class MetricFamily:
             return NotImplemented
         return (self.name, self.type, self.samples) == (other.name, other.type, other.samples)
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
+    __hash__ = None  # type: ignore[assignment]  # mutable, so not hashable
 
     def __repr__(self) -> str:
         return f"MetricFamily(name={self.name!r}, type={self.type!r}, samples={self.samples!r})"
