@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # Installs everything the test suite needs on a fresh Debian machine, then runs it.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/test_api.py -k latency).
+#
+#   scripts/test.sh           the whole suite, as CI runs it, then the parser, vectors and ingest
+#                             tests once more on the Python twins of the C extensions (an install
+#                             without a C compiler: tests/support/python_twins.py)
+#   scripts/test.sh --fast    the daily lane: every test not marked slow (no real Prometheus,
+#                             Alertmanager, VictoriaMetrics, browser or engine, no soaks)
+#   scripts/test.sh ARGS...   pytest ARGS (e.g. scripts/test.sh tests/test_api.py -k latency)
+#
+# Each ends with its duration and the 15 slowest tests. The suite and the fast lane run on
+# LLM_LATENCY_TEST_WORKERS pytest-xdist workers (default 2; 0: in this one process, as pytest ARGS
+# does unless the variable is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,4 +46,34 @@ python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 npm ci --prefix tests/deploy/operator_models --no-audit --no-fund --silent
 # Lint and type gates first (scripts/check: ruff, mypy with its per-file baseline).
 python3 scripts/check
-exec python3 -m pytest "$@"
+
+case "${1:-}" in "" | --fast) workers=${LLM_LATENCY_TEST_WORKERS:-2} ;; *) workers=${LLM_LATENCY_TEST_WORKERS:-0} ;; esac
+# loadscope: a module's tests share one worker, so a module-scoped server starts once
+parallel=()
+if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadscope); fi
+# the parser, vectors and ingest (store, adapters) tests, run again without the C extensions
+twin_tests=(tests/scrape/test_parser.py tests/test_vectors.py tests/store tests/sources)
+
+started=$SECONDS
+status=0
+case "${1:-}" in
+    "")
+        python3 -m pytest "${parallel[@]}" --durations=15 || status=$?
+        suite=$((SECONDS - started))
+        echo "== the parser, vectors and ingest tests on the Python twins of the C extensions"
+        LLM_LATENCY_TEST_PYTHON_TWINS=1 python3 -m pytest "${parallel[@]}" -q --durations=5 "${twin_tests[@]}" \
+            || status=$?
+        echo "== test suite: $((suite / 60)) min $((suite % 60)) s; with the Python twins' run:" \
+             "$(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+        ;;
+    --fast)
+        shift
+        python3 -m pytest "${parallel[@]}" -m "not slow" --durations=15 "$@" || status=$?
+        echo "== fast lane: $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+        ;;
+    *)
+        python3 -m pytest "${parallel[@]}" --durations=15 "$@" || status=$?
+        echo "== tests: $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
+        ;;
+esac
+exit "$status"

@@ -19,7 +19,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.support import connection_origins, python_twins
 from tests.support.components import missing_component
+from tests.support.databases import PostgresTemplate, migrated_sqlite
+
+if python_twins.forced():  # before any test imports the app (tests/support/python_twins.py)
+    python_twins.hide_c_extensions()
+connection_origins.record_connection_origins()
 
 #: Every read computed anew: the tests of other features read right after writing behind the API's
 #: back (a scrape stored, a heartbeat), which a reused answer shows only once it is read_max_age old
@@ -28,6 +34,93 @@ from tests.support.components import missing_component
 os.environ.setdefault("LLM_LATENCY_READ_MAX_AGE", "0")
 POSTGRES_ADMIN_URL = os.environ.get("LLM_LATENCY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+#: Tests marked with one of these run a real server or engine: they are ``slow`` too.
+SLOW_BY_NATURE = ("prometheus", "real_engine")
+#: Marked ``slow`` here, in one place (a file: all its tests; a function: all its parameters): tests
+#: that run a real server, a cluster of processes or hours of simulated time, and every test that
+#: took more than about 4 s on a 2-core machine running the suite on 4 workers. The fast lane
+#: (``scripts/test.sh --fast``: ``-m "not slow"``) leaves them out; the whole suite runs them.
+SLOW_TESTS = frozenset({
+    # real processes, Prometheus, hours of simulated time
+    "tests/test_replicas_processes.py",
+    "tests/promsource/test_live_source.py",
+    "tests/promsource/test_bad_series_live.py",
+    "tests/slo/test_burn_emulated.py",
+    "tests/status/test_status_sources.py::test_sources_on_the_status_page",
+    "tests/promsource/test_matrix_both_modes.py::test_same_verdict_and_numbers_in_both_modes",
+    "tests/promsource/test_matrix_both_modes.py::test_latency_equals_prometheus_histogram_quantile",
+    "tests/promsource/test_matrix_both_modes.py::test_services_are_diagnosed_whole_and_replica_imbalance_is_found",
+    "tests/promsource/test_matrix_both_modes.py::test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does",
+    "tests/promsource/test_matrix_both_modes.py::"
+    "test_a_source_decode_replica_shows_its_split_in_the_api_and_on_the_status_page",
+    "tests/promsource/test_matrix_both_modes.py::test_same_verdict_from_victoria_metrics",
+    "tests/promsource/test_check_config.py::test_a_source_the_server_accepts_is_ok",
+    "tests/promsource/test_check_config.py::test_the_servers_parser_rejects_a_selector_the_offline_check_accepts",
+    "tests/promsource/test_check_config.py::test_a_wrong_path_prefix_is_an_error",
+    "tests/promsource/test_check_config.py::test_unset_credential_variables_are_warnings",
+    "tests/store/test_levels.py::test_levels_answer_what_prometheus_answers",
+    # more than about 4 s
+    "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
+    "tests/alerts/test_outbox.py::test_an_active_diagnosis_becomes_an_alert_with_its_cause_and_remedies",
+    "tests/api/test_concurrent_clients.py::test_fifty_concurrent_clients_get_no_error",
+    "tests/api/test_fleet_statements.py::test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets",
+    "tests/api/test_openapi_schemas.py::test_answers_with_data_validate_against_their_schemas",
+    "tests/api/test_request_budget.py::test_a_disconnected_client_stops_the_fleet_computation_early",
+    "tests/api/test_request_budget.py::test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budget",
+    "tests/api/test_request_budget.py::test_a_read_whose_client_went_away_stops",
+    "tests/api/test_serialized.py::test_kept_answers_follow_every_change",
+    "tests/api/test_serialized.py::test_the_answers_are_fastapis_own_bytes",
+    "tests/deploy/test_kubernetes_prometheus_source.py::test_the_rules_are_exported_for_the_source_and_fresh",
+    "tests/diagnosis/test_round_statements.py::test_statements_per_round_do_not_grow_with_the_number_of_targets",
+    "tests/diagnosis/test_rules.py::test_a_symptom_of_two_firing_causes_names_the_first_by_precedence_in_every_process",
+    "tests/grafana/test_source_dashboards.py::"
+    "test_a_source_config_needs_its_own_directory_and_a_choice_among_several_sources",
+    "tests/probe/test_api.py::test_post_runs_a_prompt_length_sweep",
+    "tests/probe/test_cli.py::test_a_prompt_sweep_reports_the_ladder_and_the_fitted_prefill_cost",
+    "tests/probe/test_emulated.py::test_concurrency_sweep_shows_itl_rising_with_load",
+    "tests/probe/test_emulated.py::test_prompt_sweep_fits_the_prefill_cost",
+    "tests/probe/test_emulated.py::test_single_vs_concurrent_separates_queueing_from_bandwidth_bound",
+    "tests/promsource/test_hostile_answers.py::test_no_hostile_answer_escapes_and_the_other_target_is_untouched",
+    "tests/slo/test_record.py::test_migration_creates_the_slo_table_as_the_model_says",
+    "tests/slo/test_record.py::test_old_rows_are_merged_keeping_every_request",
+    "tests/status/test_status_page.py::test_index_is_a_fleet_table_most_severe_first",
+    "tests/status/test_status_page.py::test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size",
+    "tests/status/test_status_page.py::test_labels_and_errors_are_escaped",
+    "tests/status/test_status_page.py::test_target_page_details",
+    "tests/status/test_status_page.py::test_target_page_shows_the_diagnosis_in_full",
+    "tests/test_capacity.py::test_an_slo_burning_its_budget_asks_for_one_more_replica",
+    "tests/test_cli.py::test_serve_on_an_unmigrated_postgresql_says_to_run_db_upgrade",
+    "tests/test_cli.py::test_serve_with_a_bad_config_lists_its_problems_and_does_not_start",
+    "tests/test_cli.py::test_serve_with_postgresql_down_prints_one_line_and_no_banner",
+    "tests/test_replicas.py::test_the_service_refuses_a_second_replica_on_sqlite_and_starts_after_a_kill",
+})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            continue
+        function = item.nodeid.split("[", 1)[0]
+        if (function in SLOW_TESTS or function.split("::", 1)[0] in SLOW_TESTS
+                or any(item.get_closest_marker(m) for m in SLOW_BY_NATURE)):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if python_twins.forced():
+        python_twins.check_hidden()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    connection_origins.current_test[0] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        connection_origins.current_test[0] = ""
 
 
 @dataclass
@@ -77,11 +170,36 @@ def _reset_postgres(url: str) -> None:
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def postgres_template() -> Iterator[PostgresTemplate]:
+    """A PostgreSQL database migrated to head once for this test session, cloned per test."""
+    with scratch_postgres_database("llm_latency_template") as database:
+        admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        try:
+            yield PostgresTemplate(admin, database.url)
+        finally:
+            admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database (no schema yet) on each backend."""
+    """An empty database (no schema yet) on each backend -- or, when the test asks for
+    ``migrated_url``, the same database at the head revision (then both name one database).
+
+    A migrated one is a copy of a database migrated once per test session (tests/support/databases.py):
+    SQLite's file copied, PostgreSQL's cloned from a template and dropped after the test."""
+    migrated = "migrated_url" in request.fixturenames
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'test.db'}"
+        path = tmp_path / "test.db"
+        yield migrated_sqlite(path) if migrated else f"sqlite:///{path}"
+        return
+    if migrated:
+        template: PostgresTemplate = request.getfixturevalue("postgres_template")
+        url = template.clone()
+        try:
+            yield url
+        finally:
+            template.drop(url)
         return
     url = request.getfixturevalue("postgres_database")
     _reset_postgres(url)
@@ -90,9 +208,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 @pytest.fixture
 def migrated_url(database_url: str) -> str:
-    from app.store.db import upgrade
-
-    upgrade(database_url)
+    """A database at the head revision on each backend (see :func:`database_url`)."""
     return database_url
 
 

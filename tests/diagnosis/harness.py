@@ -20,6 +20,7 @@ from app.scrape.record import ScrapeRecord
 from app.store import db, repository
 from app.store.repository import SampleWriter
 from app.thresholds import Thresholds
+from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch
 
@@ -33,8 +34,7 @@ def profile_of(scenario: str) -> HardwareProfile:
 class OfflineTarget:
     def __init__(self, tmp_path: Path, scenario: str, engine: str = "vllm", seed: int = 0,
                  hardware: HardwareProfile | None = None, name: str = "t") -> None:
-        self.url = f"sqlite:///{tmp_path / f'{name}-{seed}.db'}"
-        db.upgrade(self.url)
+        self.url = migrated_sqlite(tmp_path / f"{name}-{seed}.db")
         self.engine = db.make_engine(self.url)
         self.sessions = db.make_sessionmaker(self.engine)
         with self.sessions.begin() as session:

@@ -17,6 +17,7 @@ from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository
 from app.store.repository import SampleWriter
+from tests.support.databases import migrated_sqlite
 
 T0 = 1_700_000_000.0
 STEP = 10.0
@@ -56,8 +57,7 @@ class Cumulative:
 
 @pytest.fixture
 def stored(tmp_path: Path):
-    url = f"sqlite:///{tmp_path / 'signals.db'}"
-    db.upgrade(url)
+    url = migrated_sqlite(tmp_path / "signals.db")
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
     with sessions.begin() as session:

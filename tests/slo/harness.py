@@ -17,6 +17,7 @@ from app.slo.record import record_increments
 from app.slo.status import SloStatus, slo_statuses
 from app.store import db, repository
 from app.store.repository import SampleWriter
+from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0
 RETENTION = 7 * 86400.0
@@ -35,8 +36,9 @@ class SloHarness:
     def __init__(self, tmp_path: Path, slos: list[dict], engines: dict[str, Simulation],
                  labels: dict[str, dict[str, str]] | None = None, url: str | None = None,
                  keep_pages: bool = False) -> None:
-        self.url = url or f"sqlite:///{tmp_path / 'slo.db'}"
-        db.upgrade(self.url)
+        self.url = url or migrated_sqlite(tmp_path / "slo.db")
+        if url is not None:
+            db.upgrade(self.url)
         self.db = db.make_engine(self.url)
         self.sessions = db.make_sessionmaker(self.db)
         self.slos = [SloObjective.model_validate(s) for s in slos]
