@@ -8,13 +8,20 @@ Regexes have RE2 semantics and are anchored at both ends, as in Alertmanager (Go
 linear in the label value, so no pattern a user sends can make matching back-track for
 minutes (Python's ``re`` takes exponential time on ``(a+)+`` against ``aaaa…a-``); the
 price is RE2's syntax: backreferences and lookarounds are refused when the silence is made.
+
+Compiled programs are bounded in memory, not only in count: each regex compiles within
+:data:`REGEX_MAX_MEM` (RE2 refuses a larger program, a 422 naming the matcher), and the
+compiled programs of all silences together within :data:`COMPILED_BUDGET` (a silence that would
+pass it is refused: :func:`check_budget`); the cache of compiled programs evicts the least
+recently used past the same budget.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -67,19 +74,76 @@ def parse_matcher(item: str | Mapping[str, Any]) -> dict[str, Any]:
     return matcher
 
 
-@functools.lru_cache(maxsize=1024)
-def compile_regex(name: str, pattern: str) -> re2._Regexp:
-    """The RE2 program of matcher ``name``'s regex; MatcherError when RE2 refuses it
-    (backreferences, lookarounds, repetition counts above 1000...). Cached: every alert
-    evaluation matches every silence again."""
+#: RE2's memory bound for one regex (its program, and the DFA it builds while matching): a
+#: program that needs more is refused. Alertmanager-style matchers are far below it.
+REGEX_MAX_MEM = 1 << 20
+#: All silences' compiled programs together (see :func:`program_bytes`).
+COMPILED_BUDGET = 64 << 20
+_INST_BYTES = 8  # bytes of one RE2 program instruction
+
+
+def program_bytes(regex: re2._Regexp) -> int:
+    """What a compiled regex may hold, estimated from its program's size: the forward program and
+    a reverse one of the same size, which RE2 builds when a match needs it (at least 1 KiB)."""
+    return max(1024, 2 * int(regex.programsize) * _INST_BYTES)
+
+
+class _Compiled:
+    """Compiled regexes by pattern, least recently used evicted past :data:`COMPILED_BUDGET` bytes."""
+
+    def __init__(self) -> None:
+        self._programs: OrderedDict[str, tuple[re2._Regexp, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, name: str, pattern: str) -> re2._Regexp:
+        with self._lock:
+            hit = self._programs.get(pattern)
+            if hit is not None:
+                self._programs.move_to_end(pattern)
+                return hit[0]
+        regex = _compile(name, pattern)
+        size = program_bytes(regex)
+        with self._lock:
+            if pattern not in self._programs:
+                self._programs[pattern] = (regex, size)
+                self._bytes += size
+                while self._bytes > COMPILED_BUDGET and len(self._programs) > 1:
+                    _, (_, freed) = self._programs.popitem(last=False)
+                    self._bytes -= freed
+        return regex
+
+
+_compiled = _Compiled()
+
+
+def _compile(name: str, pattern: str) -> re2._Regexp:
     options = re2.Options()
     options.log_errors = False  # the error is raised with the matcher's name instead
+    options.max_mem = REGEX_MAX_MEM
     try:
         return re2.compile(pattern, options)
     except re2.error as exc:
         reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         raise MatcherError(f"bad regex in matcher {name}: {reason} (regexes use RE2 syntax: no backreferences or "
-                           "lookarounds)") from None
+                           f"lookarounds, and compile within {REGEX_MAX_MEM >> 10} KiB)") from None
+
+
+def compile_regex(name: str, pattern: str) -> re2._Regexp:
+    """The RE2 program of matcher ``name``'s regex; MatcherError when RE2 refuses it
+    (backreferences, lookarounds, repetition counts above 1000, a program past
+    :data:`REGEX_MAX_MEM`...). Cached: every alert evaluation matches every silence again."""
+    return _compiled.get(name, pattern)
+
+
+def check_budget(existing: Iterable[Sequence[Mapping[str, Any]]], new: Sequence[Mapping[str, Any]]) -> None:
+    """MatcherError when the compiled regexes of the silences still in force (``existing``:
+    each one's matchers) and ``new`` together pass :data:`COMPILED_BUDGET`."""
+    patterns = {m["value"]: m["name"] for matchers in (*existing, new) for m in matchers if m["isRegex"]}
+    total = sum(program_bytes(compile_regex(name, pattern)) for pattern, name in patterns.items())
+    if total > COMPILED_BUDGET:
+        raise MatcherError(f"the silences' regexes would take {total / 2**20:.1f} MiB compiled; the budget for all "
+                           f"silences in force is {COMPILED_BUDGET >> 20} MiB (expire some, or use simpler regexes)")
 
 
 def matches(matcher: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
+from app.alerts import silences
 from app.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_MATCHERS, MAX_REQUEST_BYTES, MAX_URL_LENGTH
 from app.main import create_app
 from app.settings import Settings
@@ -103,7 +104,7 @@ def test_regex_re2_refuses_is_a_422_naming_the_matcher(service) -> None:
     assert response.status_code == 422
     assert detail(response) == [(["body", "matchers", "1"], "bad regex in matcher target: invalid escape sequence: "
                                                             "\\1 (regexes use RE2 syntax: no backreferences or "
-                                                            "lookarounds)")]
+                                                            "lookarounds, and compile within 1024 KiB)")]
 
 
 def test_catastrophic_silence_regex_leaves_the_service_responsive(service) -> None:
@@ -318,3 +319,34 @@ def test_config_file_field_bounds(tmp_path: Path) -> None:
     message = str(error.value)
     assert "targets[0].labels.team: String should have at most 1024 characters" in message
     assert "alerts.receivers[0].match: Dictionary should have at most 32 items after validation, not " in message
+
+
+def test_silences_compiled_regexes_stay_within_their_memory_budget(service) -> None:
+    """Each regex compiles within REGEX_MAX_MEM (a larger program is refused, naming the matcher),
+    and the silences in force together within COMPILED_BUDGET: the silence past it is a 422 naming
+    the budget, and the process grows by less than the budget while they are made and matched."""
+    c = service.client
+    alternatives = "|".join(("abcdefghijklmnopqrstuvwxyz" * 2)[i:i + 16] for i in range(6))
+    huge = c.post("/api/v1/silences", json=silence(matchers=[f'target=~"(({alternatives}){{25}}){{40}}"']))
+    assert huge.status_code == 422 and "pattern too large" in huge.text and "compile within 1024 KiB" in huge.text
+    big = "((abcdefghijklmnop|qrstuvwxyzabcdef){25}){40}"  # 34,084 instructions
+    each = silences.program_bytes(silences.compile_regex("target", big))
+    assert each == 2 * 34_084 * 8
+    fits = silences.COMPILED_BUDGET // each
+    rss_before = _rss()
+    made = []
+    for i in range(fits + 5):
+        r = c.post("/api/v1/silences", json=silence(matchers=[f'target=~"{big}|q{i}"']))
+        made.append(r.status_code)
+        if r.status_code != 201:
+            assert r.status_code == 422, r.text
+            assert "the budget for all silences in force is 64 MiB" in r.text, r.text
+            break
+    assert made.count(201) in (fits - 1, fits) and made[-1] == 422, (made.count(201), fits)
+    assert c.get("/api/v1/alerts").status_code == 200  # every silence matched against the alerts
+    assert _rss() - rss_before < silences.COMPILED_BUDGET, (_rss() - rss_before) / 2**20
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096

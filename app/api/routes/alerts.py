@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.alerts.config import ReceiverConfig
 from app.alerts.schemas import AlertInstance, group_key, notification_body, rfc3339
-from app.alerts.silences import MatcherError, parse_matcher, silenced_by
+from app.alerts.silences import MatcherError, check_budget, parse_matcher, silenced_by
 from app.api.common import duration_param, unprocessable, unprocessable_from
 from app.api.deps import MonitorDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import fetched_text, header_names
@@ -88,6 +88,10 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
             matchers.append(parse_matcher(item))
         except MatcherError as exc:
             raise unprocessable(f"body.matchers.{index}", str(exc)) from None
+    try:
+        check_budget((row.matchers for row in repository.list_silences(session) if row.ends_at > now), matchers)
+    except MatcherError as exc:
+        raise unprocessable("body.matchers", str(exc)) from None
     starts = body.startsAt if body.startsAt is not None else now
     if body.endsAt is not None and body.duration is not None:
         raise unprocessable("body.duration", "give endsAt or duration, not both")
