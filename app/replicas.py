@@ -29,6 +29,10 @@
   leader's transaction is rolled back instead of committed, so two leaders never both
   write alert state or notifications. The lock is held only for the commit, so a long
   round never delays a renewal or a takeover.
+* **One clock.** Heartbeats, expiries and the lease are judged by the database's clock
+  (:func:`database_now`, read in the same transaction that writes them), never by a replica's
+  own: replicas whose clocks disagree still agree on who is live and who leads. A replica's
+  own clock only measures its local ages (how old its view is, when its lease runs out).
 * **SQLite** serves one replica: :func:`lock_sqlite_file` takes an exclusive lock on a file
   next to the database and refuses to start a second process on it, naming the holder.
 """
@@ -47,7 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import delete, event, select, text
+from sqlalchemy import Connection, delete, event, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -66,6 +70,18 @@ class SecondReplicaRefused(RuntimeError):
 
 class NotLeader(RuntimeError):
     """A leader round's transaction found the lease held by another replica (or expired)."""
+
+
+def database_now(connection: Connection) -> float:
+    """The shared clock of the replicas: PostgreSQL's ``clock_timestamp()`` (unix seconds). SQLite
+    serves one process, whose own clock it is."""
+    if connection.dialect.name == "postgresql":
+        return float(connection.execute(text("SELECT extract(epoch FROM clock_timestamp())::float8")).scalar_one())
+    return time.time()
+
+
+#: How a replica reads the shared clock inside a transaction (tests simulate it).
+SharedClock = Callable[[Connection], float]
 
 
 def default_replica_id() -> str:
@@ -148,11 +164,13 @@ class Membership:
     """This replica's row in ``replicas`` and the live set as of its last heartbeat."""
 
     def __init__(self, sessions: sessionmaker[Session], replica_id: str, expiry: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, shared_clock: SharedClock = database_now) -> None:
+        """``clock``: this replica's own (local ages); ``shared_clock``: the rows' (:func:`database_now`)."""
         self.sessions = sessions
         self.id = replica_id
         self.expiry = expiry
         self.clock = clock
+        self.shared_clock = shared_clock
         self.host = socket.gethostname()[:255]
         self.pid = os.getpid()
         self.started_at = clock()
@@ -163,9 +181,10 @@ class Membership:
 
     def beat(self) -> tuple[str, ...]:
         """Renew (or re-create) this replica's row and return the live replicas, sorted."""
-        now = self.clock()
+        began = self.clock()
         with self.sessions.begin() as session:
             session.connection(execution_options={NOT_A_CHANGE: True})  # liveness reaches answers by age
+            now = self.shared_clock(session.connection())
             row = session.get(ReplicaRow, self.id)
             if row is None:
                 session.add(ReplicaRow(id=self.id, host=self.host, pid=self.pid, started_at=self.started_at,
@@ -176,7 +195,7 @@ class Membership:
             session.flush()
             live = session.scalars(select(ReplicaRow.id).where(ReplicaRow.heartbeat_at > now - self.expiry)).all()
         self.live = tuple(sorted(set(live) | {self.id}))
-        self.view = (now, self.live)  # as of the beat's start: a replica joining later is seen next time
+        self.view = (began, self.live)  # as of the beat's start: a replica joining later is seen next time
         return self.live
 
     def leave(self) -> None:
@@ -195,14 +214,16 @@ class Lease:
     """The ``leader`` lease: acquire, renew, take over when expired, release, fence."""
 
     def __init__(self, sessions: sessionmaker[Session], holder: str, ttl: float, name: str = LEADER,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, shared_clock: SharedClock = database_now) -> None:
+        """``clock``: this replica's own; ``shared_clock``: the lease row's (:func:`database_now`)."""
         self.sessions = sessions
         self.holder = holder
         self.ttl = ttl
         self.name = name
         self.clock = clock
+        self.shared_clock = shared_clock
         self.token: int | None = None  # set while this replica holds the lease
-        self.expires_at = 0.0
+        self.expires_at = 0.0  # on this replica's clock: a ttl after the renewal began
 
     @property
     def held(self) -> bool:
@@ -210,13 +231,14 @@ class Lease:
 
     def renew(self) -> bool:
         """Acquire, renew or take over the lease; returns whether this replica holds it now."""
-        now = self.clock()
+        began = self.clock()
         try:
             with self.sessions.begin() as session:
                 session.connection(execution_options={NOT_A_CHANGE: True})  # liveness reaches answers by age
                 if session.get_bind().dialect.name == "postgresql":  # never wait long for a committing round
                     session.execute(text(f"SET LOCAL lock_timeout = '{max(100, int(self.ttl * 200))}ms'"))
                 row = session.get(LeaseRow, self.name, with_for_update=True)
+                now = self.shared_clock(session.connection())  # after the row lock: a takeover waited for it
                 if row is None:
                     row = LeaseRow(name=self.name, holder=self.holder, token=1, expires_at=now + self.ttl)
                     session.add(row)
@@ -230,13 +252,13 @@ class Lease:
                 else:
                     self.token = None
                     return False
-                token, expires_at = row.token, row.expires_at
+                token = row.token
         except IntegrityError:  # another replica created the row first
             self.token = None
             return False
         if self.token != token:
             log.info("this replica (%s) leads, fencing token %d", self.holder, token)
-        self.token, self.expires_at = token, expires_at
+        self.token, self.expires_at = token, began + self.ttl
         return True
 
     def release(self) -> None:
@@ -264,7 +286,8 @@ class Lease:
         if connection.dialect.name == "postgresql":
             query = query.with_for_update(read=True)
         row = connection.execute(query).first()
-        if row is None or row.holder != self.holder or row.token != self.token or row.expires_at <= self.clock():
+        now = self.shared_clock(connection) if row is not None else 0.0
+        if row is None or row.holder != self.holder or row.token != self.token or row.expires_at <= now:
             raise NotLeader(f"replica {self.holder} no longer holds the {self.name} lease "
                             f"(token {self.token}, lease now {tuple(row) if row else 'absent'})")
 

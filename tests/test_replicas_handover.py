@@ -38,7 +38,7 @@ def test_the_old_owner_neither_scrapes_nor_writes_a_target_handed_over(a_heartbe
         with sessions.begin() as session:
             target_id = repository.create_target(session, name=NAME, url=page.url, engine="vllm", labels={}).id
         spec = TargetSpec(target_id, NAME, page.url, "vllm", 15.0, 2.0)
-        members = {r: Membership(sessions, r, EXPIRY, clock=now) for r in (A, B)}
+        members = {r: Membership(sessions, r, EXPIRY, clock=now, shared_clock=lambda _: now()) for r in (A, B)}
         ownerships = {r: Ownership(r, 1.5 * HEARTBEAT) for r in (A, B)}
         telemetry = {r: Telemetry() for r in (A, B)}
 
