@@ -67,6 +67,7 @@ SD_SOURCES = ("file_sd", "http_sd")  # Target.source of what this module discove
 #: per hundred targets; the same bound as the targets YAML).
 MAX_SD_BYTES = 1 << 20
 HTTP_SD_TIMEOUT = 30.0  # or the refresh interval, when shorter
+MAX_PROBLEMS = 100  # problems listed per refresh; the rest are counted
 _NAME = re.compile(NAME_PATTERN)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _KEPT_META = ("__metrics_path__", "__scheme__")
@@ -157,12 +158,14 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
     """Prometheus' target-group list -> targets, and one problem per bad group or entry
     (``groups[i]...: reason``). Bad entries are skipped, the rest used. Problems with an
     HTTP SD list never quote it (every API reader sees them): keys and hosts are named only
-    in problems of files, which the operator wrote."""
+    in problems of files, which the operator wrote. Linear in the list and bounded: reading
+    stops at :data:`MAX_LIST_LENGTH` targets, and past :data:`MAX_PROBLEMS` problems the rest
+    are counted in one line."""
     quote = source == "file_sd"
     if not isinstance(data, list):
         return [], ["not a list of target groups"]
     out: list[Discovered] = []
-    problems: list[str] = []
+    problems = _Problems()
     for g, group in enumerate(data):
         where = f"groups[{g}]"
         if not isinstance(group, dict):
@@ -191,6 +194,9 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
             problems.append(f"{where}.labels.__metrics_path__: must start with '/'")
             continue
         for t, address in enumerate(addresses):
+            if len(out) == MAX_LIST_LENGTH:
+                problems.append(f"more than {MAX_LIST_LENGTH} targets; the rest are ignored")
+                return out, problems.listed()
             at = f"{where}.targets[{t}]"
             if not isinstance(address, str) or not address or any(c in address for c in "/?#@ \t\n"):
                 problems.append(f"{at}: not a host:port address")
@@ -206,10 +212,22 @@ def parse_target_groups(data: object, origin: str, source: str, allowed_hosts: l
                                                               "with a valid port, LLM_LATENCY_ALLOWED_TARGET_HOSTS)")
                 continue
             out.append(Discovered(origin, source, address, url, plain))
-        if len(out) > MAX_LIST_LENGTH:
-            problems.append(f"more than {MAX_LIST_LENGTH} targets; the rest are ignored")
-            return out[:MAX_LIST_LENGTH], problems
-    return out, problems
+    return out, problems.listed()
+
+
+class _Problems(list[str]):
+    """The first :data:`MAX_PROBLEMS` problems of a list, and how many more there were."""
+
+    more = 0
+
+    def append(self, problem: str) -> None:
+        if len(self) < MAX_PROBLEMS:
+            super().append(problem)
+        else:
+            self.more += 1
+
+    def listed(self) -> list[str]:
+        return [*self, f"{self.more} more problems not listed"] if self.more else list(self)
 
 
 def _group_labels(labels: dict[Any, Any], quote: bool
@@ -420,6 +438,9 @@ class HttpSD:
             raise SDError("cannot connect") from None
         except aiohttp.ClientError as exc:
             raise SDError(f"HTTP error ({type(exc).__name__})") from None
+        return await asyncio.to_thread(self._parse, bytes(body))  # off the event loop
+
+    def _parse(self, body: bytes) -> tuple[list[Discovered], list[str]]:
         try:
             data = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -495,8 +516,9 @@ class DiscoveryService:
             log.exception("discovery %s failed", discoverer.origin)
             status.error = f"{discoverer.origin}: {type(exc).__name__}; the service log has the details"
         else:
+            known = set(status.problems)
             for problem in problems:
-                if problem not in status.problems:
+                if problem not in known:
                     log.warning("discovery %s: %s", discoverer.origin, problem)
             status.error, status.problems = None, problems
             status.last_success, status.targets = now, len(items)

@@ -4,6 +4,7 @@ entries are named and skipped. Against real emulated engines and a real aiohttp 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -20,7 +21,16 @@ from app.cli import main
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.lifespan import Monitor
 from app.main import create_app
-from app.scrape.discovery import Discovered, assign_names, base_name, parse_target_groups
+from app.scrape.discovery import (
+    MAX_PROBLEMS,
+    MAX_SD_BYTES,
+    Discovered,
+    HttpSD,
+    HttpSDConfig,
+    assign_names,
+    base_name,
+    parse_target_groups,
+)
 from app.settings import Settings
 from tests.support.aiohttp_servers import SDServer
 
@@ -321,3 +331,52 @@ def test_a_removed_discovery_config_leaves_its_targets_gone(tmp_path: Path) -> N
         assert sorted(monitor.scraping.scrapers) == ["127.0.0.1-9"] and client.get("/api/v1/discovery").json() == []
     finally:
         next(service, None)
+
+
+# --------------------------------------------------------------------------- size and the event loop
+
+def test_a_huge_list_is_read_in_linear_time_and_bounded() -> None:
+    """500,000 bad entries give 100 problems and a count of the rest; 80,000 targets stop at
+    the limit of 1,000 (reading stops there: the rest are never validated)."""
+    bad, problems = parse_target_groups([1] * 500_000, "http_sd_configs[0]", "http_sd", [])
+    assert bad == [] and len(problems) == MAX_PROBLEMS + 1
+    assert problems[-1] == f"{500_000 - MAX_PROBLEMS} more problems not listed"
+    many = [{"targets": [f"10.0.{i // 250}.{i % 250}:8000" for i in range(80_000)]}]
+    found, problems = parse_target_groups(many, "targets.json", "file_sd", [])
+    assert len(found) == 1000 and problems == ["more than 1000 targets; the rest are ignored"]
+
+
+def test_reading_a_huge_http_sd_answer_leaves_the_event_loop_free() -> None:
+    """The answer is decoded and checked in a worker thread: a coroutine ticking every 10 ms is
+    never held up for long while 1 MiB of ``[1,1,1,...]`` (about 500,000 bad entries) is read."""
+    body = b"[" + b",".join([b"1"] * 524_000) + b"]"
+    assert len(body) <= MAX_SD_BYTES
+
+    async def run(sd_url: str) -> tuple[float, list[str]]:
+        import aiohttp
+
+        discoverer = HttpSD("http_sd_configs[0]", HttpSDConfig(url=sd_url, refresh_interval=30), [])
+        discoverer.session = aiohttp.ClientSession()
+        worst, ticking = 0.0, True
+
+        async def tick() -> None:
+            nonlocal worst
+            while ticking:
+                before = time.perf_counter()
+                await asyncio.sleep(0.01)
+                worst = max(worst, time.perf_counter() - before - 0.01)
+
+        ticker = asyncio.create_task(tick())
+        try:
+            _, problems = await discoverer.refresh()
+        finally:
+            ticking = False
+            await ticker
+            await discoverer.session.close()
+        return worst, problems
+
+    with SDServer([]) as sd:
+        sd.body = body
+        worst, problems = asyncio.run(run(sd.url))
+    assert problems[-1] == f"{524_000 - MAX_PROBLEMS} more problems not listed"
+    assert worst < 0.5, worst  # the loop waited at most this long for its turn (minutes on the event loop)
