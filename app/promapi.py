@@ -23,7 +23,12 @@ certificate names) nor a secret we sent. A ``bad_query`` may carry Prometheus'
 * ``bad_query``: 400/422 from the API, the query or selector was rejected;
 * ``not_prometheus``: a 2xx that is not the API's JSON envelope (an HTML page, other JSON);
 * ``auth``: 401/403;
-* ``too_large``: the answer exceeds ``max_response_bytes`` (read streaming, decompressed).
+* ``too_large``: the answer exceeds ``max_response_bytes`` (read streaming, decompressed), or
+  holds more than ``max_series`` series or ``max_samples`` points.
+
+Memory stays proportional to what an answer keeps: an answer past :data:`STREAM_FROM_BYTES` is
+decoded one series at a time (ijson, yajl's C parser) instead of as one document, and decoding
+stops at the first series past a limit.
 
 Warnings of a partial answer are not an error: they come back in
 :attr:`QueryResult.warnings`, verbatim. They are the server's text; show them to
@@ -32,6 +37,7 @@ authenticated readers only.
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import socket
@@ -45,6 +51,7 @@ from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
+import ijson  # type: ignore[import-untyped]
 import orjson
 
 from app.scrape.client import USER_AGENT, http_status_message
@@ -52,6 +59,14 @@ from app.scrape.client import USER_AGENT, http_status_message
 #: Answers larger than this are refused (``too_large``): a round's largest answer is one
 #: query over every replica's buckets (~1,000 targets x ~30 buckets), a few MiB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+#: Series and points one answer may hold: a round's largest answer is one histogram query over
+#: every replica's buckets (10,000 pods x 20 buckets), and a range query's points in all.
+DEFAULT_MAX_SERIES = 200_000
+DEFAULT_MAX_SAMPLES = 2_000_000
+#: Answers larger than this are decoded series by series (a whole document in Python objects
+#: takes about ten times its bytes).
+STREAM_FROM_BYTES = 4 << 20
 
 #: The ``kind`` of every :class:`PromAPIError`.
 ERROR_KINDS = frozenset(
@@ -167,7 +182,22 @@ def _point(value: Any) -> tuple[float, float]:
         raise _not_prometheus("malformed sample value") from None
 
 
-def _vector(data: Any) -> list[Sample]:
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one answer may hold (``too_large`` past either)."""
+
+    series: int = DEFAULT_MAX_SERIES
+    samples: int = DEFAULT_MAX_SAMPLES
+
+    def check(self, series: int, samples: int) -> None:
+        if series > self.series:
+            raise PromAPIError("too_large", f"the answer holds more than {self.series} series (max_series)")
+        if samples > self.samples:
+            raise PromAPIError("too_large", f"the answer holds more than {self.samples} points (max_samples)")
+
+
+def _vector(data: Any, limits: Limits = Limits()) -> list[Sample]:
+    """``data`` of an instant query; its ``result`` a list, or an iterator of items (streamed)."""
     if not isinstance(data, dict):
         raise _not_prometheus("no result data")
     kind, result = data.get("resultType"), data.get("result")
@@ -177,10 +207,14 @@ def _vector(data: Any) -> list[Sample]:
         raise PromAPIError("bad_query", "query rejected: an instant query must return an instant vector, not a range")
     if kind == "string":
         raise PromAPIError("bad_query", "query rejected: the result is a string, not numbers")
-    if kind != "vector" or not isinstance(result, list):
+    if kind != "vector" or not isinstance(result, list | Iterator):
         raise _not_prometheus("unknown result type")
-    out = []
+    if isinstance(result, list):
+        limits.check(len(result), len(result))
+    out: list[Sample] = []
     for item in result:
+        if len(out) == limits.series:
+            limits.check(len(out) + 1, 0)
         try:  # the common shape, checked in one go: {"metric": {...}, "value": [t, "v"]}
             labels, (t, v) = item["metric"], item["value"]
             if type(labels) is not dict or type(v) is not str or type(t) not in (int, float):
@@ -193,15 +227,46 @@ def _vector(data: Any) -> list[Sample]:
     return out
 
 
-def _matrix(data: Any) -> list[RangeSeries]:
-    if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+def _matrix(data: Any, limits: Limits = Limits()) -> list[RangeSeries]:
+    """``data`` of a range query; its ``result`` a list, or an iterator of items (streamed)."""
+    if not isinstance(data, dict) or data.get("resultType") != "matrix" or \
+            not isinstance(data.get("result"), list | Iterator):
         raise _not_prometheus("no range result")
-    out = []
+    out: list[RangeSeries] = []
+    points = 0
     for item in data["result"]:
         if not isinstance(item, dict) or not isinstance(item.get("values", []), list):
             raise _not_prometheus("malformed result")
+        points += len(item.get("values", []))
+        limits.check(len(out) + 1, points)
         out.append(RangeSeries(_labels(item.get("metric", {})), [_point(p) for p in item.get("values", [])]))
     return out
+
+
+def _streamed(body: bytes) -> tuple[dict[str, Any], list[str]] | None:
+    """A large success answer as ``data`` whose ``result`` yields one item at a time, and its
+    warnings; None when the body does not start as a success (errors are small: decoded whole)."""
+    def first(prefix: str) -> Any:
+        try:
+            return next(ijson.items(io.BytesIO(body), prefix, use_float=True), None)
+        except ijson.JSONError:
+            return None
+    if first("status") != "success":
+        return None
+    result_type = first("data.resultType")
+
+    def items() -> Iterator[Any]:
+        try:
+            yield from ijson.items(io.BytesIO(body), "data.result.item", use_float=True)
+        except ijson.JSONError:
+            raise _not_prometheus("a body that is not the API's JSON") from None
+    if result_type == "scalar":
+        return {"resultType": result_type, "result": first("data.result")}, []
+    try:
+        warnings = [w for w in ijson.items(io.BytesIO(body), "warnings.item") if isinstance(w, str)]
+    except ijson.JSONError:
+        raise _not_prometheus("a body that is not the API's JSON") from None
+    return {"resultType": result_type, "result": items()}, warnings
 
 
 class PrometheusClient:
@@ -224,6 +289,8 @@ class PrometheusClient:
         timeout: float = 20.0,
         max_concurrency: int = 8,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_series: int = DEFAULT_MAX_SERIES,
+        max_samples: int = DEFAULT_MAX_SAMPLES,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -236,6 +303,7 @@ class PrometheusClient:
         self.timeout = float(timeout)
         self.max_concurrency = max_concurrency
         self.max_response_bytes = max_response_bytes
+        self.limits = Limits(max_series, max_samples)
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json", **(headers or {})}
         if bearer_token is not None:
             sent["Authorization"] = f"Bearer {bearer_token}"
@@ -275,19 +343,19 @@ class PrometheusClient:
     def query(self, promql: str, time: float) -> QueryResult[Sample]:
         """``/api/v1/query`` at ``time`` (unix seconds)."""
         data, warnings = self._call("query", {"query": promql, "time": format_time(time)})
-        return QueryResult(_vector(data), warnings)
+        return QueryResult(_vector(data, self.limits), warnings)
 
     def query_samples(self, selector: str, time: float) -> QueryResult[RangeSeries]:
         """``/api/v1/query`` of a range selector (``x[5m]``) at ``time``: the raw samples, for the
         few numbers no PromQL function gives exactly (a ratio of two gauges sample by sample)."""
         data, warnings = self._call("query", {"query": selector, "time": format_time(time)})
-        return QueryResult(_matrix(data), warnings)
+        return QueryResult(_matrix(data, self.limits), warnings)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult[RangeSeries]:
         """``/api/v1/query_range`` over ``[start, end]`` every ``step`` seconds."""
         form = {"query": promql, "start": format_time(start), "end": format_time(end), "step": format_time(step)}
         data, warnings = self._call("query_range", form)
-        return QueryResult(_matrix(data), warnings)
+        return QueryResult(_matrix(data, self.limits), warnings)
 
     def series(self, matchers: list[str], start: float, end: float) -> list[dict[str, str]]:
         """``/api/v1/series``: label sets of the series matching any of ``matchers`` in the range."""
@@ -401,6 +469,10 @@ class PrometheusClient:
             if status == 405 and form is not None and not self._use_get:
                 self._use_get = True
                 status, body = self._send(url, form)
+        if 200 <= status < 300 and len(body) > STREAM_FROM_BYTES:
+            streamed = _streamed(body)
+            if streamed is not None:
+                return streamed
         return self._envelope(status, body)
 
     def _send(self, url: str, form: dict[str, Any] | None) -> tuple[int, bytes]:

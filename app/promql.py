@@ -25,6 +25,11 @@ def prom_duration(seconds: float) -> str:
     ms = round(seconds * 1000)
     if ms < 0 or abs(ms - seconds * 1000) > 1e-6:
         raise ValueError(f"duration {seconds!r}s is not a whole number of milliseconds")
+    return millis_duration(ms)
+
+
+def millis_duration(ms: int) -> str:
+    """Prometheus duration for a whole number of milliseconds (>= 0), largest exact unit."""
     if ms == 0:
         return "0s"
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from app.durations import Seconds
 from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LABEL_NAME_LENGTH, MAX_TEXT_LENGTH, Url
+from app.promapi import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES
 from app.promql import parse_selector
 from app.urls import check_url_in_file
 
@@ -90,6 +91,11 @@ class PrometheusSourceConfig(BaseModel):
     tls: TlsConfig = Field(default_factory=TlsConfig)
     query_timeout: Seconds = Field(20.0, gt=0, le=300)
     max_concurrency: int = Field(8, ge=1, le=64, description="Queries in flight at once")
+    max_series: int = Field(DEFAULT_MAX_SERIES, ge=1, le=10_000_000,
+                            description="Series one answer may hold; a larger answer is refused (too_large) and the "
+                                        "round goes on without it")
+    max_samples: int = Field(DEFAULT_MAX_SAMPLES, ge=1, le=100_000_000,
+                             description="Points one answer may hold (series x points of a range query)")
     pd_pair_labels: list[LabelName] = Field(
         default_factory=list, max_length=MAX_GROUP_LABELS,
         description="P/D disaggregation: the replicas sharing these label values form one deployment; a decode "

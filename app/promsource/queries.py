@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.promql import format_matchers
-from app.promql import prom_duration as _whole_ms_duration
+from app.promql import format_matchers, millis_duration
 from app.sources import sglang, tgi, trtllm, vllm
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
@@ -96,7 +95,7 @@ INFO_FAMILIES = (*vllm.INFOS.items(), (DISAGGREGATION_INFO, sglang.ROLE_FAMILY))
 def prom_duration(seconds: float) -> str:
     """A range for PromQL, rounded to the millisecond Prometheus resolves time to (an API
     window such as ``end - start`` is any float)."""
-    return _whole_ms_duration(round(seconds * 1000) / 1000)
+    return millis_duration(max(0, round(seconds * 1000)))
 
 
 def _selector(name: str, matchers: tuple[tuple[str, str, str], ...], source_matchers: list[tuple[str, str, str]]

@@ -16,6 +16,7 @@ query sets that it did not set) is dropped and counted by reason (:data:`BAD_SER
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import Counter, defaultdict
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 from app import quantiles
 from app.latency import series_point
+from app.promapi import PromAPIError
 from app.promql import parse_selector
 from app.promsource.queries import (
     COUNTER_FAMILIES,
@@ -42,6 +44,7 @@ from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
 
+log = logging.getLogger(__name__)
 TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
 #: Series dropped while reading one window, per target: (signal, reason) -> series.
 Drops = dict[TargetKey, Counter[tuple[str, str]]]
@@ -163,7 +166,13 @@ class SourceReader:
         self.service_labels = tuple(service_labels)
         self.matchers = tuple(parse_selector(selector))
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
+        self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
         self._lock = threading.Lock()
+
+    def _refuse(self, query: str, why: str) -> None:
+        log.warning("source answer for %s refused: %s", query, why)
+        with self._lock:
+            self.refused[query] = why
 
     def _drop(self, drops: Drops | None, key: TargetKey, signal: str, reason: str) -> None:
         with self._lock:
@@ -219,12 +228,23 @@ class SourceReader:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
         def run(job: tuple[str, str, str]) -> Any:
-            kind, _, text = job
-            if kind == "itl_intervals":
-                return self.client.query_range(text, start + step, end, step)
-            if kind == "tgi_kv":
-                return self.client.query_samples(text, end)
-            return self.client.query(text, end)
+            kind, signal, text = job
+            try:
+                if kind == "itl_intervals":
+                    answer = self.client.query_range(text, start + step, end, step)
+                elif kind == "tgi_kv":
+                    answer = self.client.query_samples(text, end)
+                else:
+                    answer = self.client.query(text, end)
+            except PromAPIError as exc:
+                if exc.kind != "too_large":
+                    raise
+                self._refuse(signal or kind, exc.message)  # the round goes on without this answer
+                return None
+            if self.refused:
+                with self._lock:
+                    self.refused.pop(signal or kind, None)
+            return answer
 
         out: dict[TargetKey, TargetWindow] = {}
 
@@ -249,6 +269,8 @@ class SourceReader:
         # running on the server; the ITL split last, as it keeps only models other answers found.
         for index, answer in self.client.map_as_completed(run, jobs):
             kind, signal, _ = jobs[index]
+            if answer is None:
+                continue  # refused as too large: the windows lack it
             if kind == "histogram":
                 for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
                     for name, buckets in per_model.items():
@@ -309,6 +331,17 @@ class SourceReader:
         return [{key: {name: _histogram(b) for name, b in per_model.items()}
                  for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
                 for answer in answers]
+
+    def histograms(self, signals: Sequence[str], start: float, end: float
+                   ) -> dict[str, dict[TargetKey, dict[str, WindowHistogram]]]:
+        """Per signal: every target's histogram increase over ``[start, end]`` per model, one query
+        per signal for all targets at once (what an SLO condition reads)."""
+        q = self._queries(None, None)
+        asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
+        answers = self.client.map(lambda s: self.client.query(q.histogram(s, end - start), end), asked)
+        return {signal: {key: {name: _histogram(b) for name, b in per_model.items()}
+                         for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
+                for signal, answer in zip(asked, answers, strict=True)}
 
     def first_seen(self, signal: str, span: float, end: float) -> dict[TargetKey, float]:
         """Per target, when its ``signal`` histogram first has a sample in the ``span`` before

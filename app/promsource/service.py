@@ -16,13 +16,14 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import quantiles
 from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promapi import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
@@ -40,18 +41,38 @@ _Value = TypeVar("_Value")
 SOURCE_KIND = "prometheus"  # Target.source of a replica a Prometheus source discovered
 SERVICE_KIND = "service"  # Target.source of a group of those replicas (the source's service_labels)
 DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME = 63
 
 
 def target_name(source: str, key: TargetKey) -> str:
-    """A stable, URL-safe target name from the source name and the target label values, e.g.
-    ``prod.llm.vllm-0``; names past 63 characters keep a prefix and a hash of the full name."""
-    full = ".".join([source, *(_UNSAFE.sub("_", v) or "_" for v in key)])
+    """A stable, URL-safe target name from the source name and the target label values, one
+    name per value tuple: ``prod.llm.vllm-0`` when every value is plain (letters, digits, ``_``,
+    ``-``; no ``.``), so the values read back from it; otherwise the values made safe (``_`` for
+    the rest) plus a segment hashing the exact values, ``prod.llm.x_y.3f9a0c51d2`` (a tuple with
+    one more segment than a plain one's, so the two forms never meet). Names past 63 characters
+    keep a prefix and a hash of the full name."""
+    if all(_PLAIN.fullmatch(v) for v in key):
+        full = ".".join([source, *key])
+    else:
+        exact = hashlib.sha256("\x00".join(key).encode()).hexdigest()[:10]
+        full = ".".join([source, *(_UNSAFE.sub("_", v) or "_" for v in key), exact])
     if len(full) <= MAX_NAME:
         return full
     digest = hashlib.sha256(full.encode()).hexdigest()[:10]
     return f"{full[:MAX_NAME - 11]}.{digest}"
+
+
+def named(source: str, keys: Iterable[TargetKey], what: str) -> dict[str, TargetKey]:
+    """:func:`target_name` of each key; a name two keys would share (a hash collision, or two
+    sources whose names and values line up) is refused for the second, never merged."""
+    out: dict[str, TargetKey] = {}
+    for key in keys:
+        name = target_name(source, key)
+        if out.setdefault(name, key) != key:
+            log.warning("source %s: two %s would be named %s; the second is left out", source, what, name)
+    return out
 
 
 def public_url(url: str) -> str:
@@ -102,6 +123,7 @@ class SourceStatus:
     down: int = 0
     gone: int = 0
     bad_series: dict[str, int] = field(default_factory=dict)  # series dropped since the start, by reason
+    refused: dict[str, str] = field(default_factory=dict)  # query -> why its last answer was too large
 
     last_round_ok: bool | None = None  # None until the first round
 
@@ -138,7 +160,7 @@ class PrometheusSource:
             config.url, headers=dict(config.headers), bearer_token=config.bearer_token(),
             basic_auth=config.basic_credentials(), ca_file=config.tls.ca_file,
             insecure_skip_verify=config.tls.insecure_skip_verify, timeout=config.query_timeout,
-            max_concurrency=config.max_concurrency)
+            max_concurrency=config.max_concurrency, max_series=config.max_series, max_samples=config.max_samples)
         self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels)
         self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
         self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
@@ -181,6 +203,7 @@ class SourceService:
     def statuses(self) -> list[SourceStatus]:
         for source in list(self.sources.values()):
             source.status.bad_series = dict(sorted(source.reader.bad_series.items()))
+            source.status.refused = dict(sorted(source.reader.refused.items()))
         return [s.status for s in self.sources.values()]
 
     def close(self) -> None:
@@ -226,7 +249,7 @@ class SourceService:
         config = source.config
         known = {t.name: t for t in repository.list_targets(session)
                  if t.source == SOURCE_KIND and t.origin == config.name}
-        keys: dict[str, TargetKey] = {target_name(config.name, key): key for key in found.engines}
+        keys = named(config.name, found.engines, "targets")
         # A known replica that Prometheus still scrapes but that answers up == 0 is down, not gone.
         for name, row in known.items():
             key = source.key_of(row)
@@ -273,16 +296,16 @@ class SourceService:
             labels = rows[replica.id].labels
             values = tuple(labels.get(name, "") for name in config.service_labels)
             groups.setdefault(values, []).append(replica)
+        names = named(f"{config.name}.svc", groups, "services")
         wanted = {}
-        for values, members in groups.items():
-            engines = sorted({m.engine for m in members})
-            wanted[target_name(f"{config.name}.svc", values)] = {
-                "url": public_url(config.url), "engine": engines[0], "detected_engine": engines[0],
-                "labels": dict(zip(config.service_labels, values))}
+        for name, values in names.items():
+            engines = sorted({m.engine for m in groups[values]})
+            wanted[name] = {"url": public_url(config.url), "engine": engines[0], "detected_engine": engines[0],
+                            "labels": dict(zip(config.service_labels, values))}
         live = repository.sync_discovered_targets(session, SERVICE_KIND, config.name, wanted, now)
         out = []
-        for values, members in groups.items():
-            name = target_name(f"{config.name}.svc", values)
+        for name, values in names.items():
+            members = groups[values]
             row = live.get(name)
             if row is None:
                 continue
@@ -345,11 +368,31 @@ class SourceService:
         return self.windows_and_failures(targets, start, end, signals)[0]
 
     def windows_and_failures(self, targets: Sequence[TargetView], start: float, end: float,
-                             signals: Sequence[str]) -> tuple[dict[int, TargetWindow], set[int]]:
+                             signals: Sequence[str], diagnosis: bool = False
+                             ) -> tuple[dict[int, TargetWindow], set[int]]:
         """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
         numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
-        return self._per_source(targets, lambda source: source.reader.windows(start, end, signals),
-                                lambda source, target, windows: windows.get(source.key_of(target)), "windows")
+        return self._per_source(targets, lambda source: source.reader.windows(start, end, signals,
+                                                                              diagnosis=diagnosis),
+                                lambda source, target, windows: with_labelled_role(
+                                    source.config, target.labels, windows.get(source.key_of(target))), "windows")
+
+    def histograms_of(self, targets: Sequence[TargetView], start: float, end: float, signals: Sequence[str]
+                      ) -> tuple[dict[int, dict[str, WindowHistogram | None]], set[int]]:
+        """Per replica of ``targets`` (ids), its histograms of ``signals`` over ``[start, end]``, all
+        its models summed by ``le`` (one query per signal and source), and the ids whose source
+        could not answer."""
+        Answers = dict[str, dict[TargetKey, dict[str, WindowHistogram]]]
+
+        def pick(source: PrometheusSource, target: TargetView, answers: Answers
+                 ) -> dict[str, WindowHistogram | None] | None:
+            key = source.key_of(target)
+            found = {signal: quantiles.merge(by_model[name] for name in sorted(by_model))
+                     for signal, answer in answers.items() if (by_model := answer.get(key))}
+            return found or None
+
+        return self._per_source([t for t in targets if t.source == SOURCE_KIND],
+                                lambda source: source.reader.histograms(signals, start, end), pick, "histograms")
 
     def histograms_over(self, targets: Sequence[TargetView], signal: str, windows: Sequence[float], end: float
                         ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:

@@ -145,7 +145,7 @@ def reader(injections: list[Injection] = ()) -> SourceReader:
 def expected_reason(kind: str, label: tuple[str, str] | None, value: float | None) -> str | None:
     """Why the windows' reading drops such a copy (None: it is read), but for a family tag, whose
     validity depends on how many candidate families each signal's query has."""
-    if kind == "histogram" and label is not None and label[0] == "le":
+    if kind == "histogram" and label is not None and label[0] == "le" and label[1] not in ("sum", "count"):
         try:
             bound = float(label[1].replace("+Inf", "inf").replace("Inf", "inf"))
         except ValueError:

@@ -57,5 +57,6 @@ def list_sources(monitor: MonitorDep) -> list[SourceOut]:
                       state="failing" if s.failing else source_state(s), last_success=s.last_success,
                       last_error=s.last_error, last_error_at=s.last_error_at,
                       queries_last_round=s.queries_last_round, last_round_seconds=s.last_round_seconds,
-                      targets=s.targets, services=s.services, down=s.down, gone=s.gone, bad_series=s.bad_series)
+                      targets=s.targets, services=s.services, down=s.down, gone=s.gone, bad_series=s.bad_series,
+                      refused_answers=s.refused)
             for s in monitor.sources.statuses()]
