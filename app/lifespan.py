@@ -55,6 +55,9 @@ from app.slo import repository as slo_repository
 from app.slo.config import SloObjective
 from app.store import db, repository, retention
 from app.telemetry import Telemetry
+from app.windows import Windows
+from app.windows.prometheus import PrometheusWindows
+from app.windows.store import StoreWindows
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -92,6 +95,7 @@ class Monitor:
         self._delivery_task: asyncio.Task[None] | None = None
         self.sources = SourceService(on_view=self._source_view)
         self.telemetry.sources.bad_series = lambda: [(s.name, s.bad_series) for s in self.sources.statuses()]
+        self.windows = Windows(StoreWindows(), PrometheusWindows(self.sources))  # every read of a window
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)
         replica_id = settings.replica_id or replicas.default_replica_id()
         self.membership = replicas.Membership(self.sessions, replica_id, settings.replica_expiry)
@@ -272,7 +276,7 @@ class Monitor:
     def evaluate_diagnoses(self, now: float | None = None,
                            sessions: sessionmaker[Session] | None = None) -> list[diagnosis_rounds.RoundResult]:
         results = diagnosis_rounds.evaluate_diagnoses(sessions or self.sessions, self.diagnosis_config,
-                                                      self.telemetry.diagnosis, now, sources=self.sources,
+                                                      self.telemetry.diagnosis, now, windows=self.windows,
                                                       keep=self._keep_round_summaries)
         self.telemetry.capacity.assessments = capacity.assess_all(
             self.telemetry.diagnosis.diagnoses, self.diagnosis_config.thresholds, self.telemetry.slo.statuses)
@@ -294,7 +298,7 @@ class Monitor:
         return alert_rounds.evaluate_alerts(sessions or self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
-                                            now=now, sources=self.sources, slos=self.slos,
+                                            now=now, windows=self.windows, sources=self.sources, slos=self.slos,
                                             retention=self.settings.retention)
 
     def _prune_slo_increments(self, session: Session, before: float) -> int:

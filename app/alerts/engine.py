@@ -34,13 +34,13 @@ from app.alerts.config import SLO_BURN, TARGET_DOWN, AlertsConfig, ReceiverConfi
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.diagnosis.findings import Evidence
 from app.durations import format_duration, format_utc
-from app.promsource.service import DISCOVERED_BY_SOURCES
-from app.quantiles import WindowHistogram
 from app.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.store import repository
-from app.store.models import AlertRow, NotificationLogRow, Target
-from app.window import TargetWindow
+from app.store.models import AlertRow, NotificationLogRow
+from app.windows import Windows
+from app.windows.base import HistogramsRead, WindowReader
+from app.windows.store import StoreWindows
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
@@ -92,38 +92,38 @@ def slo_signals(signal: str) -> tuple[str, ...]:
     return (signal, "queue_time", "prefill_time") if signal == "ttft" else (signal,)
 
 
-def _stored_slo_histograms(session: Session, config: AlertsConfig, targets: list[Target],
-                           now: float) -> dict[float, dict[int, dict[str, WindowHistogram | None]]]:
-    """SLO window length -> stored target -> its histograms over ``[now - window, now]``: the
-    SLOs that share a window length (both defaults do) read every stored target they cover
-    once, in one set of queries per chunk of targets (:func:`app.latency.store_histograms`)."""
-    stored = [t for t in targets if t.source not in DISCOVERED_BY_SOURCES]
-    out = {}
-    for window in sorted({slo.window for slo in config.slos}):
-        same = [slo for slo in config.slos if slo.window == window]
-        ids = sorted({t.id for t in stored for slo in same if slo.covers(t.name)})
+def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: WindowReader
+                   ) -> tuple[dict[float, HistogramsRead], frozenset[str]]:
+    """SLO window length -> every target an SLO of that length covers -> its histograms over
+    ``[now - length, now]``: the SLOs that share a length (both defaults do) read each target
+    once, in one set of reads per backend; and the names of the targets whose backend could not
+    answer (their SLO alerts are held: missing data neither fires nor resolves an alert)."""
+    targets = [t for t in repository.list_targets(session) if t.gone_at is None and not Windows.is_aggregate(t)]
+    out: dict[float, HistogramsRead] = {}
+    held: set[str] = set()
+    for length in sorted({slo.window for slo in config.slos}):
+        same = [slo for slo in config.slos if slo.window == length]
+        chosen = [t for t in targets if any(slo.covers(t.name) for slo in same)]
         signals = sorted({s for slo in same for s in slo_signals(slo.signal)})
-        out[window] = latency.store_histograms(session, ids, now - window, now, signals)
-    return out
+        out[length] = windows.histograms(session, chosen, now - length, now, signals)
+        held.update(t.name for t in chosen if t.id in out[length].failed)
+    return out, frozenset(held)
 
 
-def slo_conditions(session: Session, config: AlertsConfig, now: float,
-                   source_windows: dict[tuple[str, int], TargetWindow] | None = None,
+def slo_conditions(session: Session, config: AlertsConfig, by_length: dict[float, HistogramsRead],
                    failed: set[str] | None = None) -> list[Condition]:
-    """``source_windows``: (SLO name, target id) -> the window of a target a Prometheus source
-    reads; every other target's window comes from the built-in store. The names of targets
-    that could not be evaluated are added to ``failed``."""
+    """``by_length``: :func:`slo_histograms`. The names of targets that could not be evaluated
+    are added to ``failed``."""
     out = []
     targets = [t for t in repository.list_targets(session) if t.gone_at is None]
-    stored = _stored_slo_histograms(session, config, targets, now)
     for slo in config.slos:
         chosen = [t for t in targets if slo.covers(t.name)]
         for target in chosen:
             with target_boundary(ALERTS_JOB, target.name) as outcome:  # one target's failure stops no other's
-                source = (source_windows or {}).get((slo.name, target.id))
-                histograms = source.overall.histograms if source is not None else stored[slo.window].get(target.id)
+                read = by_length.get(slo.window)
+                histograms = read.found.get(target.id) if read is not None else None
                 if histograms is None:
-                    continue  # a source's target with no numbers this round (see the held targets)
+                    continue  # no numbers this round (an aggregate; or its backend failed: held)
                 summaries = latency.summarize_histograms({s: histograms.get(s) for s in slo_signals(slo.signal)})
                 summary = summaries.get(slo.signal)
                 if summary is None:
@@ -224,21 +224,24 @@ def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condi
 
 def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
              generator_url: str = "", eval_interval: float = 15.0,
-             source_windows: dict[tuple[str, int], TargetWindow] | None = None,
+             slo_reads: dict[float, HistogramsRead] | None = None,
              held_targets: frozenset[str] = frozenset(), slo_statuses: list[SloStatus] | None = None,
              ) -> dict[str, int]:
     """One alerting round inside the caller's transaction. Returns counts for telemetry.
 
     ``eval_interval`` is how often rounds run; with ``resend_interval`` it bounds how long
     an Alertmanager may keep an alert firing without hearing from us again.
-    ``source_windows`` are the SLO windows of targets a Prometheus source reads;
-    ``held_targets`` are those whose source could not answer: their SLO alerts stay as they
-    are (missing data neither fires nor resolves an alert). ``slo_statuses``: the ``slos:``
+    ``slo_reads`` are the SLO conditions' histograms (:func:`slo_histograms`; default: read from
+    the built-in store here); ``held_targets`` are the targets whose backend could not answer
+    for them: their SLO alerts stay as they are (missing data neither fires nor resolves an
+    alert). ``slo_statuses``: the ``slos:``
     section now (app/slo/status.py), for the burn-rate alerts; a target it could not evaluate
     (an error) keeps its burn-rate alerts as they are, for the same reason."""
     failed: set[str] = set()  # targets whose SLO conditions could not be evaluated: held too
+    if slo_reads is None:
+        slo_reads = slo_histograms(session, config, now, StoreWindows())[0]
     conditions = {c.fp: c for c in (diagnosis_conditions(session, config)
-                                    + slo_conditions(session, config, now, source_windows, failed)
+                                    + slo_conditions(session, config, slo_reads, failed)
                                     + slo_burn_conditions(config, slo_statuses or [])
                                     + target_down_conditions(session, config))}
     unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}

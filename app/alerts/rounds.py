@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig, ReceiverConfig
-from app.promsource.service import SOURCE_KIND
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.sources import source_sums as slo_source_sums
 from app.slo.status import slo_statuses
 from app.store import db, repository
-from app.window import TargetWindow
+from app.windows.base import WindowReader
+from app.windows.store import StoreWindows
 
 log = logging.getLogger(__name__)
 
@@ -39,30 +39,10 @@ def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]
         return {row.name: ReceiverConfig.model_validate(row.config) for row in repository.list_receivers(session)}
 
 
-def slo_source_windows(sessions: sessionmaker[Session], config: AlertsConfig, now: float,
-                       sources: SourceService) -> tuple[dict[tuple[str, int], TargetWindow], frozenset[str]]:
-    """Each SLO's window of every replica a Prometheus source reads (one set of queries per
-    source and SLO, outside the transaction), and the names of the replicas whose source could
-    not answer."""
-    with sessions() as session:
-        replicas = [t for t in repository.list_targets(session) if t.source == SOURCE_KIND and t.gone_at is None]
-        session.expunge_all()
-    windows: dict[tuple[str, int], TargetWindow] = {}
-    held: set[str] = set()
-    for slo in config.slos:
-        chosen = [t for t in replicas if slo.covers(t.name)]
-        if not chosen:
-            continue
-        found, failed = sources.windows_and_failures(chosen, now - slo.window, now,
-                                                     alerts_engine.slo_signals(slo.signal))
-        windows.update({(slo.name, target_id): window for target_id, window in found.items()})
-        held.update(t.name for t in chosen if t.id in failed)
-    return windows, frozenset(held)
-
-
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
                     eval_interval: float, telemetry: Telemetry | None = None,
-                    now: float | None = None, sources: SourceService | None = None,
+                    now: float | None = None, windows: WindowReader | None = None,
+                    sources: SourceService | None = None,
                     slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0) -> dict[str, int]:
     """One alerting round; returns the numbers of conditions and of notifications written.
     ``generator_url`` is this service's alerts page, the ``generatorURL`` of every alert;
@@ -72,7 +52,8 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     alerts read the same :class:`~app.slo.status.SloStatus` the API and ``/metrics`` show."""
     now = time.time() if now is None else now
     receivers = list(load_receivers(sessions).values())
-    source_windows, held = slo_source_windows(sessions, config, now, sources) if sources else ({}, frozenset())
+    with sessions() as session:  # read before the round's transaction: a backend may be slow to answer
+        slo_reads, held = alerts_engine.slo_histograms(session, config, now, windows or StoreWindows())
     source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
                                                                                            now)
     if slos:
@@ -87,7 +68,7 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     with sessions.begin() as session:
         statuses = slo_statuses(session, slos, now, retention, source_sums, source_errors)
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
-                                        eval_interval=eval_interval, source_windows=source_windows,
+                                        eval_interval=eval_interval, slo_reads=slo_reads,
                                         held_targets=held, slo_statuses=statuses)
         open_alerts = [(row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
                        for row in repository.open_alerts(session)]

@@ -29,6 +29,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.budget import BudgetExceeded, ClientGone
 from app.store.repository import DatabaseUnavailable
+from app.windows import WindowError
 
 log = logging.getLogger(__name__)
 DATABASE_ERRORS = (OperationalError, InterfaceError, PoolTimeoutError, DatabaseUnavailable)
@@ -87,8 +88,17 @@ async def client_gone(request: Request, exc: Exception) -> Response:
     return _stopped(request, str(exc), 499)
 
 
+async def window_error(request: Request, exc: Exception) -> Response:
+    """A backend that could not answer for a target (:class:`app.windows.WindowError`): 502 when
+    its server failed, 503 when it is no longer configured; the message classifies the fault."""
+    assert isinstance(exc, WindowError)
+    log.info("%s %s: %s", request.method, request.url.path, exc.message)
+    return _stopped(request, exc.message, exc.status)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(WindowError, window_error)
     app.add_exception_handler(BudgetExceeded, budget_exceeded)
     app.add_exception_handler(ClientGone, client_gone)
     for error in DATABASE_ERRORS:

@@ -24,15 +24,14 @@ from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
-from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.scheduling import DIAGNOSIS_JOB, target_boundary
 from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
-from app.window import TargetWindow
+from app.windows.base import WindowReader
+from app.windows.store import StoreWindows
 
 if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thresholds, telemetry exports results
     from app.config import DiagnosisConfig
-    from app.promsource.service import SourceService
     from app.telemetry import DiagnosisCollector
 
 ROUND_CHUNK = 250  # targets whose windows are read and held at once (a few queries per chunk)
@@ -56,43 +55,41 @@ class RoundSummaries:
 
 def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                        collector: DiagnosisCollector | None = None, now: float | None = None, *,
-                       sources: SourceService | None = None,
+                       windows: WindowReader | None = None,
                        keep: Callable[[RoundSummaries], None] | None = None) -> list[RoundResult]:
     """One diagnosis round over every target: evaluate, advance lifecycles, persist; the
     diagnoses (with their findings' states) replace the collector's for ``/metrics``.
 
-    Prometheus sources are read first, outside the transaction (network). A target of a
-    source that could not be read gets no window: it is skipped, so it keeps its last
-    verdict and none of its findings moves - missing data never resolves or fires anything.
-    Gone targets (discovery no longer lists them) are not evaluated either. ``keep`` is given
-    the round's per-target summaries (:class:`RoundSummaries`)."""
+    The backends discover their targets first, outside any transaction (a Prometheus source
+    reads the round's windows on the way). A target without a window now (its backend could
+    not answer, or it is down) is skipped, so it keeps its last verdict and none of its
+    findings moves - missing data never resolves or fires anything. Gone targets (discovery
+    no longer lists them) are not evaluated either. ``windows``: every backend (default: the
+    built-in store alone); ``keep`` is given the round's per-target summaries
+    (:class:`RoundSummaries`)."""
     began = time.monotonic()
     now = time.time() if now is None else now
+    reads = windows if windows is not None else StoreWindows()
+    reads.discover(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS)
     results: list[RoundResult] = []
-    source_windows: dict[int, TargetWindow] = {}
-    for source_round in (sources.round(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS) if sources else []):
-        for source_target in source_round.targets:
-            if source_target.window is not None:  # None: down now; its TargetDown alert says so
-                source_windows[source_target.id] = source_target.window
     evaluated: list[tuple[int, Diagnosis]] = []
     summaries: dict[int, dict[str, SignalSummary]] = {}
     # Read and compute with no write transaction open (WAL: the scrape writer never waits on
-    # a round); the store's windows in a fixed number of set-based queries per chunk of targets.
+    # a round); the windows in a fixed number of set-based reads per chunk of targets.
     with sessions() as session:
         # One query for which targets have probe runs at all, instead of two per target.
         probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
         probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
-        targets = [t for t in repository.list_targets(session)
-                   if t.gone_at is None and (t.source not in DISCOVERED_BY_SOURCES or t.id in source_windows)]
-        stored_ids = {t.id for t in targets if t.source not in DISCOVERED_BY_SOURCES}
+        targets = [t for t in repository.list_targets(session) if t.gone_at is None]
         for chunk in range(0, len(targets), ROUND_CHUNK):
             members = targets[chunk:chunk + ROUND_CHUNK]
-            windows = latency.store_windows(session, [t.id for t in members if t.id in stored_ids],
-                                            now - config.window, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-            windows.update({t.id: source_windows[t.id] for t in members if t.id in source_windows})
+            found = reads.windows(session, members, now - config.window, now, DIAGNOSIS_HISTOGRAMS,
+                                  diagnosis=True).found
             for target in members:
+                if target.id not in found:
+                    continue  # no numbers now (see above)
                 with target_boundary(DIAGNOSIS_JOB, target.name):  # a failing target keeps its last verdict
-                    overall = windows[target.id].overall.histograms
+                    overall = found[target.id].overall.histograms
                     summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
                     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
                     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
@@ -100,9 +97,9 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                         if target.id in probed else None
                     diagnoses = diagnosis_engine.evaluate_target(
                         session, target.id, target.name, engine, now, config.window, config.thresholds, hardware,
-                        probe_baseline=baseline, data=windows[target.id], probed=target.id in probed)
+                        probe_baseline=baseline, data=found[target.id], probed=target.id in probed)
                     evaluated.extend((target.id, diagnosis) for diagnosis in diagnoses)
-            del windows  # a chunk's samples are dropped before the next is read: bounded memory
+            del found  # a chunk's samples are dropped before the next is read: bounded memory
     saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
     with sessions.begin() as session:  # the results in one short write transaction
         open_rows = repository.all_open_findings(session)  # one query each, not one per target

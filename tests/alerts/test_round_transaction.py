@@ -54,15 +54,15 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
                                      error_class="connect", error="refused")])
         path = h.url.removeprefix("sqlite:///")
         concurrent: list[str] = []
-        original = repository.list_targets
+        original = slo_record.matched_targets
 
-        def list_targets_then_another_writer_commits(session, *args, **kwargs):
+        def matched_then_another_writer_commits(session, *args, **kwargs):
             targets = original(session, *args, **kwargs)
-            if not concurrent:  # once, right after the round's first read inside its transaction
+            if not concurrent:  # once, right after the recording's first reads inside its transaction
                 concurrent.append(another_writer(path))
             return targets
 
-        monkeypatch.setattr(slo_record.repository, "list_targets", list_targets_then_another_writer_commits)
+        monkeypatch.setattr(slo_record, "matched_targets", matched_then_another_writer_commits)
         during_conditions: list[str] = []
         original_down = alerts_engine.target_down_conditions
 

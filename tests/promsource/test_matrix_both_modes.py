@@ -39,6 +39,9 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.thresholds import Thresholds
 from app.window import merge_windows
+from app.windows import Windows
+from app.windows.prometheus import PrometheusWindows
+from app.windows.store import StoreWindows
 from tests.api.conftest import make_service
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 from tests.support.backfill import Backfill
@@ -309,7 +312,7 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
         name="m", url=client.url, selector='{namespace="llm"}', target_labels=["namespace", "pod"],
         service_labels=["deployment", "llm_d_ai_role"], pd_pair_labels=["deployment"],
         pd_role_label="llm_d_ai_role")])
-    monitor = type("Monitor", (), {"sources": service})()
+    windows = Windows(StoreWindows(), PrometheusWindows(service))
     try:
         (round_,) = service.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS)
         by_name = {t.name: t for t in round_.targets}
@@ -326,13 +329,13 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
             decode = rows["m.llm.kv_transfer-vllm"]
             window = service.window(decode, start, end)
             report = latency.report_from_window(window)
-            add_disaggregation(session, monitor, decode, report, window.infos, start, end)
+            add_disaggregation(session, windows, decode, report, window.infos, start, end)
             # a prefill replica gets its role and no split; one whose role nothing states gets neither
             prefill_report = latency.report_from_window(service.window(rows["m.llm.healthy-vllm"], start, end))
-            add_disaggregation(session, monitor, rows["m.llm.healthy-vllm"], prefill_report,
+            add_disaggregation(session, windows, rows["m.llm.healthy-vllm"], prefill_report,
                                service.window(rows["m.llm.healthy-vllm"], start, end).infos, start, end)
             unknown = latency.report_from_window(service.window(rows["m.llm.queueing-vllm"], start, end))
-            add_disaggregation(session, monitor, rows["m.llm.queueing-vllm"], unknown,
+            add_disaggregation(session, windows, rows["m.llm.queueing-vllm"], unknown,
                                service.window(rows["m.llm.queueing-vllm"], start, end).infos, start, end)
         assert report["pd_role"]["role"] == "decode"
         assert prefill_report["pd_role"]["role"] == "prefill" and "disaggregation" not in prefill_report

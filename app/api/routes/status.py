@@ -66,14 +66,17 @@ from app.diagnosis.rounds import RoundSummaries
 from app.durations import format_duration, format_utc
 from app.kept import KeptParts, RoundMemo
 from app.latency import LoadedHistograms
+from app.limits import UnixTime
 from app.probe import repository as probe_repository
-from app.promapi import PromAPIError
-from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND, SourceMissing, SourceStatus
+from app.promsource.service import SOURCE_KIND, SourceStatus
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
 from app.summaries import answers
+from app.window import TargetWindow
+from app.windows import WindowError
+from app.windows.base import TTFT_PARTS
 
 router = APIRouter(include_in_schema=False)
 
@@ -88,8 +91,6 @@ REFRESH_SECONDS = 30
 LEVELS = ("critical", "warning", "info", "unknown", "healthy")  # the fleet table's order, most severe first
 LEVEL_TEXT = {"critical": "critical", "warning": "warning", "info": "info", "unknown": "no verdict",
               "healthy": "ok"}
-CHART_SIGNALS = ("ttft", "itl")
-TTFT_PARTS = ("queue_time", "prefill_time")  # TGI has no TTFT histogram: queue + prefill
 TOKEN_SIGNALS = {"prompt_tokens", "generation_tokens", "iteration_tokens"}
 SIGNAL_TITLES = {
     "ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token (per request)",
@@ -572,8 +573,6 @@ def page_params(monitor, window: str | None, end: float | None) -> tuple[float, 
     seconds = monitor.diagnosis_config.window if window is None else \
         duration_param(window, "window", maximum=86400)
     live = end is None
-    if end is not None and not math.isfinite(end):
-        end = None
     return seconds, (time.time() if end is None else end), live
 
 
@@ -651,7 +650,7 @@ def stylesheet() -> Response:
 @router.get("/", response_class=HTMLResponse)
 def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
           window: Annotated[str | None, Query(description="percentile window; default the diagnosis window")] = None,
-          end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
+          end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
     """The fleet table: one row per target, most severe first, with its verdict and
     TTFT/ITL p50/p99 over one window; details on the target's own page. The numbers of the
     targets the last round's summaries do not answer are computed here, under the request
@@ -664,35 +663,21 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     latest = repository.latest_scrapes(session)
     kept = round_summaries(monitor, seconds, end) if live and window is None else None
     shown_end = end if kept is None else kept.end  # the numbers' window is the round's
-    ids = [t.id for t in targets if kept is None or t.id not in kept.by_target]
+    unread = [t for t in targets if kept is None or t.id not in kept.by_target]
     verdicts = verdicts_by_target(session, monitor)
-    # a Prometheus source's targets: their numbers from the source, one set of queries per source
-    # (none for a failing source: its banner says why its rows have none)
-    read = [t for t in targets if t.source in DISCOVERED_BY_SOURCES and t.origin not in failing
-            and (kept is None or t.id not in kept.by_target)]
     page = common(request, monitor, seconds, shown_end, live)
     countdown = page["countdown"]
     rows: list[FleetRow] = []
     # an index the round's summaries answer whole computes nothing: its statements are not bounded
-    statements = statement_budget(session, budget) if ids or read else nullcontext()
+    statements = statement_budget(session, budget) if unread else nullcontext()
     with bounded(budget), statements:
-        series = repository.find_series(session, ids, (*CHART_SIGNALS, *TTFT_PARTS)) if ids else []
-        with_ttft = {s.target_id for s in series if s.signal == "ttft"}
-        wanted = [s for s in series if s.signal in CHART_SIGNALS or s.target_id not in with_ttft]
-        snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], end - seconds, end)
-        by_target: dict[int, list] = {}
-        for s in wanted:
-            by_target.setdefault(s.target_id, []).append(s)
-        source_windows = monitor.sources.windows_of(read, end - seconds, end, (*CHART_SIGNALS, *TTFT_PARTS)) \
-            if read else {}
+        # one set of reads per backend (none for a failing source: its banner says why its rows have none)
+        summaries = monitor.windows.fleet_summaries(session, unread, end - seconds, end)
         for target in targets:
             if kept is not None and target.id in kept.by_target:
                 cells = round_cells(kept, target.id)
-            elif target.id in source_windows:
-                cells = latency_cells(latency.summarize_histograms(source_windows[target.id].overall.histograms))
             else:
-                cells = latency_cells(latency.summarize_signals(
-                    LoadedHistograms(by_target.get(target.id, []), snapshots), end - seconds, end))
+                cells = latency_cells(summaries.get(target.id, {}))
             interval = target.scrape_interval or monitor.settings.default_scrape_interval
             health = scrape_health(latest.get(target.id), interval, end)
             stale = stale_source(target, failing)
@@ -725,7 +710,7 @@ def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | Non
 def target_page(name: str, request: Request, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                 window: Annotated[str | None, Query(description="percentile window; "
                                                                 "default the diagnosis window")] = None,
-                end: Annotated[float | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
+                end: Annotated[UnixTime | None, Query(description="unix seconds; default now")] = None) -> HTMLResponse:
     """One target in detail: all histogram signals, the TTFT split, gauges, rates, findings, scrapes.
     Its window and charts are computed for the request, under the request budget (503 past
     ``api_request_budget``, like ``/api/v1/targets/{name}/latency``)."""
@@ -737,17 +722,15 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                     **context)
     with bounded(budget), statement_budget(session, budget):  # every statement of the page
         stale = stale_source(target, failing_sources(monitor))
-        report = latency.latency_report(session, [target.id], seconds, end)
-        infos = repository.target_infos(session, target.id)
-        if target.source in DISCOVERED_BY_SOURCES and stale is None:
-            try:  # the same numbers as its /latency answer; no charts (they are the store's)
-                source_window = monitor.sources.window(target, end - seconds, end)
-                report = latency.report_from_window(source_window)
-                add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
-            except (PromAPIError, SourceMissing):
+        report = latency.report_from_window(TargetWindow(end - seconds, end))  # no numbers until read
+        if stale is None:
+            try:  # the same numbers as its /latency answer
+                read = monitor.windows.window(session, target, end - seconds, end, HISTOGRAM_SIGNALS)
+                report = latency.report_from_window(read)
+                add_disaggregation(session, monitor.windows, target, report, read.infos, end - seconds, end)
+            except WindowError:
                 pass  # no numbers; its source's status says why
-        elif target.source not in DISCOVERED_BY_SOURCES:
-            add_disaggregation(session, monitor, target, report, infos, end - seconds, end)
+        infos = repository.target_infos(session, target.id)
         chart_signals = ("ttft", "itl", "queue_time", "e2e")
         series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
         loaded = LoadedHistograms(series, repository.histogram_snapshots(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import anyio.from_thread
@@ -42,8 +40,6 @@ from app.config import TargetConfig
 from app.kept import KeptParts, RoundMemo
 from app.lifespan import Monitor
 from app.limits import UnixTime
-from app.promapi import PromAPIError
-from app.promsource.service import DISCOVERED_BY_SOURCES, SourceMissing
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
@@ -84,19 +80,6 @@ def refuse_discovered(target: Target, what: str) -> None:
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"target {target.name!r} is discovered ({target.source} {target.origin!r}) and cannot be "
                             f"{what}; change the discovery instead")
-
-
-@contextmanager
-def source_errors(target: Target) -> Iterator[None]:
-    """A discovered target's numbers come from its Prometheus: when that cannot answer, say
-    so as 502 with the source's classified error (never the server's text)."""
-    try:
-        yield
-    except PromAPIError as exc:
-        raise HTTPException(status.HTTP_502_BAD_GATEWAY,
-                            f"source {target.origin!r} could not answer: {exc.kind}: {exc.message}") from None
-    except SourceMissing as exc:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
 
 
 def check_url(monitor: Monitor, url: str) -> None:
@@ -238,16 +221,10 @@ def target_latency(name: str, session: SessionDep, monitor: MonitorDep, budget: 
     target = get_or_404(session, name)
     refuse_load_balanced(session, target)
     seconds, end = time_range(window, start, end)
-    if target.source in DISCOVERED_BY_SOURCES:
-        with source_errors(target):
-            source_window = monitor.sources.window(target, end - seconds, end)
-            report = latency.report_from_window(source_window)
-            add_disaggregation(session, monitor, target, report, source_window.infos, end - seconds, end)
-    else:
-        with bounded(budget), statement_budget(session, budget):
-            report = latency.latency_report(session, [target.id], seconds, end)
-            add_disaggregation(session, monitor, target, report, repository.target_infos(session, target.id),
-                               end - seconds, end)
+    with bounded(budget), statement_budget(session, budget):
+        read = monitor.windows.window(session, target, end - seconds, end, HISTOGRAM_SIGNALS)
+        report = latency.report_from_window(read)
+        add_disaggregation(session, monitor.windows, target, report, read.infos, end - seconds, end)
     return serialized(TARGET_LATENCY_OUT, {"target": name, "engine": target.detected_engine or target.engine,
                                            "window": window, **report}, exclude_unset=True)
 
@@ -279,13 +256,9 @@ def target_series(name: str, session: SessionDep, monitor: MonitorDep, budget: B
         raise unprocessable("query.step", "too many points (more than 11000); use a larger step")
     lookback_s = duration_param(lookback, "lookback")
     end = end if end is not None else time.time()
-    if target.source in DISCOVERED_BY_SOURCES:
-        with source_errors(target):
-            points = monitor.sources.quantile_series(target, signal, quantile, span, step_s, lookback_s, end, model)
-    else:
-        with bounded(budget), statement_budget(session, budget):
-            points = latency.quantile_series(session, [target.id], signal, quantile, span, step_s, lookback_s, end,
-                                             model)
+    with bounded(budget), statement_budget(session, budget):
+        points = monitor.windows.quantile_series(session, target, signal, quantile, span, step_s, lookback_s, end,
+                                                 model)
     return {"target": name, "signal": signal, "q": q, "step_seconds": step_s, "lookback_seconds": lookback_s,
             "model": model, "points": points}
 

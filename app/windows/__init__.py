@@ -1,0 +1,86 @@
+"""Metric windows, whichever backend holds a target's samples.
+
+:class:`Windows` is the one place that knows which backend answers for a target (the built-in
+store for the targets this service scrapes, a Prometheus source for those it discovered); it
+answers the same :class:`~app.windows.base.WindowReader` interface itself, so features ask it
+and never which backend answers - as PromQL asks Prometheus' ``storage.Queryable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.latency import SignalSummary
+from app.promsource.service import DISCOVERED_BY_SOURCES, SERVICE_KIND
+from app.store.models import TargetView
+from app.window import TargetWindow
+from app.windows.base import HistogramsRead, WindowError, WindowReader, WindowsRead
+
+
+class Windows:
+    """Every backend behind one :class:`~app.windows.base.WindowReader`."""
+
+    def __init__(self, store: WindowReader, sources: WindowReader) -> None:
+        self.store = store
+        self.sources = sources
+
+    @staticmethod
+    def is_aggregate(target: TargetView) -> bool:
+        """A target that sums others (a Prometheus source's service): its numbers are already its
+        members', so per-target evaluations (SLO conditions, gauges) skip it."""
+        return target.source == SERVICE_KIND
+
+    def reader(self, target: TargetView) -> WindowReader:
+        """The backend that holds ``target``'s samples."""
+        return self.sources if target.source in DISCOVERED_BY_SOURCES else self.store
+
+    def window(self, session: Session, target: TargetView, start: float, end: float,
+               signals: Sequence[str]) -> TargetWindow:
+        return self.reader(target).window(session, target, start, end, signals)
+
+    def _split(self, targets: Sequence[TargetView]) -> list[tuple[WindowReader, list[TargetView]]]:
+        """``targets`` by backend, leaving out a backend with none (it is not asked)."""
+        parts = [(reader, [t for t in targets if self.reader(t) is reader]) for reader in (self.store, self.sources)]
+        return [(reader, mine) for reader, mine in parts if mine]
+
+    def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+        out = WindowsRead()
+        for reader, mine in self._split(targets):
+            read = reader.windows(session, mine, start, end, signals, diagnosis)
+            out.found.update(read.found)
+            out.failed |= read.failed
+        return out
+
+    def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                   signals: Sequence[str]) -> HistogramsRead:
+        out = HistogramsRead()
+        for reader, mine in self._split(targets):
+            read = reader.histograms(session, mine, start, end, signals)
+            out.found.update(read.found)
+            out.failed |= read.failed
+        return out
+
+    def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
+                        ) -> dict[int, dict[str, SignalSummary]]:
+        out: dict[int, dict[str, SignalSummary]] = {}
+        for reader, mine in self._split(targets):
+            out.update(reader.fleet_summaries(session, mine, start, end))
+        return out
+
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+        for reader in (self.store, self.sources):
+            reader.discover(sessions, now, window, signals)
+
+    def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
+                        step: float, lookback: float, end: float, model: str | None) -> list[dict]:
+        return self.reader(target).quantile_series(session, target, signal, q, span, step, lookback, end, model)
+
+    def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
+                   decode: bool) -> tuple[list[str], TargetWindow] | None:
+        return self.reader(target).prefill_of(session, target, start, end, decode)
+
+
+__all__ = ["HistogramsRead", "WindowError", "WindowReader", "Windows", "WindowsRead"]

@@ -1,0 +1,114 @@
+"""The one interface every metric backend answers: windows, their time series, and its errors.
+
+A backend holds samples of some targets (the built-in store: the targets this service scrapes;
+a Prometheus source: the replicas it discovered) and answers for them with a
+:class:`~app.window.TargetWindow` - the type the latency report, the diagnosis, the SLOs and the
+status page read. Features ask :class:`app.windows.Windows`, which hands each target to the
+backend that holds it; none of them asks which backend that is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.latency import SignalSummary
+from app.quantiles import WindowHistogram
+from app.store.models import TargetView
+from app.window import TargetWindow
+
+#: What the fleet table shows of each target (:meth:`WindowReader.fleet_summaries`); the TTFT of an
+#: engine without a TTFT histogram (TGI) is derived from its queue and prefill time.
+FLEET_SIGNALS = ("ttft", "itl")
+TTFT_PARTS = ("queue_time", "prefill_time")
+
+#: The ``kind`` of a :class:`WindowError`, and the HTTP status an API answer gives it.
+ERROR_STATUS = {"unavailable": 502, "not_configured": 503}
+
+
+class WindowError(Exception):
+    """A backend could not answer for a target: ``unavailable`` (its server failed: unreachable,
+    timeout, a bad answer) or ``not_configured`` (its backend is gone from the configuration).
+    ``message`` is safe to show anyone: it classifies the fault and never quotes the server."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in ERROR_STATUS, kind
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    @property
+    def status(self) -> int:
+        return ERROR_STATUS[self.kind]
+
+
+@dataclass(slots=True)
+class WindowsRead:
+    """Many targets' windows (by target id), and the ids whose backend could not answer: their
+    numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
+
+    found: dict[int, TargetWindow] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class HistogramsRead:
+    """Many targets' histograms of some signals (all models summed by ``le``; None: the series
+    exist without two samples in the window), and the ids whose backend could not answer."""
+
+    found: dict[int, dict[str, WindowHistogram | None]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+
+
+class WindowReader(Protocol):
+    """What a backend answers. ``session`` is the request's or round's database session (a
+    backend that keeps no samples there does not use it); every method may raise
+    :class:`WindowError` but :meth:`windows`, which reports failures per target instead."""
+
+    def window(self, session: Session, target: TargetView, start: float, end: float,
+               signals: Sequence[str]) -> TargetWindow:
+        """The target's window ``[start, end]``: histograms, gauges and rates, overall and per
+        model, and its engine configuration (``infos``)."""
+        ...
+
+    def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+        """Each target's window, read together (a fixed number of reads, whatever the count).
+        ``diagnosis`` adds what only the regime rules read: successful scrapes, the engine's
+        configuration, per-rank loads, the ITL by running batch size."""
+        ...
+
+    def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                   signals: Sequence[str]) -> HistogramsRead:
+        """Each target's histograms of ``signals`` and nothing else (what an SLO condition reads),
+        read together."""
+        ...
+
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+        """Bring the targets table in step with the targets the backend holds now (a new one gets
+        a row, one that went away is marked gone, one that does not answer is down). A backend
+        may read its targets' diagnosis windows over ``[now - window, now]`` on the way, to answer
+        :meth:`windows` for exactly that range from them; one whose targets are configured does
+        nothing."""
+        ...
+
+    def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
+                        ) -> dict[int, dict[str, SignalSummary]]:
+        """Each target's summaries of :data:`FLEET_SIGNALS` (all models summed by ``le``), read
+        together; a target whose backend cannot answer now has none."""
+        ...
+
+    def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
+                        step: float, lookback: float, end: float, model: str | None) -> list[dict]:
+        """``histogram_quantile(q, sum by (le) (increase(x_bucket[lookback])))`` (``q=None``: the
+        mean) every ``step`` over the ``span`` before ``end``, steps aligned to multiples of ``step``."""
+        ...
+
+    def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
+                   decode: bool) -> tuple[list[str], TargetWindow] | None:
+        """The prefill side of a P/D target (``decode``: its role says it decodes), summed, and
+        the names of its targets; None when nothing pairs it."""
+        ...

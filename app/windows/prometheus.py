@@ -1,0 +1,100 @@
+"""Prometheus sources as a window backend: the replicas each source discovered.
+
+The PromQL, its batching and the memo of long-period answers stay in :mod:`app.promsource`;
+this module only puts them behind :class:`~app.windows.base.WindowReader` and turns the
+source's errors into :class:`~app.windows.base.WindowError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import latency
+from app.latency import SignalSummary
+from app.promapi import PromAPIError
+from app.promsource.service import SourceMissing, SourceService
+from app.store.models import TargetView
+from app.window import TargetWindow
+from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, WindowError, WindowsRead
+
+
+@contextmanager
+def _answering(target: TargetView) -> Iterator[None]:
+    """The source's classified error (never the server's text) as a :class:`WindowError`."""
+    try:
+        yield
+    except PromAPIError as exc:
+        raise WindowError("unavailable",
+                          f"source {target.origin!r} could not answer: {exc.kind}: {exc.message}") from None
+    except SourceMissing as exc:
+        raise WindowError("not_configured", str(exc)) from None
+
+
+class PrometheusWindows:
+    """:class:`~app.windows.base.WindowReader` over the configured Prometheus sources."""
+
+    def __init__(self, sources: SourceService) -> None:
+        self.sources = sources
+        # the last discovery's diagnosis windows: (start, end, signals) and target id -> window
+        self._round: tuple[tuple[float, float, tuple[str, ...]], dict[int, TargetWindow]] | None = None
+        self._lock = threading.Lock()
+
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+        """Each source's round: its targets now and all their diagnosis windows, one set of queries
+        per source (:meth:`app.promsource.service.SourceService.round`). A target that is down, or
+        whose source failed, has no window: it keeps its last verdict."""
+        found = {target.id: target.window for source_round in self.sources.round(sessions, now, window, signals)
+                 for target in source_round.targets if target.window is not None}
+        with self._lock:
+            self._round = ((now - window, now, tuple(signals)), found)
+
+    def window(self, session: Session, target: TargetView, start: float, end: float,
+               signals: Sequence[str]) -> TargetWindow:
+        with _answering(target):
+            return self.sources.window(target, start, end, signals)
+
+    def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+        """The last discovery's windows when asked for exactly its diagnosis range (each handed
+        out once, so they are not held past the round); else one set of queries per source."""
+        with self._lock:
+            kept = self._round
+            if kept is not None and diagnosis and kept[0] == (start, end, tuple(signals)):
+                found = {t.id: kept[1].pop(t.id) for t in targets if t.id in kept[1]}
+                return WindowsRead(found, {t.id for t in targets} - found.keys())
+        return WindowsRead(*self.sources.windows_and_failures(targets, start, end, signals, diagnosis))
+
+    def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                   signals: Sequence[str]) -> HistogramsRead:
+        """One query per signal and source, for all its replicas (an aggregate's members are read)."""
+        return HistogramsRead(*self.sources.histograms_of(targets, start, end, signals))
+
+    def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
+                        ) -> dict[int, dict[str, SignalSummary]]:
+        """One set of queries per source; none for a source whose last round failed (its targets'
+        numbers are not current: the status page's banner says why)."""
+        current = [t for t in targets if not self._failing(t)]
+        found = self.sources.windows_of(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS)) if current else {}
+        return {target_id: latency.summarize_histograms(window.overall.histograms)
+                for target_id, window in found.items()}
+
+    def _failing(self, target: TargetView) -> bool:
+        source = self.sources.get(target.origin)
+        return source is not None and source.status.failing
+
+    def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
+                        step: float, lookback: float, end: float, model: str | None) -> list[dict]:
+        with _answering(target):
+            return self.sources.quantile_series(target, signal, q, span, step, lookback, end, model)
+
+    def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
+                   decode: bool) -> tuple[list[str], TargetWindow] | None:
+        """The prefill replicas sharing a decode replica's ``pd_pair_labels`` values, summed."""
+        if not decode:
+            return None
+        with _answering(target):
+            return self.sources.prefill_of(session, target, start, end)

@@ -1,0 +1,71 @@
+"""The built-in store as a window backend: the targets this service scrapes itself.
+
+Reads at the coarsest downsampled level that answers a window exactly (:mod:`app.store.levels`,
+through :mod:`app.latency`), in a fixed number of set-based queries for many targets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import latency
+from app.latency import LoadedHistograms, SignalSummary
+from app.sources.base import CanonicalInfo
+from app.store import repository
+from app.store.models import TargetView
+from app.window import TargetWindow
+from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, WindowsRead
+
+
+class StoreWindows:
+    """:class:`~app.windows.base.WindowReader` over the samples in the service's database."""
+
+    def window(self, session: Session, target: TargetView, start: float, end: float,
+               signals: Sequence[str]) -> TargetWindow:
+        window = latency.store_window(session, [target.id], start, end, signals)
+        window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
+                        for i in repository.target_infos(session, target.id)]
+        return window
+
+    def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+        return WindowsRead(latency.store_windows(session, [t.id for t in targets], start, end, signals,
+                                                 diagnosis=diagnosis))
+
+    def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
+                   signals: Sequence[str]) -> HistogramsRead:
+        return HistogramsRead(latency.store_histograms(session, [t.id for t in targets], start, end, signals))
+
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+        """Nothing: the store's targets are those configured and discovered by the scraper."""
+
+    def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
+                        ) -> dict[int, dict[str, SignalSummary]]:
+        """From the raw snapshots of the few series the table shows (cheaper than whole windows):
+        a target's queue and prefill time only where it has no TTFT histogram."""
+        ids = [t.id for t in targets]
+        series = repository.find_series(session, ids, (*FLEET_SIGNALS, *TTFT_PARTS)) if ids else []
+        with_ttft = {s.target_id for s in series if s.signal == "ttft"}
+        wanted = [s for s in series if s.signal in FLEET_SIGNALS or s.target_id not in with_ttft]
+        snapshots = repository.histogram_snapshots(session, [s.id for s in wanted], start, end)
+        by_target: dict[int, list] = {}
+        for s in wanted:
+            by_target.setdefault(s.target_id, []).append(s)
+        return {t.id: latency.summarize_signals(LoadedHistograms(by_target.get(t.id, []), snapshots), start, end)
+                for t in targets}
+
+    def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
+                        step: float, lookback: float, end: float, model: str | None) -> list[dict]:
+        return latency.quantile_series(session, [target.id], signal, q, span, step, lookback, end, model)
+
+    def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
+                   decode: bool) -> tuple[list[str], TargetWindow] | None:
+        """The target its ``llm_latency_prefill_target`` label names (whatever its own role says)."""
+        name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
+        prefill = repository.get_target(session, name) if name else None
+        if prefill is None:
+            return None
+        seconds = end - start  # the window as the latency API gives it: its length before its end
+        return [prefill.name], latency.store_window(session, [prefill.id], end - seconds, end, per_model=False)
