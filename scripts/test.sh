@@ -9,8 +9,8 @@
 #   scripts/test.sh ARGS...   pytest ARGS (e.g. scripts/test.sh tests/test_api.py -k latency)
 #
 # Each ends with its duration and the 15 slowest tests. The suite and the fast lane run on
-# LLM_LATENCY_TEST_WORKERS pytest-xdist workers (default 2; 0: in this one process, as pytest ARGS
-# does unless the variable is set).
+# LLM_LATENCY_TEST_WORKERS pytest-xdist workers (default: the cores + 1, at most 4; 0: in this one
+# process, as pytest ARGS does unless the variable is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,10 +47,14 @@ npm ci --prefix tests/deploy/operator_models --no-audit --no-fund --silent
 # Lint and type gates first (scripts/check: ruff, mypy with its per-file baseline).
 python3 scripts/check
 
-case "${1:-}" in "" | --fast) workers=${LLM_LATENCY_TEST_WORKERS:-2} ;; *) workers=${LLM_LATENCY_TEST_WORKERS:-0} ;; esac
-# loadscope: a module's tests share one worker, so a module-scoped server starts once
+# One worker more than the cores (most tests wait on servers, sockets and clocks), at most 4.
+cores=$(nproc 2>/dev/null || echo 2)
+default_workers=$((cores + 1 > 4 ? 4 : cores + 1))
+case "${1:-}" in "" | --fast) workers=${LLM_LATENCY_TEST_WORKERS:-$default_workers} ;; *) workers=${LLM_LATENCY_TEST_WORKERS:-0} ;; esac
+# loadscope: a module's tests share one worker, so a module-scoped server starts once; in the
+# order tests/conftest.py gives them (the long modules first), not xdist's (the most tests first)
 parallel=()
-if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadscope); fi
+if [ "$workers" != 0 ]; then parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder); fi
 # the parser, vectors and ingest (store, adapters) tests, run again without the C extensions
 twin_tests=(tests/scrape/test_parser.py tests/test_vectors.py tests/store tests/sources)
 

@@ -8,6 +8,7 @@ PostgreSQL fails the tests that need it instead of skipping them.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -107,6 +108,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if (function in SLOW_TESTS or function.split("::", 1)[0] in SLOW_TESTS
                 or any(item.get_closest_marker(m) for m in SLOW_BY_NATURE)):
             item.add_marker(pytest.mark.slow)
+    # Modules whose tests are all slow first, then those with some: the long ones start early, so
+    # xdist's workers end together rather than one running the last soak alone. A module's tests
+    # keep their order and stay together.
+    slow_share: dict[str, list[bool]] = {}
+    for item in items:
+        slow_share.setdefault(item.nodeid.split("::", 1)[0], []).append(item.get_closest_marker("slow") is not None)
+    group = {module: 0 if all(marks) else 1 if any(marks) else 2 for module, marks in slow_share.items()}
+    items.sort(key=lambda item: group[item.nodeid.split("::", 1)[0]])
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -121,6 +130,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         connection_origins.current_test[0] = ""
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """``LLM_LATENCY_TEST_GC_EACH=1``: a full garbage collection after each test, so a connection
+    a test leaves open is reported in that test's teardown instead of in whichever test runs when
+    the collector happens to find it (tests/support/connection_origins.py names where it was opened)."""
+    yield
+    if os.environ.get("LLM_LATENCY_TEST_GC_EACH"):
+        gc.collect()
 
 
 @dataclass

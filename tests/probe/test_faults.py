@@ -55,7 +55,7 @@ def test_a_stream_that_hangs_mid_way_is_stalled_after_the_stall_timeout(fake):
     assert level.errors == {"stalled": 2}
     assert all(r.tokens == 3 and r.ttft is not None and len(r.itl) == 2 for r in level.requests)
     assert "no data for 0.4s after token 3" in level.requests[0].detail
-    assert 0.4 <= elapsed < 2.0
+    assert 0.4 <= elapsed < 10.0  # the request timeout (30 s) if the stall timeout were ignored; slack for load
 
 
 def test_malformed_sse_lines_are_counted_and_the_tokens_still_read(fake):
@@ -86,7 +86,7 @@ def test_no_first_token_within_the_request_timeout_is_a_timeout(fake):
     result, elapsed = probe(fake.url("slow_first"), requests=1, timeout=0.5)
     r = result.levels[0].requests[0]
     assert r.error == "timeout" and r.tokens == 0 and "request timeout (0.5s)" in r.detail
-    assert 0.5 <= elapsed < 2.5
+    assert 0.5 <= elapsed < 4.5  # the first token comes after 5 s if the timeout were ignored; slack for load
 
 
 def test_a_closed_port_is_a_connect_error():
