@@ -32,8 +32,9 @@ from contextlib import asynccontextmanager
 from typing import IO, TypeVar
 
 from fastapi import FastAPI
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from app import capacity, malloc, replicas, scheduling, summaries
 from app.alerts import rounds as alert_rounds
@@ -397,6 +398,11 @@ class Monitor:
         self._replica_threads.shutdown(wait=False)
         await self._wait_for_connections_returned()
         self.engine.dispose()
+        # Work handed to a thread just before the stop (a delivery poll, a round, a detected
+        # engine's write) may reach the database only now, after the wait saw no connection in
+        # use: the pool dispose() left would keep its connection open until the garbage collector
+        # found it. From now on a connection is closed when it is returned.
+        event.listen(self.engine, "checkin", _close_on_return)
         if self._sqlite_lock is not None:
             self._sqlite_lock.close()
             self._sqlite_lock = None
@@ -414,6 +420,12 @@ class Monitor:
             await asyncio.sleep(0.02)
         if checked_out() > 0:
             log.warning("stopping with %d database connections still in use", checked_out())
+
+
+def _close_on_return(dbapi_connection: object, record: ConnectionPoolEntry) -> None:
+    """A stopped service's connection is closed when it is returned, never kept in a pool."""
+    if dbapi_connection is not None:
+        record.invalidate()
 
 
 @asynccontextmanager
