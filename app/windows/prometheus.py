@@ -79,8 +79,8 @@ class PrometheusWindows:
         numbers are not current: the status page's banner says why)."""
         current = [t for t in targets if not self._failing(t)]
         found = self.sources.windows_of(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS)) if current else {}
-        return {target_id: latency.summarize_histograms(window.overall.histograms)
-                for target_id, window in found.items()}
+        return {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
+                            if s in FLEET_SIGNALS} for target_id, window in found.items()}
 
     def _failing(self, target: TargetView) -> bool:
         source = self.sources.get(target.origin)

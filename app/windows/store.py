@@ -36,7 +36,10 @@ class StoreWindows:
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                    signals: Sequence[str]) -> HistogramsRead:
-        return HistogramsRead(latency.store_histograms(session, [t.id for t in targets], start, end, signals))
+        read = latency.store_histograms(session, [t.id for t in targets], start, end, signals)
+        # a signal without an increase in the window is absent, as in a source's answer
+        return HistogramsRead({target_id: {s: h for s, h in found.items() if h is not None}
+                               for target_id, found in read.items()})
 
     def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
         """Nothing: the store's targets are those configured and discovered by the scraper."""
@@ -53,8 +56,11 @@ class StoreWindows:
         by_target: dict[int, list] = {}
         for s in wanted:
             by_target.setdefault(s.target_id, []).append(s)
-        return {t.id: latency.summarize_signals(LoadedHistograms(by_target.get(t.id, []), snapshots), start, end)
-                for t in targets}
+        out = {}
+        for t in targets:
+            summaries = latency.summarize_signals(LoadedHistograms(by_target.get(t.id, []), snapshots), start, end)
+            out[t.id] = {s: summary for s, summary in summaries.items() if s in FLEET_SIGNALS}
+        return out
 
     def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
                         step: float, lookback: float, end: float, model: str | None) -> list[dict]:

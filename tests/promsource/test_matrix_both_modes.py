@@ -17,6 +17,7 @@ range windows are left-open).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.thresholds import Thresholds
 from app.window import merge_windows
-from app.windows import Windows
+from app.windows import WindowError, Windows
 from app.windows.prometheus import PrometheusWindows
 from app.windows.store import StoreWindows
 from tests.api.conftest import make_service
@@ -292,6 +293,75 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
         assert "replica_imbalance" not in [f.regime for f in verdicts["m.svc.balanced"].findings]
     finally:
         service.close()
+        engine.dispose()
+
+
+@pytest.mark.parametrize("pod", ["queueing-vllm", "healthy-tgi"])
+def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str, Case], PrometheusClient],
+                                                         tmp_path: Path, pod: str) -> None:
+    """The contract of app.windows.base.WindowReader, on the same recorded engine history: the
+    built-in store and a Prometheus source give the same window, windows, histograms, fleet
+    summaries and quantile series (to 1e-9); a source that cannot answer raises WindowError
+    (unavailable: 502, not configured: 503) and reports its targets as failed in a batch read."""
+    cases, client = matrix
+    case = cases[pod]
+    end = case.end
+    start = end - WINDOW_S
+    url = f"sqlite:///{tmp_path / 'contract.db'}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    sessions = db.make_sessionmaker(engine)
+    sources = SourceService()
+    sources.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
+                                              target_labels=["namespace", "pod"])])
+    backends = {"store": (StoreWindows(), case.target.sessions), "prometheus": (PrometheusWindows(sources), sessions)}
+    try:
+        sources.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS)
+        answers: dict[str, dict[str, Any]] = {}
+        for name, (backend, its_sessions) in backends.items():
+            with its_sessions() as session:
+                target = repository.get_target(session, case.pod if name == "store" else f"m.llm.{case.pod}")
+                assert target is not None
+                window = backend.window(session, target, start, end, HISTOGRAM_SIGNALS)
+                batch = backend.windows(session, [target], start, end, HISTOGRAM_SIGNALS)
+                assert batch.failed == set() and latency.report_from_window(batch.found[target.id]) == \
+                    latency.report_from_window(window)
+                histograms = backend.histograms(session, [target], start, end, ["ttft", "itl", "queue_time"])
+                assert histograms.failed == set()
+                for signal, histogram in histograms.found[target.id].items():
+                    assert histogram == window.overall.histograms.get(signal), (name, signal)
+                answers[name] = {
+                    "report": latency.report_from_window(window),
+                    "histograms": {s: dataclasses.asdict(h) if h else None
+                                   for s, h in sorted(histograms.found[target.id].items())},
+                    "fleet": latency.summaries_dict(backend.fleet_summaries(session, [target], start, end)[target.id]),
+                    "series": backend.quantile_series(session, target, "ttft", 0.99, WINDOW_S, 30.0, 60.0, end, None),
+                }
+        store, prometheus = answers["store"], answers["prometheus"]
+        for part in ("report", "histograms", "fleet", "series"):
+            assert _close(prometheus[part], store[part]), (part, json.dumps(prometheus[part])[:600], json.dumps(store[part])[:600])
+        assert store["report"]["ttft" if "ttft" in store["report"] else "queue_time"]["count"] > 0
+
+        # a source that cannot answer: WindowError with the classified kind, failed in a batch
+        down = SourceService()
+        down.configure([PrometheusSourceConfig(name="m", url="http://127.0.0.1:1", target_labels=["namespace", "pod"],
+                                               query_timeout=2)])
+        unreachable = PrometheusWindows(down)
+        with sessions() as session:
+            target = repository.get_target(session, f"m.llm.{case.pod}")
+            assert target is not None
+            with pytest.raises(WindowError) as caught:
+                unreachable.window(session, target, start, end, HISTOGRAM_SIGNALS)
+            assert caught.value.status == 502 and caught.value.message.startswith("source 'm' could not answer: "
+                                                                                  "unreachable")
+            assert unreachable.windows(session, [target], start, end, HISTOGRAM_SIGNALS).failed == {target.id}
+            assert unreachable.histograms(session, [target], start, end, ["ttft"]).failed == {target.id}
+            with pytest.raises(WindowError) as caught:
+                PrometheusWindows(SourceService()).window(session, target, start, end, HISTOGRAM_SIGNALS)
+            assert caught.value.status == 503 and caught.value.message == "source 'm' is not configured"
+        down.close()
+    finally:
+        sources.close()
         engine.dispose()
 
 
