@@ -342,8 +342,7 @@ def store_histograms(session: Session, target_ids: Sequence[int], start: float, 
                      signals: Sequence[str]) -> dict[int, dict[str, WindowHistogram | None]]:
     """Each target's histograms of ``signals`` over ``[start, end]`` (all its models and ranks
     summed by ``le``) and nothing else: what an SLO condition reads. Same levels and chunks
-    as :func:`store_windows`, without the gauges, rates and per-model windows that cost three
-    quarters of the alert round at 1,000 targets (3.3 s of CPU, now 0.8 s)."""
+    as :func:`store_windows`, without the gauges, rates and per-model windows an SLO does not read."""
     out: dict[int, dict[str, WindowHistogram | None]] = {}
     for i in range(0, len(target_ids), WINDOWS_CHUNK):
         chunk = target_ids[i:i + WINDOWS_CHUNK]

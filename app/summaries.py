@@ -51,9 +51,8 @@ def answers(start: float, end: float, seconds: float, now: float, interval: floa
     ``took`` when it ran longer, plus one more ``took``: a round that overran makes the
     scheduler skip the run that would have overlapped it, so the next answer comes a slot
     later and lasts as long again. Under load a late round's answer, which says its
-    ``start``/``end``, is still served. Recomputing it for every request instead (all
-    targets each time) is what made a saturated process slower still (bench/load.py: the
-    fleet view's p99 was its fallbacks)."""
+    ``start``/``end``, is still served: recomputing it for every request (all targets each
+    time) would make a saturated process slower still."""
     return math.isclose(end - start, seconds, abs_tol=1e-3) and now - end <= 2 * max(interval, took) + took
 
 

@@ -1,9 +1,8 @@
 """Concurrent identical reads share one computation (request coalescing).
 
 Fifty dashboards and operators reading the status page, the targets list or ``/metrics`` at
-once ask the same question many times a second; answering each from scratch made the process
-spend its one interpreter thread on copies of the same work (bench/load.py: API p99 30 s at
-1,000 targets). Here a GET or HEAD that arrives while an identical one is being computed waits
+once ask the same question many times a second; answering each from scratch would spend the
+process' one interpreter thread on copies of the same work. Here a GET or HEAD that arrives while an identical one is being computed waits
 for the *next* computation of it, and everyone who arrived in the meantime gets that one
 answer. An answer is therefore never older than the request: every computation starts after
 all of its requests arrived, so a read after a write sees the write, exactly as without this

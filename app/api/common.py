@@ -60,10 +60,9 @@ def response_json(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool 
 
 
 def serialized(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool = False) -> Response:
-    """:func:`response_json` as the answer, made here in the request's worker thread. FastAPI
+    """:func:`response_json` as the answer, made here in the request's worker thread: FastAPI
     validates a sync endpoint's return in a worker thread but dumps it on the event loop, where
-    the diagnoses of 1,000 targets held up the scrapes and every other request (8-10 % of the
-    interpreter under bench/load.py)."""
+    a large answer would hold up the scrapes and every other request."""
     return Response(response_json(adapter, value, exclude_unset=exclude_unset), media_type="application/json")
 
 

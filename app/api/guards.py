@@ -1,8 +1,8 @@
 """ASGI middleware that judges a request before any route reads its body.
 
 FastAPI reads a whole body before it runs a route's dependencies, so the token check of
-:func:`app.api.deps.require_token` alone came after a 200 MB upload had been received in
-full, and nothing bounded what a route was handed. These two run first:
+:func:`app.api.deps.require_token` alone would come after a whole upload was received, and
+nothing would bound what a route is handed. These two run first:
 
 * :class:`RequireTokenForWrites` answers 401 to a write (POST, PUT, PATCH, DELETE) under
   ``/api/`` without the configured token, before one byte of its body is read;

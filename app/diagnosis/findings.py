@@ -98,9 +98,9 @@ def finite_json(value: object) -> object:
 
 def as_plain(obj: Any) -> Any:
     """:func:`dataclasses.asdict` without its deep copies of every leaf value: dataclasses to
-    dicts, lists and tuples and dicts rebuilt, the rest (numbers, strings) shared. A diagnosis
-    round converts thousands of findings and signals; ``asdict`` was a third of its CPU, so the
-    common types are dispatched on first (a leaf is returned before any dataclass check)."""
+    dicts, lists and tuples and dicts rebuilt, the rest (numbers, strings) shared: a diagnosis
+    round converts thousands of findings and signals, so the common types are dispatched on
+    first (a leaf is returned before any dataclass check)."""
     cls = type(obj)
     if cls in _LEAVES:
         return obj

@@ -54,10 +54,10 @@ def list_diagnoses(session: SessionDep, monitor: MonitorDep) -> Response:
     """The latest evaluation of every target and model. A finding's ``state`` is
     ``pending`` until it has held for ``activate_after`` evaluations, then ``active``.
 
-    A diagnosis changes once per diagnosis round, but validating and serializing 1,000 of them
-    for every read was 16 % of the interpreter under bench/load.py's clients; so each one's JSON
-    (FastAPI's bytes for it) is kept by what it is made of: the stored row and text, its
-    findings' states and the runbook base. The list is those joined, as pydantic writes a list."""
+    A diagnosis changes once per diagnosis round, so each one's JSON (FastAPI's bytes for it) is
+    kept by what it is made of - the stored row and text, its findings' states and the runbook
+    base - rather than validated and serialized for every read. The list is those joined, as
+    pydantic writes a list."""
     parts = DIAGNOSIS_JSON.parts(diagnosis_sources(session, monitor))
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
 

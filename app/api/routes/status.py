@@ -178,8 +178,7 @@ FLEET_CELLS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"))
 
 def latency_cells(summaries: Mapping[str, object]) -> tuple[LatencyCell, ...]:
     """The fleet table's TTFT/ITL p50/p99 cells of one row, formatted here rather than by a
-    template macro per cell: at 1,000 targets the 4,000 macro calls were half of the page's
-    rendering."""
+    template macro per cell (four macro calls a row dominate a large fleet's rendering)."""
     cells = []
     for key, q in FLEET_CELLS:
         summary = summaries.get(key)
@@ -505,8 +504,7 @@ class FleetRow:
                                                  self.cells)))
 
     def __hash__(self) -> int:
-        """Made once: a row is looked up three times per read in :data:`FLEET_ROW_HTML`, and
-        hashing its nested verdicts and cells each time was 6 % of the page at 1,000 targets."""
+        """Made once: a row is looked up three times per read in :data:`FLEET_ROW_HTML`."""
         return self.hashed
 
 
@@ -518,8 +516,7 @@ def verdict_line(made: DiagnosisMade) -> VerdictLine:
 
 
 #: each diagnosis' line in the fleet table, by what the diagnosis is made of (as its JSON in
-#: ``/api/v1/diagnoses``): building every diagnosis' findings for every read was a fifth of the
-#: page's cost at 1,000 targets
+#: ``/api/v1/diagnoses``), so a read does not build every diagnosis' findings again
 VERDICT_LINES = KeptParts[tuple, DiagnosisMade, VerdictLine](verdict_line)
 
 
@@ -561,9 +558,8 @@ def render_fleet_row(row: FleetRow) -> Markup:
 
 
 #: the HTML of the rows the last fleet table showed, by row: a row that did not change since
-#: is not rendered again. Rendering was half of the page's cost at 1,000 targets (1,000 rows:
-#: 85 ms rendered, 4.8 ms reused), and between two reads few rows change (a verdict, a failed
-#: scrape, a new round's numbers).
+#: is not rendered again (between two reads few rows change: a verdict, a failed scrape, a new
+#: round's numbers).
 FLEET_ROW_HTML = KeptParts[FleetRow, FleetRow, Markup](render_fleet_row)
 
 
