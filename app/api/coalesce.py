@@ -2,12 +2,13 @@
 
 Fifty dashboards and operators reading the status page, the targets list or ``/metrics`` at
 once ask the same question many times a second; answering each from scratch would spend the
-process' one interpreter thread on copies of the same work. Here a GET or HEAD that arrives while an identical one is being computed waits
-for the *next* computation of it, and everyone who arrived in the meantime gets that one
-answer. An answer is therefore never older than the request: every computation starts after
-all of its requests arrived, so a read after a write sees the write, exactly as without this
-layer. At most one computation per question runs at a time, and however many clients ask, a
-question costs at most one computation at a time plus one queued.
+process' one interpreter thread on copies of the same work. Here a GET or HEAD that arrives
+while an identical one is being computed waits for the *next* computation of it, and everyone
+who arrived in the meantime gets that one answer. An answer is therefore never older than the
+request: every computation starts after all of its requests arrived, so a read after a write
+sees the write, exactly as without this layer. At most one computation per question runs at a
+time, and however many clients ask, a question costs at most one computation at a time plus
+one queued.
 
 "Identical" is the method, path, query string and every request header but a few that cannot
 change an answer (:data:`IGNORED_HEADERS`): a request with a token and one without never share
