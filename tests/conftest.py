@@ -1,9 +1,14 @@
 """Shared fixtures. Storage and API suites run twice: on SQLite and on real PostgreSQL.
 
 PostgreSQL: ``LLM_LATENCY_TEST_POSTGRES_URL`` (default: the local server, trust auth,
-database ``test``). Each test session creates its own database and drops it at the end,
-so parallel runs and leftovers cannot interfere. Under ``CI=true`` an unreachable
+database ``test``). Each test session (each xdist worker) creates its own databases and drops
+them at the end, so parallel runs and leftovers cannot interfere: one left empty for the tests
+of migrations, one migrated once and cloned for each test that needs the schema (as SQLite's
+migrated file is copied: tests/support/databases.py). Under ``CI=true`` an unreachable
 PostgreSQL fails the tests that need it instead of skipping them.
+
+Lanes: ``scripts/test.sh`` runs everything; ``scripts/test.sh --fast`` leaves out what is marked
+``slow`` (here: :data:`SLOW_TESTS`, and every ``prometheus`` or ``real_engine`` test).
 """
 
 from __future__ import annotations
