@@ -4,8 +4,9 @@
 #   scripts/test.sh           the whole suite, as CI runs it, then the parser, vectors and ingest
 #                             tests once more on the Python twins of the C extensions (an install
 #                             without a C compiler: tests/support/python_twins.py)
-#   scripts/test.sh --fast    the daily lane: every test not marked slow (no real Prometheus,
-#                             Alertmanager, VictoriaMetrics, browser or engine, no soaks)
+#   scripts/test.sh --fast    the daily lane: every test not marked slow or postgres, on SQLite (no
+#                             real PostgreSQL, Prometheus, Alertmanager, VictoriaMetrics, browser or
+#                             engine, no soaks: tests/conftest.py marks them)
 #   scripts/test.sh ARGS...   pytest ARGS (e.g. scripts/test.sh tests/test_api.py -k latency)
 #
 # Each ends with its duration and the 15 slowest tests. The suite and the fast lane run on
@@ -72,7 +73,7 @@ case "${1:-}" in
         ;;
     --fast)
         shift
-        python3 -m pytest "${parallel[@]}" -m "not slow" --durations=15 "$@" || status=$?
+        python3 -m pytest "${parallel[@]}" -m "not slow and not postgres" --durations=15 "$@" || status=$?
         echo "== fast lane: $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s"
         ;;
     *)

@@ -8,7 +8,8 @@ migrated file is copied: tests/support/databases.py). Under ``CI=true`` an unrea
 PostgreSQL fails the tests that need it instead of skipping them.
 
 Lanes: ``scripts/test.sh`` runs everything; ``scripts/test.sh --fast`` leaves out what is marked
-``slow`` (here: :data:`SLOW_TESTS`, and every ``prometheus`` or ``real_engine`` test).
+``slow`` (here: :data:`SLOW_TESTS`, :data:`SERVER_FIXTURES`, every ``prometheus`` or ``real_engine``
+test) or ``postgres`` (the PostgreSQL half of the storage and API tests: half the lane's time).
 """
 
 from __future__ import annotations
@@ -44,29 +45,22 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 #: Tests marked with one of these run a real server or engine: they are ``slow`` too.
 SLOW_BY_NATURE = ("prometheus", "real_engine")
+#: Fixtures (module- or session-scoped) that start a real Prometheus, VictoriaMetrics or engine: a
+#: test that uses one is ``slow``, however it is marked.
+SERVER_FIXTURES = frozenset({"recording", "prometheus", "prometheus_over_history", "stack", "collected",
+                             "vllm_server"})
 #: Marked ``slow`` here, in one place (a file: all its tests; a function: all its parameters): tests
 #: that run a real server, a cluster of processes or hours of simulated time, and every test that
 #: took more than about 4 s on a 2-core machine running the suite on 4 workers. The fast lane
-#: (``scripts/test.sh --fast``: ``-m "not slow"``) leaves them out; the whole suite runs them.
+#: (``scripts/test.sh --fast``: ``-m "not slow and not postgres"``) leaves them out; the whole
+#: suite runs them.
 SLOW_TESTS = frozenset({
-    # real processes, Prometheus, hours of simulated time
+    # real processes, Prometheus (not through SERVER_FIXTURES), hours of simulated time
     "tests/test_replicas_processes.py",
     "tests/promsource/test_live_source.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
-    "tests/promsource/test_matrix_both_modes.py::test_same_verdict_and_numbers_in_both_modes",
-    "tests/promsource/test_matrix_both_modes.py::test_latency_equals_prometheus_histogram_quantile",
-    "tests/promsource/test_matrix_both_modes.py::test_services_are_diagnosed_whole_and_replica_imbalance_is_found",
-    "tests/promsource/test_matrix_both_modes.py::test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does",
-    "tests/promsource/test_matrix_both_modes.py::"
-    "test_a_source_decode_replica_shows_its_split_in_the_api_and_on_the_status_page",
-    "tests/promsource/test_matrix_both_modes.py::test_same_verdict_from_victoria_metrics",
-    "tests/promsource/test_check_config.py::test_a_source_the_server_accepts_is_ok",
-    "tests/promsource/test_check_config.py::test_the_servers_parser_rejects_a_selector_the_offline_check_accepts",
-    "tests/promsource/test_check_config.py::test_a_wrong_path_prefix_is_an_error",
-    "tests/promsource/test_check_config.py::test_unset_credential_variables_are_warnings",
-    "tests/store/test_levels.py::test_levels_answer_what_prometheus_answers",
     # more than about 4 s
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
     "tests/alerts/test_outbox.py::test_an_active_diagnosis_becomes_an_alert_with_its_cause_and_remedies",
@@ -111,7 +105,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         function = item.nodeid.split("[", 1)[0]
         if (function in SLOW_TESTS or function.split("::", 1)[0] in SLOW_TESTS
-                or any(item.get_closest_marker(m) for m in SLOW_BY_NATURE)):
+                or any(item.get_closest_marker(m) for m in SLOW_BY_NATURE)
+                or not SERVER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)
     # Modules whose tests are all slow first, then those with some: the long ones start early, so
     # xdist's workers end together rather than one running the last soak alone. A module's tests
