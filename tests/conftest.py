@@ -118,6 +118,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: group[item.nodeid.split("::", 1)[0]])
 
 
+#: Measurements xdist workers reported (tests/real_engine/conftest.py), printed by the controller.
+WORKER_REPORTS: dict[str, str] = {}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: only called where pytest-xdist runs the workers
+def pytest_testnodedown(node: object, error: object) -> None:
+    WORKER_REPORTS.update(getattr(node, "workeroutput", {}).get("real_engine_report", {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if WORKER_REPORTS:
+        terminalreporter.section("real engine (vLLM CPU) measurements")
+        for key, value in WORKER_REPORTS.items():
+            terminalreporter.write_line(f"{key}: {value}")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if python_twins.forced():
         python_twins.check_hidden()

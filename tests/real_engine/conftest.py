@@ -62,6 +62,8 @@ MAX_MODEL_LEN = 1024
 
 #: Numbers the tests measured, printed in the terminal summary (shown without -s too).
 REPORT: dict[str, str] = {}
+#: where an xdist worker hands REPORT to the controller
+WORKER_REPORT = "real_engine_report"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -74,6 +76,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("real engine (vLLM CPU) measurements")
         for key, value in REPORT.items():
             terminalreporter.write_line(f"{key}: {value}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand the measurements to the controller, which prints them
+    (tests/conftest.py: ``pytest_testnodedown``); a worker's own summary is not shown."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and REPORT:
+        workeroutput[WORKER_REPORT] = dict(REPORT)
 
 
 def opted_in() -> bool:
