@@ -98,6 +98,8 @@ def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: 
     ``[now - length, now]``: the SLOs that share a length (both defaults do) read each target
     once, in one set of reads per backend; and the names of the targets whose backend could not
     answer (their SLO alerts are held: missing data neither fires nor resolves an alert)."""
+    if not config.slos:
+        return {}, frozenset()
     targets = [t for t in repository.list_targets(session) if t.gone_at is None and not Windows.is_aggregate(t)]
     out: dict[float, HistogramsRead] = {}
     held: set[str] = set()
