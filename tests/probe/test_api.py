@@ -75,7 +75,7 @@ def test_post_runs_a_probe_in_the_background_and_stores_it(service, fleet) -> No
     assert [row["concurrency"] for row in rows] == [1] * 2 + [4] * 8
     stored_ttft = [row["ttft"] for row in rows if row["concurrency"] == 1]
     assert single["ttft"]["mean"] == pytest.approx(sum(stored_ttft) / 2, rel=1e-12)
-    assert rows[0]["itl_mean"] == pytest.approx(floor, rel=0.1)
+    assert floor * 0.9 <= rows[0]["itl_mean"] <= floor * 1.5  # a loaded machine adds to the floor, never less
 
     listed = c.get("/api/v1/probes", params={"target": "solo"}).json()
     assert [p["id"] for p in listed] == [run_id] and "requests" not in listed[0]
@@ -194,7 +194,7 @@ def test_canary_is_stored_and_is_the_single_request_baseline(migrated_url: str, 
         assert by_id.run_id == row.id and by_id.kind == "canary" and by_id.prompt_tokens == 300
         assert by_id.prompt_tokens_seen == {"min": 300, "max": 300, "mean": 300.0}
         assert by_id.itl is not None
-        assert by_id.itl["mean"] == pytest.approx(floor, rel=0.1) and by_id.itl["count"] == 2 * 11
+        assert floor * 0.9 <= by_id.itl["mean"] <= floor * 1.5 and by_id.itl["count"] == 2 * 11
         assert by_id.ttft["mean"] == pytest.approx(sum(r.ttft for r in stored) / 2, rel=1e-12)
         assert 0.01 < by_id.ttft["mean"] < 0.2 and by_id.errors == {}
 

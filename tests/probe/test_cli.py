@@ -47,7 +47,8 @@ def test_json_output_has_the_numbers(fleet):
     assert (level["concurrency"], level["requests"], level["succeeded"]) == (1, 2, 2)
     assert level["prompt_tokens_seen"]["mean"] == 128.0 and body["protocol"]["prompt_mode"] == "text"
     floor = fleet.state("solo")["decode_floor_seconds"]
-    assert level["itl"]["mean"] * 2.0 == pytest.approx(floor, rel=0.08)  # time_scale 2
+    # time_scale 2; the engine sleeps its decode floor per token: a loaded machine adds to it, never less
+    assert floor * 0.92 <= level["itl"]["mean"] * 2.0 <= floor * 1.5
     assert level["ttft"]["count"] == 2 and level["itl"]["count"] == 2 * 11
 
 
