@@ -153,6 +153,14 @@ def vm_matrix(recording: Recording) -> Iterator[tuple[dict[str, Case], Prometheu
             client.close()
 
 
+def _scratch_store(path: Path) -> tuple[Any, Any]:
+    """A migrated SQLite database of its own: (engine, sessionmaker), for a source's target rows."""
+    url = f"sqlite:///{path}"
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    return engine, db.make_sessionmaker(engine)
+
+
 def _close(a: Any, b: Any, rel: float = 1e-9) -> bool:
     """Numbers agree to ``rel``; the structured parts of a summary (each quantile's bucket
     ``intervals``/``bounds``, flags, the derivation text) agree field by field, element by element."""
@@ -254,10 +262,7 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
     replicas summed by ``le``; one replica queueing while the other idles is ``replica_imbalance``."""
     cases, client = matrix
     end = cases["queueing-vllm"].end
-    url = f"sqlite:///{tmp_path / 'services.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
-    sessions = db.make_sessionmaker(engine)
+    engine, sessions = _scratch_store(tmp_path / 'services.db')
     service = SourceService()
     service.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
                                               target_labels=["namespace", "pod"], service_labels=["service"])])
@@ -306,10 +311,7 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
     case = cases[pod]
     end = case.end
     start = end - WINDOW_S
-    url = f"sqlite:///{tmp_path / 'contract.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
-    sessions = db.make_sessionmaker(engine)
+    engine, sessions = _scratch_store(tmp_path / 'contract.db')
     sources = SourceService()
     sources.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
                                               target_labels=["namespace", "pod"])])
@@ -372,10 +374,7 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
     cases, client = matrix
     end = cases["kv_transfer-vllm"].end
     start = end - WINDOW_S
-    url = f"sqlite:///{tmp_path / 'pd.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
-    sessions = db.make_sessionmaker(engine)
+    engine, sessions = _scratch_store(tmp_path / 'pd.db')
     service = SourceService()
     service.configure([PrometheusSourceConfig(
         name="m", url=client.url, selector='{namespace="llm"}', target_labels=["namespace", "pod"],
