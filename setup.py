@@ -4,7 +4,7 @@ service reads at run time travel inside the wheel.
 The database migrations (``alembic/``, where the ``alembic`` command and alembic.ini look)
 and the runbooks (``docs/runbooks/``, where readers of the repository look) stay at the top
 of the source tree and are installed as ``app/migrations`` and ``app/runbooks``;
-``app.resources`` finds them in either place. And the two C extensions of the ingest path,
+``app.runtime.resources`` finds them in either place. And the two C extensions of the ingest path,
 the parser's plan applied to a page's bytes (``app/exposition/_planned.c``) and the checks
 and encoding of a histogram's numbers (``app/_vectors.c``; each file's header says why):
 optional, so an install without a C compiler still works, with the same code in Python.

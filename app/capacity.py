@@ -54,9 +54,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.rules import RULES
 from app.slo.status import SloStatus
-from app.thresholds import Thresholds
 
 #: the load inputs, in the order they are shown
 INPUTS = ("slots", "kv_cache", "arrival")

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.config import ConfigError, FileConfig, format_validation_error, load_config
-from app.durations import parse_duration
+from app.core.durations import parse_duration
 from app.emulator.cli import emulate
 from app.probe.cli import probe
 from app.rules_export import rules
@@ -238,9 +238,9 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
     """
     import json
 
+    from app.core.urls import validate_target_url
     from app.diagnosis import oneshot
     from app.diagnosis.profile import HardwareProfile
-    from app.urls import validate_target_url
 
     try:
         validate_target_url(url, [])

@@ -13,7 +13,7 @@ Example::
     diagnosis:                  # optional; defaults shown
       interval: 30s
       window: 1m
-      thresholds: {queue_share: 0.5}   # see app/thresholds.py
+      thresholds: {queue_share: 0.5}   # see app/core/thresholds.py
     alerts: {...}               # optional; see app/alerts/config.py
     slos: [...]                 # optional: latency SLOs with error budgets; see app/slo/config.py
     file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
@@ -46,9 +46,8 @@ from pydantic import (
 )
 
 from app.alerts.config import AlertsConfig
-from app.diagnosis.profile import HardwareProfile
-from app.durations import UNITS_REQUIRED_CONTEXT, Seconds
-from app.limits import (
+from app.core.durations import UNITS_REQUIRED_CONTEXT, Seconds
+from app.core.limits import (
     LABEL_NAME,
     MAX_INTERVAL_SECONDS,
     MAX_LIST_LENGTH,
@@ -58,12 +57,13 @@ from app.limits import (
     Url,
     unique_names,
 )
+from app.core.thresholds import Thresholds
+from app.core.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
+from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 from app.promsource.config import PrometheusSourceConfig
 from app.scrape.discovery import FileSDConfig, HttpSDConfig
 from app.slo.config import SloObjective, threshold_problems
-from app.thresholds import Thresholds
-from app.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
 
 EngineName = Literal["auto", "vllm", "tgi", "sglang", "trtllm"]
 _LABEL_NAME = LABEL_NAME
@@ -188,7 +188,7 @@ def load_config(path: Path, allowed_hosts: list[str] | None = None) -> FileConfi
     An empty file (or one with only comments) is refused: the service deletes config-file
     targets that the file no longer names, so a truncated file must not read as "monitor
     nothing". ``targets: []`` says that on purpose. Durations need a unit (``15s``); target,
-    canary and receiver URLs pass :func:`app.urls.validate_target_url` with ``allowed_hosts``.
+    canary and receiver URLs pass :func:`app.core.urls.validate_target_url` with ``allowed_hosts``.
     """
     raw, lines = _read_yaml(path)
     if raw is None:

@@ -1,7 +1,7 @@
 """Windowed latency answers from stored snapshots: percentiles, rates and gauges.
 
 Every number here is computed the way Prometheus computes it from the same samples
-(see :mod:`app.quantiles`): per-bucket ``increase()`` over the window, ``sum by (le)``
+(see :mod:`app.core.quantiles`): per-bucket ``increase()`` over the window, ``sum by (le)``
 across data-parallel ranks, models or targets, then ``histogram_quantile``.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app import quantiles
-from app.budget import checkpoint
-from app.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram, to_millis
+from app.core import quantiles
+from app.core.quantiles import HistogramSnapshot, LatencySummary, WindowHistogram, to_millis
+from app.runtime.budget import checkpoint
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.sources.tgi import TTFT_DERIVATION
 from app.store import levels, repository
@@ -77,7 +77,7 @@ class LoadedHistograms:
     _times: dict[int, list[float]] = field(default_factory=dict, repr=False)
 
     def window(self, series: SeriesRef, start: float, end: float) -> WindowHistogram | None:
-        checkpoint()  # a request's budget and client, between series and windows (app.budget)
+        checkpoint()  # a request's budget and client, between series and windows (app.runtime.budget)
         points = self.snapshots.get(series.id, [])
         times = self._times.get(series.id)
         if times is None:  # built once per series: a time series asks for many windows
@@ -172,7 +172,7 @@ class StoredWindows:
     _merged: dict[tuple[int, int, tuple[int, ...]], WindowHistogram | None] = field(default_factory=dict)
 
     def _select(self, ref: SeriesRef, start_ms: int, end_ms: int) -> levels.Chunk | None:
-        checkpoint()  # a request's budget and client, between series and windows (app.budget)
+        checkpoint()  # a request's budget and client, between series and windows (app.runtime.budget)
         key = (ref.id, start_ms, end_ms)
         selection = self._selections.get(key)
         if selection is None:

@@ -1,7 +1,7 @@
 """Builds every long-lived resource of the service, starts it and tears it down again.
 
 The :class:`Monitor` is the composition root: it wires the database, the one scheduler
-(:mod:`app.scheduling`), the scrape service, the probe jobs and the outbox worker together,
+(:mod:`app.runtime.scheduling`), the scrape service, the probe jobs and the outbox worker together,
 and schedules each periodic round, which lives in its feature as a plain function:
 
 * :func:`app.store.retention.prune` - retention,
@@ -10,7 +10,7 @@ and schedules each periodic round, which lives in its feature as a plain functio
 * :func:`app.alerts.rounds.evaluate_alerts` - the alerting round,
 * :func:`app.probe.canary.sync_canaries` - one canary job per target that enables it.
 
-With more than one replica (:mod:`app.replicas`) each one scrapes (and runs the canaries
+With more than one replica (:mod:`app.replicas.membership`) each one scrapes (and runs the canaries
 of) only the targets it owns, re-read every heartbeat, and only the leader runs the
 diagnosis, alert and retention rounds and delivers notifications.
 
@@ -36,11 +36,10 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from app import capacity, malloc, replicas, scheduling, summaries
+from app import capacity, summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
-from app.changes import Changing
 from app.config import ConfigError, DiagnosisConfig, load_config
 from app.diagnosis import rounds as diagnosis_rounds
 from app.probe import canary
@@ -48,6 +47,9 @@ from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig
 from app.probe.jobs import ProbeJobs
 from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
+from app.replicas import membership as replicas
+from app.runtime import malloc, scheduling
+from app.runtime.changes import Changing
 from app.scrape.discovery import DiscoveryService
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
@@ -251,14 +253,14 @@ class Monitor:
 
     def _owns(self, target: str) -> bool:
         """The scrape path's ownership check, right before a scrape and before its result is
-        queued (:meth:`app.replicas.Ownership.holds`; fenced by the heartbeat's age)."""
+        queued (:meth:`app.replicas.membership.Ownership.holds`; fenced by the heartbeat's age)."""
         return self.ownership.holds(target, self.membership.view, time.time())
 
     def forget_target(self, target_id: int) -> None:
         """Before a target is deleted: drop what the running service caches about it."""
         self.scraping.forget_target(target_id)
 
-    # ------------------------------------------------------------------ periodic rounds (app.scheduling)
+    # ------------------------------------------------------------------ periodic rounds (app.runtime.scheduling)
     # Each round lives in its feature; these bind it to this service's parts for tests and
     # benchmarks that drive a round themselves (``now`` explicit) and for the scheduler.
     def refresh_summaries(self) -> None:
@@ -267,7 +269,7 @@ class Monitor:
 
     def _summaries_round(self) -> None:
         """The scheduled summary round, after which the memory freed by the rounds and the
-        requests goes back to the system (``app.malloc``; this round runs the most regularly)."""
+        requests goes back to the system (``app.runtime.malloc``; this round runs the most regularly)."""
         self.refresh_summaries()
         malloc.release()
 

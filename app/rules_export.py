@@ -15,7 +15,7 @@ Recording rules (``llm_latency:<engine>_<what>:<aggregation>_<window>``), per
 away, as :mod:`app.diagnosis.signals` does:
 
 * quantiles: ``histogram_quantile(q, sum by (le, ...) (rate(x_bucket[w])))`` -- the
-  service's quantile math is Prometheus' (``app/quantiles.py``), so these agree exactly;
+  service's quantile math is Prometheus' (``app/core/quantiles.py``), so these agree exactly;
 * means ``rate(x_sum)/rate(x_count)``; queue and prefill *shares* are ratios of means;
 * gauges: ``sum`` of per-rank ``avg_over_time`` (running, waiting), ``avg`` of per-rank
   ``max_over_time`` for KV usage (summing a usage fraction over ranks is wrong); for
@@ -125,11 +125,12 @@ import yaml
 
 from app.alerts.config import SLO_BURN, TARGET_DOWN, SloConfig, regime_alertname, runbook_url
 from app.config import ConfigError, FileConfig, TargetConfig, load_config
+from app.core.thresholds import Thresholds
 from app.diagnosis.rules import RULES
 from app.diagnosis.rules.base import Rule
 from app.diagnosis.rules.replica_imbalance import IDLE_FLOOR
 from app.diagnosis.signals import STALL_SECONDS
-from app.promql import (
+from app.promql.text import (
     and_on,
     format_matchers,
     human_seconds,
@@ -142,7 +143,6 @@ from app.promql import (
 )
 from app.promsource.config import PrometheusSourceConfig
 from app.slo.rules import slo_rules
-from app.thresholds import Thresholds
 
 PREFIX = "llm_latency"
 STANDARD_WINDOW = 300.0  # dashboards' window: every signal is also recorded over 5m

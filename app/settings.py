@@ -17,8 +17,8 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.durations import Seconds
-from app.limits import MAX_REQUEST_BYTES
+from app.core.durations import Seconds
+from app.core.limits import MAX_REQUEST_BYTES
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES
 
 

@@ -81,9 +81,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.core.quantiles import LatencySummary
 from app.probe.telemetry import ProbeCollector
-from app.quantiles import LatencySummary
-from app.scheduling import target_errors
+from app.runtime.scheduling import target_errors
 from app.slo.telemetry import SloCollector
 
 if TYPE_CHECKING:  # the capacity signal is computed from diagnoses; telemetry only exports it
@@ -116,7 +116,7 @@ class RenderedPerRound(Collector):
 
 class SourceCollector(Collector):
     """Counts kept elsewhere, read at scrape time: targets that failed a round
-    (:data:`app.scheduling.target_errors`) and each source's dropped series (``bad_series``:
+    (:data:`app.runtime.scheduling.target_errors`) and each source's dropped series (``bad_series``:
     set by the service to a function giving ``(source, {reason: series})`` pairs)."""
 
     def __init__(self) -> None:
@@ -399,7 +399,7 @@ class Telemetry:
                 + b"".join(c.rendered() for c in self.per_round))
 
     def observe_round(self, name: str, seconds: float, interval: float) -> None:
-        """One run of a periodic round (:func:`app.scheduling.add_round`)."""
+        """One run of a periodic round (:func:`app.runtime.scheduling.add_round`)."""
         self.round_duration.labels(name).observe(seconds)
         if seconds > interval:
             self.round_overruns.labels(name).inc()

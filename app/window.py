@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app import quantiles
-from app.quantiles import WindowHistogram
+from app.core import quantiles
+from app.core.quantiles import WindowHistogram
 from app.sources.base import CanonicalInfo
 
 # Gauges that must be averaged, not summed, across ranks and targets: a KV usage of

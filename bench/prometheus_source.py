@@ -528,7 +528,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.promql import prom_duration
+    from app.promql.text import prom_duration
     from app.promsource.service import target_name
     from app.settings import Settings
 

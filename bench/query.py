@@ -479,7 +479,7 @@ def main() -> None:
             print(f"# promtool backfill: {backfill.seconds:.0f} s", file=sys.stderr)
             target_days = args.targets * args.days
             sizes["prometheus"] = {"steady_per_target_day": backfill.size() / target_days}
-            from app.promapi import PrometheusClient
+            from app.promql.client import PrometheusClient
 
             with run_prometheus(Path(tmp)) as prom:
                 client = PrometheusClient(prom.url, timeout=120)

@@ -35,7 +35,7 @@ from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
 from app.config import FileConfig  # noqa: E402
-from app.durations import format_duration  # noqa: E402
+from app.core.durations import format_duration  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
 OUT = ROOT / "docs" / "reference" / "configuration.md"
@@ -137,7 +137,7 @@ PATH_SUFFIX = {list: "[]"}
 # ----------------------------------------------------------------------------- types
 
 def _is_seconds(tp: object) -> bool:
-    """``app.durations.Seconds``: a float read through its duration validator."""
+    """``app.core.durations.Seconds``: a float read through its duration validator."""
     if typing.get_origin(tp) is typing.Annotated:
         return any(getattr(getattr(m, "func", None), "__name__", "") == "_seconds" for m in typing.get_args(tp)[1:])
     return False

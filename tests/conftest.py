@@ -36,7 +36,7 @@ connection_origins.record_connection_origins()
 
 #: Every read computed anew: the tests of other features read right after writing behind the API's
 #: back (a scrape stored, a heartbeat), which a reused answer shows only once it is read_max_age old
-#: (app/changes.py). tests/api/test_coalesce.py tests the reuse with its own setting; a service
+#: (app/runtime/changes.py). tests/api/test_coalesce.py tests the reuse with its own setting; a service
 #: started by a test as a process inherits this.
 os.environ.setdefault("LLM_LATENCY_READ_MAX_AGE", "0")
 POSTGRES_ADMIN_URL = os.environ.get("LLM_LATENCY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

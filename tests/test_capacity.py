@@ -14,10 +14,10 @@ import pytest
 
 from app import capacity, latency
 from app.capacity import Capacity
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
-from app.thresholds import Thresholds
 from app.window import TargetWindow, merge_windows
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 

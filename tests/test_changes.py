@@ -1,4 +1,4 @@
-"""app/changes.py: what moves the process' change count (a kept answer is reused only while it
+"""app/runtime/changes.py: what moves the process' change count (a kept answer is reused only while it
 stands still: app/api/coalesce.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from app.changes import Changing, changes
+from app.runtime.changes import Changing, changes
 from app.store import db
 from app.store.models import Target
 from app.store.repository import SampleWriter

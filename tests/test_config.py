@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from app.cli import main
 from app.config import MAX_CONFIG_BYTES, ConfigError, load_config
-from app.durations import format_duration, parse_duration
+from app.core.durations import format_duration, parse_duration
 from app.settings import Settings
 
 

@@ -1,4 +1,4 @@
-"""app.malloc: memory freed by large short-lived buffers goes back to the system.
+"""app.runtime.malloc: memory freed by large short-lived buffers goes back to the system.
 
 Each case runs in a fresh interpreter: the allocator's state is per process. The buffers
 are 1 MB ``bytearray``s allocated after a 16 MB one was freed (as a ``/metrics`` body or a
@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from app import malloc
+from app.runtime import malloc
 
 pytestmark = pytest.mark.skipif(malloc._LIBC is None, reason="the C library is not glibc")
 
 SCRIPT = """
 import sys
-from app import malloc
+from app.runtime import malloc
 
 def rss_mb():
     with open("/proc/self/status") as f:
@@ -92,7 +92,7 @@ def test_release_collects_cycles_that_died_in_the_oldest_generation() -> None:
 
 FREEZE_SCRIPT = """
 import gc, weakref
-from app import malloc
+from app.runtime import malloc
 from app.scrape.scheduler import tune_collector
 
 class Node:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import random
 
-from app import human, latency, quantiles
+from app import latency
+from app.core import human, quantiles
+from app.core.quantiles import WindowHistogram
 from app.diagnosis.findings import Evidence
 from app.diagnosis.oneshot import OneShotResult, format_text
 from app.diagnosis.signals import from_window
-from app.quantiles import WindowHistogram
 from app.window import GaugeStats, ModelWindow, TargetWindow
 
 INF = math.inf

@@ -57,7 +57,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     bin_dir = work / "venv" / "bin"
     run(bin_dir / "python", "-m", "pip", "install", "--disable-pip-version-check", wheels[0], cwd=work, env=env)
     shutil.rmtree(source)  # the installed wheel must stand alone
-    where = run(bin_dir / "python", "-c", "import app, app.resources as r; print(app.__file__); "
+    where = run(bin_dir / "python", "-c", "import app, app.runtime.resources as r; print(app.__file__); "
                 "print(r.migrations_dir()); print(r.runbooks_dir())", cwd=work, env=env).stdout.split()
     site = work / "venv" / "lib"
     assert all(Path(p).is_relative_to(site) for p in where), where  # app, migrations, runbooks: in the venv

@@ -1,4 +1,4 @@
-"""Unit and property tests for app.quantiles (Prometheus 2.42 histogram math).
+"""Unit and property tests for app.core.quantiles (Prometheus 2.42 histogram math).
 
 Hand-computed expectations are worked out in the comments next to each case; the
 real-binary comparison lives in tests/test_quantiles_prometheus.py.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.quantiles import (
+from app.core.quantiles import (
     HistogramSnapshot,
     LatencySummary,
     WindowHistogram,
@@ -574,7 +574,7 @@ def test_extrapolating_components_together_gives_each_ones_own_float(data, n: in
     the very float :func:`increase` / :func:`rate` give for that component alone, including
     a component that starts near zero (its start extrapolated only to where it was 0), one
     with a reset and one that does not grow."""
-    from app.quantiles import extrapolate_all
+    from app.core.quantiles import extrapolate_all
 
     steps = data.draw(st.lists(st.integers(1, 30_000), min_size=n - 1, max_size=n - 1))
     t0 = 1_700_000_000_000 + data.draw(st.integers(0, 60_000))
@@ -608,7 +608,7 @@ def test_extrapolating_together_keeps_a_near_zero_start_of_its_own() -> None:
     extrapolated to the edges: the first component, 100 -> 200, gives 100 x 30/10 = 300. The
     second, 1 -> 11, would have been 0 only 1 s before its first sample (10 x 1/10), so its
     start is extrapolated by 1 s, not 10: 10 x (10 + 1 + 10)/10 = 21."""
-    from app.quantiles import extrapolate_all
+    from app.core.quantiles import extrapolate_all
 
     assert extrapolate_all([100.0, 10.0], [100.0, 1.0], 10_000, 20_000, 2, 0, 30_000, is_counter=True,
                            is_rate=False) == [300.0, 21.0]

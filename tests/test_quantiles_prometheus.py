@@ -1,4 +1,4 @@
-"""app.quantiles against the real thing: Debian's Prometheus 2.42 as the oracle.
+"""app.core.quantiles against the real thing: Debian's Prometheus 2.42 as the oracle.
 
 A tiny page server plays two vLLM engines exposing ``vllm:time_to_first_token_seconds``
 with vLLM's TTFT buckets (engine "1" with a slightly different layout, and only
@@ -10,7 +10,7 @@ bounds, ``le="1"`` next to ``le="1.0"``, no +Inf bucket, NaN counts, ...).
 Prometheus scrapes it every 500ms; after the last state the page goes empty so the
 series get staleness markers and no sample is added while we query. Then we fetch
 every raw sample WITH its timestamp through ``/api/v1/query`` (``x[1h]``), feed
-those to app.quantiles, and compare with Prometheus' own answers for
+those to app.core.quantiles, and compare with Prometheus' own answers for
 
 * ``increase``/``rate`` of every bucket, ``_sum`` and ``_count`` series,
 * ``histogram_quantile(q, sum by (le) (increase(x_bucket[w])))`` and per engine,
@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from app.quantiles import (
+from app.core.quantiles import (
     HistogramSnapshot,
     WindowHistogram,
     histogram_quantile,

@@ -1,4 +1,4 @@
-"""Replicas (app/replicas.py): rendezvous ownership and its hand-over rule, the leader lease and
+"""Replicas (app/replicas/membership.py): rendezvous ownership and its hand-over rule, the leader lease and
 its fencing on a real PostgreSQL, and the refusal of a second process on one SQLite file."""
 
 from __future__ import annotations
@@ -16,8 +16,16 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from app import replicas
-from app.replicas import Lease, Membership, NotLeader, Ownership, SecondReplicaRefused, lock_sqlite_file, owner
+from app.replicas import membership as replicas
+from app.replicas.membership import (
+    Lease,
+    Membership,
+    NotLeader,
+    Ownership,
+    SecondReplicaRefused,
+    lock_sqlite_file,
+    owner,
+)
 from app.settings import Settings
 from app.store import db
 from app.store.models import Target

@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from app import scheduling
-from app.replicas import Membership, Ownership, owner
+from app.replicas.membership import Membership, Ownership, owner
+from app.runtime import scheduling
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.store import db, repository

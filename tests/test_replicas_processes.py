@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.replicas import owner
+from app.replicas.membership import owner
 from bench.ha import Cluster, gaps, notification_report
 from tests.conftest import scratch_postgres_database
 

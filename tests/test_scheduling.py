@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from app import scheduling
-from app.changes import changes
+from app.runtime import scheduling
+from app.runtime.changes import changes
 
 
 def test_a_round_runs_off_the_event_loop_and_a_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
@@ -25,7 +25,7 @@ def test_a_round_runs_off_the_event_loop_and_a_failure_is_logged_not_raised(capl
 
     async def main() -> str:
         await scheduling.in_thread(ok)()
-        with caplog.at_level(logging.ERROR, logger="app.scheduling"):
+        with caplog.at_level(logging.ERROR, logger="app.runtime.scheduling"):
             await scheduling.in_thread(broken, "diagnosis")()  # no exception escapes
         return threading.current_thread().name
 
@@ -128,7 +128,7 @@ def test_a_rounds_phase_puts_its_first_run_later_by_that_share_of_its_interval()
 
 def test_the_end_of_every_job_counts_as_a_change() -> None:
     """A job may keep its results in memory: a read answered before it is not reused after it
-    (app.changes, app.api.coalesce), whether the job succeeded or failed."""
+    (app.runtime.changes, app.api.coalesce), whether the job succeeded or failed."""
     def broken() -> None:
         raise RuntimeError("boom")
 

@@ -8,7 +8,7 @@ import subprocess
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.quantiles import LatencySummary
+from app.core.quantiles import LatencySummary
 from app.telemetry import Telemetry
 from tests.support.components import require_binary
 

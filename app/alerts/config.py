@@ -27,11 +27,19 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from app.core.durations import Seconds
+from app.core.limits import (
+    MAX_HEADER_VALUE_LENGTH,
+    MAX_HEADERS,
+    MAX_LIST_LENGTH,
+    MAX_TEXT_LENGTH,
+    LabelName,
+    Labels,
+    Url,
+)
+from app.core.urls import check_url_in_file
 from app.diagnosis.findings import REGIMES, RUNBOOK_DIR, runbook_link
-from app.durations import Seconds
-from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LIST_LENGTH, MAX_TEXT_LENGTH, LabelName, Labels, Url
 from app.slo.config import SLO_BURN_ALERT
-from app.urls import check_url_in_file
 
 Severity = Literal["critical", "warning", "info"]
 PRODUCT_PREFIX = "LLMLatency"

@@ -28,13 +28,14 @@ from urllib.parse import quote
 
 from sqlalchemy.orm import Session
 
-from app import human, latency, quantiles
+from app import latency
 from app.alerts import silences as silence_rules
 from app.alerts.config import SLO_BURN, TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
+from app.core import human, quantiles
+from app.core.durations import format_duration, format_utc
 from app.diagnosis.findings import Evidence
-from app.durations import format_duration, format_utc
-from app.scheduling import ALERTS_JOB, target_boundary
+from app.runtime.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow

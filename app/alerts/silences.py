@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import re2
 
-from app.limits import MAX_LABEL_NAME_LENGTH, MAX_MATCHER_LENGTH
+from app.core.limits import MAX_LABEL_NAME_LENGTH, MAX_MATCHER_LENGTH
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()  # silences already logged as muting nothing

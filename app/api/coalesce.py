@@ -13,12 +13,12 @@ one queued.
 "Identical" is the method, path, query string and every request header but a few that cannot
 change an answer (:data:`IGNORED_HEADERS`): a request with a token and one without never share
 an answer. A computation is detached from the request that started it: it goes on for the
-others when its first client leaves, and it sees a disconnect (:mod:`app.budget` stops the
+others when its first client leaves, and it sees a disconnect (:mod:`app.runtime.budget` stops the
 work) only once every client waiting for it has gone.
 
 A finished answer is also reused, for ``max_age`` seconds (the service's ``read_max_age``,
 1 s by default), by a later identical read when nothing changed since its computation began:
-no commit of this process and no round's result kept (:mod:`app.changes`), and no write request
+no commit of this process and no round's result kept (:mod:`app.runtime.changes`), and no write request
 through this layer. So a read after a write still sees the write, and what a reused answer can
 miss is bounded by ``max_age``: the clock moving on (its window ends when it began, and says
 so) and other replicas' writes. Only ``200`` answers are reused; they carry an ``Age`` header,
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.changes import Changes, changes
+from app.runtime.changes import Changes, changes
 
 READ_METHODS = frozenset({"GET", "HEAD"})
 #: headers that differ between clients asking the same question without changing the answer

@@ -12,8 +12,8 @@ from fastapi import HTTPException, Response, status
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
+from app.core.durations import parse_duration
 from app.diagnosis.findings import runbook_link
-from app.durations import parse_duration
 from app.store import repository
 from app.store.models import Target
 
@@ -87,7 +87,7 @@ def diagnosis_sources(session: Session, monitor: Monitor,
                       target_id: int | None = None) -> list[tuple[tuple, DiagnosisMade]]:
     """What each current diagnosis is made of, with the key that stands for all of it (the
     stored row and the version of its details, its findings' states, the runbook base): the answer's parts are kept
-    by that key (:class:`app.kept.KeptParts`)."""
+    by that key (:class:`app.runtime.kept.KeptParts`)."""
     base = monitor.external_url
     open_states = repository.open_finding_states(session, target_id)
     out = []

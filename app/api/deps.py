@@ -12,9 +12,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session
 
-from app.budget import RequestBudget
 from app.lifespan import Monitor
 from app.probe.jobs import ProbeJobs
+from app.runtime.budget import RequestBudget
 from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False)

@@ -8,7 +8,7 @@ instead of as a 500.
   exhausted) is a 503 with ``{"detail": ...}``, which clients and load balancers retry,
   not a 500 or a reset connection. The driver's message stays in the log: it can name
   hosts and SQL.
-* A read that ran out of its time budget (:mod:`app.budget`) is a 503 naming the budget; one
+* A read that ran out of its time budget (:mod:`app.runtime.budget`) is a 503 naming the budget; one
   whose client went away is logged and answered 499 (nobody reads it). A route that answers
   HTML (the status pages) gets the same message as a short HTML page instead of JSON.
 """
@@ -27,7 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from app.budget import BudgetExceeded, ClientGone
+from app.runtime.budget import BudgetExceeded, ClientGone
 from app.store.repository import DatabaseUnavailable
 from app.windows import WindowError
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.config import NAME_PATTERN, EngineName, TargetConfig
+from app.core.durations import parse_duration
+from app.core.limits import MAX_INTERVAL_SECONDS, Labels, Url
 from app.diagnosis.profile import HardwareProfile
-from app.durations import parse_duration
-from app.limits import MAX_INTERVAL_SECONDS, Labels, Url
 from app.probe.canary import CanaryConfig
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]

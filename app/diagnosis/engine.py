@@ -25,6 +25,7 @@ import time
 from sqlalchemy.orm import Session
 
 from app import latency
+from app.core.thresholds import Thresholds
 from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
@@ -35,7 +36,6 @@ from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
 from app.store import repository
 from app.store.models import FindingRow
-from app.thresholds import Thresholds
 from app.window import TargetWindow
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}

@@ -72,7 +72,7 @@ class Evidence:
     def text(self) -> str:
         value = _fmt(self.value, self.unit)
         if self.interval is not None and isinstance(self.value, (int, float)):
-            from app import human  # a leaf module; imported here to keep this one's imports light
+            from app.core import human  # a leaf module; imported here to keep this one's imports light
 
             value = human.quantile(float(self.value), self.interval, "s" if self.unit == "s" else self.unit)
         if self.op == "info":

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from app import human, latency
+from app import latency
+from app.core import human
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
@@ -23,7 +25,6 @@ from app.scrape.jobs import TargetScraper, TargetSpec
 from app.scrape.record import ScrapeRecord
 from app.store import db, repository
 from app.store.repository import SampleWriter
-from app.thresholds import Thresholds
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
 #: Nothing fired, but some regime could not be judged (its signals are not on this engine's page):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.hardware import GPUS, MODELS, WEIGHT_DTYPE_BYTES
-from app.limits import MAX_TEXT_LENGTH
+from app.core.hardware import GPUS, MODELS, WEIGHT_DTYPE_BYTES
+from app.core.limits import MAX_TEXT_LENGTH
 
 
 class HardwareProfile(BaseModel):

@@ -1,6 +1,6 @@
 """The diagnosis round: every target evaluated, lifecycles advanced, results persisted.
 
-Run by the scheduler every ``diagnosis.interval`` (:data:`app.scheduling.DIAGNOSIS_JOB`)
+Run by the scheduler every ``diagnosis.interval`` (:data:`app.runtime.scheduling.DIAGNOSIS_JOB`)
 and directly by tests and benchmarks with an explicit ``now``. One transaction per round,
 so a reader never sees half a round; the round reads and computes first (no write lock held
 while it does), then writes every result in one short transaction.
@@ -24,7 +24,7 @@ from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
-from app.scheduling import DIAGNOSIS_JOB, target_boundary
+from app.runtime.scheduling import DIAGNOSIS_JOB, target_boundary
 from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
 from app.windows.base import WindowReader

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from app import latency, quantiles
+from app import latency
+from app.core import quantiles
+from app.core.quantiles import LatencySummary, WindowHistogram
 from app.diagnosis.findings import as_plain, finite_json
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult
-from app.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import CanonicalInfo
 from app.window import ItlInterval, ModelWindow, TargetWindow
 

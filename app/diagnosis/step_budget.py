@@ -50,7 +50,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from app.quantiles import WindowHistogram, histogram_quantile
+from app.core.quantiles import WindowHistogram, histogram_quantile
 
 LONG_PROMPT_THRESHOLDS = (8192, 4096, 2048, 1024)  # iteration_tokens bucket edges, largest first
 MIN_LONG = 8              # long-prompt steps (and requests) needed in the window
@@ -84,7 +84,7 @@ class StepBudget:
 
 def share_above(h: WindowHistogram, x: float) -> float:
     """Share of a window's observations above ``x``, interpolating linearly inside the
-    bucket as :func:`~app.quantiles.histogram_quantile` does (its inverse)."""
+    bucket as :func:`~app.core.quantiles.histogram_quantile` does (its inverse)."""
     total = h.increases[-1] if h.increases else 0.0
     if total <= 0:
         return 0.0

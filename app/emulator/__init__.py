@@ -4,7 +4,7 @@ benchmarks.
 
 Layers (each usable alone):
 
-* :mod:`~app.hardware` / :mod:`~app.emulator.physics` - GPU and model presets, the
+* :mod:`~app.core.hardware` / :mod:`~app.emulator.physics` - GPU and model presets, the
   roofline step-time model and the inspectable floors;
 * :mod:`~app.emulator.engine` - a vLLM-like continuous-batching scheduler with a paged KV
   cache, chunked prefill, prefix caching and recompute preemption;

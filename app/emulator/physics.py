@@ -33,17 +33,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.hardware import (
+from app.core.hardware import (
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_BYTES,
     GiB,
     GPUSpec,
     ModelSpec,
 )
-from app.hardware import (
+from app.core.hardware import (
     gpu as _gpu,
 )
-from app.hardware import (
+from app.core.hardware import (
     model as _model,
 )
 

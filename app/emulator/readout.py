@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.quantiles import histogram_quantile
+from app.core.quantiles import histogram_quantile
 
 
 @dataclass

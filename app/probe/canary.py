@@ -28,15 +28,15 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.durations import Seconds as _Seconds
-from app.limits import MAX_INTERVAL_SECONDS, MAX_TEXT_LENGTH, MAX_URL_LENGTH
+from app.core.durations import Seconds as _Seconds
+from app.core.limits import MAX_INTERVAL_SECONDS, MAX_TEXT_LENGTH, MAX_URL_LENGTH
+from app.core.urls import check_url_in_file
 from app.probe import repository as probe_repository
 from app.probe.runner import ProbeResult, ProbeSpec, run_probe
-from app.scheduling import in_thread
+from app.runtime.scheduling import in_thread
 from app.scrape.jobs import TargetSpec
 from app.store import repository
 from app.store.models import ProbeRunRow
-from app.urls import check_url_in_file
 
 log = logging.getLogger(__name__)
 

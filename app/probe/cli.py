@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from app.durations import parse_duration
+from app.core.durations import parse_duration
 from app.probe.runner import LevelPlan, ProbeSpec, RequestResult, api_base, run_probe
 from app.probe.sweep import analyze, format_analysis, format_table, sweep_plans
 

@@ -22,7 +22,7 @@ Two entry points:
   periods): what the diagnosis's ``outside_engine`` rule reads and
   ``GET /api/v1/targets/{name}/consistency`` shows.
 
-The judgement uses the diagnosis thresholds (:mod:`app.thresholds`,
+The judgement uses the diagnosis thresholds (:mod:`app.core.thresholds`,
 ``outside_*``): a gap of at least ``outside_gap_seconds`` that is at least
 ``outside_gap_share`` of the client's TTFT, over at least ``outside_min_requests`` probe
 requests, is a finding ("time is lost outside the engine"). A comparison is *unreliable*
@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass, replace
 from sqlalchemy.orm import Session
 
 from app import latency
+from app.core.thresholds import Thresholds
 from app.probe import repository as probe_repository
 from app.probe.runner import LevelResult, ProbeResult
-from app.thresholds import Thresholds
 
 FINDING = "time is lost outside the engine (network, tokenization, API server)"
 #: Probe runs :func:`period_consistency` combines at most, the newest first: 15 minutes of

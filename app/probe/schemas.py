@@ -12,8 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
-from app.durations import parse_duration
-from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_URL_LENGTH
+from app.core.durations import parse_duration
+from app.core.limits import MAX_HEADER_VALUE_LENGTH, MAX_URL_LENGTH
 
 MAX_CONCURRENCY = 64
 MAX_LEVELS = 8

@@ -22,8 +22,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from app.core.thresholds import Thresholds
 from app.probe.runner import LevelPlan, LevelResult, ProbeResult, RequestResult
-from app.thresholds import Thresholds
 
 ONE_FACTOR = ("only one factor may vary per sweep: give several prompt lengths or several concurrency "
               "levels, not both")

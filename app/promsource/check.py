@@ -9,7 +9,7 @@ matcher matches the empty string). An unreachable server is a warning only: the 
 valid offline, and the check may run where the cluster's Prometheus is not reachable.
 
 Every message names the field (``sources[0].selector: ...``) and is classified text from
-:class:`app.promapi.PromAPIError`, never what the server sent.
+:class:`app.promql.client.PromAPIError`, never what the server sent.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from app.promapi import PromAPIError, PrometheusClient
+from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 
 CHECK_TIMEOUT = 10.0  # seconds per request: check-config is interactive

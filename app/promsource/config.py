@@ -25,11 +25,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
-from app.durations import Seconds
-from app.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LABEL_NAME_LENGTH, MAX_TEXT_LENGTH, Url
-from app.promapi import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES
-from app.promql import parse_selector
-from app.urls import check_url_in_file
+from app.core.durations import Seconds
+from app.core.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LABEL_NAME_LENGTH, MAX_TEXT_LENGTH, Url
+from app.core.urls import check_url_in_file
+from app.promql.client import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES
+from app.promql.text import parse_selector
 
 SOURCE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,23}$"  # short: it prefixes every target name
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

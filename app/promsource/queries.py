@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.promql import format_matchers, millis_duration
+from app.promql.text import format_matchers, millis_duration
 from app.sources import sglang, tgi, trtllm, vllm
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS

@@ -4,7 +4,7 @@ A round runs a fixed set of queries (:mod:`app.promsource.queries`), each answer
 every target of the source at once, through the client's bounded concurrency; this
 module only regroups the answers by target. Percentiles are then computed from the
 per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
-(:mod:`app.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
+(:mod:`app.core.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
 Prometheus' own ``histogram_quantile`` answers over the same range.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
@@ -24,10 +24,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app import quantiles
+from app.core import quantiles
+from app.core.quantiles import WindowHistogram
 from app.latency import series_point
-from app.promapi import PromAPIError
-from app.promql import parse_selector
+from app.promql.client import PromAPIError
+from app.promql.text import parse_selector
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -39,7 +40,6 @@ from app.promsource.queries import (
     STAT_LABEL,
     SourceQueries,
 )
-from app.quantiles import WindowHistogram
 from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
@@ -62,7 +62,7 @@ class _Series(Protocol):
 
 
 class QueryClient(Protocol):
-    """What the reader needs of :class:`app.promapi.PrometheusClient`."""
+    """What the reader needs of :class:`app.promql.client.PrometheusClient`."""
 
     def query(self, promql: str, time: float) -> Any: ...
 

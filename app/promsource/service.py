@@ -23,12 +23,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import quantiles
+from app.core import quantiles
+from app.core.quantiles import WindowHistogram
 from app.latency import LABELLED_ROLE_INFO, pd_role
-from app.promapi import PromAPIError, PrometheusClient
+from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
-from app.quantiles import WindowHistogram
 from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import repository

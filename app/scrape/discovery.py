@@ -1,7 +1,7 @@
 """Prometheus' file and HTTP service discovery for the built-in scraper.
 
 Pods come and go; a static target list pointed at a Service name scrapes whichever replica
-the load balancer picks (see :mod:`app.scrape.replicas`). Discovery reads the same
+the load balancer picks (see :mod:`app.scrape.load_balancing`). Discovery reads the same
 target-group lists Prometheus reads::
 
     [{"targets": ["10.0.0.5:8000", "10.0.0.6:8000"], "labels": {"pool": "a", "__metrics_path__": "/metrics"}}]
@@ -42,8 +42,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.durations import Seconds
-from app.limits import (
+from app.core.durations import Seconds
+from app.core.limits import (
     LABEL_NAME,
     MAX_INTERVAL_SECONDS,
     MAX_LABEL_VALUE_LENGTH,
@@ -54,9 +54,9 @@ from app.limits import (
     RESERVED_LABELS,
     Url,
 )
+from app.core.urls import check_url_in_file, validate_target_url
 from app.scrape.client import USER_AGENT, http_status_message
 from app.store import repository
-from app.urls import check_url_in_file, validate_target_url
 
 if TYPE_CHECKING:  # the targets file sits above the scrape layer; it holds these configs
     from app.config import FileConfig

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
+from app.scrape.load_balancing import MESSAGE as LOAD_BALANCED
+from app.scrape.load_balancing import ReplicaDetector, counter_values, process_start_time
 from app.scrape.record import ScrapeRecord
-from app.scrape.replicas import MESSAGE as LOAD_BALANCED
-from app.scrape.replicas import ReplicaDetector, counter_values, process_start_time
 from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
 from app.sources.base import Canonical
 

@@ -1,6 +1,6 @@
 """Scraping jobs: one APScheduler interval job per target, plus the batch writer.
 
-The scheduler itself belongs to the service (:mod:`app.scheduling`); the scrape service adds,
+The scheduler itself belongs to the service (:mod:`app.runtime.scheduling`); the scrape service adds,
 replaces and removes its ``scrape:<target>`` jobs on it.
 
 Each target's first run is offset by a stable fraction of its interval derived from its
@@ -58,7 +58,7 @@ class ScrapeService:
         self.telemetry = telemetry
         self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
         self.writer = SampleWriter(engine)
-        self.scheduler = scheduler  # the service's (app.scheduling); started and shut down by its owner
+        self.scheduler = scheduler  # the service's (app.runtime.scheduling); started and shut down by its owner
         self.scrapers: dict[str, TargetScraper] = {}
         self.jitter = jitter
         self.write_interval = write_interval
@@ -124,7 +124,7 @@ class ScrapeService:
     async def _run_job(self, scraper: TargetScraper) -> None:
         if self.owns is not None and not self.owns(scraper.spec.name):
             self.telemetry.not_owned.labels("scrape").inc()
-            return  # handed over: the event loop has not removed the job yet (app.replicas.Ownership.holds)
+            return  # handed over: the event loop has not removed the job yet (app.replicas.membership.Ownership.holds)
         self._inflight += 1
         try:
             await scraper.run()

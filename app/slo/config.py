@@ -27,8 +27,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from app.durations import Seconds
-from app.limits import MAX_TEXT_LENGTH, Labels
+from app.core.durations import Seconds
+from app.core.limits import MAX_TEXT_LENGTH, Labels
 from app.slo import buckets
 
 SLO_SIGNALS = ("ttft", "itl", "e2e", "queue_time")

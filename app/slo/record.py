@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
+from app.core.quantiles import HistogramSnapshot
 from app.promsource.service import DISCOVERED_BY_SOURCES, SERVICE_KIND
-from app.quantiles import HistogramSnapshot
 from app.slo import repository as slo_repository
 from app.slo.buckets import bound_index
 from app.slo.config import SloObjective

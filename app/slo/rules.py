@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.promql import format_matchers, instance_regex, le_matcher, num, prom_duration
+from app.promql.text import format_matchers, instance_regex, le_matcher, num, prom_duration
 from app.promsource.queries import HISTOGRAM_FAMILIES, Family
 from app.slo import buckets
 from app.slo.config import SLO_BURN_ALERT, SloObjective

@@ -22,9 +22,9 @@ from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.quantiles import WindowHistogram
 from app.promsource.reader import FIRST_SEEN_STEP
 from app.promsource.service import SOURCE_KIND, SourceService
-from app.quantiles import WindowHistogram
 from app.slo import buckets
 from app.slo.config import SloObjective
 from app.slo.record import matched_targets

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.durations import format_duration
+from app.core.durations import format_duration
 from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.slo import buckets, record
 from app.slo import repository as slo_repository

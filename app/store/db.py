@@ -18,9 +18,9 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from alembic import command
-from app.budget import BudgetExceeded, RequestBudget
-from app.changes import changes
-from app.resources import migrations_dir
+from app.runtime.budget import BudgetExceeded, RequestBudget
+from app.runtime.changes import changes
+from app.runtime.resources import migrations_dir
 
 #: Connections per process: anyio's default 40 API worker threads, the scrape writer and the
 #: rounds' threads each get one without waiting (a smaller pool answers 500s under 50 clients:
@@ -58,14 +58,14 @@ def make_engine(url: str, echo: bool = False) -> Engine:
 #: How a statement that only reads begins; any other statement makes its transaction a change.
 READING_STATEMENTS = ("select", "pragma", "show", "set ", "savepoint", "release", "explain")
 #: The execution option that keeps a connection's commits from counting as changes (what the scrape
-#: writer stores: :mod:`app.changes` says why).
+#: writer stores: :mod:`app.runtime.changes` says why).
 NOT_A_CHANGE = "not_a_change"
 
 
 def _counting_commits(engine: Engine) -> Engine:
-    """Every commit of a transaction that wrote moves :data:`app.changes.changes` when it starts
+    """Every commit of a transaction that wrote moves :data:`app.runtime.changes.changes` when it starts
     and again when its connection is back in the pool, after the commit completed (why twice:
-    :mod:`app.changes`). A transaction that only read (the alert delivery's poll of its outbox
+    :mod:`app.runtime.changes`). A transaction that only read (the alert delivery's poll of its outbox
     every second, say) is no change, nor is one on a connection with the :data:`NOT_A_CHANGE`
     execution option."""
 
@@ -148,7 +148,7 @@ def write_transaction(sessions: sessionmaker[Session]) -> Iterator[Session]:
 
 def alembic_config(url: str) -> Config:
     """Alembic's configuration without alembic.ini: the migrations wherever this
-    installation has them (app.resources), the database from ``url``."""
+    installation has them (app.runtime.resources), the database from ``url``."""
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))

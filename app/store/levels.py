@@ -1,6 +1,6 @@
 """Exact downsampling of cumulative snapshots, and windows read at the coarsest level that answers them.
 
-Why this is exact. Prometheus' ``increase(x[w])`` (:func:`app.quantiles._extrapolated_rate`)
+Why this is exact. Prometheus' ``increase(x[w])`` (:func:`app.core.quantiles._extrapolated_rate`)
 reads, of the samples inside the closed window, only: the first and the last sample (values
 and timestamps), how many samples there are, and the value before every drop (a counter
 reset). Those compose: for consecutive runs of samples A then B, the first of A, the last of
@@ -36,7 +36,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from app.quantiles import WindowHistogram, extrapolate, extrapolate_all, to_millis
+from app.core.quantiles import WindowHistogram, extrapolate, extrapolate_all, to_millis
 from app.vectors import all_le
 
 #: Interval lengths of the downsampled levels, in seconds, finest first.
@@ -130,7 +130,7 @@ class Run:
 
 def combine(chunks: Sequence[Chunk]) -> Chunk | None:
     """Consecutive chunks as one: the level row of their union. Same arithmetic order as
-    :func:`app.quantiles._extrapolated_rate` walking the raw samples."""
+    :func:`app.core.quantiles._extrapolated_rate` walking the raw samples."""
     if not chunks:
         return None
     run = Run()

@@ -412,7 +412,7 @@ class ProbeRequestRow(Base):
 
 
 class ReplicaRow(Base):
-    """A running replica of the service (app/replicas.py): live while ``heartbeat_at`` is
+    """A running replica of the service (app/replicas/membership.py): live while ``heartbeat_at`` is
     fresher than the replica expiry."""
     __tablename__ = "replicas"
 

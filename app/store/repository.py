@@ -44,8 +44,8 @@ from sqlalchemy.engine import Connection, CursorResult, Result
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, defer
 
-from app.kept import KeptParts
-from app.quantiles import HistogramSnapshot, to_millis
+from app.core.quantiles import HistogramSnapshot, to_millis
+from app.runtime.kept import KeptParts
 from app.store import levels as lv
 from app.store.db import NOT_A_CHANGE
 from app.store.encoding import (

@@ -15,8 +15,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.quantiles import WindowHistogram
 from app.latency import SignalSummary
-from app.quantiles import WindowHistogram
 from app.store.models import TargetView
 from app.window import TargetWindow
 

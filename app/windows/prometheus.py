@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
 from app.latency import SignalSummary
-from app.promapi import PromAPIError
+from app.promql.client import PromAPIError
 from app.promsource.service import SourceMissing, SourceService
 from app.store.models import TargetView
 from app.window import TargetWindow

@@ -25,11 +25,12 @@ from click.testing import CliRunner
 from app import rules_export
 from app.alerts.config import TARGET_DOWN, SloConfig, regime_alertname, slo_alertname
 from app.config import FileConfig, load_config
+from app.core.quantiles import LatencySummary
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, kv_cache_pressure, prefill_compute, prefill_interference, queueing
 from app.diagnosis.signals import Signals
-from app.promql import instance_of
-from app.quantiles import LatencySummary
+from app.promql.text import instance_of
 from app.rules_export import (
     VLLM_ITL_BUCKETS,
     build_rules,
@@ -39,7 +40,6 @@ from app.rules_export import (
     render_rules,
     rules,
 )
-from app.thresholds import Thresholds
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]

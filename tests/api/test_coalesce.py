@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.api.coalesce import KEPT_ANSWERS, KEPT_BYTES, CoalesceReads, request_key
-from app.changes import Changes
+from app.runtime.changes import Changes
 from app.store import repository
 from app.store.repository import SampleWriter
 from tests.api.conftest import Service, make_quiet_service
@@ -128,7 +128,7 @@ def test_the_computation_sees_a_disconnect_only_when_every_client_has_gone() -> 
     async def run() -> None:
         seen: list[str] = []
 
-        async def watcher(scope, receive, send) -> None:  # like app.budget: stops when the client leaves
+        async def watcher(scope, receive, send) -> None:  # like app.runtime.budget: stops when the client leaves
             assert (await receive())["type"] == "http.request"
             seen.append((await receive())["type"])
 

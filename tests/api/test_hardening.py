@@ -15,7 +15,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from app.alerts import silences
-from app.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_MATCHERS, MAX_REQUEST_BYTES, MAX_URL_LENGTH
+from app.core.limits import MAX_LABEL_VALUE_LENGTH, MAX_LABELS, MAX_MATCHERS, MAX_REQUEST_BYTES, MAX_URL_LENGTH
 from app.main import create_app
 from app.settings import Settings
 from app.store.db import upgrade

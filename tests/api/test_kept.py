@@ -3,7 +3,7 @@ or round changed, and never more than one answer's (one round's) worth held."""
 
 from __future__ import annotations
 
-from app.kept import KeptParts, RoundMemo
+from app.runtime.kept import KeptParts, RoundMemo
 
 
 def test_kept_parts_make_only_what_changed_and_hold_only_the_last_answer() -> None:

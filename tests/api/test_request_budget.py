@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from app import summaries
-from app.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
+from app.runtime.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.store.db import statement_budget

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app import scheduling
 from app.main import create_app
+from app.runtime import scheduling
 from app.settings import Settings
 from tests.api.conftest import make_service
 from tests.support.engine_pages import VllmPage

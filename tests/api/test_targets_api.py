@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app import quantiles
+from app.core import quantiles
 from tests.api.conftest import make_service
 from tests.support.engine_pages import VLLM_ITL_BUCKETS, VLLM_TTFT_BUCKETS, VllmPage
 from tests.support.pages import StaticPageServer

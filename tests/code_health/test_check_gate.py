@@ -49,12 +49,12 @@ def test_the_committed_tree_passes(clean_run: subprocess.CompletedProcess[str]) 
 
 def test_a_planted_type_error_in_a_strict_module_fails(tmp_path: Path, clean_run) -> None:
     repo = _copy_repo(tmp_path)
-    quantiles = repo / "app" / "quantiles.py"
+    quantiles = repo / "app" / "core" / "quantiles.py"
     quantiles.write_text(quantiles.read_text() + "\n\ndef _planted() -> int:\n    return 'not an int'\n")
     done = _check(repo)
     assert done.returncode == 1
-    assert "app/quantiles.py" in done.stdout and "Incompatible return value type" in done.stdout
-    assert "app/quantiles.py: 1 mypy error(s), baseline allows 0" in done.stdout
+    assert "app/core/quantiles.py" in done.stdout and "Incompatible return value type" in done.stdout
+    assert "app/core/quantiles.py: 1 mypy error(s), baseline allows 0" in done.stdout
 
 
 def test_a_planted_lint_error_fails(tmp_path: Path, clean_run) -> None:

@@ -163,7 +163,7 @@ def test_kustomization_lists_every_manifest_except_the_secret_template() -> None
 
 
 def test_two_replicas_rolled_one_at_a_time_and_never_both_evicted() -> None:
-    """Replicas share the targets and one holds the leader lease (app/replicas.py): a
+    """Replicas share the targets and one holds the leader lease (app/replicas/membership.py): a
     rollout starts a new pod before stopping an old one, and a drain evicts one at a time,
     so one replica always scrapes and takes the others' targets over."""
     deployment, pdb = BY_KIND["Deployment"], BY_KIND["PodDisruptionBudget"]

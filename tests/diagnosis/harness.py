@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
@@ -19,7 +20,6 @@ from app.scrape.jobs import PageProcessor
 from app.scrape.record import ScrapeRecord
 from app.store import db, repository
 from app.store.repository import SampleWriter
-from app.thresholds import Thresholds
 from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch

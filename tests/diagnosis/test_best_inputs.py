@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from app.core.quantiles import LatencySummary, WindowHistogram
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine
 from app.diagnosis.rules import bandwidth_bound, prefill_interference
 from app.diagnosis.rules.base import NotJudged, decided
@@ -24,8 +26,6 @@ from app.emulator.engine import EngineConfig
 from app.emulator.physics import Deployment
 from app.emulator.scenarios import L, Scenario
 from app.emulator.workload import TrafficStream
-from app.quantiles import LatencySummary, WindowHistogram
-from app.thresholds import Thresholds
 from app.window import GaugeStats, ModelWindow, TargetWindow
 from tests.diagnosis.harness import OfflineTarget
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.api.schemas import DiagnosisOut
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
@@ -22,7 +23,6 @@ from app.scrape.jobs import PageProcessor
 from app.scrape.record import ScrapeRecord
 from app.store import db, repository
 from app.store.repository import SampleWriter
-from app.thresholds import Thresholds
 
 EXPOSITION = Path(__file__).parents[1] / "fixtures" / "exposition"
 T0 = 1_800_000_000.0

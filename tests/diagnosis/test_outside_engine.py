@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from app.alerts.config import regime_alertname
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, outside_engine
@@ -21,7 +22,6 @@ from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import repository
 from app.store.repository import SampleWriter
-from app.thresholds import Thresholds
 from tests.diagnosis.test_rules import healthy_signals, summary
 
 T = Thresholds()

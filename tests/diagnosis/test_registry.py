@@ -16,15 +16,15 @@ from fastapi.testclient import TestClient
 
 from app.alerts.config import ALERT_RUNBOOKS, regime_alertname
 from app.config import FileConfig, load_config
+from app.core.quantiles import LatencySummary
+from app.core.thresholds import Thresholds
 from app.diagnosis import rules as rules_package
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES, VERDICTS, Finding
 from app.diagnosis.rules import RULES, collect, kv_cache_pressure, prefill_compute, queueing
 from app.diagnosis.signals import Signals
 from app.main import create_app
-from app.quantiles import LatencySummary
 from app.rules_export import build_rules
 from app.settings import Settings
-from app.thresholds import Thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = Path(rules_package.__file__).parent

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from app.core.quantiles import LatencySummary
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine
 from app.diagnosis.rules import (
     RULES,
@@ -19,8 +21,6 @@ from app.diagnosis.rules import (
     weights_offloaded,
 )
 from app.diagnosis.signals import Signals
-from app.quantiles import LatencySummary
-from app.thresholds import Thresholds
 
 T = Thresholds()
 

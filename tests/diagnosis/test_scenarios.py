@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.thresholds import Thresholds
+from app.core.thresholds import Thresholds
 from tests.diagnosis.harness import OfflineTarget, profile_of
 
 REGIME_SCENARIOS = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",

@@ -160,9 +160,9 @@ def test_the_diagnosis_json_is_what_asdict_gives(tmp_path: Path) -> None:
     nested dataclasses, tuples and lists included."""
     from dataclasses import asdict
 
+    from app.core.thresholds import Thresholds
     from app.diagnosis import engine as diagnosis_engine
     from app.diagnosis.findings import as_plain
-    from app.thresholds import Thresholds
     from tests.diagnosis.harness import T0 as HARNESS_T0
     from tests.diagnosis.harness import OfflineTarget, profile_of
 

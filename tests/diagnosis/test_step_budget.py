@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from app.core.quantiles import WindowHistogram, histogram_quantile
+from app.core.thresholds import Thresholds
 from app.diagnosis import step_budget
 from app.diagnosis.rules import prefill_interference
 from app.diagnosis.step_budget import StepBudget, share_above
 from app.emulator import scenarios
-from app.quantiles import WindowHistogram, histogram_quantile
-from app.thresholds import Thresholds
 from tests.diagnosis.harness import OfflineTarget, profile_of
 
 

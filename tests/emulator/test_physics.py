@@ -7,13 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from app.core.hardware import GPUS, MODELS, GiB
 from app.emulator.engine import EngineConfig
 from app.emulator.physics import Deployment
 from app.emulator.readout import Page
 from app.emulator.scenarios import get
 from app.emulator.simulation import TOKENIZE_BASE_S, TOKENIZE_PER_TOKEN_S, Simulation
 from app.emulator.workload import LengthDist, TrafficStream
-from app.hardware import GPUS, MODELS, GiB
 from tests.emulator.helpers import custom, single_stream, window, with_engine
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.promapi import PromAPIError, PrometheusClient, format_duration, format_time
+from app.promql.client import PromAPIError, PrometheusClient, format_duration, format_time
 from tests.promapi.local_api import Answer, LocalAPI, Received
 from tests.support.components import require_binary
 from tests.support.prometheus import free_port

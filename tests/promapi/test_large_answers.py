@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.promapi import PromAPIError, PrometheusClient
+from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.queries import FAMILY_LABEL, MODEL_LABEL
 from app.promsource.reader import SourceReader
 from tests.promapi.local_api import Answer, LocalAPI, Received
@@ -38,7 +38,7 @@ def huge() -> Iterator[LocalAPI]:
 
 PEAK = """
 import sys
-from app.promapi import PrometheusClient, PromAPIError
+from app.promql.client import PrometheusClient, PromAPIError
 def peak():  # the process' high-water mark of resident memory, MB
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")) // 1024
 client = PrometheusClient(sys.argv[1], timeout=60)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from app.emulator.server import EmulatorFleet, TargetSpec
-from app.promapi import PromAPIError, PrometheusClient
+from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.reader import FIRST_SEEN_STEP, SourceReader
 from tests.support.prometheus import FileSD, PrometheusHandle, running_prometheus
 from tests.support.victoria_metrics import running_victoria_metrics

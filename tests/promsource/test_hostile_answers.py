@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from app import latency
 from app.api.common import response_json
 from app.api.routes.targets import TARGET_LATENCY_OUT
+from app.core.thresholds import Thresholds
 from app.diagnosis.engine import diagnose
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
 from app.promsource.queries import (
@@ -33,7 +34,6 @@ from app.promsource.queries import (
 )
 from app.promsource.reader import BAD_SERIES_REASONS, SourceReader
 from app.sources.base import COUNTER_SIGNALS
-from app.thresholds import Thresholds
 from app.window import merge_windows
 
 START, END = 1_800_000_000.0, 1_800_000_300.0

@@ -5,7 +5,7 @@ Prometheus source, from a real Prometheus 2.42 holding the very same samples.
 Each scenario runs offline on the emulator's clock (tests/diagnosis/harness.py); its pages are
 written to the store and backfilled, with their timestamps, into a Prometheus TSDB
 (tests/support/backfill.py), one ``pod`` per scenario. The Prometheus side is the production
-path: :class:`app.promsource.reader.SourceReader` over :class:`app.promapi.PrometheusClient`,
+path: :class:`app.promsource.reader.SourceReader` over :class:`app.promql.client.PrometheusClient`,
 one query per signal for all pods at once.
 
 The same recording is also imported, with its timestamps, into a real VictoriaMetrics single
@@ -28,16 +28,16 @@ import pytest
 
 from app import latency
 from app.api.disaggregation import add_disaggregation
+from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
-from app.promapi import PrometheusClient
+from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
 from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
-from app.thresholds import Thresholds
 from app.window import merge_windows
 from app.windows import WindowError, Windows
 from app.windows.prometheus import PrometheusWindows

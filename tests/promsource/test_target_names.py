@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.limits import NAME_PATTERN
+from app.core.limits import NAME_PATTERN
 from app.promsource import service
 from app.promsource.service import named, target_name
 

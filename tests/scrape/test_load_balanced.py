@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.main import create_app
-from app.scrape.replicas import COUNTER_BOUNCES, ReplicaDetector, process_start_time
+from app.scrape.load_balancing import COUNTER_BOUNCES, ReplicaDetector, process_start_time
 from app.settings import Settings
 from tests.support.aiohttp_servers import RoundRobinProxy
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from app.emulator.simulation import Simulation
-from app.promapi import PrometheusClient
+from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import FIRST_SEEN_STEP
 from app.promsource.service import SourceService

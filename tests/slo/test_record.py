@@ -7,8 +7,8 @@ import math
 
 from sqlalchemy import inspect
 
-from app import quantiles
-from app.quantiles import HistogramSnapshot
+from app.core import quantiles
+from app.core.quantiles import HistogramSnapshot
 from app.slo import repository as slo_repository
 from app.slo.record import ROW_SECONDS, chunk_rows, pair_increments
 from app.store import db, repository

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app import quantiles
+from app.core import quantiles
 from app.exposition.parser import parse_page
 from app.scrape.jobs import PageProcessor
 from app.sources import ADAPTERS, detect_engine

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app import scheduling
+from app.runtime import scheduling
 from tests.api.conftest import Service, make_service
 
 DIAGNOSIS_INTERVAL = 84.0  # the first round 98 s after the start (its phase adds a sixth): under

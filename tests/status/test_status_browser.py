@@ -27,10 +27,10 @@ import httpx
 import pytest
 import uvicorn
 
-from app import scheduling
 from app.api.routes.status import fmt_seconds
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.main import create_app
+from app.runtime import scheduling
 from app.settings import Settings
 from tests.support.components import missing_component, require_binary
 

@@ -27,9 +27,9 @@ from app.api.routes.status import (
     triage_level,
     with_flags,
 )
+from app.core.quantiles import HistogramSnapshot
 from app.diagnosis.rounds import RoundSummaries
 from app.latency import LoadedHistograms, SignalSummary
-from app.quantiles import HistogramSnapshot
 from app.store.repository import SeriesRef
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from app import latency, quantiles
-from app.quantiles import HistogramSnapshot
+from app import latency
+from app.core import quantiles
+from app.core.quantiles import HistogramSnapshot
 from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar
 from app.store import levels, repository, retention
@@ -241,7 +242,7 @@ def exposition(snap: HistogramSnapshot, tokens: float) -> str:
 
 @pytest.fixture(scope="module")
 def prometheus_over_history(tmp_path_factory: pytest.TempPathFactory):
-    from app.promapi import PrometheusClient
+    from app.promql.client import PrometheusClient
     from tests.support.backfill import Backfill
     from tests.support.prometheus import running_prometheus
 

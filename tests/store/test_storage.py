@@ -7,7 +7,8 @@ import math
 import pytest
 from sqlalchemy import inspect
 
-from app import latency, quantiles
+from app import latency
+from app.core import quantiles
 from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository, retention

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from app.promapi import format_time  # one formatting of API times, shared with the client
+from app.promql.client import format_time  # one formatting of API times, shared with the client
 from tests.support.components import require_binary
 
 PROMETHEUS_BINARY = "/usr/bin/prometheus"

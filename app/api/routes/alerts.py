@@ -22,10 +22,10 @@ from app.api.schemas import (
     ReceiverOut,
     SilenceOut,
 )
-from app.durations import format_utc
-from app.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
+from app.core.durations import format_utc
+from app.core.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
+from app.core.urls import validate_target_url
 from app.store import repository
-from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 

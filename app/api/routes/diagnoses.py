@@ -20,11 +20,11 @@ from app.api.common import (
 )
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import DiagnosisOut, FindingRecordOut
+from app.core.limits import UnixTime
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
-from app.kept import KeptParts
-from app.limits import UnixTime
+from app.runtime.kept import KeptParts
 from app.store import repository
 from app.store.models import FindingRow
 

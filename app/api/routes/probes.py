@@ -23,15 +23,15 @@ from app.api.common import get_or_404, time_range, unprocessable
 from app.api.deps import MonitorDep, ProbeJobsDep, SessionDep, TokenHolderDep, WriteAuth
 from app.api.redaction import probe_request_detail
 from app.api.schemas import ProbeRunOut, ProbeStarted, TargetConsistencyOut
-from app.durations import format_utc
-from app.limits import MAX_ID, UnixTime
+from app.core.durations import format_utc
+from app.core.limits import MAX_ID, UnixTime
+from app.core.urls import validate_target_url
 from app.probe import repository as probe_repository
 from app.probe.consistency import check_consistency, period_consistency
 from app.probe.runner import ProbeSpec, api_base
 from app.probe.schemas import MAX_REQUESTS_TOTAL, MAX_RUNNING_PROBES, ProbeIn
 from app.probe.sweep import sweep_plans
 from app.store.models import ProbeRequestRow, ProbeRunRow
-from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["probes"])
 

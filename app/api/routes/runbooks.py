@@ -1,7 +1,7 @@
 """Runbooks as web pages: ``GET /runbooks`` (every runbook) and ``GET /runbooks/{name}``.
 
 A runbook is a Markdown file (``docs/runbooks/<name>.md``; in a wheel ``app/runbooks``, see
-:mod:`app.resources`) with the symptom, the evidence, the remedies and how to verify the
+:mod:`app.runtime.resources`) with the symptom, the evidence, the remedies and how to verify the
 fix; every alert and finding links one. It is rendered to HTML with markdown-it-py (raw
 HTML in the Markdown is escaped, not passed through) inside the status page's layout, CSS
 and Content-Security-Policy. Only the names of :data:`app.alerts.config.ALERT_RUNBOOKS`
@@ -20,7 +20,7 @@ from markdown_it import MarkdownIt
 
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.routes.status import SECURITY_HEADERS, templates
-from app.resources import runbooks_dir
+from app.runtime.resources import runbooks_dir
 
 router = APIRouter(include_in_schema=False)
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import SloOut
-from app.durations import format_duration
+from app.core.durations import format_duration
 from app.slo.sources import source_sums
 from app.slo.status import BurnAlertState, SloStatus, SloWindow, slo_statuses
 

@@ -28,7 +28,7 @@ their ``/latency`` answer; the charts are the built-in store's and stay empty fo
 
 What a page computes for its request (a target's page always, the index for the targets the
 last round's summaries do not answer) runs under the request budget of the JSON API
-(:mod:`app.budget`): past ``api_request_budget`` a short 503 page names it, and a client that
+(:mod:`app.runtime.budget`): past ``api_request_budget`` a short 503 page names it, and a client that
 went away stops the work (:mod:`app.api.errors`).
 """
 
@@ -48,7 +48,7 @@ from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
-from app import human, latency, quantiles
+from app import latency
 from app.alerts.config import ALERT_RUNBOOKS
 from app.api.common import (
     DiagnosisMade,
@@ -60,15 +60,16 @@ from app.api.common import (
 from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
-from app.budget import bounded
+from app.core import human, quantiles
+from app.core.durations import format_duration, format_utc
+from app.core.limits import UnixTime
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
-from app.durations import format_duration, format_utc
-from app.kept import KeptParts, RoundMemo
 from app.latency import LoadedHistograms
-from app.limits import UnixTime
 from app.probe import repository as probe_repository
 from app.promsource.service import SOURCE_KIND, SourceStatus
+from app.runtime.budget import bounded
+from app.runtime.kept import KeptParts, RoundMemo
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
@@ -153,7 +154,7 @@ def _unit(signal: str) -> str:
 
 def fmt_quantile(summary: object, key: str, signal: str = "ttft") -> str:
     """A quantile cell: ``< 0.3 s`` in the lowest bucket, ``> 60 s`` in +Inf, a bound for a
-    derived TTFT, else the value (:mod:`app.human`)."""
+    derived TTFT, else the value (:mod:`app.core.human`)."""
     return human.summary_quantile(summary, key, _unit(signal))
 
 

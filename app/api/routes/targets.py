@@ -35,16 +35,16 @@ from app.api.schemas import (
     TargetOut,
     TargetPatch,
 )
-from app.budget import bounded
 from app.config import TargetConfig
-from app.kept import KeptParts, RoundMemo
+from app.core.limits import UnixTime
+from app.core.urls import validate_target_url
 from app.lifespan import Monitor
-from app.limits import UnixTime
+from app.runtime.budget import bounded
+from app.runtime.kept import KeptParts, RoundMemo
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
-from app.urls import validate_target_url
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
 

@@ -2,7 +2,7 @@
 
 A rule is a pure function ``(Signals, Thresholds) -> Finding | None``. Its module
 docstring says the symptom and why it matters; its thresholds are fields of
-:mod:`app.thresholds`; its remedies are phrased for the engine that was
+:mod:`app.core.thresholds`; its remedies are phrased for the engine that was
 detected; it ends in ``RULE = Rule(...)`` (:class:`app.diagnosis.rules.base.Rule`), which
 also carries its rank, PromQL twin and dashboard colour. Everything that lists regimes
 reads :data:`RULES`: the engine, ``findings.REGIMES``, the alert names and runbooks

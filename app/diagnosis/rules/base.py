@@ -3,7 +3,7 @@
 A regime is one module in this package ending in ``RULE = Rule(...)``: the rule the
 engine runs, where it ranks, its PromQL twin for ``llm-latency rules export``, its colour
 on the Grafana dashboards. Its thresholds are fields of
-:class:`app.thresholds.Thresholds` (the rule reads them from ``t``; no number of
+:class:`app.core.thresholds.Thresholds` (the rule reads them from ``t``; no number of
 its own) and its runbook is ``docs/runbooks/<regime>.md``. :mod:`app.diagnosis.rules`
 collects every module's ``RULE``; the regime list, the alert names, the exported rules
 and the dashboards are derived from that collection.
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.core.quantiles import LatencySummary
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Evidence, Finding
 from app.diagnosis.signals import Signals
-from app.quantiles import LatencySummary
-from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
     from app.config import TargetConfig

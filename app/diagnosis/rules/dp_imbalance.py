@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.rules.replica_imbalance import compare_loads
 from app.diagnosis.signals import Signals
-from app.promql import num
-from app.thresholds import Thresholds
+from app.promql.text import num
 
 if TYPE_CHECKING:
     from app.rules_export import RegimeAlerts

@@ -15,11 +15,11 @@ on a queueing engine: one probe's queue wait varies more than the gap).
 
 from __future__ import annotations
 
+from app.core.durations import format_utc
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.durations import format_utc
-from app.thresholds import Thresholds
 
 
 def _utc(ts: float | None) -> str:

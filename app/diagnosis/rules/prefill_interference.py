@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
     PROMPT_MEAN,
@@ -32,8 +33,7 @@ from app.diagnosis.rules.base import (
 )
 from app.diagnosis.signals import STALL_SECONDS, Signals
 from app.diagnosis.step_budget import StepBudget
-from app.promql import human_seconds, human_share, num
-from app.thresholds import Thresholds
+from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
     from app.rules_export import RegimeAlerts

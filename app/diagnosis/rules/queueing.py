@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
     Need,
@@ -27,8 +28,7 @@ from app.diagnosis.rules.base import (
     remedies,
 )
 from app.diagnosis.signals import Signals
-from app.promql import human_seconds, human_share, num
-from app.thresholds import Thresholds
+from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
     from app.rules_export import RegimeAlerts

@@ -16,10 +16,10 @@ requests in a replica, running + waiting, as means over the window.
 
 from __future__ import annotations
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Evidence, Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info
 from app.diagnosis.signals import ReplicaLoad, Signals
-from app.thresholds import Thresholds
 
 IDLE_FLOOR = 0.1  # requests: a replica with less load than this counts as this much (no division by zero)
 

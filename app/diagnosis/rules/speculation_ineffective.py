@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.promql import human_share, num
-from app.thresholds import Thresholds
+from app.promql.text import human_share, num
 
 if TYPE_CHECKING:
     from app.rules_export import RegimeAlerts

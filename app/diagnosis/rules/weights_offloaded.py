@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.promql import decode_floor_text, human_seconds, instance_selector, num
-from app.thresholds import Thresholds
+from app.promql.text import decode_floor_text, human_seconds, instance_selector, num
 
 if TYPE_CHECKING:
     from app.config import TargetConfig

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from app.changes import changes
+from app.runtime.changes import changes
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def make_scheduler() -> AsyncIOScheduler:
 def in_thread(func: Callable[[], object], name: str | None = None) -> Callable[[], Awaitable[None]]:
     """``func`` as a coroutine job that runs it in a worker thread and logs (not raises) a
     failure, naming the job ``name`` (default: the function's name). A job may keep its results
-    in memory, so its end counts as a change (:mod:`app.changes`: no answer read before it is
+    in memory, so its end counts as a change (:mod:`app.runtime.changes`: no answer read before it is
     reused after it)."""
     job_name = name or str(getattr(func, "__name__", "job"))
 

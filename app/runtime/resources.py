@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]  # app/runtime/resources.py -> the checkout
 
 
 def _find(packaged: str, checkout: str) -> Path:

@@ -1,0 +1,1 @@
+"""PromQL: its text and the Prometheus HTTP API client."""

@@ -1,0 +1,1 @@
+"""More than one replica of the service on one database."""
