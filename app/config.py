@@ -57,8 +57,8 @@ from app.core.limits import (
     Url,
     unique_names,
 )
-from app.core.thresholds import Thresholds
 from app.core.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
+from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 from app.promsource.config import PrometheusSourceConfig
@@ -119,17 +119,6 @@ class TargetConfig(BaseModel):
         if self.scrape_interval and self.scrape_timeout and self.scrape_timeout > self.scrape_interval:
             raise ValueError("scrape_timeout must not exceed scrape_interval")
         return self
-
-
-class DiagnosisConfig(BaseModel):
-    """How often regimes are evaluated, over which window, with which thresholds."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    interval: Seconds = Field(30.0, gt=0, description="Evaluation interval.")
-    window: Seconds = Field(60.0, gt=0, description="Window each evaluation looks at. Keep it at most ~2.5 "
-                            "intervals: a regime is detected once it fills most of the window.")
-    thresholds: Thresholds = Field(default_factory=Thresholds)
 
 
 class FileConfig(BaseModel):

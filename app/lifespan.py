@@ -36,12 +36,14 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
-from app import capacity, summaries
+from app import summaries
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
-from app.config import ConfigError, DiagnosisConfig, load_config
+from app.config import ConfigError, load_config
+from app.diagnosis import capacity
 from app.diagnosis import rounds as diagnosis_rounds
+from app.diagnosis.config import DiagnosisConfig
 from app.probe import canary
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig

@@ -46,7 +46,7 @@ Diagnosis (after every diagnosis round)
     llm_latency_finding_evidence{target,model,regime,evidence}    the numbers behind a finding
     llm_latency_finding_threshold{target,model,regime,evidence}   ... and what they were compared with
     llm_latency_finding_remedy_info{target,model,regime,rank,remedy}   1, the remedies in order
-Capacity (app/capacity.py, after every diagnosis round; per target or service and model)
+Capacity (app/diagnosis/capacity.py, after every diagnosis round; per target or service and model)
     llm_latency_capacity_desired_replicas{target,model}  replicas the load needs (= current when scaling won't help)
     llm_latency_capacity_current_replicas{target,model}  1 for an engine, the replicas with data for a service
     llm_latency_capacity_utilization{target,model}       the largest input (1 = exactly the current replicas)
@@ -75,43 +75,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.core.quantiles import LatencySummary
+from app.diagnosis.telemetry import CapacityCollector, DiagnosisCollector
 from app.probe.telemetry import ProbeCollector
+from app.runtime.rendered import RenderedPerRound
 from app.runtime.scheduling import target_errors
 from app.slo.telemetry import SloCollector
 
-if TYPE_CHECKING:  # the capacity signal is computed from diagnoses; telemetry only exports it
-    from app.capacity import Capacity
-
-
 ROUND_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-class RenderedPerRound(Collector):
-    """A collector whose data a round replaces whole (never changes in place): its text on
-    ``/metrics`` is rendered once per replacement and reused by every scrape until the next.
-    At 1,000 targets these families are tens of thousands of lines; rendering them for each
-    of many concurrent readers of ``/metrics`` would cost more than everything else the
-    endpoint does. ``_data``: the attributes a round assigns."""
-
-    _data: tuple[str, ...] = ()
-    _rendered: tuple[tuple[object, ...], bytes] | None = None
-
-    def rendered(self) -> bytes:
-        state = tuple(getattr(self, name) for name in self._data)
-        cached = self._rendered
-        if cached is None or any(a is not b for a, b in zip(cached[0], state, strict=True)):
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(self)
-            cached = self._rendered = (state, generate_latest(registry))  # holds the data it was made of
-        return cached[1]
 
 
 class SourceCollector(Collector):
@@ -268,89 +245,6 @@ class DerivedLatencyCollector(RenderedPerRound):
         yield quantile
         yield mean
         yield count
-
-
-class DiagnosisCollector(RenderedPerRound):
-    """Exports the latest diagnoses and alerts; both lists are replaced by their jobs."""
-
-    _data = ("diagnoses", "alerts")
-
-    def __init__(self) -> None:
-        self.diagnoses: list[dict] = []   # Diagnosis.to_dict() with finding states
-        self.alerts: list[tuple[str, str, str, str]] = []  # (alertname, target, severity, state)
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        verdict = GaugeMetricFamily("llm_latency_diagnosis_verdict", "1 for the current diagnosis verdict.",
-                                    labels=["target", "model", "verdict"])
-        confidence = GaugeMetricFamily("llm_latency_finding_confidence", "Confidence of a pending or active finding.",
-                                       labels=["target", "model", "regime", "severity", "state", "primary"])
-        evidence = GaugeMetricFamily("llm_latency_finding_evidence", "A number a finding is based on.",
-                                     labels=["target", "model", "regime", "evidence"])
-        threshold = GaugeMetricFamily("llm_latency_finding_threshold", "The threshold that number was compared with.",
-                                      labels=["target", "model", "regime", "evidence"])
-        remedy = GaugeMetricFamily("llm_latency_finding_remedy_info", "Remedies of a finding, in order.",
-                                   labels=["target", "model", "regime", "rank", "remedy"])
-        for d in self.diagnoses:
-            target, model = d["target"], d["model"]
-            verdict.add_metric([target, model, d["verdict"]], 1.0)
-            for f in d["findings"]:
-                regime = f["regime"]
-                confidence.add_metric([target, model, regime, f["severity"], f.get("state", "pending"),
-                                       "true" if f["primary"] else "false"], f["confidence"])
-                for e in f["evidence"]:
-                    if isinstance(e["value"], (int, float)) and not isinstance(e["value"], bool):
-                        evidence.add_metric([target, model, regime, e["name"]], float(e["value"]))
-                        if isinstance(e["threshold"], (int, float)) and e["op"] != "info":
-                            threshold.add_metric([target, model, regime, e["name"]], float(e["threshold"]))
-                for rank, text in enumerate(f["remedies"], 1):
-                    remedy.add_metric([target, model, regime, str(rank), text], 1.0)
-        alerts = GaugeMetricFamily("llm_latency_alert_state", "1 per pending or firing alert.",
-                                   labels=["alertname", "target", "severity", "state"])
-        for alertname, target, severity, state in self.alerts:
-            alerts.add_metric([alertname, target, severity, state], 1.0)
-        yield from (verdict, confidence, evidence, threshold, remedy, alerts)
-
-
-class CapacityCollector(RenderedPerRound):
-    """Exports the capacity signal (:mod:`app.capacity`); the list is replaced after each
-    diagnosis round."""
-
-    _data = ("assessments",)
-
-    def __init__(self) -> None:
-        self.assessments: list[Capacity] = []
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        labels = ["target", "model"]
-        desired = GaugeMetricFamily("llm_latency_capacity_desired_replicas",
-                                    "Replicas the current load needs; the current count when more replicas would "
-                                    "not help (see scaling_helps).", labels=labels)
-        current = GaugeMetricFamily("llm_latency_capacity_current_replicas",
-                                    "Replicas the signal was computed for: 1 for an engine, a service's replicas.",
-                                    labels=labels)
-        utilization = GaugeMetricFamily("llm_latency_capacity_utilization",
-                                        "Largest load input; 1 = exactly the current replicas.", labels=labels)
-        inputs = GaugeMetricFamily("llm_latency_capacity_input_utilization",
-                                   "One load input of the capacity signal (slots, kv_cache, arrival).",
-                                   labels=[*labels, "input"])
-        burn = GaugeMetricFamily("llm_latency_capacity_slo_burn_rate",
-                                 "Burn rate of the SLO burning fastest on the target, the lower of its two shortest "
-                                 "windows'; above 1 the signal asks for one more replica.", labels=[*labels, "slo"])
-        helps = GaugeMetricFamily("llm_latency_capacity_scaling_helps",
-                                  "1 when more or fewer replicas are the answer; 0 holds, reason says why.",
-                                  labels=[*labels, "reason"])
-        for c in self.assessments:
-            key = [c.target, c.model]
-            desired.add_metric(key, float(c.desired_replicas))
-            current.add_metric(key, float(c.current_replicas))
-            if c.utilization is not None:
-                utilization.add_metric(key, c.utilization)
-            for name, value in c.inputs.items():
-                inputs.add_metric([*key, name], value)
-            if c.slo is not None and c.slo_burn_rate is not None:
-                burn.add_metric([*key, c.slo], c.slo_burn_rate)
-            helps.add_metric([*key, c.reason], 1.0 if c.scaling_helps else 0.0)
-        yield from (desired, current, utilization, inputs, burn, helps)
 
 
 class Telemetry:

@@ -207,8 +207,8 @@ def run_offline(specs: list[dict], args: argparse.Namespace) -> tuple[dict[str, 
     from app.diagnosis.profile import HardwareProfile
     from app.emulator.simulation import Simulation
     from app.scrape.jobs import PageProcessor
-    from app.scrape.record import ScrapeRecord
     from app.store import db, repository
+    from app.store.record import ScrapeRecord
     from app.store.repository import SampleWriter
 
     t = DiagnosisConfig().thresholds

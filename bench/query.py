@@ -46,10 +46,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.exposition.parser import PageParser  # noqa: E402
-from app.scrape.record import ScrapeRecord  # noqa: E402
 from app.sources import ADAPTERS  # noqa: E402
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar  # noqa: E402
 from app.store.encoding import encode_counts  # noqa: E402
+from app.store.record import ScrapeRecord  # noqa: E402
 from app.store.repository import encode_floats  # noqa: E402
 
 PAGE = ROOT / "tests" / "fixtures" / "exposition" / "vllm-0.32-cpu-real.prom"

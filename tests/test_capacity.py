@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from app import capacity, latency
-from app.capacity import Capacity
+from app import latency
 from app.core.thresholds import Thresholds
+from app.diagnosis import capacity
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.capacity import Capacity
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
 from app.window import TargetWindow, merge_windows

@@ -11,26 +11,37 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig, ReceiverConfig
+from app.diagnosis.telemetry import DiagnosisCollector
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.sources import source_sums as slo_source_sums
 from app.slo.status import slo_statuses
+from app.slo.telemetry import SloCollector
 from app.store import db, repository
 from app.windows.base import WindowReader
 from app.windows.store import StoreWindows
 
 log = logging.getLogger(__name__)
 
-if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
+if TYPE_CHECKING:
     from app.promsource.service import SourceService
-    from app.telemetry import Telemetry
+
+
+class AlertTelemetry(Protocol):
+    """What the alerting round exports (:class:`app.telemetry.Telemetry`, which sits above the
+    features whose numbers it exports)."""
+
+    slo: SloCollector
+    diagnosis: DiagnosisCollector
+    alert_notifications: Counter
 
 
 def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]:
@@ -40,7 +51,7 @@ def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]
 
 
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
-                    eval_interval: float, telemetry: Telemetry | None = None,
+                    eval_interval: float, telemetry: AlertTelemetry | None = None,
                     now: float | None = None, windows: WindowReader | None = None,
                     sources: SourceService | None = None,
                     slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0) -> dict[str, int]:

@@ -566,7 +566,7 @@ class TargetConsistencyOut(BaseModel):
 
 class CapacityOut(BaseModel):
     """The capacity signal of one target (or Prometheus-source service) and model
-    (:mod:`app.capacity`): what ``llm_latency_capacity_*`` exports."""
+    (:mod:`app.diagnosis.capacity`): what ``llm_latency_capacity_*`` exports."""
 
     target: str
     model: str

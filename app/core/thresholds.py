@@ -111,7 +111,7 @@ class Thresholds(BaseModel):
                                                        "window count (seconds): longer than the canary interval "
                                                        "(default 5 m), so the finding holds between canaries.")
 
-    # capacity signal (app/capacity.py): replicas needed for the load, not a regime rule
+    # capacity signal (app/diagnosis/capacity.py): replicas needed for the load, not a regime rule
     capacity_kv_usage: float = Field(0.8, gt=0, le=1, description="Mean KV-cache usage per replica the capacity "
                                                                    "signal aims for: above it, a replica is short of "
                                                                    "KV blocks before it preempts (kv_usage, 0.9).")

@@ -22,8 +22,8 @@ from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
-from app.scrape.record import ScrapeRecord
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)

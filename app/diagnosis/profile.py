@@ -15,6 +15,8 @@ Example (targets YAML)::
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.core.hardware import GPUS, MODELS, WEIGHT_DTYPE_BYTES
@@ -68,3 +70,17 @@ class HardwareProfile(BaseModel):
         model = self.model or f"{self.parameter_count / 1e9:.1f}B params"
         tp = f" x TP{self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         return f"{model} {self.weight_dtype} on {gpu}{tp}"
+
+
+class ProfiledTarget(Protocol):
+    """A target with the hardware profile its decode floor comes from (a ``TargetConfig`` of the
+    targets YAML, which sits above the diagnosis)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def hardware(self) -> HardwareProfile | None: ...

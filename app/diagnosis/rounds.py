@@ -11,16 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import flag_modified
 
 from app import latency
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.diagnosis.telemetry import DiagnosisCollector
 from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
@@ -29,10 +30,6 @@ from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
 from app.windows.base import WindowReader
 from app.windows.store import StoreWindows
-
-if TYPE_CHECKING:  # both sit above the diagnosis: the config file validates thresholds, telemetry exports results
-    from app.config import DiagnosisConfig
-    from app.telemetry import DiagnosisCollector
 
 ROUND_CHUNK = 250  # targets whose windows are read and held at once (a few queries per chunk)
 PAGE_SIGNALS = ("ttft", "itl", "queue_time", "prefill_time")  # the fleet table's (TGI: TTFT = queue + prefill)

@@ -11,13 +11,26 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from app.config import TargetConfig
-    from app.diagnosis.profile import HardwareProfile
+
+class Scraped(Protocol):
+    """A target as the text helpers see it: where it is scraped (a ``TargetConfig``)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+class DecodeFloor(Protocol):
+    """A hardware profile as the text helpers see it (a ``HardwareProfile``)."""
+
+    @property
+    def decode_floor_seconds(self) -> float: ...
+
+    def describe(self) -> str: ...
 
 
 def prom_duration(seconds: float) -> str:
@@ -79,7 +92,7 @@ def instance_of(url: str) -> str:
     return netloc
 
 
-def instance_regex(targets: list[TargetConfig]) -> str:
+def instance_regex(targets: Sequence[Scraped]) -> str:
     alternatives: list[str] = []
     for target in targets:
         for alternative in instance_of(target.url).split("|"):
@@ -89,7 +102,7 @@ def instance_regex(targets: list[TargetConfig]) -> str:
     return "|".join(alternatives)
 
 
-def instance_selector(targets: list[TargetConfig], negate: bool = False) -> str:
+def instance_selector(targets: Sequence[Scraped], negate: bool = False) -> str:
     """``{instance="h:p"}`` / ``{instance=~"a|b"}`` (``!~`` with ``negate``), empty for no targets."""
     if not targets:
         return ""
@@ -103,7 +116,7 @@ def and_on(*parts: str, on: str) -> str:
     return f"\nand on({on}) ".join(f"({p})" if i else p for i, p in enumerate(parts))
 
 
-def decode_floor_text(profile: HardwareProfile) -> str:
+def decode_floor_text(profile: DecodeFloor) -> str:
     """``the 3.2ms decode floor (<profile>)``, as the alerts against a target's floor say it."""
     return f"the {human_seconds(float(f'{profile.decode_floor_seconds:.3g}'))} decode floor ({profile.describe()})"
 

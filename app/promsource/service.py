@@ -29,10 +29,10 @@ from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
-from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import repository
 from app.store.models import Target, TargetView
+from app.store.record import ScrapeRecord
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import aiohttp
 import yaml
@@ -58,8 +58,16 @@ from app.core.urls import check_url_in_file, validate_target_url
 from app.scrape.client import USER_AGENT, http_status_message
 from app.store import repository
 
-if TYPE_CHECKING:  # the targets file sits above the scrape layer; it holds these configs
-    from app.config import FileConfig
+
+class Discovery(Protocol):
+    """The discovery sections of the targets file (``app.config.FileConfig``, which sits above
+    the scrape layer and holds these configs)."""
+
+    @property
+    def file_sd_configs(self) -> Sequence[FileSDConfig]: ...
+
+    @property
+    def http_sd_configs(self) -> Sequence[HttpSDConfig]: ...
 
 log = logging.getLogger(__name__)
 SD_SOURCES = ("file_sd", "http_sd")  # Target.source of what this module discovers
@@ -450,7 +458,7 @@ class HttpSD:
         return parse_target_groups(data, self.origin, self.kind, self.allowed_hosts)
 
 
-def make_discoverers(config: FileConfig, base_dir: Path, allowed_hosts: list[str]) -> list[FileSD | HttpSD]:
+def make_discoverers(config: Discovery, base_dir: Path, allowed_hosts: list[str]) -> list[FileSD | HttpSD]:
     """One discoverer per ``file_sd_configs``/``http_sd_configs`` entry, named by its position."""
     out: list[FileSD | HttpSD] = [FileSD(f"file_sd_configs[{i}]", c, base_dir, allowed_hosts)
                                   for i, c in enumerate(config.file_sd_configs)]
@@ -475,7 +483,7 @@ class DiscoveryService:
         self._lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
 
-    def configure(self, config: FileConfig, base_dir: Path) -> None:
+    def configure(self, config: Discovery, base_dir: Path) -> None:
         self.discoverers = make_discoverers(config, base_dir, self.allowed_hosts)
         self._results = {d.origin: None for d in self.discoverers}
         self.status = {d.origin: OriginStatus(d.origin, d.kind, d.patterns if isinstance(d, FileSD)
@@ -543,7 +551,7 @@ class DiscoveryService:
                 await self.on_change()
 
 
-def check_discovery(config: FileConfig, base_dir: Path, allowed_hosts: list[str]) -> tuple[int, list[str]]:
+def check_discovery(config: Discovery, base_dir: Path, allowed_hosts: list[str]) -> tuple[int, list[str]]:
     """``check-config``: read every file SD file now; (targets found, problems). HTTP SD
     URLs are only validated (the config check does that), not fetched."""
     count, problems = 0, []

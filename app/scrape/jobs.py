@@ -19,9 +19,9 @@ from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
 from app.scrape.load_balancing import MESSAGE as LOAD_BALANCED
 from app.scrape.load_balancing import ReplicaDetector, counter_values, process_start_time
-from app.scrape.record import ScrapeRecord
 from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
 from app.sources.base import Canonical
+from app.store.record import ScrapeRecord
 
 log = logging.getLogger(__name__)
 

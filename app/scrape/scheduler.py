@@ -23,19 +23,32 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import Engine
 
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
-from app.scrape.record import ScrapeRecord
+from app.store.record import ScrapeRecord
 from app.store.repository import DatabaseUnavailable, SampleWriter
 
-if TYPE_CHECKING:  # the service's telemetry sits above the scrape path (it also collects probe results)
-    from app.telemetry import Telemetry
+
+class ScrapeTelemetry(Protocol):
+    """What the scrape path records in the service's telemetry (:class:`app.telemetry.Telemetry`,
+    which sits above it: it also collects probe and diagnosis results)."""
+
+    writes: Counter
+    write_seconds: Histogram
+    queue_depth: Gauge
+    not_owned: Counter
+
+    def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
+                      kept: int, malformed: int, ts: float) -> None: ...
+
+    def forget_target(self, target: str) -> None: ...
 
 log = logging.getLogger(__name__)
 MAX_PENDING = 200_000  # scrapes held in memory while the database is unreachable
@@ -50,7 +63,8 @@ def tune_collector() -> None:
 
 
 class ScrapeService:
-    def __init__(self, engine: Engine, telemetry: Telemetry, scheduler: AsyncIOScheduler, *, max_concurrency: int = 64,
+    def __init__(self, engine: Engine, telemetry: ScrapeTelemetry, scheduler: AsyncIOScheduler, *,
+                 max_concurrency: int = 64,
                  max_bytes: int = DEFAULT_MAX_PAGE_BYTES, connect_timeout: float = 3.0, jitter: float = 0.05,
                  write_interval: float = 0.5,
                  on_engine_detected: Callable[[int, str], None] | None = None,

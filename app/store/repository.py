@@ -81,7 +81,7 @@ from app.store.models import (
 )
 
 if TYPE_CHECKING:  # the scraper's output; the scrape package imports the store, not the reverse
-    from app.scrape.record import ScrapeRecord
+    from app.store.record import ScrapeRecord
 
 log = logging.getLogger(__name__)
 

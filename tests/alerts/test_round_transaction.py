@@ -19,10 +19,10 @@ from app.alerts import engine as alerts_engine
 from app.alerts.config import AlertsConfig
 from app.alerts.rounds import evaluate_alerts
 from app.emulator.simulation import Simulation
-from app.scrape.record import ScrapeRecord
 from app.slo import record as slo_record
 from app.slo import repository as slo_repository
 from app.store import repository
+from app.store.record import ScrapeRecord
 from tests.slo.harness import T0, SloHarness
 
 SLO = {"name": "ttft-99", "signal": "ttft", "threshold": "2.5s", "objective": "99%"}

@@ -25,13 +25,13 @@ from app.config import FileConfig
 from app.diagnosis.findings import REGIMES, Evidence, Finding
 from app.main import GZIP_MINIMUM_BYTES, create_app
 from app.rules_export import build_rules
-from app.scrape.record import ScrapeRecord
 from app.settings import Settings
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.status import slo_statuses
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from app.scrape.record import ScrapeRecord
 from app.store import repository
+from app.store.record import ScrapeRecord
 from tests.api.conftest import Service, counted_statements
 from tests.status.helpers import history_records
 

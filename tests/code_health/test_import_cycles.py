@@ -2,9 +2,10 @@
 others, and every module imports on its own.
 
 A package is the first two dotted components of a module (``app.scrape.jobs`` -> ``app.scrape``);
-a top-level module (``app.config``) is its own package. Imports inside functions count (they
-still tie the packages together); imports under ``if TYPE_CHECKING:`` do not (they are never
-executed and only name a type).
+a top-level module (``app.config``) is its own package. Every import counts: inside functions
+(they still tie the packages together) and under ``if TYPE_CHECKING:`` (a type named from a
+package above is a dependency on it all the same; a package below declares a ``Protocol`` for
+what it needs instead).
 """
 
 from __future__ import annotations
@@ -42,33 +43,13 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _executed_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (their ``else`` runs)."""
-    found: list[ast.AST] = []
-    pending: list[ast.AST] = [tree]
-    while pending:
-        node = pending.pop()
-        found.append(node)
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            pending.extend(node.orelse)
-        else:
-            pending.extend(ast.iter_child_nodes(node))
-    return found
-
-
 def imports(root: Path, top: str = "app") -> list[Import]:
     """The imports of ``top``'s modules (under ``root``) that name another ``top`` module."""
     found = []
     for path in sorted((root / top).rglob("*.py")):
         module = module_name(path, root)
         is_package = path.name == "__init__.py"
-        nodes = _executed_nodes(ast.parse(path.read_text(), str(path)))
+        nodes = list(ast.walk(ast.parse(path.read_text(), str(path))))
         for node in sorted(nodes, key=lambda node: getattr(node, "lineno", 0)):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -142,15 +123,14 @@ def test_the_checker_finds_a_cycle_through_a_function_level_import(tmp_path: Pat
                        "    app/high/b.py:1: app.high.b -> app.low")
 
 
-def test_the_checker_ignores_type_checking_imports_but_not_their_else(tmp_path: Path) -> None:
+def test_the_checker_counts_type_checking_imports(tmp_path: Path) -> None:
     root = _write(tmp_path, {
         "app/low/a.py": "import typing\nif typing.TYPE_CHECKING:\n    from app.high import b\n",
         "app/high/b.py": "from app.low import a\n",
     })
-    assert package_cycle(imports(root)) == []
-    (root / "app/low/a.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    from app.high import b\n")
     assert package_cycle(imports(root)) in (["app.low", "app.high", "app.low"], ["app.high", "app.low", "app.high"])
+    (root / "app/low/a.py").write_text("from typing import Protocol\nclass B(Protocol):\n    name: str\n")
+    assert package_cycle(imports(root)) == []
 
 
 # ----------------------------------------------------------------------------- the repository

@@ -16,9 +16,9 @@ import jsonschema
 import pytest
 import yaml
 
-from app.capacity import Capacity
+from app.diagnosis.capacity import Capacity
+from app.diagnosis.telemetry import CapacityCollector
 from app.promsource.service import target_name
-from app.telemetry import CapacityCollector
 from tests.deploy.test_kubernetes import VERSIONS, kubernetes_validate, operator_validation
 from tests.support.components import require_binary
 

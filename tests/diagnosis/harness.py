@@ -17,8 +17,8 @@ from app.diagnosis.profile import HardwareProfile
 from app.emulator import scenarios
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
-from app.scrape.record import ScrapeRecord
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.support.databases import migrated_sqlite
 

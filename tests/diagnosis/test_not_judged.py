@@ -20,8 +20,8 @@ from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
 from app.scrape.jobs import PageProcessor
-from app.scrape.record import ScrapeRecord
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 
 EXPOSITION = Path(__file__).parents[1] / "fixtures" / "exposition"

@@ -18,9 +18,9 @@ from app.diagnosis.rules import RULES, outside_engine
 from app.probe import repository as probe_repository
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult, period_consistency
-from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram
 from app.store import repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.diagnosis.test_rules import healthy_signals, summary
 

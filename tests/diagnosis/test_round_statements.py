@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from app import latency
-from app.config import DiagnosisConfig
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis import rounds
+from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.emulator.simulation import Simulation
 from app.runtime import scheduling
 from app.scrape.jobs import PageProcessor
-from app.scrape.record import ScrapeRecord
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.api.conftest import counted_statements
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from app.diagnosis import signals
-from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.support.databases import migrated_sqlite
 

@@ -35,9 +35,9 @@ from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
-from app.scrape.record import ScrapeRecord
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.window import merge_windows
 from app.windows import WindowError, Windows
 from app.windows.prometheus import PrometheusWindows

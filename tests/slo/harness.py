@@ -11,11 +11,11 @@ from pathlib import Path
 
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
-from app.scrape.record import ScrapeRecord
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.status import SloStatus, slo_statuses
 from app.store import db, repository
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.support.databases import migrated_sqlite
 

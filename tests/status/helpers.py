@@ -7,7 +7,7 @@ import re
 
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
-from app.scrape.record import ScrapeRecord
+from app.store.record import ScrapeRecord
 
 
 def stepping_page(scenario: str, engine: str = "vllm", seconds_per_scrape: float = 5.0, warmup: float = 30.0):

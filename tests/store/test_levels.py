@@ -14,9 +14,9 @@ import pytest
 from app import latency
 from app.core import quantiles
 from app.core.quantiles import HistogramSnapshot
-from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar
 from app.store import levels, repository, retention
+from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 
 BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)

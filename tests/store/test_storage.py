@@ -9,10 +9,10 @@ from sqlalchemy import inspect
 
 from app import latency
 from app.core import quantiles
-from app.scrape.record import ScrapeRecord
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, repository, retention
 from app.store.models import Scrape, Target
+from app.store.record import ScrapeRecord
 from app.store.repository import DatabaseUnavailable, SampleWriter
 from tests.support.plans import executed, plan
 

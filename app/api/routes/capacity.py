@@ -1,4 +1,4 @@
-"""The capacity signal: replicas each target or service needs for its load (:mod:`app.capacity`)."""
+"""The capacity signal: replicas each target or service needs for its load (:mod:`app.diagnosis.capacity`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app import capacity
 from app.api.common import current_diagnoses, get_or_404
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import CapacityOut
+from app.diagnosis import capacity
 from app.store import repository
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])

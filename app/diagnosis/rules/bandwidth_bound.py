@@ -32,8 +32,8 @@ from app.diagnosis.signals import Signals
 from app.promql.text import decode_floor_text, human_seconds, instance_selector, num
 
 if TYPE_CHECKING:
-    from app.config import TargetConfig
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.profile import ProfiledTarget
+    from app.diagnosis.rules.base import Twin
 
 
 def _steady(s: Signals, t: Thresholds) -> tuple[bool | None, str]:
@@ -117,7 +117,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
+def promql_profiled(x: Twin, target: ProfiledTarget) -> None:
     """Warning: slow, steady, small batch and within ``floor_ratio_max`` of the target's floor."""
     r, t, e = x.recorded, x.t, x.engine
     assert target.hardware is not None
@@ -134,7 +134,7 @@ def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
           {"target": target.name})
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Without a hardware profile: slow, steady and a small batch, at ``info`` (as the rule)."""
     r, t, e = x.recorded, x.t, x.engine
     others = instance_selector(x.hardware, negate=True)

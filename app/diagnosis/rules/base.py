@@ -12,18 +12,70 @@ and the dashboards are derived from that collection.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from app.core.quantiles import LatencySummary
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Evidence, Finding
+from app.diagnosis.profile import ProfiledTarget
 from app.diagnosis.signals import Signals
 
-if TYPE_CHECKING:
-    from app.config import TargetConfig
-    from app.rules_export import RegimeAlerts
+
+class TwinEngine(Protocol):
+    """One engine's exposition as a PromQL twin writes it (``app.rules_export.Engine``)."""
+
+    @property
+    def name(self) -> str: ...  # "vllm" | "tgi" | "sglang" | "trtllm"
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def labels(self) -> str: ...  # the aggregation labels, comma-separated
+
+    @property
+    def target_by(self) -> str: ...  # the labels of one target
+
+    @property
+    def rank_label(self) -> str | None: ...
+
+    def select(self, metric: str, selector: str = "") -> str: ...
+
+    def who(self) -> str: ...
+
+
+class Twin(Protocol):
+    """What a regime's PromQL twin writes its alerts with, for one engine
+    (``app.rules_export.RegimeAlerts``, which imports the regimes): the recorded series over the
+    regime window, the thresholds, the data gate every regime alert shares, and :meth:`add`."""
+
+    @property
+    def regime(self) -> str: ...
+
+    @property
+    def engine(self) -> TwinEngine: ...
+
+    @property
+    def recorded(self) -> dict[str, str | None]: ...
+
+    @property
+    def t(self) -> Thresholds: ...
+
+    @property
+    def w(self) -> str: ...  # the regime window as a Prometheus duration
+
+    @property
+    def hardware(self) -> Sequence[ProfiledTarget]: ...  # the targets with a hardware profile
+
+    @property
+    def gate(self) -> str: ...
+
+    def and_(self, *parts: str) -> str: ...
+
+    def add(self, severity: str, expr: str, summary: str, description: str,
+            extra: dict[str, str] | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,13 +111,13 @@ class Rule:
     #: Grafana named colour of this verdict on the dashboards' state timeline (``grafana/generate.py``)
     colour: str
     #: the Prometheus alerts of ``llm-latency rules export`` that say what ``evaluate`` says,
-    #: written with :class:`app.rules_export.RegimeAlerts`. For a regime that needs a
+    #: written with :class:`Twin` (``app.rules_export.RegimeAlerts``). For a regime that needs a
     #: target's hardware profile these are the alerts for the instances without one.
-    promql: Callable[[RegimeAlerts], None] | None
+    promql: Callable[[Twin], None] | None
     #: why there is no ``promql`` (exactly one of the two is given)
     no_promql: str = ""
     #: alerts against the decode floor of one target with a hardware profile
-    promql_profiled: Callable[[RegimeAlerts, TargetConfig], None] | None = None
+    promql_profiled: Callable[[Twin, ProfiledTarget], None] | None = None
     #: regimes this one's condition produces as *symptoms* (a full KV cache makes requests
     #: wait): when both fire, the engine names this one as the primary finding
     causes: tuple[str, ...] = ()
@@ -85,7 +137,7 @@ class Rule:
     #: carries (requests waiting for a slot, a KV cache too small for the batch). False where a
     #: request is slow however the load is spread (one prompt's prefill, decode at the memory
     #: bandwidth floor, stalls behind other prefills, offloaded weights) or the time is lost
-    #: outside the engine or between replicas: the capacity signal (:mod:`app.capacity`) then
+    #: outside the engine or between replicas: the capacity signal (:mod:`app.diagnosis.capacity`) then
     #: holds the replica count and names the regime.
     replicas_help: bool = False
 

@@ -29,7 +29,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -80,7 +80,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    remedies(s.engine, vllm, tgi, sglang))
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Per target, its ranks (vLLM's ``engine`` label, SGLang's ``dp_rank``) as the rule compares
     them: the busiest rank's mean waiting, the least busy one's, the load ratio between them, at
     least two ranks; critical at ``imbalance_critical_factor`` times the ratio. SGLang with fewer

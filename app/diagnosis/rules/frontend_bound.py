@@ -23,7 +23,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -65,7 +65,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    evidence, remedies(s.engine, vllm, tgi, sglang))
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     r, t, e = x.recorded, x.t, x.engine
     if r.get("render_mean") is None:
         return

@@ -20,7 +20,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -75,7 +75,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Usage + preemptions (or, without a preemption counter, requests waiting); critical at
     ``kv_critical_preemptions_per_second``. TGI exports no preemption counter: warning only."""
     r, t, e = x.recorded, x.t, x.engine

@@ -29,7 +29,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -101,7 +101,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                    remedies(s.engine, vllm, tgi, sglang, trtllm))
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Slow (mean and share) or failing transfers, on every engine that records a transfer-time
     histogram (vLLM NIXL, SGLang P/D, TensorRT-LLM under Dynamo), over at least
     ``kv_transfer_min_transfers`` completed + failed transfers like :func:`evaluate`."""

@@ -36,7 +36,7 @@ from app.diagnosis.step_budget import StepBudget
 from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 SMALL_BUDGET = 768  # an estimated budget up to 1.5 x 512 is "already small" (the estimate is +/-50 %)
 
@@ -142,7 +142,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """(Stall share, or p99/p50 with a p99 floor) + long prompts + running decodes; critical
     at ``interference_critical_stall_share`` or ``interference_critical_itl_p99_seconds``."""
     r, t, e = x.recorded, x.t, x.engine

@@ -31,7 +31,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -100,7 +100,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Warning at ``queue_seconds``, critical at ``queue_critical_factor`` times it."""
     r, t, e = x.recorded, x.t, x.engine
 

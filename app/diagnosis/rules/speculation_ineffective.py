@@ -27,7 +27,7 @@ from app.diagnosis.signals import Signals
 from app.promql.text import human_share, num
 
 if TYPE_CHECKING:
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.rules.base import Twin
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
@@ -98,7 +98,7 @@ def verification_steps(s: Signals) -> tuple[float, str]:
     return 0.0, "the engine exports no draft count, no ITL and no generated tokens"
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Low acceptance from what the engine exports (vLLM and TensorRT-LLM counters, SGLang's and
     TensorRT-LLM's gauges), over at least ``spec_min_drafts`` verification steps counted as
     :func:`verification_steps` counts them (the recorded ``spec_drafts``)."""

@@ -19,8 +19,8 @@ from app.diagnosis.signals import Signals
 from app.promql.text import decode_floor_text, human_seconds, instance_selector, num
 
 if TYPE_CHECKING:
-    from app.config import TargetConfig
-    from app.rules_export import RegimeAlerts
+    from app.diagnosis.profile import ProfiledTarget
+    from app.diagnosis.rules.base import Twin
 
 
 def _offload_gb(s: Signals) -> float:
@@ -70,7 +70,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     )
 
 
-def promql_profiled(x: RegimeAlerts, target: TargetConfig) -> None:
+def promql_profiled(x: Twin, target: ProfiledTarget) -> None:
     """Critical: slow decode at least ``offload_floor_ratio`` times the target's floor."""
     r, t, e = x.recorded, x.t, x.engine
     assert target.hardware is not None
@@ -90,7 +90,7 @@ OFFLOAD_CONFIGURED = '{cpu_offload_gb=~"[0-9.]+", cpu_offload_gb!~"0*\\\\.?0*"}'
 OFFLOAD_SLEEPING = '{sleep_state="weights_offloaded"}'
 
 
-def promql(x: RegimeAlerts) -> None:
+def promql(x: Twin) -> None:
     """Without a hardware profile (vLLM only): slow decode and the engine reports offloaded
     weights (``cpu_offload_gb > 0`` or the ``weights_offloaded`` sleep state). TGI reports neither."""
     r, t, e = x.recorded, x.t, x.engine
