@@ -48,7 +48,7 @@ from app.probe import canary
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig
 from app.probe.jobs import ProbeJobs
-from app.promsource.service import DISCOVERED_BY_SOURCES, SourceService
+from app.promsource.service import SourceService
 from app.replicas import membership as replicas
 from app.runtime import malloc, scheduling
 from app.runtime.changes import Changing
@@ -59,6 +59,7 @@ from app.settings import Settings
 from app.slo import repository as slo_repository
 from app.slo.config import SloObjective
 from app.store import db, repository, retention
+from app.store.models import DISCOVERED_BY_SOURCES
 from app.telemetry import Telemetry
 from app.windows import Windows
 from app.windows.prometheus import PrometheusWindows
@@ -303,7 +304,7 @@ class Monitor:
         return alert_rounds.evaluate_alerts(sessions or self.sessions, self.alerts_config,
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
-                                            now=now, windows=self.windows, sources=self.sources, slos=self.slos,
+                                            now=now, windows=self.windows, slos=self.slos,
                                             retention=self.settings.retention)
 
     def _prune_slo_increments(self, session: Session, before: float) -> int:

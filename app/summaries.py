@@ -20,11 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
 from app.latency import HISTOGRAM_SIGNALS, SignalSummary
-from app.promsource.service import DISCOVERED_BY_SOURCES, SOURCE_KIND
 from app.runtime.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
 from app.store import repository
-from app.store.models import TargetView
+from app.store.models import DISCOVERED_BY_SOURCES, SOURCE_KIND, TargetView
 from app.window import TargetWindow, merge_windows
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports

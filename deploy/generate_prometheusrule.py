@@ -52,8 +52,8 @@ def configmap_rules(configmap: Path) -> str:
     """``llm-latency rules export`` for the targets YAML inside ``configmap`` (a ConfigMap
     manifest with a ``targets.yaml`` key), as rule-file text."""
     sys.path.insert(0, str(DEPLOY.parent))  # the project, when run as a script from a checkout
-    from app.rules_export import render_rules
     from app.config import FileConfig
+    from app.rules_export import render_rules
 
     document = yaml.safe_load(configmap.read_text(encoding="utf-8"))
     targets = (document.get("data") or {}).get(CONFIGMAP_KEY) if isinstance(document, dict) else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
@@ -22,18 +22,13 @@ from app.alerts.config import AlertsConfig, ReceiverConfig
 from app.diagnosis.telemetry import DiagnosisCollector
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
-from app.slo.sources import source_sums as slo_source_sums
 from app.slo.status import slo_statuses
 from app.slo.telemetry import SloCollector
 from app.store import db, repository
+from app.windows import default_windows
 from app.windows.base import WindowReader
-from app.windows.store import StoreWindows
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from app.promsource.service import SourceService
-
 
 class AlertTelemetry(Protocol):
     """What the alerting round exports (:class:`app.telemetry.Telemetry`, which sits above the
@@ -53,7 +48,6 @@ def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
                     eval_interval: float, telemetry: AlertTelemetry | None = None,
                     now: float | None = None, windows: WindowReader | None = None,
-                    sources: SourceService | None = None,
                     slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0) -> dict[str, int]:
     """One alerting round; returns the numbers of conditions and of notifications written.
     ``generator_url`` is this service's alerts page, the ``generatorURL`` of every alert;
@@ -63,10 +57,10 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
     alerts read the same :class:`~app.slo.status.SloStatus` the API and ``/metrics`` show."""
     now = time.time() if now is None else now
     receivers = list(load_receivers(sessions).values())
+    reads = windows if windows is not None else default_windows()
     with sessions() as session:  # read before the round's transaction: a backend may be slow to answer
-        slo_reads, held = alerts_engine.slo_histograms(session, config, now, windows or StoreWindows())
-    source_sums, source_errors = ({}, {}) if sources is None or not slos else slo_source_sums(sessions, sources, slos,
-                                                                                           now)
+        slo_reads, held = alerts_engine.slo_histograms(session, config, now, reads)
+    source_sums, source_errors = reads.slo_sums(sessions, slos, now) if slos else ({}, {})
     if slos:
         # The recording first, in a transaction of its own: one that fails (another instance
         # wrote the same rows) must not stop alerting. It reads and then writes, so it holds

@@ -87,7 +87,7 @@ class Discovered:
 #: The step of the subquery that finds where a source's data of a period begins: under
 #: Prometheus' default 5 min lookback, so every sample is seen by some step (a coarser step
 #: misses a replica that lived between two steps). 10,080 points per replica over 28 d, a
-#: twentieth of what the period's bucket increases read; the answer is reused (app/slo/sources.py).
+#: twentieth of what the period's bucket increases read; the answer is reused (app/promsource/slo.py).
 FIRST_SEEN_STEP = 240.0
 
 
@@ -325,7 +325,7 @@ class SourceReader:
     def histograms_over(self, signal: str, windows: Sequence[float], end: float
                         ) -> list[dict[TargetKey, dict[str, WindowHistogram]]]:
         """Per window ending at ``end``: every target's ``signal`` histogram increase per model,
-        one query per window for all targets (the SLOs' exact SLI, app/slo/sources.py)."""
+        one query per window for all targets (the SLOs' exact SLI, app/promsource/slo.py)."""
         q = self._queries(None, None)
         answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
         return [{key: {name: _histogram(b) for name, b in per_model.items()}

@@ -29,18 +29,16 @@ from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
+from app.promsource.status import SourceStatus
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import repository
-from app.store.models import Target, TargetView
+from app.store.models import SERVICE_KIND, SOURCE_KIND, Target, TargetView
 from app.store.record import ScrapeRecord
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer")
 _Value = TypeVar("_Value")
-SOURCE_KIND = "prometheus"  # Target.source of a replica a Prometheus source discovered
-SERVICE_KIND = "service"  # Target.source of a group of those replicas (the source's service_labels)
-DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME = 63
@@ -103,33 +101,6 @@ def with_labelled_role(config: PrometheusSourceConfig, labels: dict[str, str] | 
 
 class SourceMissing(LookupError):
     """A discovered target whose source is no longer in the configuration."""
-
-
-@dataclass(slots=True)
-class SourceStatus:
-    """What ``GET /api/v1/sources`` reports about one source."""
-
-    name: str
-    kind: str
-    url: str
-    target_labels: list[str]
-    last_success: float | None = None
-    last_error: str | None = None
-    last_error_at: float | None = None
-    queries_last_round: int = 0
-    last_round_seconds: float | None = None
-    targets: int = 0
-    services: int = 0
-    down: int = 0
-    gone: int = 0
-    bad_series: dict[str, int] = field(default_factory=dict)  # series dropped since the start, by reason
-    refused: dict[str, str] = field(default_factory=dict)  # query -> why its last answer was too large
-
-    last_round_ok: bool | None = None  # None until the first round
-
-    @property
-    def failing(self) -> bool:
-        return self.last_round_ok is False
 
 
 @dataclass(slots=True)

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from app.core.quantiles import HistogramSnapshot
-from app.promsource.service import DISCOVERED_BY_SOURCES, SERVICE_KIND
 from app.slo import repository as slo_repository
 from app.slo.buckets import bound_index
 from app.slo.config import SloObjective
 from app.store import repository
-from app.store.models import Target
+from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, Target
 
 
 def matched_targets(session: Session, slo: SloObjective, targets: Sequence[Target] | None = None) -> list[Target]:

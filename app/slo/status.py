@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from app.core.durations import format_duration
-from app.promsource.service import DISCOVERED_BY_SOURCES
 from app.slo import buckets, record
 from app.slo import repository as slo_repository
 from app.slo.config import SloObjective
 from app.store import repository
-from app.store.models import Target
+from app.store.models import DISCOVERED_BY_SOURCES, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +182,19 @@ def _burn_alerts(slo: SloObjective, windows: dict[float, SloWindow]) -> tuple[Bu
                  for alert in slo.burn_alerts)
 
 
+#: per SLO name: per target id, (good, total, oldest) per span (the SLO's windows, then its period)
+SloSums = dict[str, dict[int, list[tuple[float, float, float | None]]]]
+#: per SLO name: per target id, why it is not evaluated
+SloErrors = dict[str, dict[int, str]]
+
+
 def slo_status(session: Session, slo: SloObjective, now: float, retention: float,
                targets: Sequence[Target] | None = None,
                source_sums: Mapping[int, Sequence[tuple[float, float, float | None]]] | None = None,
                source_errors: Mapping[int, str] | None = None) -> SloStatus:
     """The SLO now. ``source_sums``: per target a Prometheus source reads, (good, total,
     oldest) over each of :meth:`SloObjective.windows` then the period, as
-    :func:`app.slo.promql.source_sums` computes them; the other targets' come from
+    :meth:`app.windows.base.WindowReader.slo_sums` answers them; the other targets' come from
     ``slo_increments``. ``source_errors``: targets whose source could not answer."""
     chosen = record.matched_targets(session, slo, targets)
     own = [t for t in chosen if t.source not in DISCOVERED_BY_SOURCES]

@@ -52,8 +52,11 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, dict[str, str]: JSON, list[dict[str, Any]]: JSON}
 
 
+SOURCE_KIND = "prometheus"  # Target.source of a replica a Prometheus source discovered
+SERVICE_KIND = "service"  # Target.source of a group of those replicas (the source's service_labels)
+DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
 # Target.source values owned by discovery (file/HTTP SD, a Prometheus source's replicas and services)
-DISCOVERED_SOURCES = frozenset({"file_sd", "http_sd", "prometheus", "service"})
+DISCOVERED_SOURCES = frozenset({"file_sd", "http_sd", *DISCOVERED_BY_SOURCES})
 
 
 class Target(Base):

@@ -13,10 +13,12 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.latency import SignalSummary
-from app.promsource.service import DISCOVERED_BY_SOURCES, SERVICE_KIND
-from app.store.models import TargetView
+from app.slo.config import SloObjective
+from app.slo.status import SloErrors, SloSums
+from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, TargetView
 from app.window import TargetWindow
-from app.windows.base import HistogramsRead, WindowError, WindowReader, WindowsRead
+from app.windows.base import HistogramsRead, SourceStatus, WindowError, WindowReader, WindowsRead
+from app.windows.store import StoreWindows
 
 
 class Windows:
@@ -82,5 +84,26 @@ class Windows:
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
         return self.reader(target).prefill_of(session, target, start, end, decode)
 
+    def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
+                 ) -> tuple[SloSums, SloErrors]:
+        sums: SloSums = {}
+        errors: SloErrors = {}
+        for reader in (self.store, self.sources):
+            found, failed = reader.slo_sums(sessions, slos, now)
+            for name, sums_of in found.items():
+                sums.setdefault(name, {}).update(sums_of)
+            for name, errors_of in failed.items():
+                errors.setdefault(name, {}).update(errors_of)
+        return sums, errors
 
-__all__ = ["HistogramsRead", "WindowError", "WindowReader", "Windows", "WindowsRead"]
+    def statuses(self) -> list[SourceStatus]:
+        return [*self.store.statuses(), *self.sources.statuses()]
+
+
+def default_windows() -> WindowReader:
+    """The built-in store alone: what a round reads when the service has no sources (tests, the
+    one-shot diagnosis)."""
+    return StoreWindows()
+
+
+__all__ = ["HistogramsRead", "SourceStatus", "WindowError", "WindowReader", "Windows", "WindowsRead", "default_windows"]

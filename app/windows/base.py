@@ -17,6 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.quantiles import WindowHistogram
 from app.latency import SignalSummary
+from app.promsource.status import SourceStatus as SourceStatus  # features read a source's status from here
+from app.slo.config import SloObjective
+from app.slo.status import SloErrors, SloSums
 from app.store.models import TargetView
 from app.window import TargetWindow
 
@@ -111,4 +114,15 @@ class WindowReader(Protocol):
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
         """The prefill side of a P/D target (``decode``: its role says it decodes), summed, and
         the names of its targets; None when nothing pairs it."""
+        ...
+
+    def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
+                 ) -> tuple[SloSums, SloErrors]:
+        """Each SLO's (good, total, oldest) over its windows and period for the targets whose SLI
+        the backend computes on its server, and those it could not evaluate; the other targets'
+        SLIs are the increments the SLO feature records from their windows (the store: none here)."""
+        ...
+
+    def statuses(self) -> list[SourceStatus]:
+        """Each server the backend reads and how its last round went (the store: none)."""
         ...

@@ -17,9 +17,12 @@ from app import latency
 from app.latency import SignalSummary
 from app.promql.client import PromAPIError
 from app.promsource.service import SourceMissing, SourceService
+from app.promsource.slo import source_sums
+from app.slo.config import SloObjective
+from app.slo.status import SloErrors, SloSums
 from app.store.models import TargetView
 from app.window import TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, WindowError, WindowsRead
+from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, SourceStatus, WindowError, WindowsRead
 
 
 @contextmanager
@@ -98,3 +101,11 @@ class PrometheusWindows:
             return None
         with _answering(target):
             return self.sources.prefill_of(session, target, start, end)
+
+    def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
+                 ) -> tuple[SloSums, SloErrors]:
+        """By PromQL on each source's server (:func:`app.promsource.slo.source_sums`)."""
+        return source_sums(sessions, self.sources, slos, now) if slos else ({}, {})
+
+    def statuses(self) -> list[SourceStatus]:
+        return self.sources.statuses()

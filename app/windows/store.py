@@ -12,11 +12,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
 from app.latency import LoadedHistograms, SignalSummary
+from app.slo.config import SloObjective
+from app.slo.status import SloErrors, SloSums
 from app.sources.base import CanonicalInfo
 from app.store import repository
 from app.store.models import TargetView
 from app.window import TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, WindowsRead
+from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, SourceStatus, WindowsRead
 
 
 class StoreWindows:
@@ -75,3 +77,12 @@ class StoreWindows:
             return None
         seconds = end - start  # the window as the latency API gives it: its length before its end
         return [prefill.name], latency.store_window(session, [prefill.id], end - seconds, end, per_model=False)
+
+    def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
+                 ) -> tuple[SloSums, SloErrors]:
+        """None: the SLO feature records the increments of the store's targets itself."""
+        return {}, {}
+
+    def statuses(self) -> list[SourceStatus]:
+        """None: the store reads no other server."""
+        return []

@@ -19,7 +19,8 @@ import pytest
 
 from app.config import FileConfig
 from app.emulator.server import EmulatorFleet, TargetSpec
-from app.rules_export import ENGINES, render_rules
+from app.rules_export import render_rules
+from app.rules_export.engines import ENGINES
 from tests.support.alertmanager import running_alertmanager
 from tests.support.prometheus import running_prometheus
 from tests.support.receiver import WebhookReceiver

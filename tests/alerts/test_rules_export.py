@@ -30,16 +30,9 @@ from app.core.thresholds import Thresholds
 from app.diagnosis.findings import PROBE_REGIMES, REGIMES
 from app.diagnosis.rules import RULES, kv_cache_pressure, prefill_compute, prefill_interference, queueing
 from app.diagnosis.signals import Signals
-from app.promql.text import instance_of
-from app.rules_export import (
-    VLLM_ITL_BUCKETS,
-    build_rules,
-    num,
-    prom_duration,
-    quantile_name,
-    render_rules,
-    rules,
-)
+from app.promql.text import instance_of, num, prom_duration, quantile_name
+from app.rules_export import build_rules, render_rules, rules
+from app.rules_export.engines import VLLM_ITL_BUCKETS
 from tests.support.components import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]

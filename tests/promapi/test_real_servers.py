@@ -168,7 +168,7 @@ def test_victoria_metrics_answers_histogram_quantile(stack: Stack) -> None:
 
 
 def test_first_seen_is_within_a_step_of_the_first_sample(server: PrometheusHandle) -> None:
-    """Where a replica's data begins (the SLOs' coverage of a source, app/slo/sources.py): both
+    """Where a replica's data begins (the SLOs' coverage of a source, app/promsource/slo.py): both
     servers answer the subquery, within one 4 m step after the first raw sample they hold."""
     t = now_ms()
     raw = server.query('vllm:time_to_first_token_seconds_count{pod="a"}[1h]', time=t)["result"]

@@ -5,11 +5,11 @@ emulator's clock into the built-in store, where the recording round and the SLO 
 run every 30 s, and the same pages with the same timestamps are backfilled into a real
 Prometheus (tests/support/backfill.py). At the end:
 
-* Prometheus evaluates the exported recording rules' expressions (app/slo/rules.py): each
+* Prometheus evaluates the exported recording rules' expressions (app/rules_export/slos.py): each
   window's error ratio per instance is the built-in one within the edge difference (the
   service counts whole recorded rows, ``rate`` extrapolates the samples inside the window), and
   the burn-rate alerts the rules would fire are the ones the service fires;
-* a Prometheus source reading the same server (app/slo/sources.py, ``increase`` per window
+* a Prometheus source reading the same server (app/promsource/slo.py, ``increase`` per window
   in one query for all replicas) gives the exported rules' ratios exactly.
 """
 
@@ -25,8 +25,8 @@ from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import FIRST_SEEN_STEP
 from app.promsource.service import SourceService
-from app.slo.rules import ratio_name, slo_rules
-from app.slo.sources import period_reuse, source_sums
+from app.promsource.slo import period_reuse, source_sums
+from app.rules_export.slos import ratio_name, slo_rules
 from app.slo.status import slo_statuses
 from app.store import repository
 from tests.slo.harness import RETENTION, T0, SloHarness

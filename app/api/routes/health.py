@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from app.api.deps import MonitorDep
 from app.api.schemas import Liveness, Readiness, SourceOut
-from app.promsource.service import SourceStatus
+from app.windows.base import SourceStatus
 
 router = APIRouter(tags=["health"])
 
@@ -32,7 +32,7 @@ def readyz(monitor: MonitorDep, response: Response) -> dict[str, Any]:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unavailable", "database": f"{type(exc).__name__}: {exc}"[:300]}
     out: dict[str, Any] = {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers)}
-    statuses = monitor.sources.statuses()
+    statuses = monitor.windows.statuses()
     if statuses:
         out["sources"] = {s.name: source_state(s) for s in statuses}
     return out
@@ -59,4 +59,4 @@ def list_sources(monitor: MonitorDep) -> list[SourceOut]:
                       queries_last_round=s.queries_last_round, last_round_seconds=s.last_round_seconds,
                       targets=s.targets, services=s.services, down=s.down, gone=s.gone, bad_series=s.bad_series,
                       refused_answers=s.refused)
-            for s in monitor.sources.statuses()]
+            for s in monitor.windows.statuses()]

@@ -10,7 +10,6 @@ from fastapi import APIRouter
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import SloOut
 from app.core.durations import format_duration
-from app.slo.sources import source_sums
 from app.slo.status import BurnAlertState, SloStatus, SloWindow, slo_statuses
 
 router = APIRouter(prefix="/api/v1", tags=["slos"])
@@ -52,5 +51,5 @@ def list_slos(monitor: MonitorDep, session: SessionDep) -> list[dict]:
     budget left, burn rates, time to exhaustion, coverage; per matched target too. Reads what
     the alerting rounds recorded (and asks the Prometheus sources for their replicas)."""
     now = time.time()
-    sums, errors = source_sums(monitor.sessions, monitor.sources, monitor.slos, now) if monitor.slos else ({}, {})
+    sums, errors = monitor.windows.slo_sums(monitor.sessions, monitor.slos, now) if monitor.slos else ({}, {})
     return [slo_out(s) for s in slo_statuses(session, monitor.slos, now, monitor.settings.retention, sums, errors)]

@@ -67,17 +67,16 @@ from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
 from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
-from app.promsource.service import SOURCE_KIND, SourceStatus
 from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts, RoundMemo
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
-from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
+from app.store.models import DISCOVERED_SOURCES, SOURCE_KIND, ScrapeView, Target, TargetView
 from app.summaries import answers
 from app.window import TargetWindow
 from app.windows import WindowError
-from app.windows.base import TTFT_PARTS
+from app.windows.base import TTFT_PARTS, SourceStatus
 
 router = APIRouter(include_in_schema=False)
 
@@ -421,7 +420,7 @@ def scrape_health(scrape: ScrapeView | None, interval: float, now: float) -> Hea
 
 def failing_sources(monitor) -> dict[str, SourceStatus]:
     """The Prometheus sources whose last round failed, by name (in memory: no query)."""
-    return {s.name: s for s in monitor.sources.statuses() if s.failing}
+    return {s.name: s for s in monitor.windows.statuses() if s.failing}
 
 
 def stale_source(target: TargetView, failing: dict[str, SourceStatus]) -> SourceStatus | None:

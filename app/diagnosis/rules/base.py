@@ -24,7 +24,7 @@ from app.diagnosis.signals import Signals
 
 
 class TwinEngine(Protocol):
-    """One engine's exposition as a PromQL twin writes it (``app.rules_export.Engine``)."""
+    """One engine's exposition as a PromQL twin writes it (``app.rules_export.engines.Engine``)."""
 
     @property
     def name(self) -> str: ...  # "vllm" | "tgi" | "sglang" | "trtllm"
@@ -48,7 +48,7 @@ class TwinEngine(Protocol):
 
 class Twin(Protocol):
     """What a regime's PromQL twin writes its alerts with, for one engine
-    (``app.rules_export.RegimeAlerts``, which imports the regimes): the recorded series over the
+    (``app.rules_export.alerting.RegimeAlerts``, which imports the regimes): the recorded series over the
     regime window, the thresholds, the data gate every regime alert shares, and :meth:`add`."""
 
     @property
@@ -111,7 +111,7 @@ class Rule:
     #: Grafana named colour of this verdict on the dashboards' state timeline (``grafana/generate.py``)
     colour: str
     #: the Prometheus alerts of ``llm-latency rules export`` that say what ``evaluate`` says,
-    #: written with :class:`Twin` (``app.rules_export.RegimeAlerts``). For a regime that needs a
+    #: written with :class:`Twin` (``app.rules_export.alerting.RegimeAlerts``). For a regime that needs a
     #: target's hardware profile these are the alerts for the instances without one.
     promql: Callable[[Twin], None] | None
     #: why there is no ``promql`` (exactly one of the two is given)

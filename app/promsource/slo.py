@@ -24,28 +24,25 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.quantiles import WindowHistogram
 from app.promsource.reader import FIRST_SEEN_STEP
-from app.promsource.service import SOURCE_KIND, SourceService
+from app.promsource.service import SourceService
 from app.slo import buckets
 from app.slo.config import SloObjective
 from app.slo.record import matched_targets
+from app.slo.status import SloErrors, SloSums
 from app.store import repository
-from app.store.models import Target
-
-#: per SLO name: per target id, (good, total, oldest) per span
-Sums = dict[str, dict[int, list[tuple[float, float, float | None]]]]
-Errors = dict[str, dict[int, str]]
+from app.store.models import SOURCE_KIND, Target
 
 
 def source_sums(sessions: sessionmaker[Session], sources: SourceService, slos: Sequence[SloObjective],
-                now: float) -> tuple[Sums, Errors]:
+                now: float) -> tuple[SloSums, SloErrors]:
     """Every SLO's sums over its windows and period for the replicas sources read, and the
     replicas that could not be evaluated (source down, threshold not a bound). Runs outside any
     transaction: the queries may take a while."""
     with sessions() as session:
         targets = [t for t in repository.list_targets(session) if t.source == SOURCE_KIND]
         session.expunge_all()
-    sums: Sums = {}
-    errors: Errors = {}
+    sums: SloSums = {}
+    errors: SloErrors = {}
     for slo in slos:
         chosen = matched_targets(session, slo, targets)
         if not chosen:

@@ -1,0 +1,35 @@
+"""What a Prometheus source reports about itself (the type :mod:`app.windows.base` hands to
+features as the status of a backend that reads another server)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class SourceStatus:
+    """How a backend that reads another server (a Prometheus source) did in its last round: what
+    ``GET /api/v1/sources``, ``/readyz`` and the status page report. Errors are classified text,
+    never the server's."""
+
+    name: str
+    kind: str
+    url: str
+    target_labels: list[str]
+    last_success: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    queries_last_round: int = 0
+    last_round_seconds: float | None = None
+    targets: int = 0
+    services: int = 0
+    down: int = 0
+    gone: int = 0
+    bad_series: dict[str, int] = field(default_factory=dict)  # series dropped since the start, by reason
+    refused: dict[str, str] = field(default_factory=dict)  # query -> why its last answer was too large
+
+    last_round_ok: bool | None = None  # None until the first round
+
+    @property
+    def failing(self) -> bool:
+        return self.last_round_ok is False
