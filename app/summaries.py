@@ -22,7 +22,7 @@ from app import latency
 from app.latency import HISTOGRAM_SIGNALS, SignalSummary
 from app.runtime.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
-from app.store import repository
+from app.store import reads, repository
 from app.store.models import DISCOVERED_BY_SOURCES, SOURCE_KIND, TargetView
 from app.window import TargetWindow, merge_windows
 
@@ -72,7 +72,7 @@ def fleet_report(session: Session, seconds: float, end: float) -> dict[str, Any]
     summed by ``le`` over ``[end - seconds, end]``, read in a fixed number of set-based
     queries per chunk of targets whatever the number of targets."""
     targets, excluded = fleet_members(session)
-    windows = latency.store_windows(session, [t.id for t in targets], end - seconds, end, HISTOGRAM_SIGNALS)
+    windows = reads.store_windows(session, [t.id for t in targets], end - seconds, end, HISTOGRAM_SIGNALS)
     return fleet_body(targets, excluded, windows, end - seconds, end)
 
 
@@ -103,7 +103,7 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
     ``[end - window, end]`` for the collector, in one assignment (a Prometheus source's
     replicas from one set of queries per source), and, for ``keep``, the fleet view's answer
     over the same window, derived from the same windows: each stored target's samples are
-    read once per round (:func:`app.latency.store_windows`, bounded chunks of targets)."""
+    read once per round (:func:`app.store.reads.store_windows`, bounded chunks of targets)."""
     began = time.monotonic()
     end = time.time() if end is None else end
     start = end - window
@@ -113,7 +113,7 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
         everything = [*members, *excluded]
         current = [t for t in everything if t.gone_at is None and t.source not in DISCOVERED_BY_SOURCES]
         read = {t.id for t in current} | ({t.id for t in members} if keep is not None else set())
-        windows = latency.store_windows(session, sorted(read), start, end, HISTOGRAM_SIGNALS)
+        windows = reads.store_windows(session, sorted(read), start, end, HISTOGRAM_SIGNALS)
         for target in current:
             _time_summaries(target.name, windows[target.id], summaries)
         body = fleet_body(members, excluded, windows, start, end) if keep is not None else None

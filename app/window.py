@@ -1,6 +1,6 @@
 """What one target served over a window, independent of where the samples live.
 
-The built-in store (:func:`app.latency.store_window`) and a Prometheus source
+The built-in store (:func:`app.store.reads.store_window`) and a Prometheus source
 (:mod:`app.promsource.reader`) each fill a :class:`TargetWindow`; everything downstream -
 the latency report (:func:`app.latency.report_from_window`), the diagnosis signals
 (:func:`app.diagnosis.signals.from_window`), the SLO conditions - reads only this type, so

@@ -6,7 +6,7 @@ simulated timestamps, counters growing and one engine restart per target per day
 downsampling round, prunes raw samples older than the raw period (``--raw-hours``, the
 default 24 h), then times, on SQLite and PostgreSQL:
 
-* ``latency`` (``app.latency.latency_report``, every signal, per model) at 5m / 1h / 24h / 7d,
+* ``latency`` (``app.store.reads.latency_report``, every signal, per model) at 5m / 1h / 24h / 7d,
 * ``series`` TTFT q=0.99 over 24h and 7d at step 5m and 1h (lookback 5m, the API's default),
 * fleet latency (all targets summed by ``le``) at 1h / 24h,
 
@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 from app.exposition.parser import PageParser  # noqa: E402
 from app.sources import ADAPTERS  # noqa: E402
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar  # noqa: E402
+from app.store import reads  # noqa: E402
 from app.store.encoding import encode_counts  # noqa: E402
 from app.store.record import ScrapeRecord  # noqa: E402
 from app.store.repository import encode_floats  # noqa: E402
@@ -303,21 +304,20 @@ WINDOWS = {"5m": 300.0, "1h": 3600.0, "24h": DAY, "7d": 7 * DAY}
 
 
 def our_questions(sessions, ids: list[int], end: float, days: float) -> dict[str, Callable[[], object]]:
-    from app import latency
 
     out: dict[str, Callable[[], object]] = {}
     for label, w in WINDOWS.items():
         if w <= days * DAY:
-            out[f"latency {label}"] = lambda w=w: _with(sessions, lambda s: latency.latency_report(s, ids[:1], w, end))
+            out[f"latency {label}"] = lambda w=w: _with(sessions, lambda s: reads.latency_report(s, ids[:1], w, end))
     for span_label, span in (("24h", DAY), ("7d", 7 * DAY)):
         for step_label, step in (("5m", 300.0), ("1h", 3600.0)):
             if span <= days * DAY:
                 out[f"series {span_label} step {step_label}"] = lambda span=span, step=step: _with(
-                    sessions, lambda s: latency.quantile_series(s, ids[:1], "ttft", 0.99, span, step, 300.0, end))
+                    sessions, lambda s: reads.quantile_series(s, ids[:1], "ttft", 0.99, span, step, 300.0, end))
     for label in ("1h", "24h"):
         w = WINDOWS[label]
         if w <= days * DAY:
-            out[f"fleet {label}"] = lambda w=w: _with(sessions, lambda s: latency.latency_report(s, ids, w, end, False))
+            out[f"fleet {label}"] = lambda w=w: _with(sessions, lambda s: reads.latency_report(s, ids, w, end, False))
     return out
 
 

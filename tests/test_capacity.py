@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from app import latency
 from app.core.thresholds import Thresholds
 from app.diagnosis import capacity
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.capacity import Capacity
 from app.diagnosis.rules import RULES
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
+from app.store import reads
 from app.window import TargetWindow, merge_windows
 from tests.diagnosis.harness import T0, OfflineTarget, profile_of
 
@@ -129,7 +129,7 @@ def replicas(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[st
         windows = {}
         for target in targets:
             with target.sessions() as session:
-                windows[target.name] = latency.store_window(session, [target.target_id], end - WINDOW, end,
+                windows[target.name] = reads.store_window(session, [target.target_id], end - WINDOW, end,
                                                             DIAGNOSIS_HISTOGRAMS, diagnosis=True)
         yield windows
     finally:

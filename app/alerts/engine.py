@@ -39,9 +39,8 @@ from app.runtime.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow
-from app.windows import Windows
+from app.windows import Windows, default_windows
 from app.windows.base import HistogramsRead, WindowReader
-from app.windows.store import StoreWindows
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
@@ -242,7 +241,7 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
     (an error) keeps its burn-rate alerts as they are, for the same reason."""
     failed: set[str] = set()  # targets whose SLO conditions could not be evaluated: held too
     if slo_reads is None:
-        slo_reads = slo_histograms(session, config, now, StoreWindows())[0]
+        slo_reads = slo_histograms(session, config, now, default_windows())[0]
     conditions = {c.fp: c for c in (diagnosis_conditions(session, config)
                                     + slo_conditions(session, config, slo_reads, failed)
                                     + slo_burn_conditions(config, slo_statuses or [])

@@ -24,7 +24,6 @@ import time
 
 from sqlalchemy.orm import Session
 
-from app import latency
 from app.core.thresholds import Thresholds
 from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
@@ -35,8 +34,9 @@ from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
 from app.store import repository
-from app.store.models import FindingRow
+from app.store.models import FindingRow, Target
 from app.window import TargetWindow
+from app.windows import default_windows
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 RULE_ORDER = {rule.regime: i for i, rule in enumerate(RULES)}
@@ -136,8 +136,8 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     probe run of the target finished in the lookback (a round over many targets asks once for
     all of them), so there are no runs to compare."""
     if data is None:
-        data = latency.store_window(session, [target_id], end - window, end, signals_module.DIAGNOSIS_HISTOGRAMS,
-                                    diagnosis=True)
+        data = default_windows().window(session, session.get_one(Target, target_id), end - window, end,
+                                        signals_module.DIAGNOSIS_HISTOGRAMS, diagnosis=True)
     all_signals = signals_module.from_window(data, target, engine, hardware) or [
         Signals(target, "", engine, end - window, end, scrapes=data.scrapes)]
     for s in all_signals:

@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from app import latency
 from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
+from app.latency import report_from_window
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
+from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository
 from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
+from app.windows import default_windows
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
 #: Nothing fired, but some regime could not be judged (its signals are not on this engine's page):
@@ -109,8 +111,9 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
             end = records[-1].ts
             start = records[0].ts
             with sessions() as session:
-                report = latency.latency_report(session, [target.id], max(end - start, 1e-3), end) \
-                    if len(records) > 1 else {}
+                seconds = max(end - start, 1e-3)
+                report = report_from_window(default_windows().window(session, target, end - seconds, end,
+                                                                     HISTOGRAM_SIGNALS)) if len(records) > 1 else {}
                 diagnoses = diagnosis_engine.evaluate_target(
                     session, target.id, url, detected or "vllm", end, max(end - start, 1e-3), thresholds, hardware)
         finally:

@@ -28,8 +28,8 @@ from app.probe.canary import latest_single_request_baseline
 from app.runtime.scheduling import DIAGNOSIS_JOB, target_boundary
 from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
+from app.windows import default_windows
 from app.windows.base import WindowReader
-from app.windows.store import StoreWindows
 
 ROUND_CHUNK = 250  # targets whose windows are read and held at once (a few queries per chunk)
 PAGE_SIGNALS = ("ttft", "itl", "queue_time", "prefill_time")  # the fleet table's (TGI: TTFT = queue + prefill)
@@ -66,7 +66,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
     (:class:`RoundSummaries`)."""
     began = time.monotonic()
     now = time.time() if now is None else now
-    reads = windows if windows is not None else StoreWindows()
+    reads = windows if windows is not None else default_windows()
     reads.discover(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS)
     results: list[RoundResult] = []
     evaluated: list[tuple[int, Diagnosis]] = []

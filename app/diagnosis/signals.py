@@ -23,7 +23,9 @@ from app.diagnosis.step_budget import infer as infer_step_budget
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult
 from app.sources.base import CanonicalInfo
+from app.store.models import Target
 from app.window import ItlInterval, ModelWindow, TargetWindow
+from app.windows import default_windows
 
 DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
                         "generation_tokens", "iteration_tokens", "kv_transfer_time", "render_time")
@@ -260,7 +262,8 @@ def _stall_share(engine: str, itl: WindowHistogram | None, prefill: WindowHistog
 def compute(session: Session, target_id: int, target: str, engine: str, start: float, end: float,
             hardware: HardwareProfile | None = None) -> list[Signals]:
     """Signals for every model the target served in the window, from the built-in store."""
-    window = latency.store_window(session, [target_id], start, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    window = default_windows().window(session, session.get_one(Target, target_id), start, end, DIAGNOSIS_HISTOGRAMS,
+                                      diagnosis=True)
     return from_window(window, target, engine, hardware)
 
 

@@ -43,10 +43,10 @@ from dataclasses import asdict, dataclass, replace
 
 from sqlalchemy.orm import Session
 
-from app import latency
 from app.core.thresholds import Thresholds
 from app.probe import repository as probe_repository
 from app.probe.runner import LevelResult, ProbeResult
+from app.store import reads
 
 FINDING = "time is lost outside the engine (network, tokenization, API server)"
 #: Probe runs :func:`period_consistency` combines at most, the newest first: 15 minutes of
@@ -130,8 +130,8 @@ def _server_side(session: Session, target_id: int, start: float, end: float) -> 
     w_start, w_end = probe_repository.scrape_bracket(session, target_id, start, end)
     if w_start is None or w_end is None or w_end <= w_start:
         return _Server(w_start, w_end, None, None, None)
-    loaded = latency.load_histograms(session, [target_id], SERVER_SIGNALS, w_start, w_end)
-    summaries = latency.summarize_signals(loaded, w_start, w_end)
+    loaded = reads.load_histograms(session, [target_id], SERVER_SIGNALS, w_start, w_end)
+    summaries = reads.summarize_signals(loaded, w_start, w_end)
     ttft, queue = summaries.get("ttft"), summaries.get("queue_time")
     return _Server(w_start, w_end, None if ttft is None else ttft.count, None if ttft is None else ttft.mean,
                    None if queue is None else queue.mean)

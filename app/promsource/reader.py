@@ -360,7 +360,7 @@ class SourceReader:
                         where: dict[str, str] | None = None) -> list[dict]:
         """``histogram_quantile(q, sum by (le) (increase(x_bucket[lookback])))`` every ``step`` from
         ``first`` to ``end`` for one target, from one range query of the buckets (``q=None``: the
-        mean). Same points as the built-in store's :func:`app.latency.quantile_series`."""
+        mean). Same points as the built-in store's :func:`app.store.reads.quantile_series`."""
         q_text = self._queries(only, where).histogram(signal, lookback)
         answer = self.client.query_range(q_text, first, end, step)
         # target -> family -> t -> model -> {le: value}; per target its first family, then summed

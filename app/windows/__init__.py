@@ -17,7 +17,7 @@ from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, TargetView
 from app.window import TargetWindow
-from app.windows.base import HistogramsRead, SourceStatus, WindowError, WindowReader, WindowsRead
+from app.windows.base import HistogramHistory, HistogramsRead, SourceStatus, WindowError, WindowReader, WindowsRead
 from app.windows.store import StoreWindows
 
 
@@ -39,8 +39,8 @@ class Windows:
         return self.sources if target.source in DISCOVERED_BY_SOURCES else self.store
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str]) -> TargetWindow:
-        return self.reader(target).window(session, target, start, end, signals)
+               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+        return self.reader(target).window(session, target, start, end, signals, diagnosis)
 
     def _split(self, targets: Sequence[TargetView]) -> list[tuple[WindowReader, list[TargetView]]]:
         """``targets`` by backend, leaving out a backend with none (it is not asked)."""
@@ -83,6 +83,10 @@ class Windows:
     def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
         return self.reader(target).prefill_of(session, target, start, end, decode)
+
+    def history(self, session: Session, target: TargetView, signals: Sequence[str], start: float, end: float
+                ) -> HistogramHistory:
+        return self.reader(target).history(session, target, signals, start, end)
 
     def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
                  ) -> tuple[SloSums, SloErrors]:

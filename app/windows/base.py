@@ -66,15 +66,39 @@ class HistogramsRead:
     failed: set[int] = field(default_factory=set)
 
 
+class HistogramHistory(Protocol):
+    """A target's histograms over a span, for charts: the window histogram of a signal between
+    any two times in it (all models and ranks summed by ``le``)."""
+
+    @property
+    def signals(self) -> set[str]: ...  # the histogram signals it holds
+
+    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None: ...
+
+    def first_sample(self, signals: Sequence[str]) -> float | None: ...  # its oldest sample of any of them
+
+
+class NoHistory:
+    """:class:`HistogramHistory` of a target whose backend keeps none."""
+
+    signals: set[str] = set()
+
+    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None:
+        return None
+
+    def first_sample(self, signals: Sequence[str]) -> float | None:
+        return None
+
+
 class WindowReader(Protocol):
     """What a backend answers. ``session`` is the request's or round's database session (a
     backend that keeps no samples there does not use it); every method may raise
     :class:`WindowError` but :meth:`windows`, which reports failures per target instead."""
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str]) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
         """The target's window ``[start, end]``: histograms, gauges and rates, overall and per
-        model, and its engine configuration (``infos``)."""
+        model, and its engine configuration (``infos``); ``diagnosis`` as in :meth:`windows`."""
         ...
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
@@ -114,6 +138,12 @@ class WindowReader(Protocol):
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
         """The prefill side of a P/D target (``decode``: its role says it decodes), summed, and
         the names of its targets; None when nothing pairs it."""
+        ...
+
+    def history(self, session: Session, target: TargetView, signals: Sequence[str], start: float, end: float
+                ) -> HistogramHistory:
+        """The target's histograms of ``signals`` over ``[start, end]`` as a history any window
+        inside it can be read from (the status page's charts)."""
         ...
 
     def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float

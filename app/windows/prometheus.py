@@ -22,7 +22,16 @@ from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import TargetView
 from app.window import TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, SourceStatus, WindowError, WindowsRead
+from app.windows.base import (
+    FLEET_SIGNALS,
+    TTFT_PARTS,
+    HistogramHistory,
+    HistogramsRead,
+    NoHistory,
+    SourceStatus,
+    WindowError,
+    WindowsRead,
+)
 
 
 @contextmanager
@@ -56,9 +65,9 @@ class PrometheusWindows:
             self._round = ((now - window, now, tuple(signals)), found)
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str]) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
         with _answering(target):
-            return self.sources.window(target, start, end, signals)
+            return self.sources.window(target, start, end, signals, diagnosis)
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
@@ -101,6 +110,11 @@ class PrometheusWindows:
             return None
         with _answering(target):
             return self.sources.prefill_of(session, target, start, end)
+
+    def history(self, session: Session, target: TargetView, signals: Sequence[str], start: float, end: float
+                ) -> HistogramHistory:
+        """None kept: a source's targets have no charts."""
+        return NoHistory()
 
     def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
                  ) -> tuple[SloSums, SloErrors]:

@@ -11,34 +11,36 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.latency import LoadedHistograms, SignalSummary
+from app.latency import SignalSummary
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.sources.base import CanonicalInfo
-from app.store import repository
+from app.store import reads, repository
 from app.store.models import TargetView
+from app.store.reads import LoadedHistograms
 from app.window import TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramsRead, SourceStatus, WindowsRead
+from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramHistory, HistogramsRead, SourceStatus, WindowsRead
 
 
 class StoreWindows:
     """:class:`~app.windows.base.WindowReader` over the samples in the service's database."""
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str]) -> TargetWindow:
-        window = latency.store_window(session, [target.id], start, end, signals)
-        window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
-                        for i in repository.target_infos(session, target.id)]
+               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+        window = reads.store_window(session, [target.id], start, end, signals, diagnosis=diagnosis)
+        if not diagnosis:  # a diagnosis window has them already
+            window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
+                            for i in repository.target_infos(session, target.id)]
         return window
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
-        return WindowsRead(latency.store_windows(session, [t.id for t in targets], start, end, signals,
+        return WindowsRead(reads.store_windows(session, [t.id for t in targets], start, end, signals,
                                                  diagnosis=diagnosis))
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                    signals: Sequence[str]) -> HistogramsRead:
-        read = latency.store_histograms(session, [t.id for t in targets], start, end, signals)
+        read = reads.store_histograms(session, [t.id for t in targets], start, end, signals)
         # a signal without an increase in the window is absent, as in a source's answer
         return HistogramsRead({target_id: {s: h for s, h in found.items() if h is not None}
                                for target_id, found in read.items()})
@@ -60,13 +62,13 @@ class StoreWindows:
             by_target.setdefault(s.target_id, []).append(s)
         out = {}
         for t in targets:
-            summaries = latency.summarize_signals(LoadedHistograms(by_target.get(t.id, []), snapshots), start, end)
+            summaries = reads.summarize_signals(LoadedHistograms(by_target.get(t.id, []), snapshots), start, end)
             out[t.id] = {s: summary for s, summary in summaries.items() if s in FLEET_SIGNALS}
         return out
 
     def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
                         step: float, lookback: float, end: float, model: str | None) -> list[dict]:
-        return latency.quantile_series(session, [target.id], signal, q, span, step, lookback, end, model)
+        return reads.quantile_series(session, [target.id], signal, q, span, step, lookback, end, model)
 
     def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
@@ -76,7 +78,12 @@ class StoreWindows:
         if prefill is None:
             return None
         seconds = end - start  # the window as the latency API gives it: its length before its end
-        return [prefill.name], latency.store_window(session, [prefill.id], end - seconds, end, per_model=False)
+        return [prefill.name], reads.store_window(session, [prefill.id], end - seconds, end, per_model=False)
+
+    def history(self, session: Session, target: TargetView, signals: Sequence[str], start: float, end: float
+                ) -> HistogramHistory:
+        """Raw snapshots (a chart spans hours at most)."""
+        return reads.load_histograms(session, [target.id], signals, start, end)
 
     def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
                  ) -> tuple[SloSums, SloErrors]:

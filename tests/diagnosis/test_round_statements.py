@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from app import latency
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis import rounds
 from app.diagnosis.config import DiagnosisConfig
@@ -15,7 +14,7 @@ from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.emulator.simulation import Simulation
 from app.runtime import scheduling
 from app.scrape.jobs import PageProcessor
-from app.store import db, repository
+from app.store import db, reads, repository
 from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.api.conftest import counted_statements
@@ -78,9 +77,9 @@ def test_statements_per_round_do_not_grow_with_the_number_of_targets(tmp_path: P
 def test_a_rounds_windows_equal_each_targets_own(tmp_path: Path, pages: dict) -> None:
     engine, sessions, ids, now = _fleet(tmp_path, 6, pages)
     with sessions() as session:
-        together = latency.store_windows(session, ids, now - 60, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+        together = reads.store_windows(session, ids, now - 60, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
         for target_id in ids:
-            alone = latency.store_window(session, [target_id], now - 60, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+            alone = reads.store_window(session, [target_id], now - 60, now, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
             assert together[target_id] == alone, target_id
             # and the diagnosis made from it is the per-target path's
             a = diagnosis_engine.evaluate_target(session, target_id, "t", "vllm", now, 60.0,

@@ -14,7 +14,7 @@ import pytest
 
 from app.diagnosis import signals
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
-from app.store import db, repository
+from app.store import db, reads, repository
 from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 from tests.support.databases import migrated_sqlite
@@ -171,8 +171,8 @@ def test_the_diagnosis_json_is_what_asdict_gives(tmp_path: Path) -> None:
         target.run(180)
         end = round(HARNESS_T0 + target.sim.clock, 3)
         with target.sessions() as session:
-            window = signals.latency.store_window(session, [target.target_id], end - 120, end,
-                                                  signals.DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+            window = reads.store_window(session, [target.target_id], end - 120, end, signals.DIAGNOSIS_HISTOGRAMS,
+                                        diagnosis=True)
             (s,) = signals.from_window(window, "t", "vllm", target.hardware)
         diagnosis = diagnosis_engine.diagnose(s, Thresholds())
     finally:

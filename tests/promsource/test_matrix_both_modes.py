@@ -36,7 +36,7 @@ from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
 from app.sources.base import HISTOGRAM_SIGNALS
-from app.store import db, repository
+from app.store import db, reads, repository
 from app.store.record import ScrapeRecord
 from app.window import merge_windows
 from app.windows import WindowError, Windows
@@ -249,7 +249,7 @@ def test_latency_equals_prometheus_histogram_quantile(matrix: tuple[dict[str, Ca
             checked += 1
     assert checked == 12
     with case.target.sessions() as session:
-        store_report = latency.latency_report(session, [case.target.target_id], WINDOW_S, case.end)
+        store_report = reads.latency_report(session, [case.target.target_id], WINDOW_S, case.end)
     assert math.isclose(store_report["ttft"]["p99"], report["ttft"]["p99"], rel_tol=1e-9)
     assert store_report["ttft"]["intervals"] == report["ttft"]["intervals"]  # both sources carry the same bucket
     assert math.isclose(store_report["rates"]["requests_per_second"], report["rates"]["requests_per_second"],
@@ -415,7 +415,7 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
         for pod in ("kv_transfer-vllm", "healthy-vllm", "prefill_compute-vllm"):
             case = cases[pod]
             with case.target.sessions() as session:
-                stored[pod] = latency.store_window(session, [case.target.target_id], start, end)
+                stored[pod] = reads.store_window(session, [case.target.target_id], start, end)
         pool = merge_windows({p: stored[p] for p in ("healthy-vllm", "prefill_compute-vllm")}, start, end)
         expected = latency.pd_split(latency.report_from_window(stored["kv_transfer-vllm"]),
                                     latency.report_from_window(pool, per_model=False), split["prefill_targets"])
@@ -497,7 +497,7 @@ def test_same_verdict_from_victoria_metrics(vm_matrix: tuple[dict[str, Case], Pr
         (vm_diagnosis,) = diagnosis_engine.evaluate_target(
             session, case.target.target_id, case.pod, engine, end, WINDOW_S, thresholds, case.target.hardware,
             data=vm_window)
-        left_open = latency.store_window(session, [case.target.target_id], start + 0.001, end, DIAGNOSIS_HISTOGRAMS,
+        left_open = reads.store_window(session, [case.target.target_id], start + 0.001, end, DIAGNOSIS_HISTOGRAMS,
                                          diagnosis=True)
     expected = "healthy" if scenario.startswith("healthy") else scenario
     assert store_diagnosis.verdict == expected

@@ -29,7 +29,8 @@ from app.api.routes.status import (
 )
 from app.core.quantiles import HistogramSnapshot
 from app.diagnosis.rounds import RoundSummaries
-from app.latency import LoadedHistograms, SignalSummary
+from app.latency import SignalSummary
+from app.store.reads import LoadedHistograms
 from app.store.repository import SeriesRef
 
 

@@ -11,11 +11,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from app import latency
 from app.core import quantiles
 from app.core.quantiles import HistogramSnapshot
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar
-from app.store import levels, repository, retention
+from app.store import levels, reads, repository, retention
 from app.store.record import ScrapeRecord
 from app.store.repository import SampleWriter
 
@@ -165,11 +164,11 @@ def test_store_windows_from_levels_equal_raw_and_survive_raw_pruning(store) -> N
     before = {}
     with sessions() as session:
         for start, end in windows:
-            stored = latency.load_windows(session, [target_id], ("ttft", "generation_tokens_total", "kv_usage"),
+            stored = reads.load_windows(session, [target_id], ("ttft", "generation_tokens_total", "kv_usage"),
                                           start, end)
             rows_read = sum(len(t.chunks) for t in stored.timelines.values())
             assert rows_read < 0.2 * 3 * (end - start) / 15  # a fraction of the raw samples
-            window = latency.store_window(session, [target_id], start, end)
+            window = reads.store_window(session, [target_id], start, end)
             raw = quantiles.window_histogram(BOUNDS, history.snapshots, start, end)
             assert window.overall.histograms["ttft"] == raw
             assert window.overall.rates["generation_tokens_total"] == quantiles.rate(history.tokens, start, end)
@@ -178,7 +177,7 @@ def test_store_windows_from_levels_equal_raw_and_survive_raw_pruning(store) -> N
             assert (gauge.last, gauge.max) == (values[-1], max(values))
             assert gauge.mean == pytest.approx(sum(values) / len(values), rel=1e-12)
             before[(start, end)] = window.overall.histograms["ttft"]
-        series = latency.quantile_series(session, [target_id], "ttft", 0.99, 5 * HOUR, 300.0, HOUR, t0 + 6 * HOUR)
+        series = reads.quantile_series(session, [target_id], "ttft", 0.99, 5 * HOUR, 300.0, HOUR, t0 + 6 * HOUR)
     assert len(series) == 61
     for point in series:
         window = quantiles.window_histogram(BOUNDS, history.snapshots, point["ts"] - HOUR, point["ts"])
@@ -193,7 +192,7 @@ def test_store_windows_from_levels_equal_raw_and_survive_raw_pruning(store) -> N
             assert deleted["scrape_samples"] == len(history.snapshots)
             assert repository.histogram_snapshots(session, list(range(1, 10)), 0, 2 * t0) == {}
         for start, end in ((t0, t0 + 6 * HOUR), (t0 + 1800, t0 + 4 * HOUR)):
-            assert latency.store_window(session, [target_id], start, end).overall.histograms["ttft"] == before[
+            assert reads.store_window(session, [target_id], start, end).overall.histograms["ttft"] == before[
                 (start, end)]
 
 
@@ -273,7 +272,7 @@ def test_levels_answer_what_prometheus_answers(store, prometheus_over_history) -
     checked = 0
     with sessions() as session:
         for start, end in ((t0, t0 + 6 * HOUR), (t0 + 1800, t0 + 4 * HOUR), (t0 + HOUR, t0 + 5 * HOUR + 900)):
-            window = latency.store_window(session, [target_id], start, end)
+            window = reads.store_window(session, [target_id], start, end)
             ours = window.overall.histograms["ttft"]
             assert ours is not None
             w = f"{round(end - start)}s"
@@ -326,7 +325,7 @@ def test_migration_0007_converts_existing_samples_and_builds_levels(database_url
         levels_rows = session.execute(sa.text("SELECT count(*) FROM sample_levels WHERE level = 300")).scalar()
         assert levels_rows == 2 * len({s.ts // 300 for s in history.snapshots})
         start, end = t0 + 600, t0 + 3 * HOUR
-        stored_windows = latency.load_windows(session, [1], ("ttft", "generation_tokens_total"), start, end)
+        stored_windows = reads.load_windows(session, [1], ("ttft", "generation_tokens_total"), start, end)
         ref = next(s for s in stored_windows.series if s.signal == "ttft")
         assert stored_windows.window(ref, start, end) == quantiles.window_histogram(
             BOUNDS, history.snapshots, start, end)
@@ -363,14 +362,14 @@ def test_a_late_write_reopens_the_levels_it_falls_in(store) -> None:
     with sessions() as session:
         _, done = repository.level_progress(session)
         assert done == {300: t0 + 3000, 3600: t0}
-        window = latency.store_window(session, [target_id], t0, t0 + 3 * HOUR)
+        window = reads.store_window(session, [target_id], t0, t0 + 3 * HOUR)
         assert window.overall.histograms["ttft"] == quantiles.window_histogram(BOUNDS, history.snapshots, t0,
                                                                                t0 + 3 * HOUR)
     retention.downsample(sessions, now=t0 + 4 * HOUR)
     with sessions() as session:
         _, done = repository.level_progress(session)
         assert done == {300: t0 + 4 * HOUR - 300, 3600: t0 + 3 * HOUR}
-        stored = latency.load_windows(session, [target_id], ("ttft",), t0, t0 + 3 * HOUR)
+        stored = reads.load_windows(session, [target_id], ("ttft",), t0, t0 + 3 * HOUR)
         assert sum(len(t.chunks) for t in stored.timelines.values()) == 3  # the hourly rows alone
         assert stored.window(stored.series[0], t0, t0 + 3 * HOUR) == quantiles.window_histogram(
             BOUNDS, history.snapshots, t0, t0 + 3 * HOUR)

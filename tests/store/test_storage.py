@@ -7,10 +7,9 @@ import math
 import pytest
 from sqlalchemy import inspect
 
-from app import latency
 from app.core import quantiles
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
-from app.store import db, repository, retention
+from app.store import db, reads, repository, retention
 from app.store.models import Scrape, Target
 from app.store.record import ScrapeRecord
 from app.store.repository import DatabaseUnavailable, SampleWriter
@@ -118,7 +117,7 @@ def test_snapshots_round_trip_exactly_and_windows_span_a_restart(store) -> None:
                 == [("ttft", "histogram", "m", "0", TTFT_BOUNDS)])
         stored = repository.histogram_snapshots(session, [series[0].id], t0, t0 + 60)[series[0].id]
         assert [(p.ts, p.counts, p.sum) for p in stored] == [(ts, tuple(map(float, c)), s) for ts, c, s, _ in snapshots]
-        report = latency.latency_report(session, [target_id], 60.0, t0 + 60)
+        report = reads.latency_report(session, [target_id], 60.0, t0 + 60)
         infos = repository.target_infos(session, target_id)
     # The window [t0, t0+60] starts and ends on samples, so nothing is extrapolated:
     # per bucket, increase = last - first + (the value before each drop).
@@ -163,7 +162,7 @@ def test_ranks_are_summed_and_kv_usage_averaged(store) -> None:
         records.append(scrape)
     assert SampleWriter(engine).write(records) == 2
     with sessions() as session:
-        report = latency.latency_report(session, [target_id], 10.0, t0 + 10)
+        report = reads.latency_report(session, [target_id], 10.0, t0 + 10)
     assert report["ttft"]["count"] == 8.0
     assert report["gauges"]["kv_usage"]["last"] == pytest.approx(0.5)
 

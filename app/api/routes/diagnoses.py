@@ -24,6 +24,7 @@ from app.core.limits import UnixTime
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.runtime.kept import KeptParts
 from app.store import repository
 from app.store.models import FindingRow
@@ -92,7 +93,7 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     seconds, end = time_range(window or "5m", start, end)
     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
-    diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine,
-                                                 end, seconds,
-                                                 monitor.diagnosis_config.thresholds, hardware)
+    data = monitor.windows.window(session, target, end - seconds, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine, end, seconds,
+                                                 monitor.diagnosis_config.thresholds, hardware, data=data)
     return [d.to_dict() for d in diagnoses]

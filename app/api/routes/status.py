@@ -12,7 +12,7 @@ verdict. The page states the window once; ``?window=`` changes the percentiles' 
 and a verdict judged over another window then says so.
 
 Every number comes from the same functions as the JSON API
-(:func:`app.latency.summarize_signals`, the math of :func:`app.latency.quantile_series`,
+(:func:`app.store.reads.summarize_signals`, the math of :func:`app.store.reads.quantile_series`,
 :func:`app.api.common.current_diagnoses`), so the page and ``/api/v1/targets/{name}/latency``
 agree for the same window and ``end``. The index runs a fixed number of queries whatever
 the number of targets (one session; all histogram snapshots of the window in one query), and
@@ -65,7 +65,6 @@ from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
-from app.latency import LoadedHistograms
 from app.probe import repository as probe_repository
 from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts, RoundMemo
@@ -76,7 +75,7 @@ from app.store.models import DISCOVERED_SOURCES, SOURCE_KIND, ScrapeView, Target
 from app.summaries import answers
 from app.window import TargetWindow
 from app.windows import WindowError
-from app.windows.base import TTFT_PARTS, SourceStatus
+from app.windows.base import TTFT_PARTS, HistogramHistory, SourceStatus
 
 router = APIRouter(include_in_schema=False)
 
@@ -328,12 +327,12 @@ def chart_times(end: float, first_sample: float | None) -> tuple[float, list[flo
     return span, [end - span + k * step for k in range(CHART_STEPS + 1)]
 
 
-def quantile_points(loaded: LoadedHistograms, signal: str, qs: tuple[float, ...], times: list[float],
+def quantile_points(loaded: HistogramHistory, signal: str, qs: tuple[float, ...], times: list[float],
                     lookback: float) -> dict[float, list[float | None]]:
     """``histogram_quantile(q, sum by (le) (increase(signal[lookback])))`` at each time,
-    the math of :func:`app.latency.quantile_series`. TTFT without its own histogram (TGI)
+    the math of :func:`app.store.reads.quantile_series`. TTFT without its own histogram (TGI)
     is queue + prefill per quantile, like ``latency_report``."""
-    has = {s.signal for s in loaded.series}
+    has = loaded.signals
     parts = (signal,) if signal in has or signal != "ttft" else TTFT_PARTS
     out: dict[float, list[float | None]] = {q: [] for q in qs}
     for t in times:
@@ -350,12 +349,12 @@ def quantile_points(loaded: LoadedHistograms, signal: str, qs: tuple[float, ...]
     return out
 
 
-def build_chart(chart_id: str, signal: str, loaded: LoadedHistograms, end: float, lookback: float,
+def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float, lookback: float,
                 first_sample: float | None, width: int = 300, height: int = 60) -> Chart:
     span, times = chart_times(end, first_sample)
     points = quantile_points(loaded, signal, (0.5, 0.99), times, lookback)
     lines = [Line("p50", "p50", points[0.5]), Line("p99", "p99", points[0.99])]
-    has = {s.signal for s in loaded.series}
+    has = loaded.signals
     chart = Chart(chart_id, signal, SHORT_TITLES.get(signal, SIGNAL_TITLES.get(signal, signal)), span, lines,
                   width=width, height=height,
                   derived=signal == "ttft" and "ttft" not in has and all(p in has for p in TTFT_PARTS))
@@ -384,12 +383,6 @@ def build_chart(chart_id: str, signal: str, loaded: LoadedHistograms, end: float
                 ln.segments.append(" ".join(f"{x},{y}" for x, y in run))
             run = []
     return chart
-
-
-def first_sample_ts(loaded: LoadedHistograms, signals: tuple[str, ...]) -> float | None:
-    firsts = [loaded.snapshots[s.id][0].ts for s in loaded.series
-              if s.signal in signals and loaded.snapshots.get(s.id)]
-    return min(firsts) if firsts else None
 
 
 # --------------------------------------------------------------------------- view models
@@ -728,11 +721,10 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                 pass  # no numbers; its source's status says why
         infos = repository.target_infos(session, target.id)
         chart_signals = ("ttft", "itl", "queue_time", "e2e")
-        series = repository.find_series(session, [target.id], (*chart_signals, *TTFT_PARTS))
-        loaded = LoadedHistograms(series, repository.histogram_snapshots(
-            session, [s.id for s in series], end - CHART_SPAN - seconds, end))
-        first = first_sample_ts(loaded, (*chart_signals, *TTFT_PARTS))
-        has = {s.signal for s in series}
+        loaded = monitor.windows.history(session, target, (*chart_signals, *TTFT_PARTS), end - CHART_SPAN - seconds,
+                                         end)
+        first = loaded.first_sample((*chart_signals, *TTFT_PARTS))
+        has = loaded.signals
         charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
                   for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
