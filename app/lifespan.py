@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from app import summaries
+from app.alerts import repository as alert_repository
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
@@ -58,8 +59,9 @@ from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
 from app.slo import repository as slo_repository
 from app.slo.config import SloObjective
-from app.store import db, repository, retention
+from app.store import db, retention
 from app.store.models import DISCOVERED_BY_SOURCES
+from app.targets import repository as target_repository
 from app.telemetry import Telemetry
 from app.windows import Windows
 from app.windows.prometheus import PrometheusWindows
@@ -151,8 +153,9 @@ class Monitor:
         self.sources.configure(config.sources)
         self.discovery.configure(config, self.settings.config_file.parent)
         with self.sessions.begin() as session:
-            repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
-            repository.sync_config_receivers(session, [r.model_dump(mode="json") for r in config.alerts.receivers],
+            target_repository.sync_config_targets(session, [t.model_dump(mode="json") for t in config.targets])
+            alert_repository.sync_config_receivers(session,
+                                                   [r.model_dump(mode="json") for r in config.alerts.receivers],
                                              time.time())
 
     def target_specs(self) -> list[TargetSpec]:
@@ -162,7 +165,7 @@ class Monitor:
                 TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
                                t.scrape_interval or s.default_scrape_interval), dict(t.labels))
-                for t in repository.list_targets(session)
+                for t in target_repository.list_targets(session)
                 if t.source not in DISCOVERED_BY_SOURCES and t.gone_at is None
             ]
 
@@ -247,7 +250,7 @@ class Monitor:
     def _engine_detected(self, target_id: int, engine: str) -> None:
         def store() -> None:
             with self.sessions.begin() as session:
-                repository.set_detected_engine(session, target_id, engine)
+                target_repository.set_detected_engine(session, target_id, engine)
         asyncio.get_running_loop().run_in_executor(None, store)
 
     def _source_view(self, target: str, up: bool, ts: float) -> None:

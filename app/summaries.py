@@ -24,6 +24,7 @@ from app.runtime.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
 from app.store import reads, repository
 from app.store.models import DISCOVERED_BY_SOURCES, SOURCE_KIND, TargetView
+from app.targets import repository as target_repository
 from app.window import TargetWindow, merge_windows
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
@@ -61,7 +62,7 @@ def fleet_members(session: Session) -> tuple[list[TargetView], list[TargetView]]
     latest = repository.latest_scrapes(session)
     targets: list[TargetView] = []
     excluded: list[TargetView] = []
-    for target in repository.target_rows(session):
+    for target in target_repository.target_rows(session):
         scrape = latest.get(target.id)
         (excluded if scrape is not None and scrape.error_class == "load_balanced" else targets).append(target)
     return targets, excluded

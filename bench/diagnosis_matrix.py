@@ -61,6 +61,7 @@ import yaml
 
 from app.config import DiagnosisConfig
 from app.emulator import scenarios
+from app.targets import repository as target_repository
 
 STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_interference", "bandwidth_bound",
           "kv_cache_pressure", "weights_offloaded", "kv_transfer", "speculation_ineffective", "dp_imbalance",
@@ -207,9 +208,9 @@ def run_offline(specs: list[dict], args: argparse.Namespace) -> tuple[dict[str, 
     from app.diagnosis.profile import HardwareProfile
     from app.emulator.simulation import Simulation
     from app.scrape.jobs import PageProcessor
-    from app.store import db, repository
+    from app.store import db
     from app.store.record import ScrapeRecord
-    from app.store.repository import SampleWriter
+    from app.store.writer import SampleWriter
 
     t = DiagnosisConfig().thresholds
     timeline: dict[str, list[tuple[float, str, list, list]]] = {}
@@ -222,7 +223,7 @@ def run_offline(specs: list[dict], args: argparse.Namespace) -> tuple[dict[str, 
             sessions = db.make_sessionmaker(sql)
             hardware = HardwareProfile(**hardware_of(spec["scenario"]))
             with sessions.begin() as session:
-                target_id = repository.create_target(session, name=spec["name"], url="http://emulated/metrics",
+                target_id = target_repository.create_target(session, name=spec["name"], url="http://emulated/metrics",
                                                      engine="auto", labels={}).id
             sim = Simulation(spec["scenario"], engine=spec["engine"], seed=spec["seed"])
             sim.run_for(WARMUP)

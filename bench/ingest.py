@@ -477,7 +477,8 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
     from app.scrape.scheduler import tune_collector
     from app.store import db
     from app.store.levels import LEVELS
-    from app.store.repository import SampleWriter, create_target
+    from app.store.writer import SampleWriter
+    from app.targets.repository import create_target
 
     assert kind.server is not None
     result = PathResult(kind.key, db_label, n_targets, rounds)

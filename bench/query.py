@@ -179,7 +179,9 @@ def build(url: str, targets: int, days: float, end: float, raw_hours: float,
     never pile up beyond the raw period (7 days of raw samples for 20 targets would be tens
     of GB). Write CPU counts ``SampleWriter.write`` only; the simulation and the
     OpenMetrics lines for Prometheus are not counted."""
-    from app.store import db, repository, retention
+    from app.store import db, retention
+    from app.store.writer import SampleWriter
+    from app.targets import repository as target_repository
 
     db.upgrade(url)
     engine = db.make_engine(url)
@@ -188,9 +190,10 @@ def build(url: str, targets: int, days: float, end: float, raw_hours: float,
     ids = []
     with sessions.begin() as session:
         for t in range(targets):
-            ids.append(repository.create_target(session, name=f"t{t}", url=f"http://127.0.0.1:1/{t}", engine="vllm",
+            ids.append(target_repository.create_target(session, name=f"t{t}", url=f"http://127.0.0.1:1/{t}",
+                       engine="vllm",
                                                 labels={}, scrape_interval=INTERVAL, scrape_timeout=5.0).id)
-    writer = repository.SampleWriter(engine)
+    writer = SampleWriter(engine)
     start = end - days * DAY
     if engine.dialect.name == "postgresql":  # the days of the history get their partitions, as a live service's do
         from app.store import partitions

@@ -250,12 +250,13 @@ def migrated_url(database_url: str) -> str:
 @pytest.fixture
 def store(migrated_url: str) -> Iterator[tuple]:
     """A migrated database with one target ``t1``: (SQLAlchemy engine, sessionmaker, target id)."""
-    from app.store import db, repository
+    from app.store import db
+    from app.targets import repository as target_repository
 
     engine = db.make_engine(migrated_url)
     sessions = db.make_sessionmaker(engine)
     with sessions.begin() as session:
-        target = repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
+        target = target_repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
                                           labels={}, scrape_interval=15.0, scrape_timeout=5.0)
         target_id = target.id
     yield engine, sessions, target_id

@@ -10,7 +10,7 @@ from sqlalchemy import text
 from app.runtime.changes import Changing, changes
 from app.store import db
 from app.store.models import Target
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
 from tests.store.test_storage import record
 
 

@@ -14,6 +14,7 @@ from app.runtime import scheduling
 from app.scrape.jobs import TargetSpec
 from app.scrape.scheduler import ScrapeService
 from app.store import db, repository
+from app.targets import repository as target_repository
 from app.telemetry import Telemetry
 from tests.conftest import scratch_postgres_database
 from tests.support.engine_pages import VllmPage
@@ -36,7 +37,7 @@ def test_the_old_owner_neither_scrapes_nor_writes_a_target_handed_over(a_heartbe
         engine = db.make_engine(database.url)
         sessions = db.make_sessionmaker(engine)
         with sessions.begin() as session:
-            target_id = repository.create_target(session, name=NAME, url=page.url, engine="vllm", labels={}).id
+            target_id = target_repository.create_target(session, name=NAME, url=page.url, engine="vllm", labels={}).id
         spec = TargetSpec(target_id, NAME, page.url, "vllm", 15.0, 2.0)
         members = {r: Membership(sessions, r, EXPIRY, clock=now, shared_clock=lambda _: now()) for r in (A, B)}
         ownerships = {r: Ownership(r, 1.5 * HEARTBEAT) for r in (A, B)}

@@ -31,9 +31,9 @@ from collections.abc import Callable
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.alerts import repository as alert_repository
 from app.alerts.config import ReceiverConfig
 from app.alerts.schemas import alertmanager_post_at
-from app.store import repository
 from app.store.models import NotificationRow
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class DeliveryWorker:
         claims = claims or {}
         due = []
         with self.sessions.begin() as session:
-            heads = repository.pending_notification_heads(session, lock=True)
+            heads = alert_repository.pending_notification_heads(session, lock=True)
             # an expired head hands its group to the next notification in this same run
             while expired := [row for row in heads if now - row.created_at > self.max_age]:
                 for row in expired:
@@ -121,7 +121,7 @@ class DeliveryWorker:
                         reason = f" after {tries}: {row.last_error or 'no error recorded'}"
                     row.state, row.last_error = "expired", f"not delivered within {self.max_age:g}s{reason}"
                 session.flush()
-                heads = repository.pending_notification_heads(session, lock=True)
+                heads = alert_repository.pending_notification_heads(session, lock=True)
             for row in heads:
                 if row.next_attempt_at <= now:
                     due.append((row.id, row.receiver, row.body, row.attempts, row.created_at))
@@ -182,7 +182,7 @@ class DeliveryWorker:
             row = session.get(NotificationRow, notification_id)
             if row is None:
                 return
-            repository.record_attempt(session, row, ts, status_code, latency, response, error)
+            alert_repository.record_attempt(session, row, ts, status_code, latency, response, error)
             if ok:
                 row.state, row.delivered_at, row.last_error = "delivered", ts, None
             else:

@@ -29,16 +29,19 @@ from urllib.parse import quote
 from sqlalchemy.orm import Session
 
 from app import latency
+from app.alerts import repository as alert_repository
 from app.alerts import silences as silence_rules
 from app.alerts.config import SLO_BURN, TARGET_DOWN, AlertsConfig, ReceiverConfig, regime_alertname, runbook_url
 from app.alerts.schemas import AlertInstance, fingerprint, group_key, notification_body
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import Evidence
 from app.runtime.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.store import repository
 from app.store.models import AlertRow, NotificationLogRow
+from app.targets import repository as target_repository
 from app.windows import Windows, default_windows
 from app.windows.base import HistogramsRead, WindowReader
 
@@ -67,8 +70,8 @@ def _links(config: AlertsConfig, target: str, alertname: str) -> dict[str, str]:
 
 def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
     out = []
-    target_labels = {t.name: dict(t.labels) for t in repository.list_targets(session)}
-    for target, row in repository.finding_history(session, states=("active",)):
+    target_labels = {t.name: dict(t.labels) for t in target_repository.list_targets(session)}
+    for target, row in diagnosis_repository.finding_history(session, states=("active",)):
         labels_extra = target_labels.get(target, {})
         details = row.details
         evidence = "; ".join(Evidence.from_dict(e).text() for e in details.get("evidence", []) if e.get("op") != "info")
@@ -100,7 +103,7 @@ def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: 
     answer (their SLO alerts are held: missing data neither fires nor resolves an alert)."""
     if not config.slos:
         return {}, frozenset()
-    targets = [t for t in repository.list_targets(session) if t.gone_at is None and not Windows.is_aggregate(t)]
+    targets = [t for t in target_repository.list_targets(session) if t.gone_at is None and not Windows.is_aggregate(t)]
     out: dict[float, HistogramsRead] = {}
     held: set[str] = set()
     for length in sorted({slo.window for slo in config.slos}):
@@ -117,7 +120,7 @@ def slo_conditions(session: Session, config: AlertsConfig, by_length: dict[float
     """``by_length``: :func:`slo_histograms`. The names of targets that could not be evaluated
     are added to ``failed``."""
     out = []
-    targets = [t for t in repository.list_targets(session) if t.gone_at is None]
+    targets = [t for t in target_repository.list_targets(session) if t.gone_at is None]
     for slo in config.slos:
         chosen = [t for t in targets if slo.covers(t.name)]
         for target in chosen:
@@ -211,7 +214,7 @@ def slo_burn_conditions(config: AlertsConfig, statuses: list[SloStatus]) -> list
 def target_down_conditions(session: Session, config: AlertsConfig) -> list[Condition]:
     out = []
     latest = repository.latest_scrapes(session)
-    for target in repository.target_rows(session):
+    for target in target_repository.target_rows(session):
         scrape = latest.get(target.id)
         if scrape is None or scrape.up or target.gone_at is not None:  # a gone replica is not down
             continue
@@ -248,14 +251,14 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
                                     + target_down_conditions(session, config))}
     unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}
     held = held_targets | failed
-    rows = {row.fingerprint: row for row in repository.open_alerts(session)
+    rows = {row.fingerprint: row for row in alert_repository.open_alerts(session)
             if not (row.labels.get("slo") and row.labels.get("target") in held)
             and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
-        row = rows.get(fp) or repository.get_alert(session, fp)
+        row = rows.get(fp) or alert_repository.get_alert(session, fp)
         if row is None or row.state == "resolved":
-            row = repository.start_alert(session, row, fp, cond.labels, cond.annotations, gk, now, cond.value)
+            row = alert_repository.start_alert(session, row, fp, cond.labels, cond.annotations, gk, now, cond.value)
         else:
             row.annotations, row.value, row.last_evaluated = cond.annotations, cond.value, now
         if row.state == "pending" and now - row.active_since >= cond.for_:
@@ -268,7 +271,7 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
         elif row.ends_at is not None:  # pending again after an episode that fired: still that resolved alert
             row.state, row.last_evaluated = "resolved", now
         else:
-            repository.delete_alert(session, row)  # pending that cleared: never was an alert
+            alert_repository.delete_alert(session, row)  # pending that cleared: never was an alert
     session.flush()
     valid_for = 4 * max(eval_interval, config.resend_interval)
     created = plan_notifications(session, config, receivers, now, generator_url, valid_for)
@@ -291,13 +294,13 @@ def plan_notifications(session: Session, config: AlertsConfig, receivers: list[R
     next round.
     """
     names = [r.name for r in receivers]
-    repository.delete_notification_logs(session, names, idle_before=now - config.group_interval)
-    logs = repository.notification_logs(session)
+    alert_repository.delete_notification_logs(session, names, idle_before=now - config.group_interval)
+    logs = alert_repository.notification_logs(session)
     told = {fp for log in logs.values() for fp in log.firing}
     by_group: dict[str, list[AlertRow]] = {gk: [] for _, gk in logs}
-    for row in repository.notifiable_alerts(session, told):
+    for row in alert_repository.notifiable_alerts(session, told):
         by_group.setdefault(row.group_key, []).append(row)
-    active_silences = repository.active_silences(session, now)
+    active_silences = alert_repository.active_silences(session, now)
     muted = {row.fingerprint for rows in by_group.values() for row in rows
              if silence_rules.silenced_by(active_silences, row.labels, now)}
     created = 0
@@ -320,10 +323,10 @@ def plan_notifications(session: Session, config: AlertsConfig, receivers: list[R
                                             r.ends_at, generator_url) for r in resolved]
                 status, body = notification_body(receiver.kind, receiver.name, group_labels, instances,
                                                  config.external_url, valid_until=now + valid_for)
-                repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, status, body, now)
+                alert_repository.enqueue_notification(session, str(uuid.uuid4()), receiver.name, gk, status, body, now)
                 created += 1
                 keep = (keep - {r.fingerprint for r in resolved}) | {r.fingerprint for r in firing}
-                repository.save_notification_log(session, log, receiver.name, gk, sorted(keep), now)
+                alert_repository.save_notification_log(session, log, receiver.name, gk, sorted(keep), now)
             elif log is not None and keep != was_firing:  # forget what will never be sent (no longer routed ...)
                 log.firing = sorted(keep)
     return created
@@ -342,7 +345,7 @@ def _due(session: Session, config: AlertsConfig, receiver: ReceiverConfig, gk: s
         # Alertmanager is down) gets its endsAt counted from its delivery: queueing more
         # would only pile up copies
         return (firing and now - log.sent_at >= config.resend_interval
-                and not repository.has_pending_notification(session, receiver.name, gk))
+                and not alert_repository.has_pending_notification(session, receiver.name, gk))
     return firing and now - log.sent_at >= config.repeat_interval
 
 

@@ -18,13 +18,14 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.alerts import engine as alerts_engine
+from app.alerts import repository as alert_repository
 from app.alerts.config import AlertsConfig, ReceiverConfig
 from app.diagnosis.telemetry import DiagnosisCollector
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.status import slo_statuses
 from app.slo.telemetry import SloCollector
-from app.store import db, repository
+from app.store import db
 from app.windows import default_windows
 from app.windows.base import WindowReader
 
@@ -42,7 +43,7 @@ class AlertTelemetry(Protocol):
 def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]:
     """The configured receivers by name, as stored (config file and API)."""
     with sessions() as session:
-        return {row.name: ReceiverConfig.model_validate(row.config) for row in repository.list_receivers(session)}
+        return {row.name: ReceiverConfig.model_validate(row.config) for row in alert_repository.list_receivers(session)}
 
 
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
@@ -76,7 +77,7 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
                                         eval_interval=eval_interval, slo_reads=slo_reads,
                                         held_targets=held, slo_statuses=statuses)
         open_alerts = [(row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
-                       for row in repository.open_alerts(session)]
+                       for row in alert_repository.open_alerts(session)]
     if telemetry is not None:
         telemetry.slo.statuses = statuses
         telemetry.diagnosis.alerts = open_alerts

@@ -13,9 +13,10 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.orm import Session
 
 from app.core.durations import parse_duration
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import runbook_link
-from app.store import repository
 from app.store.models import Target
+from app.targets import repository as target_repository
 
 if TYPE_CHECKING:
     from app.lifespan import Monitor
@@ -67,7 +68,7 @@ def serialized(adapter: TypeAdapter[Any], value: Any, *, exclude_unset: bool = F
 
 
 def get_or_404(session: Session, name: str) -> Target:
-    target = repository.get_target(session, name)
+    target = target_repository.get_target(session, name)
     if target is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"target {name!r} not found")
     return target
@@ -80,7 +81,7 @@ def current_diagnoses(session: Session, monitor: Monitor, target_id: int | None 
     return [diagnosis_out(*made) for _, made in diagnosis_sources(session, monitor, target_id)]
 
 
-DiagnosisMade = tuple[repository.LatestDiagnosis, "FindingStates", str]
+DiagnosisMade = tuple[diagnosis_repository.LatestDiagnosis, "FindingStates", str]
 
 
 def diagnosis_sources(session: Session, monitor: Monitor,
@@ -89,9 +90,9 @@ def diagnosis_sources(session: Session, monitor: Monitor,
     stored row and the version of its details, its findings' states, the runbook base): the answer's parts are kept
     by that key (:class:`app.runtime.kept.KeptParts`)."""
     base = monitor.external_url
-    open_states = repository.open_finding_states(session, target_id)
+    open_states = diagnosis_repository.open_finding_states(session, target_id)
     out = []
-    for row in repository.latest_diagnoses(session, target_id):
+    for row in diagnosis_repository.latest_diagnoses(session, target_id):
         states = finding_states(row, open_states)
         out.append(((row.target, row.model, row.verdict, row.evaluated_at, row.version, states, base),
                     (row, states, base)))
@@ -101,7 +102,7 @@ def diagnosis_sources(session: Session, monitor: Monitor,
 FindingStates = tuple[tuple[str, float | None], ...]
 
 
-def finding_states(row: repository.LatestDiagnosis,
+def finding_states(row: diagnosis_repository.LatestDiagnosis,
                    open_states: dict[tuple[str, str, str], tuple[str, float | None]]) -> FindingStates:
     """(state, active since) of each of the diagnosis' findings, in order; ``pending`` for one
     the finding table does not hold open."""
@@ -109,7 +110,7 @@ def finding_states(row: repository.LatestDiagnosis,
                  for f in row.details.get("findings", []))
 
 
-def diagnosis_out(row: repository.LatestDiagnosis, states: FindingStates, base: str) -> dict[str, Any]:
+def diagnosis_out(row: diagnosis_repository.LatestDiagnosis, states: FindingStates, base: str) -> dict[str, Any]:
     """One diagnosis as the API answers it: its stored details and its findings' states."""
     details = row.details
     findings = [{**finding, "state": state, "active_since": active_since,

@@ -28,7 +28,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from app.runtime.budget import BudgetExceeded, ClientGone
-from app.store.repository import DatabaseUnavailable
+from app.store.writer import DatabaseUnavailable
 from app.windows import WindowError
 
 log = logging.getLogger(__name__)

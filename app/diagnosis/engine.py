@@ -25,6 +25,7 @@ import time
 from sqlalchemy.orm import Session
 
 from app.core.thresholds import Thresholds
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
 from app.diagnosis.profile import HardwareProfile
@@ -33,7 +34,6 @@ from app.diagnosis.rules.base import NotJudged
 from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
-from app.store import repository
 from app.store.models import FindingRow, Target
 from app.window import TargetWindow
 from app.windows import default_windows
@@ -160,27 +160,27 @@ def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thre
     firing = {f.regime: f for f in diagnosis.findings}
     transitions = []
     if open_rows is None:
-        open_rows = repository.open_findings(session, target_id, diagnosis.model)
+        open_rows = diagnosis_repository.open_findings(session, target_id, diagnosis.model)
     states = {row.regime: row for row in open_rows}
     for regime, finding in firing.items():
         row = states.get(regime)
         payload = finding.to_dict()
         if row is None:
-            row = repository.create_finding(session, target_id, diagnosis.model, regime, now, payload, flush)
+            row = diagnosis_repository.create_finding(session, target_id, diagnosis.model, regime, now, payload, flush)
             states[regime] = row
         else:
-            repository.touch_finding(session, row, now, payload)
+            diagnosis_repository.touch_finding(session, row, now, payload)
         if row.state == "pending" and row.consecutive >= thresholds.activate_after:
-            repository.set_finding_state(session, row, "active", now, flush)
+            diagnosis_repository.set_finding_state(session, row, "active", now, flush)
             transitions.append({"regime": regime, "state": "active", "ts": now})
     for regime, row in states.items():
         if regime in firing:
             continue
         if row.state == "pending":
-            repository.set_finding_state(session, row, "dropped", now, flush)
+            diagnosis_repository.set_finding_state(session, row, "dropped", now, flush)
         else:
-            repository.clear_finding(session, row, now)
+            diagnosis_repository.clear_finding(session, row, now)
             if row.clear_count >= thresholds.resolve_after:
-                repository.set_finding_state(session, row, "resolved", now, flush)
+                diagnosis_repository.set_finding_state(session, row, "resolved", now, flush)
                 transitions.append({"regime": regime, "state": "resolved", "ts": now})
     return transitions

@@ -23,9 +23,10 @@ from app.latency import report_from_window
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
 from app.sources.base import HISTOGRAM_SIGNALS
-from app.store import db, repository
+from app.store import db
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from app.windows import default_windows
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
@@ -104,7 +105,7 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
         try:
             sessions = db.make_sessionmaker(sql)
             with sessions.begin() as session:
-                target = repository.create_target(session, name="target", url=url, engine=engine, labels={})
+                target = target_repository.create_target(session, name="target", url=url, engine=engine, labels={})
             for record in records:
                 record.target_id = target.id
             SampleWriter(sql).write(records)

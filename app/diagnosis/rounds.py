@@ -17,6 +17,7 @@ from sqlalchemy.orm.attributes import flag_modified
 
 from app import latency
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
@@ -26,8 +27,8 @@ from app.latency import SignalSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.runtime.scheduling import DIAGNOSIS_JOB, target_boundary
-from app.store import repository
 from app.store.models import DiagnosisRow, FindingRow
+from app.targets import repository as target_repository
 from app.windows import default_windows
 from app.windows.base import WindowReader
 
@@ -77,7 +78,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
         # One query for which targets have probe runs at all, instead of two per target.
         probe_lookback = max(PROBE_BASELINE_MAX_AGE, config.window, config.thresholds.outside_lookback)
         probed = probe_repository.targets_with_finished_runs(session, now - probe_lookback)
-        targets = [t for t in repository.list_targets(session) if t.gone_at is None]
+        targets = [t for t in target_repository.list_targets(session) if t.gone_at is None]
         for chunk in range(0, len(targets), ROUND_CHUNK):
             members = targets[chunk:chunk + ROUND_CHUNK]
             found = reads.windows(session, members, now - config.window, now, DIAGNOSIS_HISTOGRAMS,
@@ -99,20 +100,21 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
             del found  # a chunk's samples are dropped before the next is read: bounded memory
     saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)
     with sessions.begin() as session:  # the results in one short write transaction
-        open_rows = repository.all_open_findings(session)  # one query each, not one per target
-        stored = repository.diagnosis_rows(session)
+        open_rows = diagnosis_repository.all_open_findings(session)  # one query each, not one per target
+        stored = diagnosis_repository.diagnosis_rows(session)
         for target_id, diagnosis in evaluated:
             transitions = diagnosis_engine.apply_lifecycle(session, target_id, diagnosis, config.thresholds,
                                                            now, open_rows.get((target_id, diagnosis.model), []),
                                                            flush=False)
             data = diagnosis.to_dict()
-            repository.save_diagnosis(session, target_id, diagnosis.model, diagnosis.verdict, now, data, stored)
+            diagnosis_repository.save_diagnosis(session, target_id, diagnosis.model, diagnosis.verdict, now, data,
+                                                stored)
             results.append((diagnosis, transitions))
             saved.append(data)
         _same_columns(session)
         session.flush()
         states = {(name, row.model, row.regime): row.state
-                  for name, row in repository.finding_history(session, states=("pending", "active"))}
+                  for name, row in diagnosis_repository.finding_history(session, states=("pending", "active"))}
     if keep is not None:
         keep(RoundSummaries(now - config.window, now, summaries, time.monotonic() - began))
     if collector is not None:

@@ -35,8 +35,8 @@ from app.probe import repository as probe_repository
 from app.probe.runner import ProbeResult, ProbeSpec, run_probe
 from app.runtime.scheduling import in_thread
 from app.scrape.jobs import TargetSpec
-from app.store import repository
 from app.store.models import ProbeRunRow
+from app.targets import repository as target_repository
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def canary_configs(sessions: sessionmaker[Session]) -> dict[str, tuple[TargetSpe
     """Target name -> (target, canary settings) of every target whose canary is enabled."""
     with sessions() as session:
         return {t.name: (TargetSpec(t.id, t.name, t.url), CanaryConfig.model_validate(t.canary))
-                for t in repository.list_targets(session) if t.canary and t.canary.get("enabled")}
+                for t in target_repository.list_targets(session) if t.canary and t.canary.get("enabled")}
 
 
 def sync_canaries(scheduler: AsyncIOScheduler, sessions: sessionmaker[Session],

@@ -31,9 +31,9 @@ from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import Discovered, SourceReader, TargetKey
 from app.promsource.status import SourceStatus
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
-from app.store import repository
 from app.store.models import SERVICE_KIND, SOURCE_KIND, Target, TargetView
 from app.store.record import ScrapeRecord
+from app.targets import repository as target_repository
 from app.window import TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ class SourceService:
     def _sync(self, source: PrometheusSource, session: Session, found: Discovered,
               windows: dict[TargetKey, TargetWindow], now: float) -> list[SourceTarget]:
         config = source.config
-        known = {t.name: t for t in repository.list_targets(session)
+        known = {t.name: t for t in target_repository.list_targets(session)
                  if t.source == SOURCE_KIND and t.origin == config.name}
         keys = named(config.name, found.engines, "targets")
         # A known replica that Prometheus still scrapes but that answers up == 0 is down, not gone.
@@ -236,7 +236,7 @@ class SourceService:
             labels.update(service or {})
             wanted[name] = {"url": public_url(config.url), "engine": engine, "detected_engine": engine,
                             "labels": labels}
-        live = repository.sync_discovered_targets(session, SOURCE_KIND, config.name, wanted, now)
+        live = target_repository.sync_discovered_targets(session, SOURCE_KIND, config.name, wanted, now)
         source.keys = {name: keys[name] for name in live}
         source.status.gone = sum(1 for t in known.values() if t.name not in live)
         views, out = [], []
@@ -251,7 +251,7 @@ class SourceService:
                                     with_labelled_role(config, row.labels, windows.get(key))))
             if self.on_view is not None:
                 self.on_view(name, not down, now)
-        repository.record_source_view(session, views)
+        target_repository.record_source_view(session, views)
         if config.service_labels:
             out += self._sync_services(source, session, out, {row.id: row for row in live.values()}, now)
         return out
@@ -273,7 +273,7 @@ class SourceService:
             engines = sorted({m.engine for m in groups[values]})
             wanted[name] = {"url": public_url(config.url), "engine": engines[0], "detected_engine": engines[0],
                             "labels": dict(zip(config.service_labels, values))}
-        live = repository.sync_discovered_targets(session, SERVICE_KIND, config.name, wanted, now)
+        live = target_repository.sync_discovered_targets(session, SERVICE_KIND, config.name, wanted, now)
         out = []
         for name, values in names.items():
             members = groups[values]
@@ -315,7 +315,7 @@ class SourceService:
             return None
         config = source.config
         where = {name: (target.labels or {}).get(name, "") for name in config.pd_pair_labels}
-        peers = {source.key_of(row): row for row in repository.list_targets(session)
+        peers = {source.key_of(row): row for row in target_repository.list_targets(session)
                  if row.source == SOURCE_KIND and row.origin == config.name and row.id != target.id
                  and all((row.labels or {}).get(k, "") == v for k, v in where.items())}
         if not peers:

@@ -29,8 +29,8 @@ from app.slo import buckets
 from app.slo.config import SloObjective
 from app.slo.record import matched_targets
 from app.slo.status import SloErrors, SloSums
-from app.store import repository
 from app.store.models import SOURCE_KIND, Target
+from app.targets import repository as target_repository
 
 
 def source_sums(sessions: sessionmaker[Session], sources: SourceService, slos: Sequence[SloObjective],
@@ -39,7 +39,7 @@ def source_sums(sessions: sessionmaker[Session], sources: SourceService, slos: S
     replicas that could not be evaluated (source down, threshold not a bound). Runs outside any
     transaction: the queries may take a while."""
     with sessions() as session:
-        targets = [t for t in repository.list_targets(session) if t.source == SOURCE_KIND]
+        targets = [t for t in target_repository.list_targets(session) if t.source == SOURCE_KIND]
         session.expunge_all()
     sums: SloSums = {}
     errors: SloErrors = {}

@@ -56,7 +56,7 @@ from app.core.limits import (
 )
 from app.core.urls import check_url_in_file, validate_target_url
 from app.scrape.client import USER_AGENT, http_status_message
-from app.store import repository
+from app.targets import repository as target_repository
 
 
 class Discovery(Protocol):
@@ -300,7 +300,7 @@ def sync_discovered(session: Session, results: dict[str, list[Discovered] | None
     """Make the discovered rows match ``results`` (origin -> its targets, or None: keep that
     origin's rows as they are). Rows of an origin no longer configured are marked gone.
     Returns whether anything changed (the scheduler then reloads)."""
-    rows = repository.list_targets(session)
+    rows = target_repository.list_targets(session)
     taken = {row.name for row in rows if row.source not in SD_SOURCES}
     frozen = {origin for origin, items in results.items() if items is None}
     wanted = assign_names([item for items in results.values() if items for item in items], taken)
@@ -312,17 +312,17 @@ def sync_discovered(session: Session, results: dict[str, list[Discovered] | None
         item = wanted.get(row.name)
         if item is None:
             if row.gone_at is None:
-                repository.update_target(session, row, gone_at=now)
+                target_repository.update_target(session, row, gone_at=now)
                 changed = True
             continue
         fields = {"url": item.url, "labels": dict(item.labels), "origin": item.origin, "source": item.source,
                   "gone_at": None}
         if any(getattr(row, key) != value for key, value in fields.items()):
-            repository.update_target(session, row, **fields)
+            target_repository.update_target(session, row, **fields)
             changed = True
     for name, item in wanted.items():
         if name not in existing:
-            repository.create_target(session, source=item.source, name=name, url=item.url,
+            target_repository.create_target(session, source=item.source, name=name, url=item.url,
                                      labels=dict(item.labels), origin=item.origin)
             changed = True
     return changed

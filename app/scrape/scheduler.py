@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
 from app.scrape.jobs import TargetScraper, TargetSpec
 from app.store.record import ScrapeRecord
-from app.store.repository import DatabaseUnavailable, SampleWriter
+from app.store.writer import DatabaseUnavailable, SampleWriter
 
 
 class ScrapeTelemetry(Protocol):

@@ -31,12 +31,13 @@ from app.slo.buckets import bound_index
 from app.slo.config import SloObjective
 from app.store import repository
 from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, Target
+from app.targets import repository as target_repository
 
 
 def matched_targets(session: Session, slo: SloObjective, targets: Sequence[Target] | None = None) -> list[Target]:
     """The live targets of ``slo``: those the service scrapes itself, or a source's replicas
     (not the services a source groups them into: their requests are the replicas')."""
-    rows = repository.list_targets(session) if targets is None else targets
+    rows = target_repository.list_targets(session) if targets is None else targets
     return [t for t in rows if t.gone_at is None and t.source != SERVICE_KIND and slo.matches(t.name, dict(t.labels))]
 
 
@@ -107,7 +108,7 @@ def compact(session: Session, slo: SloObjective, now: float, full: bool = False)
 
 def record_increments(session: Session, slos: Sequence[SloObjective], now: float, retention: float) -> int:
     """Write this round's increments of every SLO and scraped target; returns the rows written."""
-    targets = repository.list_targets(session)
+    targets = target_repository.list_targets(session)
     written = 0
     for slo in slos:
         chosen = [t for t in matched_targets(session, slo, targets) if t.source not in DISCOVERED_BY_SOURCES]

@@ -25,6 +25,7 @@ from app.slo import repository as slo_repository
 from app.slo.config import SloObjective
 from app.store import repository
 from app.store.models import DISCOVERED_BY_SOURCES, Target
+from app.targets import repository as target_repository
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,6 @@ def slo_statuses(session: Session, slos: Sequence[SloObjective], now: float, ret
                  source_sums: Mapping[str, Mapping[int, Sequence[tuple[float, float, float | None]]]] | None = None,
                  source_errors: Mapping[str, Mapping[int, str]] | None = None) -> list[SloStatus]:
     """Every SLO now (see :func:`slo_status`); the sources' numbers per SLO name."""
-    targets = repository.list_targets(session)
+    targets = target_repository.list_targets(session)
     return [slo_status(session, slo, now, retention, targets, (source_sums or {}).get(slo.name),
                        (source_errors or {}).get(slo.name)) for slo in slos]

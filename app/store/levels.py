@@ -78,7 +78,7 @@ def _last_only(c: Chunk) -> Chunk:
 
 class Run:
     """Consecutive chunks joined one at a time, in time order: the writer's accumulator of a
-    series' current interval (:class:`app.store.repository.SampleWriter`), and what
+    series' current interval (:class:`app.store.writer.SampleWriter`), and what
     :func:`combine` folds a list with. Mutable so the writer's per-sample step allocates no
     chunk; :meth:`append` of a raw sample is exactly :meth:`add` of its :func:`raw_chunk`."""
 

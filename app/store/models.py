@@ -82,7 +82,7 @@ class Target(Base):
 
 class TargetView(Protocol):
     """A target as the read-only pages read it: a :class:`Target` or a Core row of the
-    ``targets`` table (:func:`app.store.repository.target_rows`): the pages that only read
+    ``targets`` table (:func:`app.targets.repository.target_rows`): the pages that only read
     need no ORM object per target."""
 
     @property
@@ -267,7 +267,7 @@ class DiagnosisRow(Base):
     evaluated_at: Mapped[float] = mapped_column(Float)
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
     # what the details are (a digest of them) and the evaluation it was written with: a reader
-    # that has those details decoded need not fetch them (app.store.repository.latest_diagnoses);
+    # that has those details decoded need not fetch them (app.diagnosis.repository.latest_diagnoses);
     # a writer that predates the columns leaves digest_at behind evaluated_at, and its rows are read
     digest: Mapped[str | None] = mapped_column(String(32), nullable=True)
     digest_at: Mapped[float | None] = mapped_column(Float, nullable=True)

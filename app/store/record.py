@@ -1,6 +1,6 @@
 """What one scrape attempt produced: the scraper's output and the store's input.
 
-Its own module so the store (:class:`app.store.repository.SampleWriter`) can name the type
+Its own module so the store (:class:`app.store.writer.SampleWriter`) can name the type
 without importing the scraper: the scrape package imports the store, never the reverse.
 """
 

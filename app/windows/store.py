@@ -18,6 +18,7 @@ from app.sources.base import CanonicalInfo
 from app.store import reads, repository
 from app.store.models import TargetView
 from app.store.reads import LoadedHistograms
+from app.targets import repository as target_repository
 from app.window import TargetWindow
 from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramHistory, HistogramsRead, SourceStatus, WindowsRead
 
@@ -74,7 +75,7 @@ class StoreWindows:
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
         """The target its ``llm_latency_prefill_target`` label names (whatever its own role says)."""
         name = (target.labels or {}).get(latency.PD_PREFILL_LABEL)
-        prefill = repository.get_target(session, name) if name else None
+        prefill = target_repository.get_target(session, name) if name else None
         if prefill is None:
             return None
         seconds = end - start  # the window as the latency API gives it: its length before its end

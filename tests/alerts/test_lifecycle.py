@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from app.alerts import repository as alert_repository
 from app.alerts.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 from app.alerts.schemas import unix
-from app.store import repository
 from tests.alerts.harness import alerting, summary
 
 NOTHING = {"oncall": []}
@@ -189,7 +189,7 @@ def test_alertmanager_sinks_get_reposts_with_ends_at_independent_of_repeat_inter
         assert h.at(400) == {"am": [("alertmanager", [("a", h.ts(390))])], "hook": []}  # endsAt = resolution
         assert h.at(3 * 3600) == {"am": [], "hook": []}
         with h.svc.monitor.sessions() as session:
-            body = json.loads(next(n.body for n in repository.list_notifications(session, "am")
+            body = json.loads(next(n.body for n in alert_repository.list_notifications(session, "am")
                                    if n.created_at == h.t0))
     assert body == [{"labels": {"alertname": "LLMLatencyTargetDown", "severity": "critical", "target": "a"},
                      "annotations": body[0]["annotations"], "startsAt": h.ts(0), "endsAt": h.ts(valid),
@@ -222,7 +222,7 @@ def test_an_alertmanager_post_delivered_after_an_outage_is_valid_from_its_delive
         am.status = 200
         assert h.deliver(600) == 2
         with h.svc.monitor.sessions() as session:
-            stored = [json.loads(n.body) for n in sorted(repository.list_notifications(session, "am"),
+            stored = [json.loads(n.body) for n in sorted(alert_repository.list_notifications(session, "am"),
                                                          key=lambda n: n.seq)]
     assert sorted(queued.values()) == [0, 30]
     delivered = [{a["labels"]["target"]: round(unix(a["endsAt"]) - h.t0, 2) for a in m.json} for m in am.received]
@@ -245,7 +245,7 @@ def test_the_notification_log_forgets_groups_with_nothing_firing_once_group_inte
         def logs() -> dict[str, tuple[int, float]]:
             with h.svc.monitor.sessions() as session:
                 return {gk.rsplit('target="', 1)[1][0]: (len(log.firing), log.sent_at - h.t0)
-                        for (_, gk), log in repository.notification_logs(session).items()}
+                        for (_, gk), log in alert_repository.notification_logs(session).items()}
 
         h.down("a", "b")
         assert sorted(h.at(0)["oncall"]) == [("firing", [("a", "firing")]), ("firing", [("b", "firing")])]

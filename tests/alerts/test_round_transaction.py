@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from app.alerts import engine as alerts_engine
+from app.alerts import repository as alert_repository
 from app.alerts.config import AlertsConfig
 from app.alerts.rounds import evaluate_alerts
 from app.emulator.simulation import Simulation
 from app.slo import record as slo_record
 from app.slo import repository as slo_repository
-from app.store import repository
 from app.store.record import ScrapeRecord
 from tests.slo.harness import T0, SloHarness
 
@@ -85,7 +85,7 @@ def test_a_commit_between_the_rounds_read_and_its_write_does_not_fail_the_round(
         assert result == {"conditions": 1, "notifications": 0}, result
         with h.sessions() as session:
             recorded = slo_repository.last_recorded(session, "ttft-99", "ttft", 2.5)
-            alerts = [(row.alertname, row.state) for row in repository.open_alerts(session)]
+            alerts = [(row.alertname, row.state) for row in alert_repository.open_alerts(session)]
         assert recorded == {h.engines[0].target_id: now}, recorded
         assert alerts == [(alerts_engine.TARGET_DOWN, "pending")], alerts
         # The round's lock is gone with its commit: the other writer gets in now.

@@ -18,10 +18,12 @@ import yaml
 from fastapi.testclient import TestClient
 
 from app.alerts import engine as alerts_engine
+from app.alerts import repository as alert_repository
 from app.alerts.config import ALERT_RUNBOOKS, SLO_SIGNALS, AlertsConfig, SloConfig, runbook_url
 from app.api.routes import runbooks
 from app.api.routes.status import SECURITY_HEADERS
 from app.config import FileConfig
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import REGIMES, Evidence, Finding
 from app.main import GZIP_MINIMUM_BYTES, create_app
 from app.rules_export import build_rules
@@ -30,9 +32,10 @@ from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.status import slo_statuses
 from app.sources.base import Canonical, CanonicalHistogram
-from app.store import db, repository
+from app.store import db
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "prometheus"
@@ -131,14 +134,15 @@ def test_every_alert_the_engine_raises_links_its_runbook(migrated_url: str, clie
     sessions = db.make_sessionmaker(engine)
     t0 = 1_800_000_000.0
     with sessions.begin() as session:
-        slow = repository.create_target(session, name="slow", url="http://127.0.0.1:1/metrics", engine="vllm",
+        slow = target_repository.create_target(session, name="slow", url="http://127.0.0.1:1/metrics", engine="vllm",
                                         labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
-        down = repository.create_target(session, name="down", url="http://127.0.0.1:2/metrics", engine="vllm",
+        down = target_repository.create_target(session, name="down", url="http://127.0.0.1:2/metrics", engine="vllm",
                                         labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
         for regime in REGIMES:
             finding = Finding(regime, "warning", 0.9, f"{regime} on slow",
                               [Evidence("some signal", 1.0, ">=", 0.5)], ["a remedy"])
-            row = repository.create_finding(session, slow, "m", regime, t0, {**finding.to_dict(), "window": 60.0})
+            row = diagnosis_repository.create_finding(session, slow, "m", regime, t0, {**finding.to_dict(),
+                                                      "window": 60.0})
             row.state, row.activated_at = "active", t0
     records = []
     for ts, count in ((t0, 0.0), (t0 + 60, 100.0)):  # 100 observations in (1 s, 10 s] for every signal
@@ -157,7 +161,7 @@ def test_every_alert_the_engine_raises_links_its_runbook(migrated_url: str, clie
         record_increments(session, burn, t0 + 60, 7 * 86400)
         statuses = slo_statuses(session, burn, t0 + 60, 7 * 86400)
         counts = alerts_engine.evaluate(session, config, [], t0 + 60, slo_statuses=statuses)
-        alerts = {row.alertname: row.annotations for row in repository.open_alerts(session)}
+        alerts = {row.alertname: row.annotations for row in alert_repository.open_alerts(session)}
     engine.dispose()
     assert counts["conditions"] == len(ALERT_RUNBOOKS) == len(alerts)
     assert set(alerts) == set(ALERT_RUNBOOKS)

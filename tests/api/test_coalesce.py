@@ -12,8 +12,8 @@ import pytest
 
 from app.api.coalesce import KEPT_ANSWERS, KEPT_BYTES, CoalesceReads, request_key
 from app.runtime.changes import Changes
-from app.store import repository
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.api.conftest import Service, make_quiet_service
 from tests.store.test_storage import record
 
@@ -455,13 +455,13 @@ def test_the_service_reuses_a_read_until_it_commits_anything(reusing_service) ->
     assert "age" not in first.headers and again.headers["age"] == "0"
     assert again.json() == first.json() and [t["name"] for t in first.json()] == ["a"]
     with monitor.sessions() as session:
-        target_id = repository.get_target(session, "a").id
+        target_id = target_repository.get_target(session, "a").id
     stored = record(target_id, time.time(), (1.0, 2.0, 2.0, 3.0, 3.0), 1.5, 10.0)
     assert SampleWriter(monitor.engine).write([stored]) == 1
     scraped = client.get("/api/v1/targets")  # a stored scrape reaches a kept answer only by its age
     assert scraped.headers["age"] == "0" and scraped.json() == first.json()
     with monitor.sessions() as session:
-        repository.create_target(session, name="b", url="http://127.0.0.1:9/b/metrics")
+        target_repository.create_target(session, name="b", url="http://127.0.0.1:9/b/metrics")
         session.commit()
     after_commit = client.get("/api/v1/targets")
     assert "age" not in after_commit.headers and [t["name"] for t in after_commit.json()] == ["a", "b"]

@@ -9,6 +9,7 @@ import time
 
 from app.store import repository
 from app.store.record import ScrapeRecord
+from app.targets import repository as target_repository
 from tests.api.conftest import Service, counted_statements
 from tests.status.helpers import history_records
 
@@ -24,7 +25,7 @@ def test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets(quiet_serv
             assert c.post("/api/v1/targets",
                           json={"name": name, "url": "http://127.0.0.1:9/metrics"}).status_code == 201
         with monitor.sessions() as session:
-            ids = [t.id for t in repository.list_targets(session) if t.name in names]
+            ids = [t.id for t in target_repository.list_targets(session) if t.name in names]
         monitor.scraping.writer.write(history_records(ids, end, snapshots=61))
 
     def counted() -> dict[str, int]:
@@ -47,14 +48,14 @@ def test_fleet_endpoints_run_the_same_statements_for_5_and_50_targets(quiet_serv
     assert large["/api/v1/targets"] <= 3 and large["/api/v1/latency?window=1h"] <= 12, large
     assert large["/api/v1/scrape-health"] <= 3, large
     with monitor.sessions() as session:
-        first = repository.get_target(session, "small-00")
+        first = target_repository.get_target(session, "small-00")
         assert first is not None
         monitor.scraping.writer.write([ScrapeRecord(first.id, end - 30.5, False, 0.01, error_class="connect",
                                                     error="connection refused")])
         since = time.time() - 7200
         health = {h["target"]: h for h in c.get("/api/v1/scrape-health", params={"window": "2h"}).json()}
         # the one set-based query gives each target's own counts (the per-target query's)
-        for target in repository.list_targets(session):
+        for target in target_repository.list_targets(session):
             total, failed = repository.scrape_counts(session, target.id, since - 60)
             assert (health[target.name]["scrapes"], health[target.name]["failed"]) == (total, failed), target.name
             assert total >= 61

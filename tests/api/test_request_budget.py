@@ -14,8 +14,9 @@ from sqlalchemy import text
 from app import summaries
 from app.runtime.budget import POLL_EVERY, BudgetExceeded, ClientGone, RequestBudget, bounded, checkpoint
 from app.sources.base import HISTOGRAM_SIGNALS
-from app.store import db, repository
+from app.store import db, repository, writer
 from app.store.db import statement_budget
+from app.targets import repository as target_repository
 from tests.api.conftest import Service, make_service
 from tests.status.helpers import history_records
 
@@ -32,7 +33,7 @@ def _fleet(service: Service, n: int) -> float:
         assert service.client.post("/api/v1/targets", json={"name": f"t{i:02d}",
                                                             "url": "http://127.0.0.1:9/metrics"}).status_code == 201
     with service.monitor.sessions() as session:
-        ids = [t.id for t in repository.list_targets(session)]
+        ids = [t.id for t in target_repository.list_targets(session)]
     service.monitor.scraping.writer.write(history_records(ids, end, snapshots=61))
     return end
 
@@ -186,9 +187,9 @@ def test_a_raw_read_interrupted_while_its_rows_are_fetched_is_ended_by_the_budge
     sessions = db.make_sessionmaker(engine)
     try:
         with sessions.begin() as session:
-            target_id = repository.create_target(session, name="t1", url="http://127.0.0.1:9/metrics").id
+            target_id = target_repository.create_target(session, name="t1", url="http://127.0.0.1:9/metrics").id
         end = float(int(time.time()))
-        repository.SampleWriter(engine).write(history_records([target_id], end, snapshots=400, every=15.0))  # 100 min
+        writer.SampleWriter(engine).write(history_records([target_id], end, snapshots=400, every=15.0))  # 100 min
         with sessions() as session:
             series = [s.id for s in repository.find_series(session, [target_id], HISTOGRAM_SIGNALS)]
             lo_ms, hi_ms = int((end - 7200) * 1000), int(end * 1000)

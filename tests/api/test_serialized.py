@@ -18,6 +18,7 @@ from app.api.routes import targets as targets_route
 from app.api.schemas import DiagnosisOut, FleetLatencyOut, TargetLatencyOut, TargetOut
 from app.store import repository
 from app.store.models import Target
+from app.targets import repository as target_repository
 from tests.api.test_diagnoses_api import stepping_page
 from tests.support.pages import StaticPageServer
 
@@ -118,7 +119,7 @@ def test_the_targets_list_keeps_each_targets_json_until_it_changes(service) -> N
         with service.monitor.sessions() as session:
             latest = repository.latest_scrapes(session)
             return fastapi_bytes(list[TargetOut], [targets_route.target_out(service.monitor, t, latest.get(t.id))
-                                                   for t in repository.list_targets(session)])
+                                                   for t in target_repository.list_targets(session)])
 
     def kept() -> list[bytes]:
         return list(targets_route.TARGET_JSON._kept.values())

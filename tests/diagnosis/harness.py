@@ -17,9 +17,10 @@ from app.diagnosis.profile import HardwareProfile
 from app.emulator import scenarios
 from app.emulator.simulation import Simulation
 from app.scrape.jobs import PageProcessor
-from app.store import db, repository
+from app.store import db
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch
@@ -38,7 +39,7 @@ class OfflineTarget:
         self.engine = db.make_engine(self.url)
         self.sessions = db.make_sessionmaker(self.engine)
         with self.sessions.begin() as session:
-            target = repository.create_target(session, name=name, url="http://127.0.0.1/metrics", engine="auto",
+            target = target_repository.create_target(session, name=name, url="http://127.0.0.1/metrics", engine="auto",
                                               labels={}, hardware=hardware.model_dump() if hardware else None)
             self.target_id = target.id
         self.name = name

@@ -20,9 +20,10 @@ from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
 from app.scrape.jobs import PageProcessor
-from app.store import db, repository
+from app.store import db
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 
 EXPOSITION = Path(__file__).parents[1] / "fixtures" / "exposition"
 T0 = 1_800_000_000.0
@@ -56,7 +57,8 @@ def replay(tmp_path: Path, filename: str, lifetime: float = 1000.0, every: float
     try:
         sessions = db.make_sessionmaker(sql)
         with sessions.begin() as session:
-            target_id = repository.create_target(session, name="t", url="http://127.0.0.1/metrics", engine="auto",
+            target_id = target_repository.create_target(session, name="t", url="http://127.0.0.1/metrics",
+                                                        engine="auto",
                                                  labels={}).id
         processor, records = PageProcessor("auto"), []
         steps = int(lifetime / every)

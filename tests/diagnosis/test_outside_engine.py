@@ -19,9 +19,9 @@ from app.probe import repository as probe_repository
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import ConsistencyResult, period_consistency
 from app.sources.base import Canonical, CanonicalHistogram
-from app.store import repository
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.diagnosis.test_rules import healthy_signals, summary
 
 T = Thresholds()
@@ -218,7 +218,7 @@ def test_a_round_asks_once_which_targets_have_probe_runs(store) -> None:
     (a running run or an older one does not count), so the others skip the per-target reads."""
     sql, sessions, target_id = store
     with sessions.begin() as session:
-        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
+        other = target_repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
                                          labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
         assert probe_repository.targets_with_finished_runs(session, 0.0) == set()
     _run(sessions, target_id, 1002, 1010, [0.4])

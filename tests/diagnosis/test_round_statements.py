@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis import rounds
 from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.emulator.simulation import Simulation
 from app.runtime import scheduling
 from app.scrape.jobs import PageProcessor
-from app.store import db, reads, repository
+from app.store import db, reads
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.api.conftest import counted_statements
 
 T0 = 1_800_000_000.0
@@ -49,7 +51,7 @@ def _fleet(tmp_path: Path, n: int, pages: dict) -> tuple:
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
     with sessions.begin() as session:
-        ids = [repository.create_target(session, name=f"t{i:03d}", url=f"http://127.0.0.1/{i}/metrics",
+        ids = [target_repository.create_target(session, name=f"t{i:03d}", url=f"http://127.0.0.1/{i}/metrics",
                                         engine="auto", labels={}).id for i in range(n)]
     writer = SampleWriter(engine)
     for i, target_id in enumerate(ids):
@@ -110,6 +112,6 @@ def test_a_target_that_fails_stops_no_other(tmp_path: Path, pages: dict, monkeyp
     assert sorted(d.target for d, _ in results) == ["t000", "t002"]
     assert scheduling.target_errors["diagnosis"] == errors + 1
     with sessions() as session:
-        evaluated = {row.target_id: row.evaluated_at for row in repository.diagnosis_rows(session).values()}
+        evaluated = {row.target_id: row.evaluated_at for row in diagnosis_repository.diagnosis_rows(session).values()}
     assert evaluated == {ids[0]: now, ids[1]: now - 5, ids[2]: now}
     engine.dispose()

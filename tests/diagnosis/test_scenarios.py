@@ -90,7 +90,7 @@ def test_legacy_vllm_page_reveals_cpu_offload_without_a_profile(tmp_path: Path) 
 
 def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: Path) -> None:
     from app.diagnosis import engine as diagnosis_engine
-    from app.store import repository
+    from app.diagnosis import repository as diagnosis_repository
 
     t = Thresholds()
     target = OfflineTarget(tmp_path, "healthy->queueing@120->healthy@300", seed=3)
@@ -102,7 +102,7 @@ def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: 
             with target.sessions.begin() as session:
                 diagnosis_engine.apply_lifecycle(session, target.target_id, diagnosis, t,
                                                  now=round(1_800_000_000.0 + target.sim.clock, 3))
-                rows = repository.finding_history(session, target.target_id)
+                rows = diagnosis_repository.finding_history(session, target.target_id)
                 states.append((round(target.sim.clock), diagnosis.verdict,
                                [(r.regime, r.state) for _, r in rows]))
     finally:

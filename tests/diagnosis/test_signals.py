@@ -14,9 +14,10 @@ import pytest
 
 from app.diagnosis import signals
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
-from app.store import db, reads, repository
+from app.store import db, reads
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.support.databases import migrated_sqlite
 
 T0 = 1_700_000_000.0
@@ -61,7 +62,7 @@ def stored(tmp_path: Path):
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
     with sessions.begin() as session:
-        target_id = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="auto",
+        target_id = target_repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="auto",
                                              labels={}).id
     # history before the window: a 6000-token step and slow requests that must not count
     itl = Cumulative(ITL_BOUNDS, {0.01: 100, math.inf: 3}, 40.0)

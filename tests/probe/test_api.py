@@ -18,7 +18,8 @@ from app.probe.canary import CanaryConfig, latest_single_request_baseline, run_c
 from app.probe.consistency import FINDING, check_consistency
 from app.probe.runner import ProbeSpec, run_probe
 from app.probe.telemetry import ProbeCollector
-from app.store import db, repository
+from app.store import db
+from app.targets import repository as target_repository
 from tests.api.conftest import make_service
 from tests.probe.prompt_ladder import LADDER, prefill_slope_per_1k
 from tests.probe.servers import DelayProxy, FakeOpenAI
@@ -172,7 +173,7 @@ def test_canary_is_stored_and_is_the_single_request_baseline(migrated_url: str, 
     sessions = db.make_sessionmaker(engine)
     try:
         with sessions.begin() as session:
-            target = repository.create_target(session, name="solo", url=fleet.urls["solo"] + "/metrics",
+            target = target_repository.create_target(session, name="solo", url=fleet.urls["solo"] + "/metrics",
                                               engine="auto", labels={})
         config = CanaryConfig.model_validate({"enabled": True, "interval": "2m", "prompt_tokens": 300,
                                               "max_tokens": 12, "requests": 2})
@@ -239,7 +240,7 @@ def test_runs_outlive_their_target_and_are_pruned_by_age(service, fleet) -> None
     assert c.post("/api/v1/targets", json={"name": "gone", "url": fleet.urls["solo"] + "/metrics"}).status_code == 201
     sessions = service.monitor.sessions
     with sessions() as session:
-        target = repository.get_target(session, "gone")
+        target = target_repository.get_target(session, "gone")
     row = run_canary(sessions, target, CanaryConfig(enabled=True, prompt_tokens=64, max_tokens=4))
     assert row.state == "done" and row.target_id == target.id
     assert c.delete("/api/v1/targets/gone").status_code == 204
@@ -264,7 +265,7 @@ def test_client_and_server_ttft_agree_and_a_slow_gateway_is_a_finding(service, f
     assert c.post("/api/v1/targets", json={"name": "quiet", "url": url + "/metrics"}).status_code == 201
     sessions = service.monitor.sessions
     with sessions() as session:
-        target_id = repository.get_target(session, "quiet").id
+        target_id = target_repository.get_target(session, "quiet").id
 
     def measured(base: str):
         service.scrape("quiet")

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig, run_canary
 from app.probe.cli import probe
-from app.store import repository
+from app.targets import repository as target_repository
 from tests.api.conftest import make_service
 from tests.probe.servers import FakeOpenAI
 from tests.probe.test_api import wait_done
@@ -69,7 +69,7 @@ def test_a_canary_sends_the_key_named_by_api_key_env(migrated_url: str, tmp_path
             assert svc.client.post("/api/v1/targets", json={"name": "f", "url": fake.url("ok") + "/metrics"}
                                    ).status_code == 201
             with svc.monitor.sessions() as session:
-                target = repository.get_target(session, "f")
+                target = target_repository.get_target(session, "f")
             config = CanaryConfig(enabled=True, prompt_tokens=16, max_tokens=4, requests=2,
                                   api_key_env="PROBE_CANARY_TEST_KEY")
             row = run_canary(svc.monitor.sessions, target, config)

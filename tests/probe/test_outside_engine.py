@@ -17,8 +17,8 @@ from app.api.routes.status import iso_ts
 from app.diagnosis.findings import Diagnosis
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.probe.canary import CanaryConfig, run_canary
-from app.store import repository
 from app.store.models import ProbeRunRow
+from app.targets import repository as target_repository
 from tests.api.conftest import make_service
 from tests.probe.servers import DelayProxy
 
@@ -63,7 +63,7 @@ def gateway_and_direct(migrated_url: str, tmp_path: Path, synthetic: bool, reque
             runs = {}
             for name in ("gw", "direct"):
                 with svc.monitor.sessions() as session:
-                    target = repository.get_target(session, name)
+                    target = target_repository.get_target(session, name)
                 first = svc.scrape(name)
                 runs[name] = run_canary(svc.monitor.sessions, target, CanaryConfig.model_validate(target.canary))
                 assert runs[name].state == "done" and runs[name].summary["failed"] == 0

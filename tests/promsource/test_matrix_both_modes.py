@@ -36,8 +36,9 @@ from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
 from app.promsource.service import SourceService
 from app.sources.base import HISTOGRAM_SIGNALS
-from app.store import db, reads, repository
+from app.store import db, reads
 from app.store.record import ScrapeRecord
+from app.targets import repository as target_repository
 from app.window import merge_windows
 from app.windows import WindowError, Windows
 from app.windows.prometheus import PrometheusWindows
@@ -321,7 +322,7 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
         answers: dict[str, dict[str, Any]] = {}
         for name, (backend, its_sessions) in backends.items():
             with its_sessions() as session:
-                target = repository.get_target(session, case.pod if name == "store" else f"m.llm.{case.pod}")
+                target = target_repository.get_target(session, case.pod if name == "store" else f"m.llm.{case.pod}")
                 assert target is not None
                 window = backend.window(session, target, start, end, HISTOGRAM_SIGNALS)
                 batch = backend.windows(session, [target], start, end, HISTOGRAM_SIGNALS)
@@ -349,7 +350,7 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
                                                query_timeout=2)])
         unreachable = PrometheusWindows(down)
         with sessions() as session:
-            target = repository.get_target(session, f"m.llm.{case.pod}")
+            target = target_repository.get_target(session, f"m.llm.{case.pod}")
             assert target is not None
             with pytest.raises(WindowError) as caught:
                 unreachable.window(session, target, start, end, HISTOGRAM_SIGNALS)
@@ -393,7 +394,7 @@ def test_a_source_assembles_a_pd_deployments_ttft_as_the_store_does(
             assert d.verdict == "kv_transfer"
             assert (d.signals["pd_role"], d.signals["pd_role_source"]) == (
                 "decode", "target label llm_d_ai_role=decode (the engine's metrics do not say)")
-            rows = {t.name: t for t in repository.list_targets(session)}
+            rows = {t.name: t for t in target_repository.list_targets(session)}
             decode = rows["m.llm.kv_transfer-vllm"]
             window = service.window(decode, start, end)
             report = latency.report_from_window(window)

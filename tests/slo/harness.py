@@ -14,9 +14,10 @@ from app.scrape.jobs import PageProcessor
 from app.slo.config import SloObjective
 from app.slo.record import record_increments
 from app.slo.status import SloStatus, slo_statuses
-from app.store import db, repository
+from app.store import db
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0
@@ -46,7 +47,7 @@ class SloHarness:
         self.engines: list[Engine] = []
         with self.sessions.begin() as session:
             for name, sim in engines.items():
-                row = repository.create_target(session, name=name, url=f"http://127.0.0.1/{name}", engine="auto",
+                row = target_repository.create_target(session, name=name, url=f"http://127.0.0.1/{name}", engine="auto",
                                                labels=(labels or {}).get(name, {}))
                 self.engines.append(Engine(name, sim, row.id))
         self.writer = SampleWriter(self.db)

@@ -28,7 +28,7 @@ from app.promsource.service import SourceService
 from app.promsource.slo import period_reuse, source_sums
 from app.rules_export.slos import ratio_name, slo_rules
 from app.slo.status import slo_statuses
-from app.store import repository
+from app.targets import repository as target_repository
 from tests.slo.harness import RETENTION, T0, SloHarness
 from tests.support.backfill import Backfill
 from tests.support.prometheus import running_prometheus
@@ -94,7 +94,7 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
                     sums, errors = source_sums(h.sessions, service, h.slos, end)
                     assert errors == {"chat-ttft": {}}
                     with h.sessions() as session:
-                        names = {t.id: t.name for t in repository.list_targets(session)}
+                        names = {t.id: t.name for t in target_repository.list_targets(session)}
                         spans = [*slo.windows(), slo.period]
                         for target_id, per_span in sums["chat-ttft"].items():
                             pod = names[target_id].rsplit(".", 1)[1]

@@ -11,7 +11,8 @@ from app.core import quantiles
 from app.core.quantiles import HistogramSnapshot
 from app.slo import repository as slo_repository
 from app.slo.record import ROW_SECONDS, chunk_rows, pair_increments
-from app.store import db, repository
+from app.store import db
+from app.targets import repository as target_repository
 
 
 def snaps(points: list[tuple[float, float, float]]) -> list[HistogramSnapshot]:
@@ -43,7 +44,7 @@ def test_window_sums_and_pruning(migrated_url: str) -> None:
     sessions = db.make_sessionmaker(engine)
     try:
         with sessions.begin() as session:
-            target = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="vllm",
+            target = target_repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics", engine="vllm",
                                               labels={})
             rows = [{"slo": "s", "target_id": target.id, "ts_end": float(t), "signal": "ttft", "threshold": 2.5,
                      "ts_start": float(t - 60), "good": 9.0, "total": 10.0} for t in range(60, 7201, 60)]
@@ -99,7 +100,7 @@ def test_old_rows_are_merged_keeping_every_request(migrated_url: str) -> None:
     now = 1_800_000_000.0
     try:
         with sessions.begin() as session:
-            target_id = repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics",
+            target_id = target_repository.create_target(session, name="t", url="http://127.0.0.1:1/metrics",
                                                  engine="vllm", labels={}).id
             start = now - 4 * 86400
             slo_repository.add_increments(session, [

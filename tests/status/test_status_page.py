@@ -17,7 +17,7 @@ import pytest
 
 from app.api.routes.status import evidence_text, fmt_quantile, fmt_seconds
 from app.sources.tgi import TTFT_DERIVATION
-from app.store import repository
+from app.targets import repository as target_repository
 from tests.api.conftest import counted_statements, make_quiet_service
 from tests.status.conftest import FIRST_DIAGNOSIS
 from tests.status.helpers import history_records, levels, rows, stat, stepping_page, text_of
@@ -299,7 +299,7 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
             assert c.post("/api/v1/targets",
                           json={"name": name, "url": "http://127.0.0.1:9/metrics"}).status_code == 201
         with monitor.sessions() as session:
-            target_ids = [t.id for t in repository.list_targets(session) if t.name in names]
+            target_ids = [t.id for t in target_repository.list_targets(session) if t.name in names]
         assert len(target_ids) == len(names)
         monitor.scraping.writer.write(history_records(target_ids, end, snapshots=61))
 

@@ -3,7 +3,7 @@ PostgreSQL: details fetched and decoded once per distinct content, every open fi
 
 from __future__ import annotations
 
-from app.store import repository
+from app.diagnosis import repository as diagnosis_repository
 from tests.support.plans import executed, plan
 
 PAYLOAD = {"severity": "warning", "confidence": 0.8, "primary": True, "summary": "s", "evidence": [],
@@ -13,12 +13,12 @@ PAYLOAD = {"severity": "warning", "confidence": 0.8, "primary": True, "summary":
 def stored_findings(sessions, target_id: int, n: int, *moves: tuple[range, str, float]) -> None:
     """``n`` pending findings of models m000, m001, ..., then those in each range moved to a state."""
     with sessions.begin() as session:
-        rows = [repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
+        rows = [diagnosis_repository.create_finding(session, target_id, f"m{i:03d}", "queueing", 100.0 + i, PAYLOAD,
                                           flush=False) for i in range(n)]
         session.flush()
         for indices, state, at in moves:
             for i in indices:
-                repository.set_finding_state(session, rows[i], state, at, flush=False)
+                diagnosis_repository.set_finding_state(session, rows[i], state, at, flush=False)
 
 
 def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(store) -> None:
@@ -26,11 +26,12 @@ def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(s
     details = {"engine": "vllm", "findings": [{"regime": "queueing", "severity": "warning"}],
                "signals": {"waiting_mean": 12.5, "ttft_p99": 1.75}, "window": 300}
     with sessions.begin() as session:
-        repository.save_diagnosis(session, target_id, "m1", "queueing", 1000.0, details)
-        repository.save_diagnosis(session, target_id, "m2", "healthy", 1000.0, {"engine": "vllm", "findings": []})
+        diagnosis_repository.save_diagnosis(session, target_id, "m1", "queueing", 1000.0, details)
+        diagnosis_repository.save_diagnosis(session, target_id, "m2", "healthy", 1000.0, {"engine": "vllm",
+                                            "findings": []})
     with sessions() as session:
-        first = repository.latest_diagnoses(session)
-        again = repository.latest_diagnoses(session)
+        first = diagnosis_repository.latest_diagnoses(session)
+        again = diagnosis_repository.latest_diagnoses(session)
     assert [(d.target, d.model, d.verdict, d.evaluated_at) for d in first] == [
         ("t1", "m1", "queueing", 1000.0), ("t1", "m2", "healthy", 1000.0)]
     assert first[0].details == details
@@ -38,9 +39,9 @@ def test_latest_diagnoses_decode_each_stored_text_once_and_follow_every_change(s
     # the next round's details (same evaluation time, as a test's fixed clock gives) are read, not the cached ones
     changed = {**details, "signals": {"waiting_mean": 0.0, "ttft_p99": 0.25}}
     with sessions.begin() as session:
-        repository.save_diagnosis(session, target_id, "m1", "healthy", 1000.0, changed)
+        diagnosis_repository.save_diagnosis(session, target_id, "m1", "healthy", 1000.0, changed)
     with sessions() as session:
-        (one,) = repository.latest_diagnoses(session, target_id)[:1]
+        (one,) = diagnosis_repository.latest_diagnoses(session, target_id)[:1]
     assert one.verdict == "healthy" and one.details["signals"] == {"waiting_mean": 0.0, "ttft_p99": 0.25}
 
 
@@ -50,19 +51,19 @@ def test_a_read_fetches_only_the_details_it_has_not_decoded(store) -> None:
     engine, sessions, target_id = store
     with sessions.begin() as session:
         for i in range(30):
-            repository.save_diagnosis(session, target_id, f"m{i:02d}", "healthy", 1000.0,
+            diagnosis_repository.save_diagnosis(session, target_id, f"m{i:02d}", "healthy", 1000.0,
                                       {"engine": "vllm", "findings": [], "signals": {"i": i}})
     with sessions() as session:
-        repository.latest_diagnoses(session)  # decodes all 30
+        diagnosis_repository.latest_diagnoses(session)  # decodes all 30
     with executed(engine, parameters=True) as statements, sessions() as session:
-        unchanged = repository.latest_diagnoses(session)
+        unchanged = diagnosis_repository.latest_diagnoses(session)
     assert len(unchanged) == 30 and [d.details["signals"]["i"] for d in unchanged] == list(range(30))
     assert len(statements) == 1 and "details" not in statements[0][0].split("FROM")[0], statements
     with sessions.begin() as session:
-        repository.save_diagnosis(session, target_id, "m07", "queueing", 1015.0,
+        diagnosis_repository.save_diagnosis(session, target_id, "m07", "queueing", 1015.0,
                                   {"engine": "vllm", "findings": [{"regime": "queueing"}], "signals": {"i": 77}})
     with executed(engine, parameters=True) as statements, sessions() as session:
-        after = repository.latest_diagnoses(session)
+        after = diagnosis_repository.latest_diagnoses(session)
     assert len(statements) == 2, statements
     fetch, parameters = statements[1]
     assert "details" in fetch.split("FROM")[0]
@@ -82,30 +83,30 @@ def test_a_row_written_without_a_digest_of_its_evaluation_is_read_in_full(store)
     _, sessions, target_id = store
     old = {"engine": "vllm", "findings": [], "signals": {"waiting_mean": 0.0}}
     with sessions.begin() as session:
-        repository.save_diagnosis(session, target_id, "m1", "healthy", 1000.0, old)
+        diagnosis_repository.save_diagnosis(session, target_id, "m1", "healthy", 1000.0, old)
     with sessions() as session:
-        (before,) = repository.latest_diagnoses(session)
-    assert before.version == repository.details_digest(old)
+        (before,) = diagnosis_repository.latest_diagnoses(session)
+    assert before.version == diagnosis_repository.details_digest(old)
     new = {"engine": "vllm", "findings": [{"regime": "queueing"}], "signals": {"waiting_mean": 12.0}}
     with sessions.begin() as session:  # what an older writer does: the digest columns untouched
         session.execute(update(DiagnosisRow).values(verdict="queueing", evaluated_at=1015.0, details=new))
     with sessions() as session:
-        (after,) = repository.latest_diagnoses(session)
+        (after,) = diagnosis_repository.latest_diagnoses(session)
     assert (after.verdict, after.evaluated_at, after.details) == ("queueing", 1015.0, new)
     assert after.version != before.version  # keyed by its text, not by the stale digest
     with sessions.begin() as session:  # the next evaluation by a current writer has a digest again
-        repository.save_diagnosis(session, target_id, "m1", "queueing", 1030.0, new)
+        diagnosis_repository.save_diagnosis(session, target_id, "m1", "queueing", 1030.0, new)
     with sessions() as session:
-        (current,) = repository.latest_diagnoses(session)
-    assert current.version == repository.details_digest(new) and current.details == new
+        (current,) = diagnosis_repository.latest_diagnoses(session)
+    assert current.version == diagnosis_repository.details_digest(new) and current.details == new
 
 
 def test_open_finding_states_cover_every_open_finding(store) -> None:
     _, sessions, target_id = store
     stored_findings(sessions, target_id, 600, (range(450), "active", 900.0), (range(599, 600), "resolved", 950.0))
     with sessions() as session:
-        states = repository.open_finding_states(session)
-        only = repository.open_finding_states(session, target_id + 1)
+        states = diagnosis_repository.open_finding_states(session)
+        only = diagnosis_repository.open_finding_states(session, target_id + 1)
     # 599 open (more than the 500 newest a history read returns), the resolved one left out
     assert len(states) == 599 and only == {}
     assert states[("t1", "m000", "queueing")] == ("active", 900.0)
@@ -120,9 +121,9 @@ def test_the_open_findings_of_all_targets_are_read_by_state_not_by_scanning_the_
     engine, sessions, target_id = store
     stored_findings(sessions, target_id, 40, (range(30), "resolved", 900.0))
     with executed(engine, parameters=True) as statements, sessions() as session:
-        states = repository.open_finding_states(session)
-        history = repository.finding_history(session, states=("pending", "active"))
-        every_open = repository.all_open_findings(session)
+        states = diagnosis_repository.open_finding_states(session)
+        history = diagnosis_repository.finding_history(session, states=("pending", "active"))
+        every_open = diagnosis_repository.all_open_findings(session)
     assert len(states) == len(history) == 10 and sum(map(len, every_open.values())) == 10
     assert len(statements) == 3
     for statement, parameters in statements:

@@ -16,7 +16,7 @@ from app.core.quantiles import HistogramSnapshot
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalScalar
 from app.store import levels, reads, repository, retention
 from app.store.record import ScrapeRecord
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
 
 BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
 HOUR = 3600.0

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from app.store import partitions, repository
-from app.store.repository import SampleWriter
+from app.store import partitions
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.store.test_storage import record
 
 pytestmark = pytest.mark.postgres
@@ -29,7 +30,7 @@ def pg_store(request: pytest.FixtureRequest):
     engine = db.make_engine(url)
     sessions = db.make_sessionmaker(engine)
     with sessions.begin() as session:
-        target_id = repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
+        target_id = target_repository.create_target(session, name="t1", url="http://127.0.0.1:1/metrics", engine="auto",
                                              labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
     yield engine, sessions, target_id
     engine.dispose()

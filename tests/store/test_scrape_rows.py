@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from app.store import repository, retention
 from app.store.encoding import decode_counts, decode_scrape, encode_counts, encode_scrape, snapshot_blob
-from app.store.repository import SampleWriter
+from app.store.writer import SampleWriter
+from app.targets import repository as target_repository
 from tests.store.test_levels import rebuilt_levels, stored_levels
 from tests.store.test_storage import record
 
@@ -80,7 +81,7 @@ def test_two_rows_of_a_target_in_one_millisecond_keep_each_series_first_sample(s
     row lacks from the second; another target's row in the same millisecond is its own."""
     engine, sessions, target_id = store
     with sessions.begin() as session:
-        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
+        other = target_repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
     first = record(target_id, T0, (1, 1, 1, 1, 1), 1.0, 5.0, kv=math.nan)
     second = record(target_id, T0 + 0.0002, (2, 2, 2, 2, 2), 2.0, 6.0, kv=0.75)
     beside = record(other, T0, (3, 3, 3, 3, 3), 3.0, 7.0, kv=0.25)

@@ -7,12 +7,14 @@ import math
 import pytest
 from sqlalchemy import inspect
 
+from app.alerts import repository as alert_repository
 from app.core import quantiles
 from app.sources.base import Canonical, CanonicalHistogram, CanonicalInfo, CanonicalScalar
 from app.store import db, reads, repository, retention
 from app.store.models import Scrape, Target
 from app.store.record import ScrapeRecord
-from app.store.repository import DatabaseUnavailable, SampleWriter
+from app.store.writer import DatabaseUnavailable, SampleWriter
+from app.targets import repository as target_repository
 from tests.support.plans import executed, plan
 
 TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
@@ -184,7 +186,7 @@ def test_one_bad_scrape_does_not_drop_the_batch(store) -> None:
 def test_latest_scrape_of_one_target_is_the_one_all_targets_give(store) -> None:
     engine, sessions, target_id = store
     with sessions.begin() as session:
-        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
+        other = target_repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics", engine="auto",
                                          labels={}, scrape_interval=15.0, scrape_timeout=5.0).id
     t0 = 1_700_000_000.0
     SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(3)]
@@ -203,8 +205,8 @@ def test_the_latest_scrapes_are_read_by_one_index_lookup_per_target(store) -> No
     scrape log, whose length is 7 days of scrapes), and gives the newest scrape of each."""
     engine, sessions, target_id = store
     with sessions.begin() as session:
-        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
-        repository.create_target(session, name="t3", url="http://127.0.0.1:3/metrics")  # never scraped
+        other = target_repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics").id
+        target_repository.create_target(session, name="t3", url="http://127.0.0.1:3/metrics")  # never scraped
     t0 = 1_700_000_000.0
     SampleWriter(engine).write([record(target_id, t0 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(40)]
                                + [record(other, t0 + 7 + i * 15, (1.0,) * 5, 1.0, 1.0) for i in range(30)])
@@ -230,7 +232,7 @@ def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
     decoded the same way (JSON labels as a dict, ``up`` as a bool on SQLite's integers too)."""
     engine, sessions, target_id = store
     with sessions.begin() as session:
-        other = repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics",
+        other = target_repository.create_target(session, name="t2", url="http://127.0.0.1:2/metrics",
                                          labels={"pool": "a", "zone": "b"}, hardware={"gpu": "L4", "count": 2},
                                          scrape_interval=30.0, source="file_sd", origin="pods.json").id
     t0 = 1_700_000_000.0
@@ -239,7 +241,7 @@ def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
     columns = [c.key for c in inspect(Target).column_attrs]
     scrape_columns = [c.key for c in inspect(Scrape).column_attrs]
     with sessions() as session:
-        rows, objects = repository.target_rows(session), repository.list_targets(session)
+        rows, objects = target_repository.target_rows(session), target_repository.list_targets(session)
         latest = repository.latest_scrapes(session)
         orm_scrapes = {t: repository.latest_scrape(session, t) for t in (target_id, other)}
     assert [r.name for r in rows] == [o.name for o in objects] == ["t1", "t2"]
@@ -253,10 +255,10 @@ def test_the_read_only_rows_carry_what_the_orm_objects_do(store) -> None:
     assert (latest[other].ts, latest[other].error_class, latest[other].error) == (t0 + 7, "timeout", "no answer in 5s")
     # a target and a scrape added to the session and not yet flushed are seen, as an ORM read sees them
     with sessions.begin() as session:
-        third = repository.create_target(session, name="t0", url="http://127.0.0.1:3/metrics")
+        third = target_repository.create_target(session, name="t0", url="http://127.0.0.1:3/metrics")
         session.add(Scrape(target_id=other, ts=t0 + 60, up=True, duration=0.1, bytes=10, samples_seen=1,
                            samples_kept=1, malformed=0))
-        assert [r.name for r in repository.target_rows(session)] == ["t0", "t1", "t2"]
+        assert [r.name for r in target_repository.target_rows(session)] == ["t0", "t1", "t2"]
         latest = repository.latest_scrapes(session)
         assert latest[other].ts == t0 + 60 and third.id not in latest
 
@@ -298,16 +300,17 @@ def test_retention_prunes_finished_notifications_and_their_attempts_but_never_a_
                                                 ("old-pending", t0 + 2, "pending", None),
                                                 ("late-delivered", t0 + 3, "delivered", t0 + 500),
                                                 ("new-delivered", t0 + 400, "delivered", t0 + 405)):
-            row = repository.enqueue_notification(session, name, "hook", "{}:{}", "firing", "{}", created)
+            row = alert_repository.enqueue_notification(session, name, "hook", "{}:{}", "firing", "{}", created)
             for attempt in range(2):
-                repository.record_attempt(session, row, created + attempt, 500 if attempt == 0 else 200, 0.01, None,
+                alert_repository.record_attempt(session, row, created + attempt, 500 if attempt == 0 else 200, 0.01,
+                                                None,
                                           None)
             row.state, row.delivered_at = state, delivered
     deleted = retention.prune(sessions, 250.0, now=t0 + 450)  # cut-off: t0 + 200
     assert deleted["notifications"] == 2 and deleted["delivery_attempts"] == 4
     with sessions() as session:
-        left = repository.list_notifications(session)
-        attempts = repository.attempts_of(session, [n.id for n in left])
+        left = alert_repository.list_notifications(session)
+        attempts = alert_repository.attempts_of(session, [n.id for n in left])
     assert sorted(n.id for n in left) == ["late-delivered", "new-delivered", "old-pending"]
     assert sorted(len(a) for a in attempts.values()) == [2, 2, 2]
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.alerts import repository as alert_repository
 from app.alerts.config import ReceiverConfig
 from app.alerts.schemas import AlertInstance, group_key, notification_body, rfc3339
 from app.alerts.silences import MatcherError, check_budget, parse_matcher, silenced_by
@@ -25,7 +26,6 @@ from app.api.schemas import (
 from app.core.durations import format_utc
 from app.core.limits import MAX_MATCHERS, MAX_UNIX_TIME, UnixTime
 from app.core.urls import validate_target_url
-from app.store import repository
 
 router = APIRouter(prefix="/api/v1", tags=["alerts"])
 
@@ -51,12 +51,13 @@ def list_alerts(session: SessionDep, state: Annotated[str | None, Query(descript
     if state is not None and state not in ("pending", "firing", "resolved"):
         raise unprocessable("query.state", f"must be pending, firing or resolved, got {state!r}")
     cutoff = now - duration_param(since, "since", maximum=366 * 86400)
-    silences = repository.active_silences(session, now)
+    silences = alert_repository.active_silences(session, now)
     told: dict[str, list[str]] = {}
-    for (receiver, _), log in sorted(repository.notification_logs(session).items()):
+    for (receiver, _), log in sorted(alert_repository.notification_logs(session).items()):
         for fp in log.firing:
             told.setdefault(fp, []).append(receiver)
-    rows = [r for r in repository.list_alerts(session, states) if r.state != "resolved" or r.last_evaluated >= cutoff]
+    rows = [r for r in alert_repository.list_alerts(session,
+                                                    states) if r.state != "resolved" or r.last_evaluated >= cutoff]
     return [alert_out(r, silences, told, now) for r in rows]
 
 
@@ -89,7 +90,7 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
         except MatcherError as exc:
             raise unprocessable(f"body.matchers.{index}", str(exc)) from None
     try:
-        check_budget((row.matchers for row in repository.list_silences(session) if row.ends_at > now), matchers)
+        check_budget((row.matchers for row in alert_repository.list_silences(session) if row.ends_at > now), matchers)
     except MatcherError as exc:
         raise unprocessable("body.matchers", str(exc)) from None
     starts = body.startsAt if body.startsAt is not None else now
@@ -106,7 +107,8 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
     if ends > MAX_UNIX_TIME:
         raise unprocessable("body.duration" if body.duration is not None else "body.endsAt",
                             f"the silence would end after {format_utc(MAX_UNIX_TIME)}")
-    row = repository.create_silence(session, str(uuid.uuid4()), matchers, starts, ends, body.createdBy, body.comment,
+    row = alert_repository.create_silence(session, str(uuid.uuid4()), matchers, starts, ends, body.createdBy,
+                                          body.comment,
                                     now)
     session.commit()
     return silence_out(row, now)
@@ -115,12 +117,12 @@ def create_silence(body: SilenceIn, session: SessionDep) -> dict:
 @router.get("/silences", response_model=list[SilenceOut])
 def list_silences(session: SessionDep) -> list:
     now = time.time()
-    return [silence_out(r, now) for r in repository.list_silences(session)]
+    return [silence_out(r, now) for r in alert_repository.list_silences(session)]
 
 
 @router.get("/silences/{silence_id}", response_model=SilenceOut)
 def get_silence(silence_id: str, session: SessionDep) -> dict:
-    row = repository.get_silence(session, silence_id)
+    row = alert_repository.get_silence(session, silence_id)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"silence {silence_id!r} not found")
     return silence_out(row, time.time())
@@ -129,7 +131,7 @@ def get_silence(silence_id: str, session: SessionDep) -> dict:
 @router.delete("/silences/{silence_id}", response_model=SilenceOut, dependencies=[WriteAuth])
 def expire_silence(silence_id: str, session: SessionDep) -> dict:
     """Expire a silence now (it stays listed, as in Alertmanager)."""
-    row = repository.get_silence(session, silence_id)
+    row = alert_repository.get_silence(session, silence_id)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"silence {silence_id!r} not found")
     now = time.time()
@@ -148,7 +150,7 @@ def receiver_out(row) -> dict:
 
 @router.get("/receivers", response_model=list[ReceiverOut])
 def list_receivers(session: SessionDep) -> list:
-    return [receiver_out(r) for r in repository.list_receivers(session)]
+    return [receiver_out(r) for r in alert_repository.list_receivers(session)]
 
 
 @router.post("/receivers", response_model=ReceiverOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
@@ -161,21 +163,21 @@ def create_receiver(body: dict[str, Any], session: SessionDep, monitor: MonitorD
         validate_target_url(receiver.url, monitor.settings.allowed_target_hosts)
     except ValueError as exc:
         raise unprocessable("body.url", str(exc)) from None
-    if repository.get_receiver(session, receiver.name) is not None:
+    if alert_repository.get_receiver(session, receiver.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"receiver {receiver.name!r} already exists")
-    row = repository.save_receiver(session, receiver.name, receiver.model_dump(mode="json"), "api", time.time())
+    row = alert_repository.save_receiver(session, receiver.name, receiver.model_dump(mode="json"), "api", time.time())
     session.commit()
     return receiver_out(row)
 
 
 @router.delete("/receivers/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[WriteAuth])
 def delete_receiver(name: str, session: SessionDep) -> None:
-    row = repository.get_receiver(session, name)
+    row = alert_repository.get_receiver(session, name)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"receiver {name!r} not found")
     if row.source == "config":
         raise HTTPException(status.HTTP_409_CONFLICT, f"receiver {name!r} comes from the config file; remove it there")
-    repository.delete_receiver(session, row)
+    alert_repository.delete_receiver(session, row)
     session.commit()
 
 
@@ -183,7 +185,7 @@ def delete_receiver(name: str, session: SessionDep) -> None:
              dependencies=[WriteAuth])
 def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
     """Queue a test notification (a firing ``LLMLatencyTestNotification``) through the outbox."""
-    row = repository.get_receiver(session, name)
+    row = alert_repository.get_receiver(session, name)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"receiver {name!r} not found")
     receiver = ReceiverConfig.model_validate(row.config)
@@ -195,7 +197,7 @@ def test_receiver(name: str, session: SessionDep, monitor: MonitorDep) -> dict:
     group_labels = {"alertname": labels["alertname"]}
     status_text, body = notification_body(receiver.kind, name, group_labels, [instance],
                                           monitor.alerts_config.external_url)
-    notification = repository.enqueue_notification(session, str(uuid.uuid4()), name, group_key(group_labels),
+    notification = alert_repository.enqueue_notification(session, str(uuid.uuid4()), name, group_key(group_labels),
                                                    status_text, body, now)
     session.commit()
     return {"notification": notification.id, "state": notification.state}
@@ -206,8 +208,8 @@ def list_notifications(session: SessionDep, token_holder: TokenHolderDep, receiv
                        limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list:
     """The delivery log: every notification with all its attempts. An attempt's ``response``
     (the start of the receiver's answer) is shown only to a request carrying the API token."""
-    rows = repository.list_notifications(session, receiver, limit)
-    attempts = repository.attempts_of(session, [r.id for r in rows])
+    rows = alert_repository.list_notifications(session, receiver, limit)
+    attempts = alert_repository.attempts_of(session, [r.id for r in rows])
     return [{"id": r.id, "receiver": r.receiver, "groupKey": r.group_key, "seq": r.seq, "status": r.status,
              "state": r.state, "attempts": r.attempts, "createdAt": r.created_at, "deliveredAt": r.delivered_at,
              "nextAttemptAt": r.next_attempt_at if r.state == "pending" else None, "lastError": r.last_error,

@@ -10,7 +10,7 @@ from app.api.common import current_diagnoses, get_or_404
 from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import CapacityOut
 from app.diagnosis import capacity
-from app.store import repository
+from app.targets import repository as target_repository
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
 
@@ -25,7 +25,7 @@ def list_capacity(session: SessionDep, monitor: MonitorDep,
     burns its budget (the latest alerting round's burn rates). The same numbers as
     ``llm_latency_capacity_*`` on ``/metrics``."""
     target_id = get_or_404(session, target).id if target else None
-    gone = {t.name for t in repository.list_targets(session) if t.gone_at is not None}
+    gone = {t.name for t in target_repository.list_targets(session) if t.gone_at is not None}
     return [c for c in capacity.assess_all(current_diagnoses(session, monitor, target_id),
                                            monitor.diagnosis_config.thresholds, monitor.telemetry.slo.statuses)
             if c.target not in gone]

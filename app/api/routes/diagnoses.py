@@ -22,11 +22,11 @@ from app.api.deps import MonitorDep, SessionDep
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.core.limits import UnixTime
 from app.diagnosis import engine as diagnosis_engine
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.runtime.kept import KeptParts
-from app.store import repository
 from app.store.models import FindingRow
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
@@ -72,7 +72,7 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
     start = time.time() - duration_param(since, "since", maximum=366 * 86400)
     base = monitor.external_url
     return [finding_out(name, row, base) for name, row in
-            repository.finding_history(session, target_id, since=start, limit=limit)]
+            diagnosis_repository.finding_history(session, target_id, since=start, limit=limit)]
 
 
 @router.get("/targets/{name}/diagnosis", response_model=list[DiagnosisOut], response_model_exclude_unset=True)

@@ -63,6 +63,7 @@ from app.api.redaction import url_as_shown
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
+from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import Evidence
 from app.diagnosis.rounds import RoundSummaries
 from app.probe import repository as probe_repository
@@ -73,6 +74,7 @@ from app.store import repository
 from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, SOURCE_KIND, ScrapeView, Target, TargetView
 from app.summaries import answers
+from app.targets import repository as target_repository
 from app.window import TargetWindow
 from app.windows import WindowError
 from app.windows.base import TTFT_PARTS, HistogramHistory, SourceStatus
@@ -645,7 +647,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     targets the last round's summaries do not answer are computed here, under the request
     budget (503 past ``api_request_budget``, like the JSON API)."""
     seconds, end, live = page_params(monitor, window, end)
-    everything = repository.target_rows(session)
+    everything = target_repository.target_rows(session)
     targets = [t for t in everything if t.gone_at is None]
     gone = sorted((t for t in everything if t.gone_at is not None), key=lambda t: t.name)
     failing = failing_sources(monitor)
@@ -705,9 +707,9 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
     ``api_request_budget``, like ``/api/v1/targets/{name}/latency``)."""
     seconds, end, live = page_params(monitor, window, end)
     context = common(request, monitor, seconds, end, live)
-    target: Target | None = repository.get_target(session, name)
+    target: Target | None = target_repository.get_target(session, name)
     if target is None:
-        return html("not_found.html", 404, name=name, targets=[t.name for t in repository.list_targets(session)],
+        return html("not_found.html", 404, name=name, targets=[t.name for t in target_repository.list_targets(session)],
                     **context)
     with bounded(budget), statement_budget(session, budget):  # every statement of the page
         stale = stale_source(target, failing_sources(monitor))
@@ -739,7 +741,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
             split = {"queue": queue, "prefill": prefill, "ttft": ttft,
                      "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
         pd = report.get("disaggregation")  # the same split as its /latency answer
-        history = [row for _, row in repository.finding_history(session, target.id, limit=50)]
+        history = [row for _, row in diagnosis_repository.finding_history(session, target.id, limit=50)]
         health = scrape_health(latest[0] if latest else None, interval, end)
         if stale is not None:
             health.stale = True

@@ -45,6 +45,7 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
 from app.store.models import DISCOVERED_SOURCES, ScrapeView, Target, TargetView
+from app.targets import repository as target_repository
 
 router = APIRouter(prefix="/api/v1", tags=["targets"])
 
@@ -117,7 +118,7 @@ FLEET_LATENCY_OUT = TypeAdapter(FleetLatencyOut)
 def target_key(monitor: Monitor, target: TargetView, last: ScrapeView | None, token_holder: bool) -> tuple:
     """Everything a target's JSON in the list is made of. Its JSON columns (labels, hardware,
     canary) are stood for by ``updated_at``: they change only through
-    :func:`app.store.repository.update_target`, which sets it; a scrape row never changes."""
+    :func:`app.targets.repository.update_target`, which sets it; a scrape row never changes."""
     s = monitor.settings
     return (target.id, target.name, target.url, target.engine, target.detected_engine, target.scrape_interval,
             target.scrape_timeout, target.source, target.origin, target.gone_at, target.created_at,
@@ -137,7 +138,7 @@ def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHo
     returned value; and a target's JSON is kept while what it shows is unchanged, since between
     two reads most targets are (a scrape every 15 s)."""
     latest = repository.latest_scrapes(session)
-    shown = [(t, latest.get(t.id)) for t in repository.target_rows(session)]
+    shown = [(t, latest.get(t.id)) for t in target_repository.target_rows(session)]
     parts = TARGET_JSON.parts((target_key(monitor, t, last, token_holder), (monitor, t, last, token_holder))
                               for t, last in shown)
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")
@@ -146,9 +147,9 @@ def list_targets(session: SessionDep, monitor: MonitorDep, token_holder: TokenHo
 @router.post("/targets", response_model=TargetOut, status_code=status.HTTP_201_CREATED, dependencies=[WriteAuth])
 def create_target(body: TargetIn, session: SessionDep, monitor: MonitorDep) -> TargetOut:
     check_url(monitor, body.url)
-    if repository.get_target(session, body.name) is not None:
+    if target_repository.get_target(session, body.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"target {body.name!r} already exists")
-    target = repository.create_target(session, **body.model_dump(mode="json"))
+    target = target_repository.create_target(session, **body.model_dump(mode="json"))
     session.commit()
     reschedule(monitor)
     return target_out(monitor, target)
@@ -167,7 +168,7 @@ def replace_target(name: str, body: TargetIn, session: SessionDep, monitor: Moni
     check_url(monitor, body.url)
     target = get_or_404(session, name)
     refuse_discovered(target, "replaced")
-    repository.update_target(session, target, **body.model_dump(mode="json", exclude={"name"}))
+    target_repository.update_target(session, target, **body.model_dump(mode="json", exclude={"name"}))
     session.commit()
     reschedule(monitor)
     return target_out(monitor, target)
@@ -190,7 +191,7 @@ def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: Mon
         TargetConfig.model_validate(merged)  # the combination must still be valid
     except ValidationError as exc:
         raise unprocessable_from(exc) from None
-    repository.update_target(session, target, **changes)
+    target_repository.update_target(session, target, **changes)
     session.commit()
     reschedule(monitor)
     return target_out(monitor, target)
@@ -202,7 +203,7 @@ def delete_target(name: str, session: SessionDep, monitor: MonitorDep) -> None:
     if target.gone_at is None:  # a gone discovered target may be deleted with its history
         refuse_discovered(target, "deleted while its discovery still lists it")
     monitor.forget_target(target.id)
-    repository.delete_target(session, target)
+    target_repository.delete_target(session, target)
     session.commit()
     reschedule(monitor)
 
@@ -330,7 +331,7 @@ def scrape_health(session: SessionDep, monitor: MonitorDep, window: str = "1h") 
     latest = repository.latest_scrapes(session)
     counts = repository.scrape_counts_by_target(session, since)  # one query for the fleet, not one per target
     out = []
-    for target in repository.target_rows(session):
+    for target in target_repository.target_rows(session):
         total, failed = counts.get(target.id, (0, 0))
         out.append({"target": target.name, "engine": target.detected_engine or target.engine,
                     "scrapes": total, "failed": failed,
