@@ -22,7 +22,7 @@ def _bucket_json(bucket: tuple[float, float]) -> list[float | None]:
 
 
 @dataclass(frozen=True, slots=True)
-class SignalSummary(LatencySummary):
+class WindowSummary(LatencySummary):
     """One signal's summary in a latency answer. ``derivation`` is set when the engine has no
     histogram of the signal and it is computed from others (TGI's TTFT from queue and
     prefill): then the quantiles are None and ``bounds`` holds, per quantile, the interval
@@ -32,7 +32,7 @@ class SignalSummary(LatencySummary):
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, summary: LatencySummary, derivation: str | None = None) -> SignalSummary:
+    def of(cls, summary: LatencySummary, derivation: str | None = None) -> WindowSummary:
         return cls(summary.p50, summary.p90, summary.p95, summary.p99, summary.mean, summary.count,
                    dict(summary.intervals), summary.count_estimate, derivation)
 
@@ -58,7 +58,7 @@ class SignalSummary(LatencySummary):
         return out
 
 
-def derived_ttft(queue: WindowHistogram, prefill: WindowHistogram) -> SignalSummary:
+def derived_ttft(queue: WindowHistogram, prefill: WindowHistogram) -> WindowSummary:
     """TGI's TTFT from its queue and prefill histograms: the mean exactly, each quantile as a bound.
 
     Per request TTFT = Q + P (queue wait, then prefill), both >= 0. Means add:
@@ -88,25 +88,25 @@ def derived_ttft(queue: WindowHistogram, prefill: WindowHistogram) -> SignalSumm
         assert lower_q and lower_p and upper_q and upper_p
         bounds[key] = (max(lower_q[0], lower_p[0], 0.0), upper_q[1] + upper_p[1])
     mean = None if queue_s.mean is None or prefill_s.mean is None else queue_s.mean + prefill_s.mean
-    return SignalSummary(None, None, None, None, mean, queue_s.count, {}, queue_s.count_estimate,
+    return WindowSummary(None, None, None, None, mean, queue_s.count, {}, queue_s.count_estimate,
                          TTFT_DERIVATION, bounds)
 
 
-def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict[str, SignalSummary]:
+def summarize_histograms(histograms: dict[str, WindowHistogram | None]) -> dict[str, WindowSummary]:
     """The latency answer's per-signal summaries: every histogram signal with data in the
     window, plus TGI's TTFT derived from queue and prefill when the engine has no TTFT."""
-    out: dict[str, SignalSummary] = {}
+    out: dict[str, WindowSummary] = {}
     for signal in HISTOGRAM_SIGNALS:
         merged = histograms.get(signal)
         if merged is not None:
-            out[signal] = SignalSummary.of(quantiles.summarize(merged))
+            out[signal] = WindowSummary.of(quantiles.summarize(merged))
     queue, prefill = histograms.get("queue_time"), histograms.get("prefill_time")
     if "ttft" not in out and queue is not None and prefill is not None:
         out["ttft"] = derived_ttft(queue, prefill)
     return out
 
 
-def summaries_dict(summaries: dict[str, SignalSummary]) -> dict[str, dict[str, Any]]:
+def summaries_dict(summaries: dict[str, WindowSummary]) -> dict[str, dict[str, Any]]:
     """Per-signal summaries in their JSON form."""
     return {signal: summary.to_dict() for signal, summary in summaries.items()}
 

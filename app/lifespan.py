@@ -54,7 +54,7 @@ from app.replicas import membership as replicas
 from app.runtime import malloc, scheduling
 from app.runtime.changes import Changing
 from app.scrape.discovery import DiscoveryService
-from app.scrape.jobs import TargetSpec
+from app.scrape.jobs import ScrapeSpec
 from app.scrape.scheduler import ScrapeService
 from app.settings import Settings
 from app.slo import repository as slo_repository
@@ -114,7 +114,7 @@ class Monitor:
         self._stopping = threading.Event()
         self._replica_threads = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="replica")
         self._sqlite_lock: IO[str] | None = None  # held while this process uses a SQLite file
-        self._canaries: dict[str, tuple[TargetSpec, CanaryConfig]] | None = None  # as last scheduled
+        self._canaries: dict[str, tuple[ScrapeSpec, CanaryConfig]] | None = None  # as last scheduled
         self._reloading = asyncio.Lock()  # one reload_targets at a time (made again in start(), on its loop)
 
     @property
@@ -158,11 +158,11 @@ class Monitor:
                                                    [r.model_dump(mode="json") for r in config.alerts.receivers],
                                              time.time())
 
-    def target_specs(self) -> list[TargetSpec]:
+    def target_specs(self) -> list[ScrapeSpec]:
         s = self.settings
         with self.sessions() as session:
             return [
-                TargetSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
+                ScrapeSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
                                t.scrape_interval or s.default_scrape_interval), dict(t.labels))
                 for t in target_repository.list_targets(session)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.latency import HISTOGRAM_SIGNALS, SignalSummary
+from app.latency import HISTOGRAM_SIGNALS, WindowSummary
 from app.runtime.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
 from app.store import reads, repository
@@ -88,7 +88,7 @@ def fleet_body(targets: list[TargetView], excluded: list[TargetView], windows: d
     return {"targets": [t.name for t in targets], **extra, **latency.report_from_window(merged)}
 
 
-def _time_summaries(name: str, window: TargetWindow, out: dict[tuple[str, str, str], SignalSummary]) -> None:
+def _time_summaries(name: str, window: TargetWindow, out: dict[tuple[str, str, str], WindowSummary]) -> None:
     with target_boundary(SUMMARIES_JOB, name):
         found = {(name, model, signal): summary for model, model_window in window.models.items()
                  if model_window.histograms
@@ -108,7 +108,7 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
     began = time.monotonic()
     end = time.time() if end is None else end
     start = end - window
-    summaries: dict[tuple[str, str, str], SignalSummary] = {}
+    summaries: dict[tuple[str, str, str], WindowSummary] = {}
     with sessions() as session:
         members, excluded = fleet_members(session)
         everything = [*members, *excluded]

@@ -473,7 +473,7 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
                      pg: PostgresScratch | None = None, profile: bool = False) -> PathResult:
     """Warm-up round + ``rounds`` measured rounds of every target scraped once and written."""
     from app.scrape.client import PageFetcher
-    from app.scrape.jobs import TargetScraper, TargetSpec
+    from app.scrape.jobs import ScrapeSpec, TargetScraper
     from app.scrape.scheduler import tune_collector
     from app.store import db
     from app.store.levels import LEVELS
@@ -493,7 +493,7 @@ async def whole_path(kind: PageKind, db_label: str, url: str, n_targets: int, ro
             # adapter); saves the unmeasured warm-up round a second cold parse per target.
             target = create_target(session, name=f"t{i}", url=kind.server.url(i), engine="vllm", labels={},
                                    scrape_interval=1.0, scrape_timeout=10.0)
-            specs.append(TargetSpec(target.id, target.name, target.url, "vllm", 1.0, 10.0))
+            specs.append(ScrapeSpec(target.id, target.name, target.url, "vllm", 1.0, 10.0))
     writer = SampleWriter(engine)
     pending: list = []
     last_ts: dict[int, float] = {}

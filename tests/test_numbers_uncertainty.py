@@ -66,7 +66,7 @@ def test_plus_inf_bucket_is_above_the_largest_bound() -> None:
     s = quantiles.summarize(h)
     assert s.p99 == 80.0 and s.interval("p99") == (80.0, INF)
     assert human.quantile(s.p99, s.interval("p99")) == "> 80 s"
-    body = latency.SignalSummary.of(s).to_dict()
+    body = latency.WindowSummary.of(s).to_dict()
     assert body["intervals"]["p99"] == [80.0, None]  # JSON has no Infinity
     # a quantile in an inner bucket is its interpolated value, the bucket in the tooltip
     assert human.quantile(s.p50, s.interval("p50")) == f"{s.p50 * 1000:.1f} ms"

@@ -11,7 +11,7 @@ import pytest
 
 from app.replicas.membership import Membership, Ownership, owner
 from app.runtime import scheduling
-from app.scrape.jobs import TargetSpec
+from app.scrape.jobs import ScrapeSpec
 from app.scrape.scheduler import ScrapeService
 from app.store import db, repository
 from app.targets import repository as target_repository
@@ -38,7 +38,7 @@ def test_the_old_owner_neither_scrapes_nor_writes_a_target_handed_over(a_heartbe
         sessions = db.make_sessionmaker(engine)
         with sessions.begin() as session:
             target_id = target_repository.create_target(session, name=NAME, url=page.url, engine="vllm", labels={}).id
-        spec = TargetSpec(target_id, NAME, page.url, "vllm", 15.0, 2.0)
+        spec = ScrapeSpec(target_id, NAME, page.url, "vllm", 15.0, 2.0)
         members = {r: Membership(sessions, r, EXPIRY, clock=now, shared_clock=lambda _: now()) for r in (A, B)}
         ownerships = {r: Ownership(r, 1.5 * HEARTBEAT) for r in (A, B)}
         telemetry = {r: Telemetry() for r in (A, B)}

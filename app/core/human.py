@@ -96,7 +96,7 @@ def bounded(bucket: Sequence[float | None] | None, unit: str = "s") -> str:
 
 
 def field(summary: object, name: str) -> object:
-    """A field of a summary given as an object (:class:`app.latency.SignalSummary`) or its JSON form."""
+    """A field of a summary given as an object (:class:`app.latency.WindowSummary`) or its JSON form."""
     if summary is None:
         return None
     if isinstance(summary, dict):

@@ -21,7 +21,7 @@ from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.latency import report_from_window
 from app.scrape.client import PageFetcher
-from app.scrape.jobs import TargetScraper, TargetSpec
+from app.scrape.jobs import ScrapeSpec, TargetScraper
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db
 from app.store.record import ScrapeRecord
@@ -79,7 +79,7 @@ class OneShotResult:
 async def _scrape_window(url: str, engine: str, window: float, interval: float, timeout: float) -> list[ScrapeRecord]:
     records: list[ScrapeRecord] = []
     async with PageFetcher(max_concurrency=1) as fetcher:
-        scraper = TargetScraper(TargetSpec(1, "target", url, engine, interval, timeout), fetcher, records.append)
+        scraper = TargetScraper(ScrapeSpec(1, "target", url, engine, interval, timeout), fetcher, records.append)
         started = time.monotonic()
         await scraper.run()
         if not records[-1].up or records[-1].error_class == "no_engine_metrics":

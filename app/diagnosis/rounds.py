@@ -23,7 +23,7 @@ from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.diagnosis.telemetry import DiagnosisCollector
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.runtime.scheduling import DIAGNOSIS_JOB, target_boundary
@@ -47,7 +47,7 @@ class RoundSummaries:
 
     start: float
     end: float
-    by_target: dict[int, dict[str, SignalSummary]] = field(default_factory=dict)
+    by_target: dict[int, dict[str, WindowSummary]] = field(default_factory=dict)
     took: float = 0.0  # seconds the round ran (app.summaries.answers)
 
 
@@ -71,7 +71,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
     reads.discover(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS)
     results: list[RoundResult] = []
     evaluated: list[tuple[int, Diagnosis]] = []
-    summaries: dict[int, dict[str, SignalSummary]] = {}
+    summaries: dict[int, dict[str, WindowSummary]] = {}
     # Read and compute with no write transaction open (WAL: the scrape writer never waits on
     # a round); the windows in a fixed number of set-based reads per chunk of targets.
     with sessions() as session:

@@ -34,7 +34,7 @@ from app.core.urls import check_url_in_file
 from app.probe import repository as probe_repository
 from app.probe.runner import ProbeResult, ProbeSpec, run_probe
 from app.runtime.scheduling import in_thread
-from app.scrape.jobs import TargetSpec
+from app.scrape.jobs import ScrapeSpec
 from app.store.models import ProbeRunRow
 from app.targets import repository as target_repository
 
@@ -118,7 +118,7 @@ def _finish(sessions: sessionmaker[Session], run_id: int, result: ProbeResult | 
 
 async def run_canary_async(sessions: sessionmaker[Session], target: _TargetLike, config: CanaryConfig, *,
                            on_result: Callable[[ProbeRunRow], None] | None = None) -> ProbeRunRow | None:
-    """Run one canary for ``target`` (a ``Target`` row, a scrape ``TargetSpec``, anything with
+    """Run one canary for ``target`` (a ``Target`` row, a scrape ``ScrapeSpec``, anything with
     ``name`` and ``url``; ``id`` when it has one) and store it. Failed requests are results,
     not exceptions: the run is ``done`` with its errors in the summary; only a canary that
     could not run at all (e.g. a missing API key) is stored as ``error``."""
@@ -205,15 +205,15 @@ def latest_single_request_baseline(session: Session, target: int | str, since: f
 CANARY_JOB_PREFIX = "canary:"
 
 
-def canary_configs(sessions: sessionmaker[Session]) -> dict[str, tuple[TargetSpec, CanaryConfig]]:
+def canary_configs(sessions: sessionmaker[Session]) -> dict[str, tuple[ScrapeSpec, CanaryConfig]]:
     """Target name -> (target, canary settings) of every target whose canary is enabled."""
     with sessions() as session:
-        return {t.name: (TargetSpec(t.id, t.name, t.url), CanaryConfig.model_validate(t.canary))
+        return {t.name: (ScrapeSpec(t.id, t.name, t.url), CanaryConfig.model_validate(t.canary))
                 for t in target_repository.list_targets(session) if t.canary and t.canary.get("enabled")}
 
 
 def sync_canaries(scheduler: AsyncIOScheduler, sessions: sessionmaker[Session],
-                  wanted: dict[str, tuple[TargetSpec, CanaryConfig]], *,
+                  wanted: dict[str, tuple[ScrapeSpec, CanaryConfig]], *,
                   on_result: Callable[[ProbeRunRow], None] | None = None) -> None:
     """Make the ``canary:<target>`` jobs match ``wanted`` (:func:`canary_configs`): one
     periodic single-request probe job per target that enables it, none for the others."""
@@ -221,7 +221,7 @@ def sync_canaries(scheduler: AsyncIOScheduler, sessions: sessionmaker[Session],
         if job.id.startswith(CANARY_JOB_PREFIX) and job.id.removeprefix(CANARY_JOB_PREFIX) not in wanted:
             job.remove()
     for name, (spec, config) in wanted.items():
-        def run(spec: TargetSpec = spec, config: CanaryConfig = config) -> None:
+        def run(spec: ScrapeSpec = spec, config: CanaryConfig = config) -> None:
             run_canary(sessions, spec, config, on_result=on_result)
         scheduler.add_job(in_thread(run, f"canary_{name}"), "interval", seconds=config.interval,
                           id=f"{CANARY_JOB_PREFIX}{name}", max_instances=1, coalesce=True, replace_existing=True)

@@ -101,8 +101,8 @@ def format_duration(seconds: float) -> str:
 
 
 @dataclass(slots=True)
-class Sample:
-    """One element of an instant vector (a scalar answer is one Sample with no labels)."""
+class VectorSample:
+    """One element of an instant vector (a scalar answer is one VectorSample with no labels)."""
 
     labels: dict[str, str]
     value: float
@@ -196,13 +196,13 @@ class Limits:
             raise PromAPIError("too_large", f"the answer holds more than {self.samples} points (max_samples)")
 
 
-def _vector(data: Any, limits: Limits = Limits()) -> list[Sample]:
+def _vector(data: Any, limits: Limits = Limits()) -> list[VectorSample]:
     """``data`` of an instant query; its ``result`` a list, or an iterator of items (streamed)."""
     if not isinstance(data, dict):
         raise _not_prometheus("no result data")
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar":
-        return [Sample({}, _point(result)[1])]
+        return [VectorSample({}, _point(result)[1])]
     if kind == "matrix":
         raise PromAPIError("bad_query", "query rejected: an instant query must return an instant vector, not a range")
     if kind == "string":
@@ -211,7 +211,7 @@ def _vector(data: Any, limits: Limits = Limits()) -> list[Sample]:
         raise _not_prometheus("unknown result type")
     if isinstance(result, list):
         limits.check(len(result), len(result))
-    out: list[Sample] = []
+    out: list[VectorSample] = []
     for item in result:
         if len(out) == limits.series:
             limits.check(len(out) + 1, 0)
@@ -219,11 +219,11 @@ def _vector(data: Any, limits: Limits = Limits()) -> list[Sample]:
             labels, (t, v) = item["metric"], item["value"]
             if type(labels) is not dict or type(v) is not str or type(t) not in (int, float):
                 raise TypeError
-            out.append(Sample(_labels(labels), float(v)))
+            out.append(VectorSample(_labels(labels), float(v)))
         except (TypeError, KeyError, ValueError):
             if not isinstance(item, dict):
                 raise _not_prometheus("malformed result") from None
-            out.append(Sample(_labels(item.get("metric", {})), _point(item.get("value"))[1]))
+            out.append(VectorSample(_labels(item.get("metric", {})), _point(item.get("value"))[1]))
     return out
 
 
@@ -340,7 +340,7 @@ class PrometheusClient:
             return self._queries
 
     # ---- API -------------------------------------------------------------------------------
-    def query(self, promql: str, time: float) -> QueryResult[Sample]:
+    def query(self, promql: str, time: float) -> QueryResult[VectorSample]:
         """``/api/v1/query`` at ``time`` (unix seconds)."""
         data, warnings = self._call("query", {"query": promql, "time": format_time(time)})
         return QueryResult(_vector(data, self.limits), warnings)

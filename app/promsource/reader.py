@@ -76,7 +76,7 @@ class QueryClient(Protocol):
 
 
 @dataclass(slots=True)
-class Discovered:
+class SourceTargets:
     """The targets of a source at one instant: engine per target, and ``up`` where known."""
 
     engines: dict[TargetKey, str] = field(default_factory=dict)
@@ -186,13 +186,13 @@ class SourceReader:
         return SourceQueries(self.target_labels, (*self.matchers, *extra), self.service_labels)
 
     # ------------------------------------------------------------------ discovery
-    def discover(self, now: float) -> Discovered:
+    def discover(self, now: float) -> SourceTargets:
         """Targets whose engine series exist at ``now`` (Prometheus' 5-minute lookback, ended early
         by staleness markers when a pod goes away), and the ``up`` of every target it scrapes."""
         q = self._queries(None)
         presence, up = self.client.map(lambda text: self.client.query(text, now), [q.presence(), q.up()])
         engines = {f.name: f.engine for f in PRESENCE_FAMILIES}
-        found = Discovered()
+        found = SourceTargets()
         for sample in presence.data:
             engine = engines.get(sample.labels.get("__name__", ""))
             if engine is not None:
@@ -520,4 +520,4 @@ def _overall(models: dict[str, ModelWindow]) -> ModelWindow:
     return overall
 
 
-__all__ = ["Discovered", "GAUGE_FAMILIES", "SourceReader", "TargetKey"]
+__all__ = ["SourceTargets", "GAUGE_FAMILIES", "SourceReader", "TargetKey"]

@@ -28,7 +28,7 @@ from app.core.quantiles import WindowHistogram
 from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
-from app.promsource.reader import Discovered, SourceReader, TargetKey
+from app.promsource.reader import SourceReader, SourceTargets, TargetKey
 from app.promsource.status import SourceStatus
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store.models import SERVICE_KIND, SOURCE_KIND, Target, TargetView
@@ -215,7 +215,7 @@ class SourceService:
         status.down = sum(1 for key, up in found.up.items() if up == 0 and key in live_keys)
         return result
 
-    def _sync(self, source: PrometheusSource, session: Session, found: Discovered,
+    def _sync(self, source: PrometheusSource, session: Session, found: SourceTargets,
               windows: dict[TargetKey, TargetWindow], now: float) -> list[SourceTarget]:
         config = source.config
         known = {t.name: t for t in target_repository.list_targets(session)

@@ -21,7 +21,7 @@ from app.promql.text import (
     prom_duration,
     quantile_name,
 )
-from app.rules_export.engines import SLO_WORDS, Engine, Scope
+from app.rules_export.engines import SLO_WORDS, EngineExposition, Scope
 from app.rules_export.recording import Group
 
 # ----------------------------------------------------------------------------- alerts
@@ -55,7 +55,7 @@ class RegimeAlerts:
     regime alert shares, and :meth:`add`."""
 
     regime: str
-    engine: Engine
+    engine: EngineExposition
     recorded: dict[str, str | None]
     t: Thresholds
     w: str  # the regime window as a Prometheus duration

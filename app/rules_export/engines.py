@@ -65,7 +65,7 @@ def scope_of(config: FileConfig, source: str | None = None) -> Scope:
 
 
 @dataclass(frozen=True)
-class Engine:
+class EngineExposition:
     """What the exported PromQL needs to know about one engine's exposition."""
 
     name: str  # "vllm" | "tgi" | "sglang" | "trtllm"
@@ -117,7 +117,7 @@ class Engine:
             return f"{metric}{{{self.matchers}}}"
         return f"{metric}{selector[:-1]},{self.matchers}}}"
 
-    def scoped(self, scope: Scope) -> Engine:
+    def scoped(self, scope: Scope) -> EngineExposition:
         """This engine read through ``scope`` (the defaults: the engine's own ``by``)."""
         if scope.source is None:
             return self
@@ -132,7 +132,7 @@ class Engine:
         return signal in self.histograms or (signal == "ttft" and self.name == "tgi")
 
 
-VLLM = Engine(
+VLLM = EngineExposition(
     "vllm", "vLLM", ("job", "instance", "model_name"),
     histograms={
         "ttft": ("vllm:time_to_first_token_seconds", ""),
@@ -156,7 +156,7 @@ VLLM = Engine(
     render="vllm:request_render_duration_seconds",
 )
 
-TGI = Engine(
+TGI = EngineExposition(
     "tgi", "TGI", ("job", "instance"),
     histograms={
         "itl": ("tgi_batch_inference_duration", '{method="decode"}'),
@@ -175,7 +175,7 @@ TGI = Engine(
 SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                       0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)  # SGLang 0.5 defaults
 
-SGLANG = Engine(
+SGLANG = EngineExposition(
     "sglang", "SGLang", ("job", "instance", "model_name"),
     histograms={
         "ttft": ("sglang:time_to_first_token_seconds", ""),
@@ -203,7 +203,7 @@ SGLANG = Engine(
 #: bandwidth_bound, weights_offloaded) have no alerts for it (the built-in diagnosis lists them as
 #: not judged). It has no prompt-length histogram either: prefill_compute reads the mean prompt
 #: length from the prompt-token and finished-request counters, as the built-in rule does.
-TRTLLM = Engine(
+TRTLLM = EngineExposition(
     "trtllm", "TensorRT-LLM", ("job", "instance", "model_name"),
     histograms={
         "ttft": ("trtllm_time_to_first_token_seconds", ""),

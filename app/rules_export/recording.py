@@ -14,14 +14,14 @@ from app.promql.text import (
     num,
     quantile_name,
 )
-from app.rules_export.engines import PREFIX, STANDARD_QUANTILES, TGI, Engine
+from app.rules_export.engines import PREFIX, STANDARD_QUANTILES, TGI, EngineExposition
 
 # ----------------------------------------------------------------------------- builder
 
 
 @dataclass
 class Group:
-    engine: Engine
+    engine: EngineExposition
     rules: list[dict[str, Any]] = field(default_factory=list)
     recorded: set[str] = field(default_factory=set)
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class TargetSpec:
+class ScrapeSpec:
     """What the scheduler needs to know about a target (a detached copy of the DB row)."""
 
     id: int
@@ -85,8 +85,8 @@ class PageProcessor:
 class TargetScraper:
     """The scheduled job for one target."""
 
-    def __init__(self, spec: TargetSpec, fetcher: PageFetcher, sink: Callable[[ScrapeRecord], None],
-                 on_result: Callable[[TargetSpec, ScrapeRecord], None] | None = None) -> None:
+    def __init__(self, spec: ScrapeSpec, fetcher: PageFetcher, sink: Callable[[ScrapeRecord], None],
+                 on_result: Callable[[ScrapeSpec, ScrapeRecord], None] | None = None) -> None:
         self.spec = spec
         self.fetcher = fetcher
         self.sink = sink

@@ -31,7 +31,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from sqlalchemy import Engine
 
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES, PageFetcher
-from app.scrape.jobs import TargetScraper, TargetSpec
+from app.scrape.jobs import ScrapeSpec, TargetScraper
 from app.store.record import ScrapeRecord
 from app.store.writer import DatabaseUnavailable, SampleWriter
 
@@ -87,7 +87,7 @@ class ScrapeService:
         self._reported_engines: dict[str, str] = {}  # target -> engine already stored as detected
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, targets: list[TargetSpec]) -> None:
+    async def start(self, targets: list[ScrapeSpec]) -> None:
         tune_collector()
         await self.fetcher.start()
         self.sync_targets(targets)
@@ -111,7 +111,7 @@ class ScrapeService:
         await self.fetcher.close()
 
     # ------------------------------------------------------------------ targets
-    def sync_targets(self, targets: list[TargetSpec], immediate: set[str] | frozenset[str] = frozenset()) -> None:
+    def sync_targets(self, targets: list[ScrapeSpec], immediate: set[str] | frozenset[str] = frozenset()) -> None:
         """Make the scheduled jobs match ``targets`` (add, replace changed, remove gone).
         A new target named in ``immediate`` (taken over from a dead replica) is scraped at
         once instead of at its usual offset in the interval."""
@@ -123,7 +123,7 @@ class ScrapeService:
             if name not in self.scrapers:
                 self._add(spec, now=name in immediate)
 
-    def _add(self, spec: TargetSpec, now: bool = False) -> None:
+    def _add(self, spec: ScrapeSpec, now: bool = False) -> None:
         scraper = TargetScraper(spec, self.fetcher, functools.partial(self._accept, spec.name), self._on_result)
         self.scrapers[spec.name] = scraper
         offset = 0.0 if now else (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
@@ -172,7 +172,7 @@ class ScrapeService:
             return
         self._pending.append(record)
 
-    def _on_result(self, spec: TargetSpec, record: ScrapeRecord) -> None:
+    def _on_result(self, spec: ScrapeSpec, record: ScrapeRecord) -> None:
         self.telemetry.record_scrape(spec.name, record.up, record.error_class, record.duration, record.bytes,
                                      record.samples_kept, record.malformed, record.ts)
         self.telemetry.queue_depth.set(len(self._pending))

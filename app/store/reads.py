@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.core import quantiles
 from app.core.quantiles import HistogramSnapshot, WindowHistogram, to_millis
-from app.latency import SignalSummary, report_from_window, series_point, summarize_histograms
+from app.latency import WindowSummary, report_from_window, series_point, summarize_histograms
 from app.runtime.budget import checkpoint
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store import levels, repository
@@ -66,7 +66,7 @@ def load_histograms(session: Session, target_ids: Sequence[int], signals: Sequen
 
 
 def summarize_signals(loaded: LoadedHistograms, start: float, end: float,
-                      model: str | None = None) -> dict[str, SignalSummary]:
+                      model: str | None = None) -> dict[str, WindowSummary]:
     return summarize_histograms({signal: loaded.merged(start, end, signal, model) for signal in HISTOGRAM_SIGNALS})
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, TargetView
@@ -66,8 +66,8 @@ class Windows:
         return out
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
-                        ) -> dict[int, dict[str, SignalSummary]]:
-        out: dict[int, dict[str, SignalSummary]] = {}
+                        ) -> dict[int, dict[str, WindowSummary]]:
+        out: dict[int, dict[str, WindowSummary]] = {}
         for reader, mine in self._split(targets):
             out.update(reader.fleet_summaries(session, mine, start, end))
         return out

@@ -16,7 +16,7 @@ from typing import Protocol
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.quantiles import WindowHistogram
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.promsource.status import SourceStatus as SourceStatus  # features read a source's status from here
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
@@ -123,7 +123,7 @@ class WindowReader(Protocol):
         ...
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
-                        ) -> dict[int, dict[str, SignalSummary]]:
+                        ) -> dict[int, dict[str, WindowSummary]]:
         """Each target's summaries of :data:`FLEET_SIGNALS` (all models summed by ``le``), read
         together; a target whose backend cannot answer now has none."""
         ...

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.promql.client import PromAPIError
 from app.promsource.service import SourceMissing, SourceService
 from app.promsource.slo import source_sums
@@ -86,7 +86,7 @@ class PrometheusWindows:
         return HistogramsRead(*self.sources.histograms_of(targets, start, end, signals))
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
-                        ) -> dict[int, dict[str, SignalSummary]]:
+                        ) -> dict[int, dict[str, WindowSummary]]:
         """One set of queries per source; none for a source whose last round failed (its targets'
         numbers are not current: the status page's banner says why)."""
         current = [t for t in targets if not self._failing(t)]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.sources.base import CanonicalInfo
@@ -50,7 +50,7 @@ class StoreWindows:
         """Nothing: the store's targets are those configured and discovered by the scraper."""
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
-                        ) -> dict[int, dict[str, SignalSummary]]:
+                        ) -> dict[int, dict[str, WindowSummary]]:
         """From the raw snapshots of the few series the table shows (cheaper than whole windows):
         a target's queue and prefill time only where it has no TTFT histogram."""
         ids = [t.id for t in targets]

@@ -11,7 +11,7 @@ import yaml
 
 from app.emulator.server import EmulatorFleet, TargetSpec
 from app.probe.canary import CanaryConfig, run_canary
-from app.scrape.jobs import TargetSpec as ScrapeSpec
+from app.scrape.jobs import ScrapeSpec
 from tests.api.conftest import make_service
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ from app.api.routes.status import (
 )
 from app.core.quantiles import HistogramSnapshot
 from app.diagnosis.rounds import RoundSummaries
-from app.latency import SignalSummary
+from app.latency import WindowSummary
 from app.store.reads import LoadedHistograms
 from app.store.repository import SeriesRef
 
@@ -150,7 +150,7 @@ def test_a_fleet_row_is_rendered_again_only_when_what_it_shows_changed() -> None
 
 def test_a_rounds_cells_are_formatted_once_per_round() -> None:
     def round_of(p99: float) -> RoundSummaries:
-        ttft = SignalSummary(0.1, 0.2, 0.3, p99, 0.15, 40.0, {"p99": (0.25, 0.5)}, True)
+        ttft = WindowSummary(0.1, 0.2, 0.3, p99, 0.15, 40.0, {"p99": (0.25, 0.5)}, True)
         return RoundSummaries(0.0, 60.0, {1: {"ttft": ttft}, 2: {}})
 
     first = round_of(0.3)

@@ -24,7 +24,7 @@ from app.diagnosis.signals import Signals
 
 
 class TwinEngine(Protocol):
-    """One engine's exposition as a PromQL twin writes it (``app.rules_export.engines.Engine``)."""
+    """One engine's exposition as a PromQL twin writes it (``app.rules_export.engines.EngineExposition``)."""
 
     @property
     def name(self) -> str: ...  # "vllm" | "tgi" | "sglang" | "trtllm"
