@@ -14,6 +14,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
@@ -68,6 +69,21 @@ def load_histograms(session: Session, target_ids: Sequence[int], signals: Sequen
 def summarize_signals(loaded: LoadedHistograms, start: float, end: float,
                       model: str | None = None) -> dict[str, WindowSummary]:
     return summarize_histograms({signal: loaded.merged(start, end, signal, model) for signal in HISTOGRAM_SIGNALS})
+
+
+class SeriesWindows(Protocol):
+    """Series of one or more targets and each one's numbers over a window: what
+    :func:`model_window` combines (the store's :class:`StoredWindows`, the in-memory backend's)."""
+
+    series: list[SeriesRef]
+
+    def window(self, ref: SeriesRef, start: float, end: float) -> WindowHistogram | None: ...
+
+    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None: ...
+
+    def rate(self, ref: SeriesRef, start: float, end: float) -> float | None: ...
+
+    def gauge(self, ref: SeriesRef, start: float, end: float) -> GaugeStats | None: ...
 
 
 @dataclass(slots=True)
@@ -136,7 +152,7 @@ def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[
     return StoredWindows(series, repository.timelines(session, series, plan, fold_raw=not many))
 
 
-def _model_window(stored: StoredWindows, start: float, end: float, model: str | None) -> ModelWindow:
+def model_window(stored: SeriesWindows, start: float, end: float, model: str | None) -> ModelWindow:
     """One model's (``None``: every model's) histograms, gauges and rates from stored samples."""
     window = ModelWindow()
     for signal in sorted({s.signal for s in stored.series if s.kind == "histogram"
@@ -166,7 +182,7 @@ def _model_window(stored: StoredWindows, start: float, end: float, model: str | 
     return window
 
 
-def _rank_means(stored: StoredWindows, start: float, end: float, model: str | None,
+def _rank_means(stored: SeriesWindows, start: float, end: float, model: str | None,
                 by_rank: dict[str, dict[str, float]]) -> None:
     """Each rank's mean of the :data:`app.window.RANK_MEANS` histograms (its series summed: the
     increase of ``_sum`` over the increase of ``_count``), for the ranks that have gauges."""
@@ -184,7 +200,7 @@ def _rank_means(stored: StoredWindows, start: float, end: float, model: str | No
             by_rank[rank][signal] = total_sum / count
 
 
-def _itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
+def itl_intervals(loaded: LoadedHistograms, scalar_series: Sequence[SeriesRef],
                    points: dict[int, list[tuple[float, float]]], model: str, start: float,
                    end: float) -> list[ItlInterval]:
     """ITL added between consecutive scrapes of each rank, next to that rank's running batch."""
@@ -212,7 +228,7 @@ def _itl_and_running(session: Session, target_ids: Sequence[int], start: float, 
                      ) -> tuple[LoadedHistograms, list[SeriesRef], dict[int, list[tuple[float, float]]]]:
     """The ITL histograms and the running-batch gauges of the targets over the window, from
     raw samples (a diagnosis window is recent) in one read: (ITL, running series, their
-    points) for :func:`_itl_intervals`."""
+    points) for :func:`itl_intervals`."""
     series = repository.find_series(session, target_ids, ("itl", "running"))
     itl = [s for s in series if s.signal == "itl"]
     running = [s for s in series if s.signal == "running"]
@@ -233,15 +249,15 @@ def store_window(session: Session, target_ids: Sequence[int], start: float, end:
     (the last from raw samples: a diagnosis window is recent).
     """
     stored = load_windows(session, target_ids, (*signals, *GAUGE_SIGNALS, *COUNTER_SIGNALS), start, end)
-    window = TargetWindow(start, end, overall=_model_window(stored, start, end, None))
+    window = TargetWindow(start, end, overall=model_window(stored, start, end, None))
     if per_model:
         for model in sorted({s.model for s in stored.series}):
-            window.models[model] = _model_window(stored, start, end, model)
+            window.models[model] = model_window(stored, start, end, model)
     if diagnosis:
         if per_model and "itl" in signals:
             loaded, running, points = _itl_and_running(session, target_ids, start, end)
-            for model, model_window in window.models.items():
-                model_window.itl_intervals = _itl_intervals(loaded, running, points, model, start, end)
+            for model, one_model in window.models.items():
+                one_model.itl_intervals = itl_intervals(loaded, running, points, model, start, end)
         (target_id,) = target_ids
         window.scrapes = len(repository.scrape_times(session, target_id, start, end))
         window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
@@ -308,11 +324,11 @@ def store_windows(session: Session, target_ids: Sequence[int], start: float, end
     out = {}
     for target_id in target_ids:
         own = StoredWindows(series_of.get(target_id, []), stored.timelines)
-        window = TargetWindow(start, end, overall=_model_window(own, start, end, None))
+        window = TargetWindow(start, end, overall=model_window(own, start, end, None))
         for model in sorted({s.model for s in own.series}):
-            window.models[model] = _model_window(own, start, end, model)
+            window.models[model] = model_window(own, start, end, model)
             if diagnosis and "itl" in signals:
-                window.models[model].itl_intervals = _itl_intervals(
+                window.models[model].itl_intervals = itl_intervals(
                     LoadedHistograms(itl_of.get(target_id, []), itl.snapshots), running_of.get(target_id, []),
                     points, model, start, end)
         if diagnosis:

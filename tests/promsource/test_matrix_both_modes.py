@@ -20,7 +20,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from app.store.record import ScrapeRecord
 from app.targets import repository as target_repository
 from app.window import merge_windows
 from app.windows import WindowError, Windows
+from app.windows.memory import MemoryWindows
 from app.windows.prometheus import PrometheusWindows
 from app.windows.store import StoreWindows
 from tests.api.conftest import make_service
@@ -74,14 +75,15 @@ class Case:
     engine: str
     target: OfflineTarget
     end: float
+    records: list[ScrapeRecord] = field(default_factory=list)  # every scrape, as the store was given them
 
     @property
     def pod(self) -> str:
         return f"{self.scenario}-{self.engine}"
 
 
-def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
-    """OfflineTarget.run, keeping each page for the backfill as well."""
+def _run(target: OfflineTarget, backfill: Backfill, pod: str, records: list[ScrapeRecord]) -> float:
+    """OfflineTarget.run, keeping each page for the backfill and each scrape in ``records`` as well."""
     end = target.sim.clock + RUN_S
     while target.sim.clock + 1e-9 < end:
         target.sim.run_for(min(SCRAPE_S, end - target.sim.clock))
@@ -89,9 +91,10 @@ def _run(target: OfflineTarget, backfill: Backfill, pod: str) -> float:
         page, canonical, error = target.processor.process(text)
         assert error is None
         ts = round(T0 + target.sim.clock, 3)
-        target.writer.write([ScrapeRecord(target.target_id, ts, True, 0.001, 0, page.samples_seen,
-                                          page.samples_kept, page.malformed, target.processor.engine, None, None,
-                                          canonical)])
+        record = ScrapeRecord(target.target_id, ts, True, 0.001, 0, page.samples_seen, page.samples_kept,
+                              page.malformed, target.processor.engine, None, None, canonical)
+        target.writer.write([record])
+        records.append(record)
         labels = {"namespace": "llm", "pod": pod, "service": SERVICES.get(pod, pod), **PD_LABELS.get(pod, {})}
         backfill.add(labels, ts, text if isinstance(text, str) else text.decode())
     return round(T0 + target.sim.clock, 3)
@@ -116,7 +119,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recording]:
                                    name=f"{scenario}-{engine}")
             case = Case(scenario, engine, target, 0.0)
             cases[case.pod] = case
-            case.end = _run(target, backfill, case.pod)
+            case.end = _run(target, backfill, case.pod, case.records)
         yield Recording(cases, backfill, tmp)
     finally:
         for case in cases.values():
@@ -305,9 +308,10 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
 def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str, Case], PrometheusClient],
                                                          tmp_path: Path, pod: str) -> None:
     """The contract of app.windows.base.WindowReader, on the same recorded engine history: the
-    built-in store and a Prometheus source give the same window, windows, histograms, fleet
-    summaries and quantile series (to 1e-9); a source that cannot answer raises WindowError
-    (unavailable: 502, not configured: 503) and reports its targets as failed in a batch read."""
+    built-in store, a Prometheus source and the in-memory backend give the same window, windows,
+    histograms, fleet summaries and quantile series (to 1e-9); a source that cannot answer raises
+    WindowError (unavailable: 502, not configured: 503) and reports its targets as failed in a
+    batch read."""
     cases, client = matrix
     case = cases[pod]
     end = case.end
@@ -316,13 +320,20 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
     sources = SourceService()
     sources.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
                                               target_labels=["namespace", "pod"])])
-    backends = {"store": (StoreWindows(), case.target.sessions), "prometheus": (PrometheusWindows(sources), sessions)}
+    memory = MemoryWindows()
+    with case.target.sessions() as session:
+        held = target_repository.get_target(session, case.pod)
+        assert held is not None
+        memory.add(held.id, held.name, case.records)
+    backends = {"store": (StoreWindows(), case.target.sessions), "prometheus": (PrometheusWindows(sources), sessions),
+                "memory": (memory, case.target.sessions)}
     try:
         sources.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS)
         answers: dict[str, dict[str, Any]] = {}
         for name, (backend, its_sessions) in backends.items():
             with its_sessions() as session:
-                target = target_repository.get_target(session, case.pod if name == "store" else f"m.llm.{case.pod}")
+                held_name = f"m.llm.{case.pod}" if name == "prometheus" else case.pod
+                target = target_repository.get_target(session, held_name)
                 assert target is not None
                 window = backend.window(session, target, start, end, HISTOGRAM_SIGNALS)
                 batch = backend.windows(session, [target], start, end, HISTOGRAM_SIGNALS)
@@ -339,9 +350,10 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
                     "fleet": latency.summaries_dict(backend.fleet_summaries(session, [target], start, end)[target.id]),
                     "series": backend.quantile_series(session, target, "ttft", 0.99, WINDOW_S, 30.0, 60.0, end, None),
                 }
-        store, prometheus = answers["store"], answers["prometheus"]
+        store, prometheus, in_memory = answers["store"], answers["prometheus"], answers["memory"]
         for part in ("report", "histograms", "fleet", "series"):
             assert _close(prometheus[part], store[part]), (part, prometheus[part], store[part])
+            assert _close(in_memory[part], store[part]), (part, in_memory[part], store[part])
         assert store["report"]["ttft" if "ttft" in store["report"] else "queue_time"]["count"] > 0
 
         # a source that cannot answer: WindowError with the classified kind, failed in a batch
