@@ -14,6 +14,8 @@ Example::
       interval: 30s
       window: 1m
       thresholds: {queue_share: 0.5}   # see app/thresholds.py
+      overrides:                       # expected latency ranges per target (target names, wildcards)
+        - {targets: [batch-*], thresholds: {expected_ttft_seconds: 120}}
     alerts: {...}               # optional; see app/alerts/config.py
     slos: [...]                 # optional: latency SLOs with error budgets; see app/slo/config.py
     file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
@@ -31,8 +33,9 @@ is how to say "no targets from the file").
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
@@ -52,6 +55,7 @@ from app.limits import (
     LABEL_NAME,
     MAX_INTERVAL_SECONDS,
     MAX_LIST_LENGTH,
+    MAX_TEXT_LENGTH,
     NAME_PATTERN,
     RESERVED_LABELS,
     Labels,
@@ -121,6 +125,39 @@ class TargetConfig(BaseModel):
         return self
 
 
+#: The thresholds a target may override (``diagnosis.overrides``): the expected latency ranges of
+#: ``unexplained``. The other thresholds are also those of the exported Prometheus rules and the
+#: dashboards, which are written per engine, not per target.
+PER_TARGET_THRESHOLDS = tuple(name for name in Thresholds.model_fields if name.startswith("expected_"))
+
+
+class ThresholdOverride(BaseModel):
+    """Expected latency ranges for the targets whose names match, over ``diagnosis.thresholds``:
+    a batch deployment whose TTFT is minutes by design, a CPU engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT_LENGTH)]] = Field(
+        min_length=1, max_length=MAX_LIST_LENGTH, description="Target names; shell-style wildcards (batch-*, gpu-?).")
+    thresholds: dict[str, float] = Field(min_length=1, description=f"Any of {', '.join(PER_TARGET_THRESHOLDS)}.")
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(PER_TARGET_THRESHOLDS))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a per-target threshold (these are: "
+                             f"{', '.join(PER_TARGET_THRESHOLDS)})")
+        try:
+            checked = Thresholds.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError(format_validation_error(exc)) from None
+        return {name: getattr(checked, name) for name in value}
+
+    def matches(self, target: str) -> bool:
+        return any(fnmatchcase(target, pattern) for pattern in self.targets)
+
+
 class DiagnosisConfig(BaseModel):
     """How often regimes are evaluated, over which window, with which thresholds."""
 
@@ -130,6 +167,14 @@ class DiagnosisConfig(BaseModel):
     window: Seconds = Field(60.0, gt=0, description="Window each evaluation looks at. Keep it at most ~2.5 "
                             "intervals: a regime is detected once it fills most of the window.")
     thresholds: Thresholds = Field(default_factory=Thresholds)
+    overrides: list[ThresholdOverride] = Field(default_factory=list, max_length=MAX_LIST_LENGTH,
+                                               description="Expected latency ranges per target; where several "
+                                                           "match a target, the later ones win.")
+
+    def thresholds_for(self, target: str) -> Thresholds:
+        """``thresholds`` with every override that matches ``target`` applied, in order."""
+        changes = {k: v for o in self.overrides if o.matches(target) for k, v in o.thresholds.items()}
+        return self.thresholds.model_copy(update=changes) if changes else self.thresholds
 
 
 class FileConfig(BaseModel):

@@ -89,11 +89,17 @@ def test_sglang_04_loaded_page_is_queueing_from_its_gauges(tmp_path: Path) -> No
     assert evidence["TTFT mean"].value == pytest.approx(2351897.9474117756 / 11008, rel=1e-9)
     assert "estimated from the waiting gauge" in finding.summary
     assert any("--max-running-requests" in r for r in finding.remedies)  # phrased for SGLang
-    # what this 0.4 page cannot tell is listed, with the reason
+    # what this 0.4 page cannot tell is listed, with the reason; the mean prompt length it does allow is
+    # derived from the prompt-token counter over the finished requests its e2e histogram counts
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
-    assert set(not_judged) == {"prefill_compute", "prefill_interference", "weights_offloaded"}
-    assert "prompt-length histogram" in not_judged["prefill_interference"]
-    assert "this sglang target's window does not have" in not_judged["prefill_compute"]
+    assert set(not_judged) == {"prefill_compute", "weights_offloaded"}
+    assert not_judged["prefill_compute"] == "needs prefill time, which this sglang target's window does not have"
+    assert d.signals["prompt_mean_counters"] == pytest.approx(8.128902e6 / 11228, rel=1e-9)  # 724 tokens
+    assert d.signals["output_mean_counters"] == pytest.approx(7.557572e6 / 11228, rel=1e-9)  # 673 tokens
+    assert d.signals["finished_per_second"] == pytest.approx(11.228, rel=1e-9)
+    assert d.signals["first_tokens_per_second"] == pytest.approx(11.008, rel=1e-9)
+    assert d.signals["derived"]["prompt_mean_counters"] == (
+        "increase(prompt_tokens_total) / increase(e2e _count) (the engine has no request counter) over the window")
     result = OneShotResult("http://sglang:30000/metrics", "sglang", records, {}, [d])
     assert result.exit_code == EXIT_FINDING
 
@@ -122,7 +128,7 @@ def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_pat
     assert d.signals["queue_time"]["mean"] == pytest.approx(0.3975 / 4)
     result = OneShotResult("http://trt:8000/metrics", "trtllm", records, {}, [d])
     assert result.exit_code == EXIT_FINDING
-    d.findings, d.verdict = [], "healthy"  # without the finding, the regimes not judged set the exit status
+    d.findings, d.verdict = [], "not_judged"  # without the finding: the verdict the regimes not judged make
     assert result.exit_code == EXIT_NOT_JUDGED
     # the API carries it, field by field
     out = DiagnosisOut.model_validate(d.to_dict())

@@ -94,5 +94,5 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
     diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine,
                                                  end, seconds,
-                                                 monitor.diagnosis_config.thresholds, hardware)
+                                                 monitor.diagnosis_config.thresholds_for(name), hardware)
     return [d.to_dict() for d in diagnoses]
