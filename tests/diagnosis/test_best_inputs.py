@@ -99,7 +99,8 @@ def test_prompt_mean_from_counters_without_a_histogram() -> None:
     window.models["m"] = ModelWindow(rates={"prompt_tokens_total": 3000.0, "requests_total": 2.0})
     (s,) = from_window(window, "t", "sglang")
     assert s.prompt_tokens is None and s.prompt_mean == 1500.0
-    assert s.prompt_mean_source is not None and s.prompt_mean_source.startswith("increase(prompt_tokens_total) / increase(requests_total)")
+    assert s.prompt_mean_source is not None
+    assert s.prompt_mean_source.startswith("increase(prompt_tokens_total) / increase(requests_total)")
 
 
 # --------------------------------------------------------------------------- on emulated engines
