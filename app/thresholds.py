@@ -195,9 +195,10 @@ class Thresholds(BaseModel):
     # spent outside the queue inflates the other).
     queue_estimates_disagree: float = Field(3.0, gt=1, description="The two queue-time estimates (Little's law, "
                                                                    "TTFT minus the expected prefill) disagree when "
-                                                                   "one is at least this multiple of the other: the "
-                                                                   "evidence says so, and queueing is not judged "
-                                                                   "when they fall on both sides of its thresholds.")
+                                                                   "one is at least this multiple of the other and "
+                                                                   "at least queue_seconds: the evidence says so. "
+                                                                   "Whatever the ratio, queueing is not judged when "
+                                                                   "they fall on both sides of its thresholds.")
 
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")

@@ -30,7 +30,7 @@ from app.diagnosis import signals as signals_module
 from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Evidence, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
-from app.diagnosis.rules.base import Need, NotJudged, Outcome, Rule
+from app.diagnosis.rules.base import Need, NotJudged, Outcome, Rule, estimates_disagree
 from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
@@ -78,6 +78,8 @@ def judge(rule: Rule, s: Signals, t: Thresholds, outcomes: list[Outcome]) -> Fin
         return None
     if finding is not None:
         outcomes.append(Outcome(rule.regime, "fired"))
+    elif rule.residual is not None:
+        outcomes.append(Outcome(rule.regime, "quiet", "latency in its expected range, or another rule fired"))
     elif any(e.value is not None for e in compared):
         failed = "; ".join(replace(e, note="").text() for e in compared if not e.met)
         outcomes.append(Outcome(rule.regime, "quiet", f"conditions not met: {failed}"))
@@ -107,7 +109,7 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
         c = s.probe_consistency
         diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c.runs))} vs. the engine's TTFT: "
                                f"{c.message}")
-    if s.queue_estimates_ratio is not None and s.queue_estimates_ratio >= t.queue_estimates_disagree:
+    if estimates_disagree(s, t):
         diagnosis.notes.append(f"the two queue-time estimates disagree by {s.queue_estimates_ratio:.1f}x: Little's "
                                f"law {s.queue_mean_estimated:.3g} s, TTFT minus the expected prefill "
                                f"{s.queue_mean_from_ttft:.3g} s")

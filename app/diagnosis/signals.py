@@ -143,7 +143,7 @@ class Signals:
         if self.prompt_tokens is not None and self.prompt_tokens.mean is not None:
             return "prompt-length histogram (_sum / _count)"
         if self.prompt_mean_counters is not None:
-            return self.derived["prompt_mean_counters"]
+            return self.derived.get("prompt_mean_counters", "the prompt-token counter over the finished requests")
         return None
 
     @property
@@ -406,6 +406,7 @@ def _queue_estimates(s: Signals, hardware: HardwareProfile | None) -> None:
     low, high = sorted((s.queue_mean_estimated or 0.0, s.queue_mean_from_ttft or 0.0))
     if s.queue_mean_estimated is not None and s.queue_mean_from_ttft is not None:
         s.queue_estimates_ratio = high / low if low > 0 else math.inf if high > 0 else 1.0
+        s.derived["queue_estimates_ratio"] = "the larger of queue_mean_estimated and queue_mean_from_ttft / the smaller"
 
 
 def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:

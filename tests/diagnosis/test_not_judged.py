@@ -17,6 +17,7 @@ import pytest
 from app.api.schemas import DiagnosisOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
+from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
 from app.scrape.jobs import PageProcessor
 from app.scrape.record import ScrapeRecord
@@ -48,7 +49,7 @@ def _scaled(text: str, fraction: float) -> str:
 
 
 def replay(tmp_path: Path, filename: str, lifetime: float = 1000.0, every: float = 10.0,
-           window: float = 60.0) -> tuple[list[Diagnosis], list[ScrapeRecord]]:
+           window: float = 60.0, hardware: HardwareProfile | None = None) -> tuple[list[Diagnosis], list[ScrapeRecord]]:
     text = (EXPOSITION / filename).read_text()
     url = f"sqlite:///{tmp_path / 'replay.db'}"
     db.upgrade(url)
@@ -68,7 +69,7 @@ def replay(tmp_path: Path, filename: str, lifetime: float = 1000.0, every: float
         SampleWriter(sql).write(records)
         with sessions() as session:
             diagnoses = diagnosis_engine.evaluate_target(session, target_id, "t", processor.engine or "",
-                                                         T0 + steps * every, window, Thresholds())
+                                                         T0 + steps * every, window, Thresholds(), hardware)
     finally:
         sql.dispose()
     return diagnoses, records

@@ -232,10 +232,17 @@ def confidence(conditions: list[Evidence], observations: float, wanted: float) -
     return round(base * data, 3)
 
 
+def estimates_disagree(s: Signals, t: Thresholds) -> bool:
+    """The two queue-time estimates are ``queue_estimates_disagree`` apart, and the larger is a
+    queue worth judging (``queue_seconds``): 5 ms against 50 ms is no disagreement about queueing."""
+    ratio, larger = s.queue_estimates_ratio, max(s.queue_mean_estimated or 0.0, s.queue_mean_from_ttft or 0.0)
+    return ratio is not None and ratio >= t.queue_estimates_disagree and larger >= t.queue_seconds
+
+
 def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
     """The queue-time estimates of a page without a queue-time histogram, each naming its inputs,
-    and a flag (a met comparison) when one is at least ``queue_estimates_disagree`` times the other:
-    then at least one of them measures something else than the queue (see the threshold)."""
+    and a flag (a met comparison) when they disagree (:func:`estimates_disagree`): then at least
+    one of them measures something else than the queue (see the threshold)."""
     out = []
     if s.queue_mean_estimated is not None:
         out.append(info("mean queue time by Little's law", s.queue_mean_estimated, "s",
@@ -245,12 +252,14 @@ def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
                         f"expected prefill {s.prefill_expected:.3g} s from {s.derived.get('prefill_expected', '')}"))
     ratio = s.queue_estimates_ratio
     if ratio is not None:
-        disagree = ratio >= t.queue_estimates_disagree
+        disagree = estimates_disagree(s, t)
         name = "queue-time estimates apart (larger / smaller)"
         out.append(Evidence(name, ratio, ">=", t.queue_estimates_disagree, "ratio", True,
                             "they disagree: one of them measures more than the queue (abandoned requests inflate "
                             "Little's law; time outside the queue inflates TTFT minus prefill)")
-                   if disagree else info(name, ratio, "ratio", f"they agree within {t.queue_estimates_disagree:g}x"))
+                   if disagree else info(name, ratio, "ratio", f"they agree within {t.queue_estimates_disagree:g}x"
+                                         if ratio < t.queue_estimates_disagree else
+                                         f"both below {t.queue_seconds:g} s: no queue to disagree about"))
     return out
 
 
