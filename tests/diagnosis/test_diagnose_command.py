@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -117,3 +118,25 @@ def test_a_bad_threshold_is_refused_naming_it() -> None:
                                        "valid number" in result.stderr
     result = diagnose("http://127.0.0.1:9/metrics", "--threshold", "expected_ttft")
     assert result.returncode == 2 and "'expected_ttft': expected NAME=VALUE" in result.stderr
+
+
+def test_sglang_04_docs_page_live_is_never_called_healthy() -> None:
+    """SGLang's own 0.4 page (2,826 waiting, 213.6 s mean TTFT) served as a live engine whose counters grow
+    as the ~1,000 s run its numbers imply: queueing from its gauges; without the waiting gauge, unexplained."""
+    import time
+
+    from tests.diagnosis.test_not_judged import EXPOSITION, _scaled
+
+    text = (EXPOSITION / "sglang-v0.4-docs-production_metrics.prom").read_text()
+    started = time.monotonic()
+
+    def growing(page: str) -> Callable[[], str]:
+        return lambda: _scaled(page, (980.0 + time.monotonic() - started) / 1000.0)
+
+    no_gauge = "".join(line for line in text.splitlines(keepends=True) if "sglang:num_queue_reqs" not in line)
+    for page, verdict in ((text, "queueing"), (no_gauge, "unexplained")):
+        with StaticPageServer(growing(page)) as server:
+            result = diagnose(server.url, "--window", "4s", "--interval", "1s")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: {verdict}" in result.stdout
+        assert f"[PRIMARY] {verdict} (critical" in result.stdout

@@ -17,8 +17,8 @@ import pytest
 from app.api.schemas import DiagnosisOut
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
-from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
+from app.diagnosis.profile import HardwareProfile
 from app.scrape.jobs import PageProcessor
 from app.scrape.record import ScrapeRecord
 from app.store import db, repository

@@ -103,8 +103,9 @@ def test_decode_time_against_the_floor_where_no_rule_can_judge_it() -> None:
 
 
 def test_end_to_end_latency_against_ttft_plus_the_output_at_the_expected_decode_time() -> None:
+    inputs = "increase(generation_tokens_total) / increase(requests_total)"
     s = healthy_signals(e2e=summary(150, 300, 200.0, 300), output_mean_counters=500.0,
-                        derived={"output_mean_counters": "increase(generation_tokens_total) / increase(requests_total)"})
+                        derived={"output_mean_counters": inputs})
     f = unexplained.evaluate(s, T)
     assert f is not None
     e2e = evidence(f, "end-to-end latency mean")
