@@ -82,7 +82,8 @@ def judge(rule: Rule, s: Signals, t: Thresholds, outcomes: list[Outcome]) -> Fin
         outcomes.append(Outcome(rule.regime, "quiet", "latency in its expected range, or another rule fired"))
     elif any(e.value is not None for e in compared):
         failed = "; ".join(replace(e, note="").text() for e in compared if not e.met)
-        outcomes.append(Outcome(rule.regime, "quiet", f"conditions not met: {failed}"))
+        outcomes.append(Outcome(rule.regime, "quiet", f"conditions not met: {failed}" if failed else
+                                "its conditions hold one by one, not in the combination it needs"))
     else:  # it compared nothing the window has (no KV transfers, one data-parallel rank, ...)
         outcomes.append(Outcome(rule.regime, "not_applicable"))
     return finding
