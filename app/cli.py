@@ -13,8 +13,10 @@ import click
 import yaml
 from pydantic import ValidationError
 
-from app.config import ConfigError, FileConfig, format_validation_error, load_config
+from app.config import ConfigError, FileConfig, load_config
 from app.core.durations import parse_duration
+from app.core.thresholds import Thresholds
+from app.core.validation import format_validation_error
 from app.emulator.cli import emulate
 from app.probe.cli import probe
 from app.rules_export import rules
@@ -225,16 +227,19 @@ def db_current() -> None:
 @click.option("--params", type=float, help="Parameter count (instead of --model), e.g. 8e9.")
 @click.option("--weight-dtype", default="bf16", show_default=True)
 @click.option("--tp", "tensor_parallel", default=1, show_default=True, help="Tensor-parallel GPUs.")
+@click.option("--threshold", "threshold_options", multiple=True, metavar="NAME=VALUE",
+              help="A diagnosis threshold (app/core/thresholds.py), e.g. expected_ttft_seconds=60; repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None, hbm_bandwidth: float | None,
              model_preset: str | None, params: float | None, weight_dtype: str, tensor_parallel: int,
-             as_json: bool) -> None:
+             threshold_options: tuple[str, ...], as_json: bool) -> None:
     """Watch a live engine's /metrics for a window and say why it is slow.
 
-    Exit status: 0 healthy (every regime judged), 1 a regime was found, 2 bad arguments,
-    3 the URL could not be scraped or serves no engine metrics, 4 not enough traffic to
-    judge, 5 nothing found but some regime could not be judged (the engine does not export
-    what its rule reads; the output lists them under "not judged").
+    Exit status: 0 healthy (every regime judged, none found, latency in its expected range),
+    1 a regime was found (``unexplained`` too: latency out of range and no rule explains it),
+    2 bad arguments, 3 the URL could not be scraped or serves no engine metrics, 4 not enough
+    traffic to judge, 5 not judged: nothing found but some regime could not be judged (the
+    engine does not export what its rule reads; the output lists them under "not judged").
     """
     import json
 
@@ -256,12 +261,28 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
                                        weight_dtype=weight_dtype, tensor_parallel=tensor_parallel)
         except ValidationError as exc:
             raise click.BadParameter(format_validation_error(exc), param_hint="hardware options") from None
+    thresholds = parse_thresholds(threshold_options)
     if not as_json:
         click.echo(f"watching {url} for {window_s:g} s ...", err=True)
-    result = oneshot.run(url, window_s, interval_s, engine, timeout=min(10.0, interval_s), hardware=hardware)
+    result = oneshot.run(url, window_s, interval_s, engine, timeout=min(10.0, interval_s), hardware=hardware,
+                         thresholds=thresholds)
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json
                else oneshot.format_text(result, runbook_base=load_settings().public_url))
     sys.exit(result.exit_code)
+
+
+def parse_thresholds(options: tuple[str, ...]) -> Thresholds:
+    """``--threshold NAME=VALUE`` options as :class:`Thresholds`; a bad one is a usage error naming it."""
+    values: dict[str, str] = {}
+    for option in options:
+        name, sep, value = option.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{option!r}: expected NAME=VALUE", param_hint="'--threshold'")
+        values[name.strip()] = value.strip()
+    try:
+        return Thresholds.model_validate(values)
+    except ValidationError as exc:
+        raise click.BadParameter(format_validation_error(exc), param_hint="'--threshold'") from None
 
 
 DEMO_TARGETS = (

@@ -14,6 +14,8 @@ Example::
       interval: 30s
       window: 1m
       thresholds: {queue_share: 0.5}   # see app/core/thresholds.py
+      overrides:                       # expected latency ranges per target (target names, wildcards)
+        - {targets: [batch-*], thresholds: {expected_ttft_seconds: 120}}
     alerts: {...}               # optional; see app/alerts/config.py
     slos: [...]                 # optional: latency SLOs with error budgets; see app/slo/config.py
     file_sd_configs:            # optional: Prometheus' file-based discovery (app/scrape/discovery.py)
@@ -58,6 +60,7 @@ from app.core.limits import (
     unique_names,
 )
 from app.core.urls import ALLOWED_HOSTS_CONTEXT, check_url_in_file
+from app.core.validation import validation_messages
 from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
@@ -146,29 +149,6 @@ class FileConfig(BaseModel):
     @classmethod
     def _unique_names(cls, targets: list[TargetConfig]) -> list[TargetConfig]:
         return unique_names(targets, "targets", "target")
-
-
-def error_path(loc: tuple) -> str:
-    """pydantic's ``('targets', 0, 'url')`` as ``targets[0].url``."""
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def validation_messages(exc: ValidationError) -> list[tuple[tuple, str]]:
-    """Every error of ``exc`` as (location, ``field.path: reason``)."""
-    messages = []
-    for error in exc.errors():
-        message = error["msg"].removeprefix("Value error, ")
-        path = error_path(error["loc"])
-        messages.append((error["loc"], f"{path}: {message}" if path else message))
-    return messages
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """All errors on one line, ``; ``-separated (settings, command-line options)."""
-    return "; ".join(message for _, message in validation_messages(exc))
 
 
 def load_config(path: Path, allowed_hosts: list[str] | None = None) -> FileConfig:

@@ -41,7 +41,7 @@ Derived latency (recomputed every summary interval over ``latency_window``)
     llm_latency_observations{target,model,signal}        observations in the window
 Diagnosis (after every diagnosis round)
     llm_latency_diagnosis_verdict{target,model,verdict}  1 for the current verdict (regime id, healthy,
-                                                         insufficient_data); a state timeline in Grafana
+                                                         not_judged, insufficient_data); a state timeline in Grafana
     llm_latency_finding_confidence{target,model,regime,severity,state,primary}   per pending/active finding
     llm_latency_finding_evidence{target,model,regime,evidence}    the numbers behind a finding
     llm_latency_finding_threshold{target,model,regime,evidence}   ... and what they were compared with
@@ -53,7 +53,7 @@ Capacity (app/diagnosis/capacity.py, after every diagnosis round; per target or 
     llm_latency_capacity_input_utilization{target,model,input}   each input: slots, kv_cache, arrival
     llm_latency_capacity_slo_burn_rate{target,model,slo} the fastest SLO burn on the target (two shortest windows)
     llm_latency_capacity_scaling_helps{target,model,reason}      1 when an autoscaler may act on it; reason = the
-                                                         verdict that decided (a regime, healthy, insufficient_data)
+                                                         verdict that decided (a regime, healthy, not_judged, ...)
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert

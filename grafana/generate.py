@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:  # `python3 grafana/generate.py` from a checkout
     sys.path.insert(0, str(ROOT))
 
 from app.alerts.config import default_slos  # noqa: E402
+from app.diagnosis.findings import NON_REGIME_VERDICTS  # noqa: E402
 from app.diagnosis.rules import RULES  # noqa: E402
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
@@ -58,11 +59,13 @@ SLO_UID = "llm-latency-slo"
 
 # ----------------------------------------------------------------------------- regimes
 
-#: Verdicts the service exports in ``llm_latency_diagnosis_verdict{verdict}``: the two
-#: non-regime verdicts, then every regime rule in the order the engine evaluates them.
-VERDICTS: tuple[str, ...] = ("healthy", "insufficient_data", *(rule.regime for rule in RULES))
-#: Each regime's colour is declared in its rule module (``Rule.colour``).
-VERDICT_COLORS = {"healthy": "green", "insufficient_data": "text", **{rule.regime: rule.colour for rule in RULES}}
+#: Verdicts the service exports in ``llm_latency_diagnosis_verdict{verdict}``: the non-regime
+#: verdicts, then every regime rule in the order the engine evaluates them.
+VERDICTS: tuple[str, ...] = (*NON_REGIME_VERDICTS, *(rule.regime for rule in RULES))
+#: Each regime's colour is declared in its rule module (``Rule.colour``); ``not_judged`` is not
+#: healthy, so not green.
+VERDICT_COLORS = {"healthy": "green", "insufficient_data": "text", "not_judged": "super-light-yellow",
+                  **{rule.regime: rule.colour for rule in RULES}}
 
 # ----------------------------------------------------------------------------- SLO choices
 

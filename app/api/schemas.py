@@ -341,7 +341,9 @@ class DiagnosisOut(BaseModel):
     target: str
     model: str
     engine: str | None
-    verdict: str
+    verdict: str = Field(description="the primary finding's regime; healthy (every regime judged, none found, "
+                                     "latency in its expected range), not_judged (no regime found, but some could "
+                                     "not be judged), or insufficient_data (too little traffic in the window)")
     active: list[str] | None = Field(None, description="regimes of the active findings")
     evaluated_at: float | None = None
     window: WindowOut | None
@@ -351,7 +353,7 @@ class DiagnosisOut(BaseModel):
     not_judged: list[NotJudgedOut] = Field(default_factory=list, description=(
         "regimes not judged: a signal the rule needs is not exported by this engine (or release), or the "
         "numbers cannot decide (a threshold inside the bucket that holds a quantile, fewer samples than the "
-        "evidence needs); a healthy verdict covers the others"))
+        "evidence needs); any of them makes a verdict without findings not_judged, never healthy"))
 
 
 class FindingRecordOut(BaseModel):
@@ -575,7 +577,7 @@ class CapacityOut(BaseModel):
     desired_replicas: int = Field(description="replicas the load needs; current_replicas when scaling_helps is false")
     scaling_helps: bool = Field(description="false: more replicas do not fix what the diagnosis found, or too "
                                             "little data; the count is held")
-    reason: str = Field(description="the verdict that decided (a regime, healthy, insufficient_data) or "
+    reason: str = Field(description="the verdict that decided (a regime, healthy, not_judged, insufficient_data) or "
                                     "no_load_data")
     utilization: float | None = Field(description="the largest input; 1.0 = exactly current_replicas")
     bound_by: str | None = Field(description="the input that was largest, or slo_burn when an SLO's burn raised "

@@ -156,6 +156,50 @@ class Thresholds(BaseModel):
     render_critical_factor: float = Field(5.0, description="Critical when mean render time is at or above this "
                                                            "multiple of render_seconds.")
 
+    # unexplained: latency out of its expected range while no rule explains it. The ranges are
+    # wide on purpose: a rule that fires names the cause, this one only says "slow, and nothing
+    # here says why", so it must stay quiet on anything a user would call normal. A lone
+    # request's TTFT is its prefill: 2 x 8e9 parameters x 32k tokens at ~50 % of an A100's
+    # 312 TFLOP/s is ~3.3 s, a 70B model's 32k-token prompt on 8 H100s ~1.1 s; past 10 s on
+    # average requests wait for something (the queue, a transfer, the front end), and chat
+    # users have left. Decode: the slowest deployment whose weights fit in GPU memory reads
+    # them at ~50 ms per token (8B BF16 on an L4: 16 GB / 300 GB/s = 53 ms; 70B INT4 on an
+    # L40S: 41 ms; 70B BF16 over 8 H100s: 5 ms); 250 ms per token (4 tokens/s) is ~5x that,
+    # slower than people read. With a hardware profile the target's own decode floor gives a
+    # tighter bound: 10x the floor leaves room for a full batch's KV reads (~4x the weights for
+    # 256 sequences of 2k tokens on an 8B GQA model) and for the per-step overhead of small
+    # models (~5x a 1B model's floor).
+    expected_ttft_seconds: float = Field(10.0, gt=0, description="Mean TTFT above this is out of its expected range "
+                                                                 "(seconds): prefill of a 32k-token prompt takes a "
+                                                                 "few seconds, past 10 s requests wait for something.")
+    expected_itl_seconds: float = Field(0.25, gt=0, description="Mean ITL (per-request TPOT where the engine has no "
+                                                                "per-step ITL) above this is out of its expected "
+                                                                "range (seconds): 4 tokens/s, slower than people "
+                                                                "read, ~5x the decode floor of the slowest "
+                                                                "deployment whose weights fit in GPU memory.")
+    expected_itl_floor_factor: float = Field(10.0, gt=1, description="With a hardware profile: decode above this "
+                                                                     "multiple of its floor (weight bytes / HBM "
+                                                                     "bandwidth) is out of range too, when that is "
+                                                                     "below expected_itl_seconds (room for a full "
+                                                                     "batch's KV reads and a small model's per-step "
+                                                                     "overhead).")
+    expected_critical_factor: float = Field(5.0, gt=1, description="unexplained is critical when a latency is at "
+                                                                    "or above this multiple of its expected range "
+                                                                    "(TTFT 50 s, ITL 1.25 s by default).")
+    # Two estimates of the mean queue time where the engine exports no queue-time histogram:
+    # Little's law (waiting gauge / first-token rate) and TTFT minus the expected prefill. The
+    # gauge is sampled a few times per window (4-5 scrapes a minute): the mean of a bursty
+    # queue from 5 samples is off by up to ~2x, and TTFT minus the request's own prefill also
+    # holds the steps it shares with other requests. Beyond 3x apart, one of them measures
+    # something else (requests abandoned before their first token inflate Little's law; time
+    # spent outside the queue inflates the other).
+    queue_estimates_disagree: float = Field(3.0, gt=1, description="The two queue-time estimates (Little's law, "
+                                                                   "TTFT minus the expected prefill) disagree when "
+                                                                   "one is at least this multiple of the other and "
+                                                                   "at least queue_seconds: the evidence says so. "
+                                                                   "Whatever the ratio, queueing is not judged when "
+                                                                   "they fall on both sides of its thresholds.")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

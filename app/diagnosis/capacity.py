@@ -39,7 +39,9 @@ numbers of its own, in two steps:
    front end outside the engine, replicas unevenly loaded), the signal holds:
    ``desired = current``, ``scaling_helps = 0`` and ``reason`` the regime. So does a verdict
    of ``insufficient_data`` (too little traffic to judge) and a target without a running
-   gauge (``no_load_data``). ``healthy`` and the load regimes (``queueing``,
+   gauge (``no_load_data``), and ``unexplained`` (slow for a reason no rule could name: scaling
+   would be a guess). ``healthy``, ``not_judged`` (no regime found, though not every one could be
+   judged: the load numbers are still measured) and the load regimes (``queueing``,
    ``kv_cache_pressure``) act: ``scaling_helps = 1``, ``desired`` from the load, which for a
    healthy engine is at most ``current``.
 
@@ -62,8 +64,9 @@ from app.slo.status import SloStatus
 INPUTS = ("slots", "kv_cache", "arrival")
 #: ``reason`` of a target whose diagnosis has no running-requests gauge to size it with
 NO_LOAD_DATA = "no_load_data"
-#: regimes more replicas fix (``Rule.replicas_help``); every other verdict holds the count
-SCALING_REGIMES = frozenset(rule.regime for rule in RULES if rule.replicas_help)
+#: regimes more replicas fix (``Rule.replicas_help``), and the verdicts that found no regime; every
+#: other verdict holds the count
+SCALING_REGIMES = frozenset(rule.regime for rule in RULES if rule.replicas_help) | {"healthy", "not_judged"}
 
 
 @dataclass(slots=True)
@@ -159,7 +162,7 @@ def assess(diagnosis: Mapping[str, Any], t: Thresholds, slos: Sequence[SloStatus
     burning = slo_burn(slos, [base.target, *(r["target"] for r in replicas if isinstance(r, Mapping))])
     if burning is not None:
         base.slo, base.slo_burn_rate = burning
-    if verdict != "healthy" and verdict not in SCALING_REGIMES:
+    if verdict not in SCALING_REGIMES:
         base.summary = (f"Holding {current} replica(s): the diagnosis is {verdict}, which more replicas do not fix."
                         if verdict != "insufficient_data" else
                         f"Holding {current} replica(s): too little traffic in the window to size the target.")

@@ -21,16 +21,17 @@ that clears is dropped. Every transition is persisted, so the history survives r
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
 from app.core.thresholds import Thresholds
 from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis import signals as signals_module
-from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Finding
+from app.diagnosis.findings import PROBE_REGIMES, Diagnosis, Evidence, Finding
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.rules import RULES
-from app.diagnosis.rules.base import NotJudged
+from app.diagnosis.rules.base import Need, NotJudged, Outcome, Rule, estimates_disagree
 from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
@@ -54,13 +55,47 @@ def data_problems(s: Signals, t: Thresholds) -> list[str]:
     return problems
 
 
-def not_judged_reason(engine: str, missing: list[str]) -> str:
+def not_judged_reason(engine: str, missing: list[Need]) -> str:
     """Why a rule was not run: what it needs that this engine's page did not have in the window."""
-    return f"needs {' and '.join(missing)}, which this {engine} target's window does not have"
+    return f"needs {' and '.join(need.what for need in missing)}, which this {engine} target's window does not have"
+
+
+def judge(rule: Rule, s: Signals, t: Thresholds, outcomes: list[Outcome]) -> Finding | None:
+    """One rule's finding, with its outcome appended to ``outcomes``: not judged when the window
+    lacks what it needs or its numbers cannot decide; a residual rule is given the others' outcomes."""
+    if missing := rule.missing(s):
+        outcomes.append(Outcome(rule.regime, "not_judged", not_judged_reason(s.engine, missing),
+                                tuple(need.how or need.what for need in missing)))
+        return None
+    compared: list[Evidence] = []  # a residual rule compares latencies, not conditions of its own pattern
+    try:
+        if rule.residual is not None:
+            finding = rule.residual(s, t, tuple(outcomes))
+        else:
+            finding, compared = rule.judge(s, t)
+    except NotJudged as undecided:  # the numbers cannot decide (see app.diagnosis.rules.base.NotJudged)
+        outcomes.append(Outcome(rule.regime, "not_judged", undecided.reason))
+        return None
+    if finding is not None:
+        outcomes.append(Outcome(rule.regime, "fired"))
+    elif rule.residual is not None:
+        outcomes.append(Outcome(rule.regime, "quiet", "latency in its expected range, or another rule fired"))
+    elif any(e.value is not None for e in compared):
+        failed = "; ".join(replace(e, note="").text() for e in compared if not e.met)
+        outcomes.append(Outcome(rule.regime, "quiet", f"conditions not met: {failed}" if failed else
+                                "its conditions hold one by one, not in the combination it needs"))
+    else:  # it compared nothing the window has (no KV transfers, one data-parallel rank, ...)
+        outcomes.append(Outcome(rule.regime, "not_applicable"))
+    return finding
 
 
 def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
-    """Run every rule on one target/model's signals and rank what fired."""
+    """Run every rule on one target/model's signals and rank what fired.
+
+    The verdict is the primary finding's regime; ``insufficient_data`` when the window has too
+    little engine traffic; ``not_judged`` when nothing fired but some rule could not be judged;
+    ``healthy`` only when every rule that applies was judged, none fired, and the latency is in
+    its expected range (``unexplained``, judged last from the others' outcomes, says otherwise)."""
     diagnosis = Diagnosis(s.target, s.model, s.engine, s.window_start, s.window_end, "healthy",
                           signals=s.to_dict())
     if s.ttft_derived:
@@ -75,21 +110,18 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
         c = s.probe_consistency
         diagnosis.notes.append(f"client-side probe run(s) {', '.join(map(str, c.runs))} vs. the engine's TTFT: "
                                f"{c.message}")
+    if estimates_disagree(s, t):
+        diagnosis.notes.append(f"the two queue-time estimates disagree by {s.queue_estimates_ratio:.1f}x: Little's "
+                               f"law {s.queue_mean_estimated:.3g} s, TTFT minus the expected prefill "
+                               f"{s.queue_mean_from_ttft:.3g} s")
     problems = data_problems(s, t)
     diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
     rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES
-    findings = []
-    for rule in rules:
-        if missing := rule.missing(s):
-            diagnosis.not_judged.append({"regime": rule.regime, "reason": not_judged_reason(s.engine, missing)})
-            continue
-        try:
-            finding = rule.evaluate(s, t)
-        except NotJudged as undecided:  # the numbers cannot decide (see app.diagnosis.rules.base.NotJudged)
-            diagnosis.not_judged.append({"regime": rule.regime, "reason": undecided.reason})
-            continue
-        if finding is not None:
-            findings.append(finding)
+    outcomes: list[Outcome] = []
+    findings = [finding for rule in sorted(rules, key=lambda r: r.residual is not None)
+                if (finding := judge(rule, s, t, outcomes)) is not None]
+    diagnosis.not_judged = [{"regime": o.regime, "reason": o.detail} for o in sorted(
+        (o for o in outcomes if o.state == "not_judged"), key=lambda o: RULE_ORDER[o.regime])]
     for finding in findings:
         finding.window_start, finding.window_end = s.window_start, s.window_end
     rank(findings)
@@ -98,6 +130,8 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
         diagnosis.verdict = findings[0].regime
     elif problems:
         diagnosis.verdict = "insufficient_data"
+    elif diagnosis.not_judged:
+        diagnosis.verdict = "not_judged"
     return diagnosis
 
 

@@ -12,8 +12,11 @@ if TYPE_CHECKING:
     PROBE_REGIMES: tuple[str, ...]
     VERDICTS: tuple[str, ...]
 
-#: The verdicts that are not a regime (the regimes are read from the registry: ``__getattr__``).
-NON_REGIME_VERDICTS = ("healthy", "insufficient_data")
+#: The verdicts that are not a regime (the regimes are read from the registry: ``__getattr__``):
+#: ``healthy`` only when every rule that applies was judged, none fired and the latency is in its
+#: expected range; ``insufficient_data`` when the window has too little traffic to judge;
+#: ``not_judged`` when nothing fired but some rule could not be judged (``Diagnosis.not_judged``).
+NON_REGIME_VERDICTS = ("healthy", "insufficient_data", "not_judged")
 SEVERITIES = ("critical", "warning", "info")
 RUNBOOK_DIR = "docs/runbooks"  # in the source tree
 
@@ -176,14 +179,14 @@ class Diagnosis:
     engine: str
     window_start: float
     window_end: float
-    verdict: str  # a regime id (the primary finding), "healthy" or "insufficient_data"
+    verdict: str  # a regime id (the primary finding), or one of NON_REGIME_VERDICTS
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     signals: dict = field(default_factory=dict)
     #: regimes not judged, each ``{"regime": ..., "reason": ...}``: the signals the rule needs
     #: are not on this engine's page, or the numbers cannot decide (a threshold inside the
-    #: bucket that holds a quantile, fewer samples than its evidence needs). A "healthy"
-    #: verdict holds for the others only.
+    #: bucket that holds a quantile, fewer samples than its evidence needs). Any of them makes
+    #: a verdict without findings ``not_judged``, never ``healthy``.
     not_judged: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict:

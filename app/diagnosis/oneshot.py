@@ -30,8 +30,8 @@ from app.targets import repository as target_repository
 from app.windows import default_windows
 
 EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 2 = usage error (click)
-#: Nothing fired, but some regime could not be judged (its signals are not on this engine's page):
-#: not the same as healthy, so not 0.
+#: Nothing fired, but some regime could not be judged (its signals are not on this engine's page, or
+#: its numbers could not decide): the verdict ``not_judged``, not the same as healthy, so not 0.
 EXIT_NOT_JUDGED = 5
 #: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics.
 _WRONG_PAGE = ("http_status", "parse_error", "no_engine_metrics")
@@ -53,7 +53,7 @@ class OneShotResult:
             return EXIT_FINDING
         if all(d.verdict == "insufficient_data" for d in self.diagnoses):
             return EXIT_INSUFFICIENT
-        if any(d.not_judged for d in self.diagnoses):
+        if any(d.verdict == "not_judged" for d in self.diagnoses):
             return EXIT_NOT_JUDGED
         return EXIT_HEALTHY
 
@@ -122,6 +122,13 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
     return OneShotResult(url, detected, records, report, diagnoses)
 
 
+#: What a verdict that names no regime means, after it in the headline.
+HEADLINE_NOTES = {
+    "healthy": " (every regime judged, none found, latency in its expected range)",
+    "not_judged": " (no regime found, but not every regime could be judged: not healthy)",
+}
+
+
 def format_text(result: OneShotResult, runbook_base: str = "") -> str:
     """The human-readable report; runbooks are linked under ``runbook_base`` (the monitor's
     external URL) when it is given, else as their path on a monitor (``/runbooks/<name>``)."""
@@ -154,7 +161,7 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
             lines.append(f"  ≈: {human.ESTIMATE_NOTE}")
     for d in result.diagnoses:
         model = f" [{d.model}]" if d.model else ""
-        lines.append(f"\nDiagnosis{model}: {d.verdict}")
+        lines.append(f"\nDiagnosis{model}: {d.verdict}{HEADLINE_NOTES.get(d.verdict, '')}")
         for note in d.notes:
             lines.append(f"  note: {note}")
         for item in d.not_judged:

@@ -94,7 +94,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                     baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
                         if target.id in probed else None
                     diagnoses = diagnosis_engine.evaluate_target(
-                        session, target.id, target.name, engine, now, config.window, config.thresholds, hardware,
+                        session, target.id, target.name, engine, now, config.window,
+                        config.thresholds_for(target.name), hardware,
                         probe_baseline=baseline, data=found[target.id], probed=target.id in probed)
                     evaluated.extend((target.id, diagnosis) for diagnosis in diagnoses)
             del found  # a chunk's samples are dropped before the next is read: bounded memory

@@ -17,7 +17,7 @@ from app import latency
 from app.core import quantiles
 from app.core.quantiles import LatencySummary, WindowHistogram
 from app.diagnosis.findings import as_plain, finite_json
-from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.profile import PREFILL_MFU, HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
 from app.probe.canary import ProbeBaseline
@@ -27,7 +27,7 @@ from app.store.models import Target
 from app.window import ItlInterval, ModelWindow, TargetWindow
 from app.windows import default_windows
 
-DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
+DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "tpot", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
                         "generation_tokens", "iteration_tokens", "kv_transfer_time", "render_time")
 
 
@@ -59,6 +59,7 @@ class Signals:
     ttft: LatencySummary | None = None
     ttft_derived: bool = False
     itl: LatencySummary | None = None
+    tpot: LatencySummary | None = None        # per-request time per output token (trtllm-serve's only decode time)
     queue_time: LatencySummary | None = None
     prefill_time: LatencySummary | None = None
     e2e: LatencySummary | None = None
@@ -66,9 +67,17 @@ class Signals:
     generation_tokens: LatencySummary | None = None
     queue_share: float | None = None          # mean queue / mean TTFT, bounded to [0, 1] (see share_notes)
     queue_mean_estimated: float | None = None  # no queue histogram: mean waiting / first tokens per second
+    queue_mean_from_ttft: float | None = None  # no queue histogram: mean TTFT - expected prefill (prefill_expected)
+    prefill_expected: float | None = None     # the engine's prefill histogram mean, else the hardware profile's
+    queue_estimates_ratio: float | None = None  # the larger of the two queue estimates over the smaller
     prefill_share: float | None = None        # mean prefill / mean TTFT, bounded to [0, 1]
     share_notes: dict[str, str] = field(default_factory=dict)  # share -> why its raw ratio was bounded
-    prompt_mean_counters: float | None = None  # increase(prompt_tokens_total) / increase(requests_total)
+    prompt_mean_counters: float | None = None  # increase(prompt_tokens_total) / finished requests
+    output_mean_counters: float | None = None  # increase(generation_tokens_total) / finished requests
+    finished_per_second: float | None = None  # finished requests: requests_total, else the e2e histogram's count
+    first_tokens_per_second: float | None = None  # the TTFT histogram's count over the window
+    #: every number derived from others (not read from one histogram or gauge) -> its inputs, in words
+    derived: dict[str, str] = field(default_factory=dict)
     itl_ratio_bounds: tuple[float, float] | None = None  # p99/p50 from the edges of their buckets
     prefill_per_request: float | None = None  # seconds of prefill a request waits for its first token
     ttft_per_1k_prompt_tokens: float | None = None
@@ -127,7 +136,7 @@ class Signals:
     @property
     def prompt_mean(self) -> float | None:
         """Mean prompt length from the most exact source the page has: the prompt-length
-        histogram's ``_sum/_count``, else the token and request counters (:func:`_prompt_mean`)."""
+        histogram's ``_sum/_count``, else the token counter over the finished requests (:func:`_token_means`)."""
         if self.prompt_tokens is not None and self.prompt_tokens.mean is not None:
             return self.prompt_tokens.mean
         return self.prompt_mean_counters
@@ -137,8 +146,32 @@ class Signals:
         if self.prompt_tokens is not None and self.prompt_tokens.mean is not None:
             return "prompt-length histogram (_sum / _count)"
         if self.prompt_mean_counters is not None:
-            return "prompt_tokens_total / requests_total (increase over the window; no prompt-length histogram)"
+            return self.derived.get("prompt_mean_counters", "the prompt-token counter over the finished requests")
         return None
+
+    @property
+    def output_mean(self) -> float | None:
+        """Mean output length: the output-length histogram's ``_sum/_count``, else the generated-token
+        counter over the finished requests (:func:`_token_means`)."""
+        if self.generation_tokens is not None and self.generation_tokens.mean is not None:
+            return self.generation_tokens.mean
+        return self.output_mean_counters
+
+    @property
+    def output_mean_source(self) -> str | None:
+        if self.generation_tokens is not None and self.generation_tokens.mean is not None:
+            return "output-length histogram (_sum / _count)"
+        return self.derived.get("output_mean_counters")
+
+    @property
+    def decode_mean(self) -> tuple[float | None, str]:
+        """The decode time per token the page gives, and its name: the per-step ITL (at a small batch
+        when known, see :attr:`itl_typical`), else the per-request TPOT (trtllm-serve has no ITL)."""
+        if self.itl is not None and self.itl.mean is not None:
+            return self.itl_typical, self.itl_typical_name
+        if self.tpot is not None and self.tpot.mean is not None:
+            return self.tpot.mean, "TPOT mean (per request; no per-step ITL)"
+        return None, "ITL"
 
     @property
     def itl_typical(self) -> float | None:
@@ -186,18 +219,38 @@ def _bounded_share(s: Signals, name: str, part: float | None, whole: float | Non
     return bounded
 
 
-def _prompt_mean(s: Signals, m: ModelWindow) -> None:
-    """Mean prompt length from the most exact source the page has.
+def _token_means(s: Signals, m: ModelWindow) -> None:
+    """The first-token rate (the TTFT histogram's count over the window), and the mean prompt and
+    output length from the token counters over the finished requests.
 
-    The prompt-length histogram's ``_sum/_count`` is exact for the requests it counted; an
-    engine without it (SGLang pages without ``prompt_tokens_histogram``) still counts prompt
-    tokens and requests, and ``increase(prompt_tokens_total) / increase(requests_total)``
-    (= the ratio of their rates over the same window) is the same mean over finished
-    requests. Never a quantile: a mean is what the rules compare.
+    A length histogram's ``_sum/_count`` is exact for the requests it counted; an engine without
+    one (SGLang 0.4, trtllm-serve) still counts prompt and generated tokens, and
+    ``increase(tokens_total) / increase(finished requests)`` (= the ratio of their rates over the
+    same window) is the same mean over finished requests: exact where the engine counts a
+    request's tokens when it finishes (SGLang, with its e2e histogram and request counter), the
+    steady-traffic mean where it counts them as they are processed (vLLM). Finished requests are
+    the engine's request counter (``requests_total``: vLLM/trtllm ``request_success_total``, SGLang
+    ``num_requests_total``, TGI ``tgi_request_success``), else the count of its e2e histogram
+    (SGLang 0.4 has no request counter). Never a quantile: a mean is what the rules compare.
     """
-    tokens, requests = m.rates.get("prompt_tokens_total"), m.rates.get("requests_total")
-    if tokens is not None and requests:
-        s.prompt_mean_counters = tokens / requests
+    seconds = s.window_seconds
+    if s.ttft is not None and s.ttft.count and seconds > 0:
+        s.first_tokens_per_second = s.ttft.count / seconds
+        s.derived["first_tokens_per_second"] = ("increase(queue_time _count) / window (TTFT derived)" if s.ttft_derived
+                                                else "increase(ttft _count) / window")
+    finished, source = m.rates.get("requests_total"), "increase(requests_total)"
+    if not finished and s.e2e is not None and s.e2e.count and seconds > 0:
+        finished, source = s.e2e.count / seconds, "increase(e2e _count) (the engine has no request counter)"
+    if not finished:
+        return
+    s.finished_per_second = finished
+    s.derived["finished_per_second"] = f"{source} / window"
+    for counter, name in (("prompt_tokens_total", "prompt_mean_counters"),
+                          ("generation_tokens_total", "output_mean_counters")):
+        tokens = m.rates.get(counter)
+        if tokens is not None:
+            setattr(s, name, tokens / finished)
+            s.derived[name] = f"increase({counter}) / {source} over the window"
 
 
 def _ratio_bounds(num: LatencySummary | None, num_key: str, den: LatencySummary | None,
@@ -277,7 +330,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         merged = {sig: m.histograms.get(sig) for sig in DIAGNOSIS_HISTOGRAMS}
         found = {sig: quantiles.summarize(m.histograms[sig]) for sig in DIAGNOSIS_HISTOGRAMS
                  if sig in m.histograms}  # absent: None below
-        s.ttft, s.itl = found.get("ttft"), found.get("itl")
+        s.ttft, s.itl, s.tpot = found.get("ttft"), found.get("itl"), found.get("tpot")
         s.queue_time, s.prefill_time = found.get("queue_time"), found.get("prefill_time")
         s.e2e, s.prompt_tokens = found.get("e2e"), found.get("prompt_tokens")
         s.generation_tokens = found.get("generation_tokens")
@@ -296,17 +349,17 @@ def from_window(window: TargetWindow, target: str, engine: str,
         if prefill_mean is not None:
             s.prefill_share = _bounded_share(s, "prefill_share", prefill_mean, ttft_mean)
         s.prefill_per_request = prefill_mean
-        _prompt_mean(s, m)
-        if ttft_mean is not None and s.prompt_mean:
-            s.ttft_per_1k_prompt_tokens = ttft_mean / (s.prompt_mean / 1000.0)
         if s.itl is not None and s.itl.p50:
             s.itl_ratio = _ratio(s.itl.p99, s.itl.p50)
             s.itl_ratio_bounds = _ratio_bounds(s.itl, "p99", s.itl, "p50")
         s.decode_stall_share = _stall_share(engine, merged["itl"], merged["prefill_time"])
         s.max_step_tokens, s.large_step_fraction = _largest_used_bucket(merged["iteration_tokens"])
         _gauges_and_rates(s, m)
+        _token_means(s, m)
+        if ttft_mean is not None and s.prompt_mean:
+            s.ttft_per_1k_prompt_tokens = ttft_mean / (s.prompt_mean / 1000.0)
         if s.queue_time is None:
-            s.queue_mean_estimated = _queue_from_gauges(s)
+            _queue_estimates(s, hardware)
         s.step_budget = infer_step_budget(merged["iteration_tokens"], merged["prompt_tokens"], merged["itl"],
                                           merged["prefill_time"], s.running_mean, s.preemptions_per_second)
         _itl_by_batch(s, m.itl_intervals)
@@ -325,14 +378,39 @@ def from_window(window: TargetWindow, target: str, engine: str,
     return out
 
 
-def _queue_from_gauges(s: Signals) -> float | None:
-    """Mean time in the queue by Little's law, for pages without a queue-time histogram (SGLang
-    0.4.0-0.4.3): requests waiting on average / requests leaving the queue per second (those
-    that got their first token in the window). An estimate: exact for a steady queue, and
-    the queueing rule says it is one."""
-    if s.waiting_mean is None or s.ttft is None or not s.ttft.count or s.window_seconds <= 0:
-        return None
-    return s.waiting_mean / (s.ttft.count / s.window_seconds)
+def _queue_estimates(s: Signals, hardware: HardwareProfile | None) -> None:
+    """Two estimates of the mean queue time, for pages without a queue-time histogram (SGLang
+    0.4.0-0.4.3), each with its inputs in ``derived``:
+
+    * Little's law: requests waiting on average / requests leaving the queue per second (the
+      first-token rate: those that got their first token in the window). Exact for a steady queue.
+    * TTFT minus the expected prefill: the engine's own prefill histogram mean where it has one,
+      else the hardware profile's compute time for the mean prompt
+      (:meth:`HardwareProfile.prefill_seconds`). An upper bound: TTFT also holds the steps a
+      prefill shares with other requests.
+
+    ``queue_estimates_ratio`` is the larger over the smaller; the queueing rule reads both.
+    """
+    if s.first_tokens_per_second and s.waiting_mean is not None:
+        s.queue_mean_estimated = s.waiting_mean / s.first_tokens_per_second
+        s.derived["queue_mean_estimated"] = ("Little's law: mean of the waiting gauge / first tokens per second "
+                                             "(increase(ttft _count) / window)")
+    if s.prefill_time is not None and s.prefill_time.mean is not None:
+        s.prefill_expected = s.prefill_per_request
+        s.derived["prefill_expected"] = "the engine's prefill-time histogram (_sum / _count)"
+    elif hardware is not None and s.prompt_mean:
+        s.prefill_expected = hardware.prefill_seconds(s.prompt_mean)
+        s.derived["prefill_expected"] = (f"2 x parameters x mean prompt length ({s.prompt_mean:.0f} tokens, "
+                                         f"{s.prompt_mean_source}) / FLOP/s at {PREFILL_MFU:.0%} of peak "
+                                         f"({hardware.describe()})")
+    ttft_mean = _mean(s.ttft)
+    if s.prefill_expected is not None and ttft_mean is not None:
+        s.queue_mean_from_ttft = max(0.0, ttft_mean - s.prefill_expected)
+        s.derived["queue_mean_from_ttft"] = "TTFT mean (_sum / _count) - expected prefill (prefill_expected)"
+    low, high = sorted((s.queue_mean_estimated or 0.0, s.queue_mean_from_ttft or 0.0))
+    if s.queue_mean_estimated is not None and s.queue_mean_from_ttft is not None:
+        s.queue_estimates_ratio = high / low if low > 0 else math.inf if high > 0 else 1.0
+        s.derived["queue_estimates_ratio"] = "the larger of queue_mean_estimated and queue_mean_from_ttft / the smaller"
 
 
 def _replicas(window: TargetWindow, model: str) -> list[ReplicaLoad]:

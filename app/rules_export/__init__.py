@@ -108,6 +108,11 @@ Known differences from the built-in evaluation (the generated file's header poin
 * ``outside_engine`` (:data:`app.diagnosis.findings.PROBE_REGIMES`) compares client-side
   probe TTFT with the engine's; Prometheus sees only the engine's metrics, so it has no
   exported rule (the service's own alerts carry it as ``LLMLatencyOutsideEngine``).
+* ``unexplained`` fires on the absence of every other regime's finding and lists the rules that
+  could not judge; a rule file cannot see which twins were skipped for a missing series, so it
+  has no exported rule (the service's own alerts carry it as ``LLMLatencyUnexplained``; latency
+  above a bound alerts in Prometheus through the SLO rules). ``diagnosis.overrides`` (expected
+  ranges per target) are read by ``unexplained`` alone, so they change no exported rule.
 """
 
 from app.rules_export.alerting import inhibit_rules

@@ -83,7 +83,7 @@ class EngineExposition:
     rank_label: str | None = None  # the data-parallel rank's label on the gauges (None: one rank per server)
     token_imbalance: str | None = None  # the engine's own token imbalance gauge between its DP ranks
     #: the prompt-token counter and the finished-request counter(s, first found) whose rates give the
-    #: mean prompt length where the page has no prompt-length histogram (``signals._prompt_mean``)
+    #: mean prompt length where the page has no prompt-length histogram (``signals._token_means``)
     prompt_counters: tuple[str, tuple[str, ...]] | None = None
     #: P/D KV-transfer time histograms, first present wins: (family, label selector, unit divisor to
     #: seconds: SGLang's ``kv_transfer_latency_ms`` is in milliseconds, the adapter divides by 1000)

@@ -59,16 +59,16 @@ _errors_lock = threading.Lock()
 
 
 @dataclass(slots=True)
-class Outcome:
+class TargetOutcome:
     failed: bool = False
 
 
 @contextmanager
-def target_boundary(round_name: str, target: str) -> Iterator[Outcome]:
+def target_boundary(round_name: str, target: str) -> Iterator[TargetOutcome]:
     """Run one target's part of a round: an exception is logged with the target's name and
     counted (:data:`target_errors`), the outcome says ``failed``, and the round goes on with the
     next target. The caller keeps what the failing one had (its last verdict, its alerts' states)."""
-    outcome = Outcome()
+    outcome = TargetOutcome()
     try:
         yield outcome
     except Exception:

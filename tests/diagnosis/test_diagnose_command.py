@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -90,3 +91,52 @@ def test_a_url_without_the_metrics_path_gets_the_url_it_probably_meant(fleet) ->
     assert body["hint"] == f"did you mean {ui_base}/metrics?"
     right = diagnose(base + "/metrics", "--window", "2s", "--interval", "1s", "--json")
     assert json.loads(right.stdout)["hint"] is None
+
+
+def test_slow_with_its_rule_silenced_is_unexplained_and_in_range_it_is_healthy(fleet) -> None:
+    """The queueing engine (TTFT ~16 s) with queueing's threshold out of reach: no rule explains the TTFT,
+    so unexplained (exit 1); with the expected TTFT raised too, every rule was judged and the latency is in
+    range: healthy (exit 0)."""
+    silenced = ("--threshold", "queue_seconds=10000")
+    result = diagnose(fleet.urls["busy"] + "/metrics", "--window", "4s", "--interval", "1s", *silenced)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: unexplained" in result.stdout
+    ttft = next(line for line in result.stdout.splitlines() if "- TTFT mean = " in line)
+    assert float(re.findall(r"= ([\d.]+) s", ttft)[0]) > 10 and "(> 10.00 s)" in ttft
+    assert re.search(r"- queueing = judged, quiet \(conditions not met: mean queue time = [\d.]+ s \(>= 10000",
+                     result.stdout)
+    widened = diagnose(fleet.urls["busy"] + "/metrics", "--window", "4s", "--interval", "1s", *silenced,
+                       "--threshold", "expected_ttft_seconds=600")
+    assert widened.returncode == 0, widened.stdout + widened.stderr
+    assert "Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: healthy (every regime judged, none found, latency in its " \
+           "expected range)" in widened.stdout
+
+
+def test_a_bad_threshold_is_refused_naming_it() -> None:
+    result = diagnose("http://127.0.0.1:9/metrics", "--threshold", "expected_ttft_seconds=soon")
+    assert result.returncode == 2 and "Invalid value for '--threshold': expected_ttft_seconds: Input should be a " \
+                                       "valid number" in result.stderr
+    result = diagnose("http://127.0.0.1:9/metrics", "--threshold", "expected_ttft")
+    assert result.returncode == 2 and "'expected_ttft': expected NAME=VALUE" in result.stderr
+
+
+def test_sglang_04_docs_page_live_is_never_called_healthy() -> None:
+    """SGLang's own 0.4 page (2,826 waiting, 213.6 s mean TTFT) served as a live engine whose counters grow
+    as the ~1,000 s run its numbers imply: queueing from its gauges; without the waiting gauge, unexplained."""
+    import time
+
+    from tests.diagnosis.test_not_judged import EXPOSITION, _scaled
+
+    text = (EXPOSITION / "sglang-v0.4-docs-production_metrics.prom").read_text()
+    started = time.monotonic()
+
+    def growing(page: str) -> Callable[[], str]:
+        return lambda: _scaled(page, (980.0 + time.monotonic() - started) / 1000.0)
+
+    no_gauge = "".join(line for line in text.splitlines(keepends=True) if "sglang:num_queue_reqs" not in line)
+    for page, verdict in ((text, "queueing"), (no_gauge, "unexplained")):
+        with StaticPageServer(growing(page)) as server:
+            result = diagnose(server.url, "--window", "4s", "--interval", "1s")
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"Diagnosis [meta-llama/Llama-3.1-8B-Instruct]: {verdict}" in result.stdout
+        assert f"[PRIMARY] {verdict} (critical" in result.stdout

@@ -19,6 +19,7 @@ from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.oneshot import EXIT_FINDING, EXIT_HEALTHY, EXIT_NOT_JUDGED, OneShotResult
+from app.diagnosis.profile import HardwareProfile
 from app.scrape.jobs import PageProcessor
 from app.store import db
 from app.store.record import ScrapeRecord
@@ -49,7 +50,7 @@ def _scaled(text: str, fraction: float) -> str:
 
 
 def replay(tmp_path: Path, filename: str, lifetime: float = 1000.0, every: float = 10.0,
-           window: float = 60.0) -> tuple[list[Diagnosis], list[ScrapeRecord]]:
+           window: float = 60.0, hardware: HardwareProfile | None = None) -> tuple[list[Diagnosis], list[ScrapeRecord]]:
     text = (EXPOSITION / filename).read_text()
     url = f"sqlite:///{tmp_path / 'replay.db'}"
     db.upgrade(url)
@@ -70,7 +71,7 @@ def replay(tmp_path: Path, filename: str, lifetime: float = 1000.0, every: float
         SampleWriter(sql).write(records)
         with sessions() as session:
             diagnoses = diagnosis_engine.evaluate_target(session, target_id, "t", processor.engine or "",
-                                                         T0 + steps * every, window, Thresholds())
+                                                         T0 + steps * every, window, Thresholds(), hardware)
     finally:
         sql.dispose()
     return diagnoses, records
@@ -91,11 +92,17 @@ def test_sglang_04_loaded_page_is_queueing_from_its_gauges(tmp_path: Path) -> No
     assert evidence["TTFT mean"].value == pytest.approx(2351897.9474117756 / 11008, rel=1e-9)
     assert "estimated from the waiting gauge" in finding.summary
     assert any("--max-running-requests" in r for r in finding.remedies)  # phrased for SGLang
-    # what this 0.4 page cannot tell is listed, with the reason
+    # what this 0.4 page cannot tell is listed, with the reason; the mean prompt length it does allow is
+    # derived from the prompt-token counter over the finished requests its e2e histogram counts
     not_judged = {n["regime"]: n["reason"] for n in d.not_judged}
-    assert set(not_judged) == {"prefill_compute", "prefill_interference", "weights_offloaded"}
-    assert "prompt-length histogram" in not_judged["prefill_interference"]
-    assert "this sglang target's window does not have" in not_judged["prefill_compute"]
+    assert set(not_judged) == {"prefill_compute", "weights_offloaded"}
+    assert not_judged["prefill_compute"] == "needs prefill time, which this sglang target's window does not have"
+    assert d.signals["prompt_mean_counters"] == pytest.approx(8.128902e6 / 11228, rel=1e-9)  # 724 tokens
+    assert d.signals["output_mean_counters"] == pytest.approx(7.557572e6 / 11228, rel=1e-9)  # 673 tokens
+    assert d.signals["finished_per_second"] == pytest.approx(11.228, rel=1e-9)
+    assert d.signals["first_tokens_per_second"] == pytest.approx(11.008, rel=1e-9)
+    assert d.signals["derived"]["prompt_mean_counters"] == (
+        "increase(prompt_tokens_total) / increase(e2e _count) (the engine has no request counter) over the window")
     result = OneShotResult("http://sglang:30000/metrics", "sglang", records, {}, [d])
     assert result.exit_code == EXIT_FINDING
 
@@ -124,7 +131,7 @@ def test_trtllm_page_without_per_step_itl_is_not_called_healthy_silently(tmp_pat
     assert d.signals["queue_time"]["mean"] == pytest.approx(0.3975 / 4)
     result = OneShotResult("http://trt:8000/metrics", "trtllm", records, {}, [d])
     assert result.exit_code == EXIT_FINDING
-    d.findings, d.verdict = [], "healthy"  # without the finding, the regimes not judged set the exit status
+    d.findings, d.verdict = [], "not_judged"  # without the finding: the verdict the regimes not judged make
     assert result.exit_code == EXIT_NOT_JUDGED
     # the API carries it, field by field
     out = DiagnosisOut.model_validate(d.to_dict())

@@ -42,13 +42,13 @@ def test_every_module_is_a_regime_in_precedence_order() -> None:
     assert [rule.regime for rule in RULES] == ["kv_cache_pressure", "weights_offloaded", "prefill_interference",
                                               "prefill_compute", "kv_transfer", "frontend_bound",
                                               "speculation_ineffective", "bandwidth_bound", "dp_imbalance",
-                                              "replica_imbalance", "queueing", "outside_engine"]
+                                              "replica_imbalance", "queueing", "outside_engine", "unexplained"]
 
 
 def test_the_regime_lists_and_alert_names_are_the_registry() -> None:
     assert REGIMES == tuple(rule.regime for rule in RULES)
     assert PROBE_REGIMES == ("outside_engine",)
-    assert VERDICTS == (*REGIMES, "healthy", "insufficient_data")
+    assert VERDICTS == (*REGIMES, "healthy", "insufficient_data", "not_judged")
     for rule in RULES:
         assert ALERT_RUNBOOKS[regime_alertname(rule.regime)] == rule.regime
 
@@ -76,7 +76,8 @@ def test_every_regime_has_a_promql_twin_or_says_why_not() -> None:
         assert {a["alert"] for a in exported} == {regime_alertname(rule.regime)}
         against_floor = [a for a in profiled if a["labels"].get("regime") == rule.regime and "target" in a["labels"]]
         assert bool(against_floor) == (rule.promql_profiled is not None), rule.regime
-    assert [rule.regime for rule in RULES if rule.promql is None] == ["replica_imbalance", "outside_engine"]
+    assert [rule.regime for rule in RULES if rule.promql is None] == ["replica_imbalance", "outside_engine",
+                                                                      "unexplained"]
     assert "probe" in next(r for r in RULES if r.regime == "outside_engine").no_promql
     assert "service_labels" in next(r for r in RULES if r.regime == "replica_imbalance").no_promql
 
@@ -102,9 +103,9 @@ def test_every_regime_has_its_own_colour_in_the_dashboards() -> None:
                                             "llm-latency-target.json"]
     for dashboard in DASHBOARDS:
         colours = _verdict_colours(json.loads(dashboard.read_text(encoding="utf-8")))
-        assert colours == {"healthy": "green", "insufficient_data": "text",
+        assert colours == {"healthy": "green", "insufficient_data": "text", "not_judged": "super-light-yellow",
                            **{rule.regime: rule.colour for rule in RULES}}, dashboard.name
-    assert len({rule.colour for rule in RULES} | {"green", "text"}) == len(RULES) + 2
+    assert len({rule.colour for rule in RULES} | {"green", "text", "super-light-yellow"}) == len(RULES) + 3
 
 
 def _module_tree(regime: str) -> ast.Module:
@@ -134,8 +135,8 @@ def test_no_rule_module_writes_a_number_where_severity_escalates() -> None:
                        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and n.value != 0]
             assert numbers == [], (rule.regime, ast.unparse(node.test))
     # queueing, prefill_compute, prefill_interference, kv_cache_pressure, replica_imbalance, kv_transfer,
-    # speculation_ineffective, dp_imbalance, frontend_bound
-    assert escalations == 9
+    # speculation_ineffective, dp_imbalance, frontend_bound, unexplained
+    assert escalations == 10
 
 
 def test_default_escalations_are_the_numbers_the_rules_had() -> None:

@@ -225,7 +225,7 @@ def test_the_drill_down_uid_is_the_one_the_alerts_config_documents() -> None:
 
 def test_the_regime_mapping_names_every_verdict_the_service_can_export() -> None:
     generator = load_generator()
-    expected = {"healthy", "insufficient_data"} | {rule.regime for rule in RULES}
+    expected = {"healthy", "insufficient_data", "not_judged"} | {rule.regime for rule in RULES}
     assert set(generator.VERDICTS) == expected
     for dashboard in DASHBOARDS.values():
         timeline = next(p for p in panels(dashboard) if p["title"] == "Diagnosed regime")

@@ -60,7 +60,8 @@ def test_triage_level_is_down_first_then_the_worst_verdict() -> None:
     def views(*kinds: str) -> list[str]:
         return list(kinds)
 
-    assert LEVELS == ("critical", "warning", "info", "unknown", "healthy")
+    assert LEVELS == ("critical", "warning", "info", "unknown", "not_judged", "healthy")
+    assert triage_level(up, views("healthy", "not_judged")) == "not_judged"  # never "ok" with a regime unjudged
     assert triage_level(down, views("healthy")) == "critical"  # a down target whatever its last verdict
     assert triage_level(up, views("critical")) == "critical"
     assert triage_level(up, views("healthy", "warning")) == "warning"  # the worst of its models

@@ -63,9 +63,9 @@ def fleet(service):
     return last.ts + 2  # the `end` every page and API call of the test uses
 
 
-# the fleet table's order: down or critical, warning, no verdict yet, healthy; by name within a level
+# the fleet table's order: down or critical, warning, no verdict yet, not judged, healthy; by name within a level
 TRIAGE_ORDER = {"busy": "critical", "dead": "critical", "garbled": "critical", "docs": "warning",
-                "fresh": "unknown", "idle": "unknown", "calm": "healthy", "tgi": "healthy"}
+                "fresh": "unknown", "idle": "unknown", "tgi": "not_judged", "calm": "healthy"}
 WINDOW_PHRASE = re.compile(r"\blast \d+(?:\.\d+)? (?:s|min|h)\b")
 
 
@@ -81,22 +81,23 @@ def test_index_is_a_fleet_table_most_severe_first(service, fleet) -> None:
     assert levels(page) == TRIAGE_ORDER  # exact order, and each row's colour class
 
     overview = text_of(re.search(r'<p class="overview".*?</p>', page, re.S).group(0))
-    assert overview == "8 targets 3 critical 1 warning 2 no verdict 2 ok 2 down"
+    assert overview == "8 targets 3 critical 1 warning 2 no verdict 1 not judged 1 ok 2 down"
     severities = {name: text_of(re.search(r'data-severity="\w+">[^<]*', row).group(0).split(">")[1])
                   for name, row in found.items()}
     assert severities == {"busy": "critical", "dead": "critical", "garbled": "critical", "docs": "warning",
-                          "fresh": "no verdict", "idle": "no verdict", "calm": "ok", "tgi": "ok"}
+                          "fresh": "no verdict", "idle": "no verdict", "calm": "ok", "tgi": "not judged"}
 
     # verdict words next to the colour; down targets say why
     verdicts = {name: re.findall(r'data-verdict="(\w+)"', row) for name, row in found.items()}
     assert verdicts == {"busy": ["queueing"], "dead": ["insufficient_data"], "garbled": ["insufficient_data"],
                         "docs": ["prefill_compute"], "fresh": ["none"], "idle": ["insufficient_data"],
-                        "calm": ["healthy"], "tgi": ["healthy"]}
+                        "calm": ["healthy"], "tgi": ["not_judged"]}
     # never healthy by omission: TGI without a hardware profile exports nothing weights_offloaded reads
     assert "1 not judged" in text_of(found["tgi"]) and "not judged" not in text_of(found["calm"])
     tgi_page = c.get("/targets/tgi", params={"end": end}).text
     assert 'data-regime="weights_offloaded"' in tgi_page and "Not judged" in tgi_page
-    assert "No latency regime detected among those judged; 1 could not be judged" in text_of(tgi_page)
+    assert ("No latency regime found among those judged, but 1 could not be judged on this engine's metrics: not "
+            "healthy.") in text_of(tgi_page)
     assert "down: connect" in text_of(found["dead"]) and "down: parse_error" in text_of(found["garbled"])
     assert "queueing" in text_of(found["busy"]) and "prefill compute" in text_of(found["docs"])
     assert "garbage" not in found["garbled"]  # the page's text is never quoted
@@ -185,7 +186,8 @@ def test_target_page_shows_the_diagnosis_in_full(service, fleet) -> None:
     assert "evaluated " in wide and " ago over its own window of 60 s" in wide
 
     calm = text_of(c.get("/targets/calm", params={"end": end}).text)
-    assert "Diagnosis: healthy" in calm and "No latency regime detected." in calm
+    assert "Diagnosis: healthy" in calm
+    assert "No latency regime detected: every regime judged, latency in its expected range." in calm
     dead = text_of(c.get("/targets/dead", params={"end": end}).text)
     assert "Diagnosis: insufficient data" in dead and "0 successful scrape(s) in the window, need 2" in dead
     assert "connect: cannot connect" in dead

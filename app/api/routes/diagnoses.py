@@ -95,5 +95,5 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
     data = monitor.windows.window(session, target, end - seconds, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
     diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine, end, seconds,
-                                                 monitor.diagnosis_config.thresholds, hardware, data=data)
+                                                 monitor.diagnosis_config.thresholds_for(name), hardware, data=data)
     return [d.to_dict() for d in diagnoses]

@@ -89,9 +89,11 @@ CHART_MIN_SPAN = 60.0   # ... or, on a fresh install, the time since the first s
 CHART_STEPS = 30        # 31 points per line: 2 min apart over the hour
 NICE_SPANS = (60, 120, 300, 600, 900, 1200, 1800, 2700, 3600)
 REFRESH_SECONDS = 30
-LEVELS = ("critical", "warning", "info", "unknown", "healthy")  # the fleet table's order, most severe first
+#: the fleet table's order, most severe first; ``not_judged``: nothing found, but not every regime
+#: could be judged on the engine's metrics (never "ok")
+LEVELS = ("critical", "warning", "info", "unknown", "not_judged", "healthy")
 LEVEL_TEXT = {"critical": "critical", "warning": "warning", "info": "info", "unknown": "no verdict",
-              "healthy": "ok"}
+              "not_judged": "not judged", "healthy": "ok"}
 TOKEN_SIGNALS = {"prompt_tokens", "generation_tokens", "iteration_tokens"}
 SIGNAL_TITLES = {
     "ttft": "Time to first token", "itl": "Inter-token latency", "tpot": "Time per output token (per request)",
@@ -436,10 +438,10 @@ def diagnosis_view(diagnosis: dict) -> dict:
     primary = next((f for f in findings if f.get("primary")), findings[0] if findings else None)
     others = [f for f in findings if f is not primary]
     verdict = diagnosis["verdict"]
-    kind = "healthy" if verdict == "healthy" else "unknown" if verdict == "insufficient_data" else \
+    kind = verdict if verdict in ("healthy", "not_judged") else "unknown" if verdict == "insufficient_data" else \
         (primary or {}).get("severity", "warning")
-    # regimes the engine's metrics do not let be judged: shown next to the verdict (a healthy
-    # verdict covers the others only); absent from diagnoses saved by older versions
+    # regimes the engine's metrics do not let be judged: shown next to the verdict; absent from
+    # diagnoses saved by older versions
     not_judged = diagnosis.get("not_judged") or []
     return {**diagnosis, "primary": primary, "others": others, "kind": kind, "not_judged": not_judged}
 

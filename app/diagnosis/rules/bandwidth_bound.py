@@ -151,5 +151,11 @@ def promql(x: Twin) -> None:
 
 RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
             promql_profiled=promql_profiled, needs=(
-    Need("per-step ITL histogram", ("itl",)), Need("running-requests gauge", ("running_mean",)),
+    Need("per-step ITL histogram", ("itl",),
+         "a per-step inter-token latency histogram (vLLM inter_token_latency_seconds, SGLang "
+         "inter_token_latency_seconds, TGI tgi_batch_inference_duration{method=\"decode\"}); trtllm-serve "
+         "times decode per request only"),
+    Need("running-requests gauge", ("running_mean",),
+         "the engine's running-requests gauge (vLLM num_requests_running, SGLang num_running_reqs, TGI "
+         "tgi_batch_current_size)"),
 ))

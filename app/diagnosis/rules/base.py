@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,15 +87,48 @@ class Need:
 
     what: str
     signals: tuple[str, ...]
+    #: what to export or configure so the window has it (the remedy of ``unexplained``)
+    how: str = ""
 
     def met(self, s: Signals) -> bool:
         return any(getattr(s, name) not in (None, {}, []) for name in self.signals)
 
 
-#: the mean prompt length: the histogram's ``_sum/_count``, or the prompt-token and request
-#: counters where the engine has no prompt-length histogram (``Signals.prompt_mean``)
+#: the mean prompt length: the histogram's ``_sum/_count``, or the prompt-token counter over the
+#: finished requests where the engine has no prompt-length histogram (``Signals.prompt_mean``)
 PROMPT_MEAN = Need("mean prompt length (the prompt-length histogram, or the prompt-token and request counters)",
-                   ("prompt_tokens", "prompt_mean_counters"))
+                   ("prompt_tokens", "prompt_mean_counters"),
+                   "a prompt-length histogram (vLLM request_prompt_tokens; SGLang 0.4.6+ with "
+                   "--collect-tokens-histogram: prompt_tokens_histogram; TGI tgi_request_input_length), or the "
+                   "prompt-token counter with a finished-request count (a request counter or an e2e histogram)")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one rule concluded in an evaluation, for a rule judged from the others' outcomes
+    (:attr:`Rule.residual`)."""
+
+    regime: str
+    #: ``fired``; ``quiet`` (its conditions were compared and not met); ``not_applicable`` (it
+    #: compared nothing: the window has no trace of what it is about, e.g. no KV transfers);
+    #: ``not_judged`` (its signals are absent, or the numbers cannot decide)
+    state: str
+    #: quiet: the conditions not met, as evidence text; not_judged: why
+    detail: str = ""
+    #: not_judged for absent signals: what to export or configure for each (:attr:`Need.how`)
+    lacks: tuple[str, ...] = ()
+
+
+#: the conditions the check helpers compared while a rule runs (:meth:`Rule.judge`): a quiet rule
+#: returns only None, and the conditions say which of them failed
+_CONDITIONS: ContextVar[list[Evidence] | None] = ContextVar("conditions", default=None)
+
+
+def _compared(evidence: Evidence) -> Evidence:
+    conditions = _CONDITIONS.get()
+    if conditions is not None:
+        conditions.append(evidence)
+    return evidence
 
 
 @dataclass(frozen=True)
@@ -129,9 +163,22 @@ class Rule:
     #: under ``not_judged`` with the reason - never "healthy" by omission
     needs: tuple[Need, ...] = ()
 
-    def missing(self, s: Signals) -> list[str]:
+    def missing(self, s: Signals) -> list[Need]:
         """What this rule needs and the window does not have (empty: it can be judged)."""
-        return [need.what for need in self.needs if not need.met(s)]
+        return [need for need in self.needs if not need.met(s)]
+
+    def judge(self, s: Signals, t: Thresholds) -> tuple[Finding | None, list[Evidence]]:
+        """``evaluate``, with the conditions its check helpers compared (which failed, when quiet)."""
+        conditions: list[Evidence] = []
+        token = _CONDITIONS.set(conditions)
+        try:
+            return self.evaluate(s, t), conditions
+        finally:
+            _CONDITIONS.reset(token)
+
+    #: a regime judged after every other from their outcomes (``unexplained``): called with them
+    #: instead of ``evaluate``, which judges it as if no other rule had run
+    residual: Callable[[Signals, Thresholds, Sequence[Outcome]], Finding | None] | None = None
 
     #: more replicas of the same engine fix this regime: it comes from the load each replica
     #: carries (requests waiting for a slot, a KV cache too small for the batch). False where a
@@ -180,8 +227,8 @@ def check_quantile(name: str, summary: LatencySummary | None, key: str, op: str,
         plain = check(name, value, op, threshold, unit, note)
         return plain, plain.met
     verdict = decided(bucket[0], bucket[1], op, threshold)
-    evidence = Evidence(name, value, op, threshold, unit, bool(verdict), note,
-                        [bucket[0], bucket[1] if math.isfinite(bucket[1]) else None])
+    evidence = _compared(Evidence(name, value, op, threshold, unit, bool(verdict), note,
+                                  [bucket[0], bucket[1] if math.isfinite(bucket[1]) else None]))
     return evidence, verdict
 
 
@@ -213,7 +260,7 @@ def check(name: str, value: float | None, op: str, threshold: float, unit: str =
         met = value <= threshold
     else:
         raise ValueError(op)
-    return Evidence(name, value, op, threshold, unit, met, note)
+    return _compared(Evidence(name, value, op, threshold, unit, met, note))
 
 
 def info(name: str, value: float | str | None, unit: str = "", note: str = "") -> Evidence:
@@ -235,6 +282,37 @@ def confidence(conditions: list[Evidence], observations: float, wanted: float) -
     base = min(0.99, 0.5 + 0.25 * math.log2(weakest))
     data = min(1.0, 0.5 + 0.5 * observations / max(wanted, 1.0))
     return round(base * data, 3)
+
+
+def estimates_disagree(s: Signals, t: Thresholds) -> bool:
+    """The two queue-time estimates are ``queue_estimates_disagree`` apart, and the larger is a
+    queue worth judging (``queue_seconds``): 5 ms against 50 ms is no disagreement about queueing."""
+    ratio, larger = s.queue_estimates_ratio, max(s.queue_mean_estimated or 0.0, s.queue_mean_from_ttft or 0.0)
+    return ratio is not None and ratio >= t.queue_estimates_disagree and larger >= t.queue_seconds
+
+
+def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
+    """The queue-time estimates of a page without a queue-time histogram, each naming its inputs,
+    and a flag (a met comparison) when they disagree (:func:`estimates_disagree`): then at least
+    one of them measures something else than the queue (see the threshold)."""
+    out = []
+    if s.queue_mean_estimated is not None:
+        out.append(info("mean queue time by Little's law", s.queue_mean_estimated, "s",
+                        s.derived.get("queue_mean_estimated", "")))
+    if s.queue_mean_from_ttft is not None and s.prefill_expected is not None:
+        out.append(info("mean queue time as TTFT minus the expected prefill", s.queue_mean_from_ttft, "s",
+                        f"expected prefill {s.prefill_expected:.3g} s from {s.derived.get('prefill_expected', '')}"))
+    ratio = s.queue_estimates_ratio
+    if ratio is not None:
+        disagree = estimates_disagree(s, t)
+        name = "queue-time estimates apart (larger / smaller)"
+        out.append(Evidence(name, ratio, ">=", t.queue_estimates_disagree, "ratio", True,
+                            "they disagree: one of them measures more than the queue (abandoned requests inflate "
+                            "Little's law; time outside the queue inflates TTFT minus prefill)")
+                   if disagree else info(name, ratio, "ratio", f"they agree within {t.queue_estimates_disagree:g}x"
+                                         if ratio < t.queue_estimates_disagree else
+                                         f"both below {t.queue_seconds:g} s: no queue to disagree about"))
+    return out
 
 
 def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:

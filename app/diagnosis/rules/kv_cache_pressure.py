@@ -101,6 +101,10 @@ def promql(x: Twin) -> None:
 
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
             causes=("queueing", "prefill_interference"), replicas_help=True, needs=(
-    Need("KV-cache usage gauge", ("kv_usage_max",)),
-    Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean")),
+    Need("KV-cache usage gauge", ("kv_usage_max",),
+         "a KV-cache usage gauge (vLLM kv_cache_usage_perc, SGLang token_usage, trtllm-serve kv_cache_utilization, "
+         "TGI tgi_batch_current_max_tokens with tgi_batch_max_total_tokens)"),
+    Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean"),
+         "a preemption counter (vLLM num_preemptions_total, SGLang num_retracted_requests_total) or the "
+         "waiting-requests gauge"),
 ))

@@ -107,5 +107,8 @@ def promql(x: Twin) -> None:
 
 
 RULE = Rule("prefill_compute", evaluate, precedence=40, colour="yellow", promql=promql, needs=(
-    Need("prefill time", ("prefill_per_request",)), PROMPT_MEAN,
+    Need("prefill time", ("prefill_per_request",),
+         "a prefill-time histogram (vLLM request_prefill_time_seconds, SGLang 0.5 "
+         "per_stage_req_latency_seconds{stage=\"prefill_forward\"}, TGI tgi_batch_inference_duration{method="
+         "\"prefill\"}, trtllm-serve request_prefill_time_seconds)"), PROMPT_MEAN,
 ))

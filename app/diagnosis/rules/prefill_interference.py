@@ -169,6 +169,11 @@ def promql(x: Twin) -> None:
 
 
 RULE = Rule("prefill_interference", evaluate, precedence=30, colour="purple", promql=promql, needs=(
-    Need("per-step ITL histogram", ("itl",)), PROMPT_MEAN,
-    Need("running-requests gauge", ("running_mean",)),
+    Need("per-step ITL histogram", ("itl",),
+         "a per-step inter-token latency histogram (vLLM inter_token_latency_seconds, SGLang "
+         "inter_token_latency_seconds, TGI tgi_batch_inference_duration{method=\"decode\"}); trtllm-serve "
+         "times decode per request only"), PROMPT_MEAN,
+    Need("running-requests gauge", ("running_mean",),
+         "the engine's running-requests gauge (vLLM num_requests_running, SGLang num_running_reqs, TGI "
+         "tgi_batch_current_size)"),
 ))

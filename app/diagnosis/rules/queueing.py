@@ -8,7 +8,10 @@ Queue share is computed from means (``increase(_sum)/increase(_count)``), which 
 exact although vLLM's queue histogram has no bucket below 300 ms. Pages without a queue-time
 histogram (SGLang 0.4.0-0.4.3) are judged from the gauges: the mean queue time is estimated by
 Little's law (mean waiting requests / first tokens per second), its share of TTFT capped at 1,
-and the evidence says it is an estimate.
+and the evidence says it is an estimate. Where TTFT minus the expected prefill (the engine's
+prefill histogram, or a hardware profile) gives a second estimate, both are in the evidence;
+when they fall on both sides of the thresholds, queueing is not judged rather than decided by
+whichever is chosen.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
     Need,
+    NotJudged,
     Rule,
     check,
     confidence,
     info,
     probe_evidence,
     quantile_info,
+    queue_estimates,
     remedies,
 )
 from app.diagnosis.signals import Signals
@@ -34,14 +39,35 @@ if TYPE_CHECKING:
     from app.diagnosis.rules.base import Twin
 
 
+def _estimated_share(queue_mean: float | None, ttft_mean: float | None) -> float | None:
+    """An estimate over mean TTFT: the two come from different request sets, so a share above 1
+    says only "all of it"."""
+    return None if queue_mean is None or not ttft_mean else min(1.0, queue_mean / ttft_mean)
+
+
+def _cross_check(s: Signals, t: Thresholds, little_says: bool) -> None:
+    """Raise :class:`NotJudged` when TTFT minus the expected prefill decides the queue-time
+    conditions the other way than Little's law does."""
+    other = s.queue_mean_from_ttft
+    if other is None:
+        return
+    other_says = other >= t.queue_seconds and (_estimated_share(other, s.ttft.mean if s.ttft else None)
+                                               or 0.0) >= t.queue_share
+    if other_says != little_says:
+        which = "meets" if little_says else "does not meet"
+        raise NotJudged(f"the two queue-time estimates disagree: Little's law gives {s.queue_mean_estimated:.3g} s, "
+                        f"which {which} the thresholds ({t.queue_seconds:g} s and {t.queue_share:.0%} of TTFT), "
+                        f"TTFT minus the expected prefill {other:.3g} s, which does"
+                        f"{' not' if little_says else ''}; a queue-time histogram decides")
+
+
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     estimated = s.queue_time is None
     queue_mean = s.queue_mean_estimated if estimated else s.queue_time.mean if s.queue_time else None
     share = s.queue_share
     ttft_mean = s.ttft.mean if s.ttft else None
-    if estimated and queue_mean is not None and ttft_mean:
-        # the estimate and TTFT come from different request sets: a share above 1 says only "all of it"
-        share = min(1.0, queue_mean / ttft_mean)
+    if estimated:
+        share = _estimated_share(queue_mean, ttft_mean)
     how = "estimated: mean waiting requests / first tokens per second (Little's law); this engine exports " \
           "no queue-time histogram" if estimated else ""
     conditions = [
@@ -50,9 +76,11 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         check("mean queue time", queue_mean, ">=", t.queue_seconds, "s", how),
         check("mean waiting requests", s.waiting_mean, ">=", t.queue_waiting),
     ]
+    if estimated and conditions[2].met:
+        _cross_check(s, t, conditions[0].met and conditions[1].met)
     if not all(c.met for c in conditions):
         return None
-    evidence = conditions + [
+    evidence = conditions + queue_estimates(s, t) + [
         info("TTFT mean", s.ttft.mean if s.ttft else None, "s", "derived: queue + prefill" if s.ttft_derived else ""),
         quantile_info("TTFT p99", s.ttft, "p99"),
         info("running requests (mean / max)", f"{s.running_mean or 0:.1f} / {s.running_max or 0:.0f}"),
@@ -118,7 +146,12 @@ def promql(x: Twin) -> None:
 
 RULE = Rule("queueing", evaluate, precedence=60, colour="orange", promql=promql, replicas_help=True, needs=(
     Need("queue time (a queue-time histogram, or the waiting gauge with TTFT counts)",
-         ("queue_time", "queue_mean_estimated")),
-    Need("waiting-requests gauge", ("waiting_mean",)),
-    Need("TTFT", ("ttft",)),
+         ("queue_time", "queue_mean_estimated"),
+         "a queue-time histogram (vLLM request_queue_time_seconds, SGLang 0.4.6+ queue_time_seconds, TGI "
+         "tgi_request_queue_duration, trtllm-serve request_queue_time_seconds), or the waiting gauge and TTFT"),
+    Need("waiting-requests gauge", ("waiting_mean",),
+         "the engine's waiting-requests gauge (vLLM num_requests_waiting, SGLang num_queue_reqs, TGI "
+         "tgi_queue_size, trtllm-serve num_requests_waiting)"),
+    Need("TTFT", ("ttft",), "a TTFT histogram (time_to_first_token_seconds; TGI: its queue and prefill "
+                            "histograms)"),
 ))

@@ -111,5 +111,7 @@ def promql(x: Twin) -> None:
 RULE = Rule("weights_offloaded", evaluate, precedence=20, colour="dark-red", promql=promql,
             promql_profiled=promql_profiled, causes=("bandwidth_bound", "queueing", "prefill_compute"), needs=(
     Need("per-step ITL with a hardware profile (the decode floor), or offload configuration from the engine",
-         ("itl_over_floor", "config")),
+         ("itl_over_floor", "config"),
+         "a hardware profile for the target (targets YAML hardware: {gpu: ..., model: ...}, or diagnose --gpu "
+         "--model) on an engine that exports per-step ITL, so ITL is compared with its decode floor"),
 ))
