@@ -271,7 +271,7 @@ class Monitor:
     # benchmarks that drive a round themselves (``now`` explicit) and for the scheduler.
     def refresh_summaries(self) -> None:
         summaries.refresh_summaries(self.sessions, self.settings.latency_window, self.telemetry.derived,
-                                    sources=self.sources, keep=self._keep_fleet_summary)
+                                    windows=self.windows, keep=self._keep_fleet_summary)
 
     def _summaries_round(self) -> None:
         """The scheduled summary round, after which the memory freed by the rounds and the

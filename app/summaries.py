@@ -22,13 +22,14 @@ from app import latency
 from app.latency import HISTOGRAM_SIGNALS, WindowSummary
 from app.runtime.scheduling import SUMMARIES_JOB, target_boundary
 from app.sources.base import TIME_SIGNALS
-from app.store import reads, repository
+from app.store import repository
 from app.store.models import DISCOVERED_BY_SOURCES, SOURCE_KIND, TargetView
 from app.targets import repository as target_repository
 from app.window import TargetWindow, merge_windows
+from app.windows import default_windows
+from app.windows.base import WindowReader
 
 if TYPE_CHECKING:  # the telemetry sits above the features whose numbers it exports
-    from app.promsource.service import SourceService
     from app.telemetry import DerivedLatencyCollector
 
 
@@ -68,13 +69,19 @@ def fleet_members(session: Session) -> tuple[list[TargetView], list[TargetView]]
     return targets, excluded
 
 
-def fleet_report(session: Session, seconds: float, end: float) -> dict[str, Any]:
+def scraped(targets: list[TargetView]) -> list[TargetView]:
+    """The targets this service scrapes: the fleet view sums those (a Prometheus source's
+    replicas and services are listed with no numbers; their server holds the fleet's own)."""
+    return [t for t in targets if t.source not in DISCOVERED_BY_SOURCES]
+
+
+def fleet_report(session: Session, windows: WindowReader, seconds: float, end: float) -> dict[str, Any]:
     """The body of ``GET /api/v1/latency`` (without ``window``): every target's histograms
-    summed by ``le`` over ``[end - seconds, end]``, read in a fixed number of set-based
-    queries per chunk of targets whatever the number of targets."""
+    summed by ``le`` over ``[end - seconds, end]``, read together (the store: a fixed number of
+    set-based queries per chunk of targets whatever the number of targets)."""
     targets, excluded = fleet_members(session)
-    windows = reads.store_windows(session, [t.id for t in targets], end - seconds, end, HISTOGRAM_SIGNALS)
-    return fleet_body(targets, excluded, windows, end - seconds, end)
+    read = windows.windows(session, scraped(targets), end - seconds, end, HISTOGRAM_SIGNALS).found
+    return fleet_body(targets, excluded, read, end - seconds, end)
 
 
 def fleet_body(targets: list[TargetView], excluded: list[TargetView], windows: dict[int, TargetWindow], start: float,
@@ -83,7 +90,7 @@ def fleet_body(targets: list[TargetView], excluded: list[TargetView], windows: d
     targets summed by ``le``, as ``sum by (le)`` over all their series is), so the summary
     round derives it from the windows it reads for the per-target gauges, and a request
     for another window gets the same computation."""
-    merged = merge_windows({t.name: windows[t.id] for t in targets}, start, end)
+    merged = merge_windows({t.name: windows.get(t.id) or TargetWindow(start, end) for t in targets}, start, end)
     extra = {"excluded_load_balanced": [t.name for t in excluded]} if excluded else {}
     return {"targets": [t.name for t in targets], **extra, **latency.report_from_window(merged)}
 
@@ -98,13 +105,15 @@ def _time_summaries(name: str, window: TargetWindow, out: dict[tuple[str, str, s
 
 
 def refresh_summaries(sessions: sessionmaker[Session], window: float, collector: DerivedLatencyCollector,
-                      end: float | None = None, sources: SourceService | None = None,
+                      end: float | None = None, windows: WindowReader | None = None,
                       keep: Callable[[FleetSummary], None] | None = None) -> None:
     """One summary round: (target, model, signal) -> the summary of every time signal over
-    ``[end - window, end]`` for the collector, in one assignment (a Prometheus source's
-    replicas from one set of queries per source), and, for ``keep``, the fleet view's answer
-    over the same window, derived from the same windows: each stored target's samples are
-    read once per round (:func:`app.store.reads.store_windows`, bounded chunks of targets)."""
+    ``[end - window, end]`` for the collector, in one assignment, and, for ``keep``, the fleet
+    view's answer over the same window, derived from the same windows: each scraped target's
+    samples are read once per round. The fleet sums the targets this service scrapes; a
+    Prometheus source's replicas get their gauges only, from one set of queries per source for
+    the time signals (their server holds the fleet's own numbers)."""
+    reader = windows if windows is not None else default_windows()
     began = time.monotonic()
     end = time.time() if end is None else end
     start = end - window
@@ -112,18 +121,18 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
     with sessions() as session:
         members, excluded = fleet_members(session)
         everything = [*members, *excluded]
-        current = [t for t in everything if t.gone_at is None and t.source not in DISCOVERED_BY_SOURCES]
-        read = {t.id for t in current} | ({t.id for t in members} if keep is not None else set())
-        windows = reads.store_windows(session, sorted(read), start, end, HISTOGRAM_SIGNALS)
+        current = [t for t in scraped(everything) if t.gone_at is None]
+        read = {t.id for t in current} | ({t.id for t in scraped(members)} if keep is not None else set())
+        found = reader.windows(session, [t for t in everything if t.id in read], start, end, HISTOGRAM_SIGNALS).found
         for target in current:
-            _time_summaries(target.name, windows[target.id], summaries)
-        body = fleet_body(members, excluded, windows, start, end) if keep is not None else None
+            _time_summaries(target.name, found.get(target.id) or TargetWindow(start, end), summaries)
+        body = fleet_body(members, excluded, found, start, end) if keep is not None else None
         replicas = [t for t in everything if t.source == SOURCE_KIND and t.gone_at is None]
-        del windows
-    if sources is not None and replicas:
-        names = {t.id: t.name for t in replicas}
-        for target_id, target_window in sources.windows_of(replicas, start, end, TIME_SIGNALS).items():
-            _time_summaries(names[target_id], target_window, summaries)
+        del found
+        if replicas:
+            names = {t.id: t.name for t in replicas}
+            for target_id, target_window in reader.windows(session, replicas, start, end, TIME_SIGNALS).found.items():
+                _time_summaries(names[target_id], target_window, summaries)
     collector.summaries = summaries
     if keep is not None and body is not None:
         keep(FleetSummary(start, end, body, time.monotonic() - began))

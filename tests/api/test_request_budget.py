@@ -17,6 +17,7 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, repository, writer
 from app.store.db import statement_budget
 from app.targets import repository as target_repository
+from app.windows import default_windows
 from tests.api.conftest import Service, make_service
 from tests.status.helpers import history_records
 
@@ -56,7 +57,7 @@ def test_a_disconnected_client_stops_the_fleet_computation_early(quiet_service: 
     polls: list[int] = []
     full = RequestBudget(3600.0, disconnected=lambda: polls.append(1) is not None)  # always there
     with sessions() as session, bounded(full):
-        report = summaries.fleet_report(session, 3600.0, end)
+        report = summaries.fleet_report(session, default_windows(), 3600.0, end)
     assert len(report["targets"]) == 25 and report["ttft"]["count"] > 0
     assert full.checks > 10 * (POLL_EVERY + 1)  # the whole fleet: one check per series and window combined
     assert len(polls) == (full.checks - 1) // POLL_EVERY + 1
@@ -64,7 +65,7 @@ def test_a_disconnected_client_stops_the_fleet_computation_early(quiet_service: 
     answers = iter([False, True])  # there at the first poll, gone at the second
     gone = RequestBudget(3600.0, disconnected=lambda: next(answers))
     with sessions() as session, bounded(gone), pytest.raises(ClientGone) as caught:
-        summaries.fleet_report(session, 3600.0, end)
+        summaries.fleet_report(session, default_windows(), 3600.0, end)
     assert caught.value.checks == gone.checks == POLL_EVERY + 1  # stopped at the second poll
     assert gone.checks * 10 < full.checks  # a tenth of the work, or less
 

@@ -307,7 +307,7 @@ def fleet_latency(session: SessionDep, monitor: MonitorDep, budget: BudgetDep, w
                               kept.took):
         return Response(round_fleet_answer(kept, window), media_type="application/json")
     with bounded(budget), statement_budget(session, budget):
-        report = summaries.fleet_report(session, seconds, until)
+        report = summaries.fleet_report(session, monitor.windows, seconds, until)
     return serialized(FLEET_LATENCY_OUT, {"window": window, **report}, exclude_unset=True)
 
 
