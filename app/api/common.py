@@ -35,7 +35,12 @@ def unprocessable_from(exc: ValidationError) -> HTTPException:
     return unprocessable(field, first["msg"].removeprefix("Value error, "))
 
 
-def duration_param(value: str, name: str, minimum: float = 1.0, maximum: float = 31 * 86400) -> float:
+#: The longest window a read may ask for, by ``window`` or by ``start``/``end``: a month, the longest
+#: the dashboards and status pages show; a longer range would make a Prometheus source read years.
+MAX_WINDOW = 31 * 86400.0
+
+
+def duration_param(value: str, name: str, minimum: float = 1.0, maximum: float = MAX_WINDOW) -> float:
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
@@ -52,6 +57,9 @@ def time_range(window: str, start: float | None, end: float | None) -> tuple[flo
         return duration_param(window, "window"), end
     if not start < end:
         raise unprocessable("query.start", f"must be before end ({start} >= {end})")
+    if end - start > MAX_WINDOW:
+        raise unprocessable("query.start", f"the range is {end - start:g}s; at most {MAX_WINDOW:g}s (31 days) may be "
+                                           "read at once")
     return end - start, end
 
 

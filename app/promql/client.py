@@ -3,7 +3,10 @@
 Synchronous over one ``httpx.Client`` and safe to share between threads: a Prometheus
 source issues one query per signal and runs them side by side with :meth:`PrometheusClient.map`,
 which keeps at most ``max_concurrency`` requests in flight so a diagnosis round can never
-flood the server.
+flood the server. A request's read (a call made under an :mod:`app.runtime.budget` budget: an API
+route) takes a read slot first, at most ``max_concurrency // 2`` (at least 1) of them, so
+however many readers there are the rounds keep the other slots; it waits for a slot and for its
+answer only as long as its budget lasts, then stops with :class:`~app.runtime.budget.BudgetExceeded`.
 
 Queries are sent as POST forms, as Grafana does (long PromQL does not fit in a URL); a
 server or proxy that answers 405 gets GET from then on. ``time``/``start``/``end`` are sent
@@ -37,6 +40,7 @@ authenticated readers only.
 
 from __future__ import annotations
 
+import contextvars
 import io
 import math
 import re
@@ -46,6 +50,7 @@ import threading
 import time as _time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
@@ -54,8 +59,13 @@ import httpx
 import ijson  # type: ignore[import-untyped]
 import orjson
 
+from app.runtime import budget as request_budget
+from app.runtime.budget import BudgetExceeded, RequestBudget
 from app.scrape.client import USER_AGENT, http_status_message
 
+#: A read does not send a query with less of its budget left than this: the server could not
+#: answer in time, and would work on it for nothing.
+MIN_READ_SECONDS = 0.1
 #: Answers larger than this are refused (``too_large``): a round's largest answer is one
 #: query over every replica's buckets (~1,000 targets x ~30 buckets), a few MiB.
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -325,6 +335,8 @@ class PrometheusClient:
         )
         self._lock = threading.Lock()
         self._in_flight = threading.BoundedSemaphore(max_concurrency)
+        self.read_concurrency = max(1, max_concurrency // 2)  # rounds keep the rest
+        self._reads = threading.BoundedSemaphore(self.read_concurrency)
         self._queries = 0
         self._use_get = False  # set once a POST got 405 (a proxy that only lets GET through)
         self._executor: ThreadPoolExecutor | None = None
@@ -407,7 +419,7 @@ class PrometheusClient:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="promapi")
             executor = self._executor
-        futures: list[Future[R]] = [executor.submit(fn, item) for item in items]
+        futures: list[Future[R]] = [executor.submit(contextvars.copy_context().run, fn, item) for item in items]
         errors = [f.exception() for f in futures]  # waits for every call
         for error in errors:
             if error is not None:
@@ -424,7 +436,7 @@ class PrometheusClient:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="promapi")
             executor = self._executor
-        futures: list[Future[R]] = [executor.submit(fn, item) for item in items]
+        futures: list[Future[R]] = [executor.submit(contextvars.copy_context().run, fn, item) for item in items]
         index = {id(f): i for i, f in enumerate(futures)}
         pending = set(futures)
         try:
@@ -462,28 +474,57 @@ class PrometheusClient:
         same parameters after a 405). The query timeout goes to the server as well.
         """
         url = f"{self.url}/api/v1/{endpoint}"
-        if form is not None:
-            form = {**form, "timeout": format_duration(self.timeout)}
-        with self._in_flight:
-            status, body = self._send(url, form)
-            if status == 405 and form is not None and not self._use_get:
-                self._use_get = True
-                status, body = self._send(url, form)
+        budget = request_budget.current()
+        with self._slot(budget):
+            timeout = self.timeout if budget is None else max(0.001, min(self.timeout, budget.remaining()))
+            if form is not None:
+                form = {**form, "timeout": format_duration(timeout)}
+            try:
+                status, body = self._send(url, form, timeout)
+                if status == 405 and form is not None and not self._use_get:
+                    self._use_get = True
+                    status, body = self._send(url, form, timeout)
+            except PromAPIError as exc:
+                if budget is not None and exc.kind == "timeout" and budget.remaining() <= 0:
+                    raise BudgetExceeded(budget.seconds, budget.checks) from None
+                raise
         if 200 <= status < 300 and len(body) > STREAM_FROM_BYTES:
             streamed = _streamed(body)
             if streamed is not None:
                 return streamed
         return self._envelope(status, body)
 
-    def _send(self, url: str, form: dict[str, Any] | None) -> tuple[int, bytes]:
+    @contextmanager
+    def _slot(self, budget: RequestBudget | None) -> Iterator[None]:
+        """One of the ``max_concurrency`` requests in flight; a read (``budget``) takes a read
+        slot first and waits for either only while its budget lasts."""
+        if budget is None:
+            with self._in_flight:
+                yield
+            return
+        budget.check()
+        if not self._reads.acquire(timeout=max(0.0, budget.remaining() - MIN_READ_SECONDS)):
+            raise BudgetExceeded(budget.seconds, budget.checks)
+        try:
+            if not self._in_flight.acquire(timeout=max(0.0, budget.remaining() - MIN_READ_SECONDS)):
+                raise BudgetExceeded(budget.seconds, budget.checks)
+            try:
+                yield
+            finally:
+                self._in_flight.release()
+        finally:
+            self._reads.release()
+
+    def _send(self, url: str, form: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
         """Send one request (retried once if a kept-alive connection was closed under us)."""
-        deadline = _time.monotonic() + self.timeout
+        deadline = _time.monotonic() + timeout
+        limit = httpx.Timeout(timeout)
         if form is None:
-            request = self._client.build_request("GET", url)
+            request = self._client.build_request("GET", url, timeout=limit)
         elif self._use_get:
-            request = self._client.build_request("GET", url, params=form)
+            request = self._client.build_request("GET", url, params=form, timeout=limit)
         else:
-            request = self._client.build_request("POST", url, data=form)
+            request = self._client.build_request("POST", url, data=form, timeout=limit)
         for attempt in (1, 2):
             with self._lock:
                 self._queries += 1
@@ -494,20 +535,20 @@ class PrometheusClient:
                     continue
                 raise PromAPIError("http_error", "the server closed the connection without answering") from None
             except httpx.ConnectTimeout:
-                raise PromAPIError("unreachable", f"no connection within {self.timeout:g}s") from None
+                raise PromAPIError("unreachable", f"no connection within {timeout:g}s") from None
             except httpx.TimeoutException:
-                raise PromAPIError("timeout", f"no answer within {self.timeout:g}s") from None
+                raise PromAPIError("timeout", f"no answer within {timeout:g}s") from None
             except httpx.ConnectError as exc:
                 raise PromAPIError("unreachable", _connect_failure(exc)) from None
             except httpx.HTTPError:
                 raise PromAPIError("http_error", "the request failed before an answer arrived") from None
             try:
-                return response.status_code, self._read(response, deadline)
+                return response.status_code, self._read(response, deadline, timeout)
             finally:
                 response.close()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _read(self, response: httpx.Response, deadline: float) -> bytes:
+    def _read(self, response: httpx.Response, deadline: float, timeout: float) -> bytes:
         """The (decompressed) body, bounded in size and by the overall deadline."""
         limit = self.max_response_bytes
         too_large = PromAPIError("too_large", f"answer larger than {limit} bytes")
@@ -522,10 +563,10 @@ class PrometheusClient:
                 if size > limit:
                     raise too_large
                 if _time.monotonic() > deadline:
-                    raise PromAPIError("timeout", f"no complete answer within {self.timeout:g}s")
+                    raise PromAPIError("timeout", f"no complete answer within {timeout:g}s")
                 chunks.append(chunk)
         except httpx.TimeoutException:
-            raise PromAPIError("timeout", f"no complete answer within {self.timeout:g}s") from None
+            raise PromAPIError("timeout", f"no complete answer within {timeout:g}s") from None
         except httpx.DecodingError:
             raise PromAPIError("http_error", "the answer's compressed body is broken") from None
         except httpx.HTTPError:

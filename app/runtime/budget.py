@@ -70,6 +70,11 @@ class RequestBudget:
 _current: ContextVar[RequestBudget | None] = ContextVar("request_budget", default=None)
 
 
+def current() -> RequestBudget | None:
+    """The budget of the request this thread works for, if any (a round has none)."""
+    return _current.get()
+
+
 def checkpoint() -> None:
     """Between two pieces of a long computation: stop if its request's budget is spent or its
     client is gone; nothing outside a request budget."""

@@ -18,7 +18,7 @@ from app.api.common import (
     response_json,
     time_range,
 )
-from app.api.deps import MonitorDep, SessionDep
+from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.schemas import DiagnosisOut, FindingRecordOut
 from app.core.limits import UnixTime
 from app.diagnosis import engine as diagnosis_engine
@@ -26,7 +26,9 @@ from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import runbook_link
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts
+from app.store.db import statement_budget
 from app.store.models import FindingRow
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
@@ -76,7 +78,7 @@ def diagnosis_history(session: SessionDep, monitor: MonitorDep, target: str | No
 
 
 @router.get("/targets/{name}/diagnosis", response_model=list[DiagnosisOut], response_model_exclude_unset=True)
-def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
+def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep, budget: BudgetDep,
                      window: Annotated[str | None, Query(description="evaluate now over this window (no lifecycle); "
                                                                       "default: latest scheduled")] = None,
                      start: Annotated[UnixTime | None, Query(description="unix seconds; with end, evaluate now "
@@ -93,7 +95,8 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep,
     seconds, end = time_range(window or "5m", start, end)
     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
-    data = monitor.windows.window(session, target, end - seconds, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine, end, seconds,
-                                                 monitor.diagnosis_config.thresholds_for(name), hardware, data=data)
+    with bounded(budget), statement_budget(session, budget):
+        data = monitor.windows.window(session, target, end - seconds, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+        diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine, end, seconds,
+                                                     monitor.diagnosis_config.thresholds_for(name), hardware, data=data)
     return [d.to_dict() for d in diagnoses]

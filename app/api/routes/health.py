@@ -16,8 +16,9 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=Liveness)
-def healthz() -> dict[str, str]:
-    """The process is alive (no dependencies checked)."""
+async def healthz() -> dict[str, str]:
+    """The process is alive (no dependencies checked). On the event loop, not in the worker
+    threads: it answers while every worker waits for a slow database or Prometheus."""
     return {"status": "ok"}
 
 

@@ -7,10 +7,12 @@ import time
 
 from fastapi import APIRouter
 
-from app.api.deps import MonitorDep, SessionDep
+from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.schemas import SloOut
 from app.core.durations import format_duration
+from app.runtime.budget import bounded
 from app.slo.status import BurnAlertState, SloStatus, SloWindow, slo_statuses
+from app.store.db import statement_budget
 
 router = APIRouter(prefix="/api/v1", tags=["slos"])
 
@@ -46,10 +48,13 @@ def slo_out(status: SloStatus) -> dict:
 
 
 @router.get("/slos", response_model=list[SloOut])
-def list_slos(monitor: MonitorDep, session: SessionDep) -> list[dict]:
+def list_slos(monitor: MonitorDep, session: SessionDep, budget: BudgetDep) -> list[dict]:
     """Every SLO of the targets YAML: objective, SLI over the period and each alert window,
     budget left, burn rates, time to exhaustion, coverage; per matched target too. Reads what
-    the alerting rounds recorded (and asks the Prometheus sources for their replicas)."""
+    the alerting rounds recorded (and asks the Prometheus sources for their replicas, under the
+    request's budget: 503 past ``api_request_budget``)."""
     now = time.time()
-    sums, errors = monitor.windows.slo_sums(monitor.sessions, monitor.slos, now) if monitor.slos else ({}, {})
-    return [slo_out(s) for s in slo_statuses(session, monitor.slos, now, monitor.settings.retention, sums, errors)]
+    with bounded(budget), statement_budget(session, budget):
+        sums, errors = monitor.windows.slo_sums(monitor.sessions, monitor.slos, now) if monitor.slos else ({}, {})
+        statuses = slo_statuses(session, monitor.slos, now, monitor.settings.retention, sums, errors)
+    return [slo_out(s) for s in statuses]
