@@ -110,10 +110,14 @@ def test_no_parameter_makes_a_500(sourced: Service, path: str, params) -> None:
 
 
 def test_a_source_targets_odd_ranges_are_read_to_the_millisecond(sourced: Service) -> None:
-    """A range whose length is not a whole number of milliseconds (any float pair) and one of
-    decades are both sent to the source rounded to the millisecond, and answered."""
-    for start, end in ((1_800_000_000.0001234, 1_800_000_020.0), (0.0, 1_796_521_266.0012),
-                       (1_800_000_000.1, 1_800_000_000.3)):
+    """A range whose length is not a whole number of milliseconds (any float pair) is sent to the
+    source rounded to the millisecond, and answered; one of decades is refused before anything is
+    sent (at most 31 days are read at once)."""
+    for start, end in ((1_800_000_000.0001234, 1_800_000_020.0), (1_800_000_000.1, 1_800_000_000.3)):
         response = sourced.client.get("/api/v1/targets/prod.llm.good/latency", params={"start": start, "end": end})
         assert response.status_code == 200, response.text
         assert response.json()["ttft"]["count"] == 50.0
+    response = sourced.client.get("/api/v1/targets/prod.llm.good/latency", params={"start": 0.0, "end": 1_796_521_266})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["msg"] == ("the range is 1.79652e+09s; at most 2.6784e+06s (31 days) may "
+                                                   "be read at once")
