@@ -182,6 +182,9 @@ class SignalsLatency(BaseModel):
     generation_tokens: SignalSummary | None = None
     iteration_tokens: SignalSummary | None = None
     kv_transfer_time: SignalSummary | None = None
+    kv_wait_time: SignalSummary | None = None
+    prealloc_time: SignalSummary | None = None
+    kv_alloc_time: SignalSummary | None = None
     render_time: SignalSummary | None = None
     rates: dict[str, float] = Field(description="per-second rates of the counters (``<counter>_per_second``) "
                                                 "and ``prefix_cache_hit_rate``")
