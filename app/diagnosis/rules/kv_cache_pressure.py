@@ -7,6 +7,10 @@ a *cause* — it produces queueing (new requests cannot be admitted) and ITL spi
 (preempted sequences are recomputed) — so tuning the queue would treat the symptom.
 TGI exports no preemption counter; there the evidence is usage at the budget
 (``tgi_batch_current_max_tokens / tgi_batch_max_total_tokens``) with requests waiting.
+A P/D decode worker shows it before anything is evicted: SGLang's reserves a request's KV memory
+before the prefill worker may send it, so with the cache full requests wait in its prealloc queue
+(``sglang:num_decode_prealloc_queue_reqs``; the wait is ``kv_transfer_alloc_ms``) and TTFT grows
+although the link is fast - the remedy is decode memory or workers, not the transfer backend.
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                                 note="no preemption metric on this engine"))
     else:
         conditions.append(check("preemptions", s.preemptions_per_second, ">", t.preemptions_per_second, "/s"))
+    prealloc = check("mean requests waiting for KV memory (decode prealloc queue)", s.prealloc_queue_mean, ">=",
+                     t.kv_prealloc_waiting, note="P/D decode worker: a request's KV is received only once memory "
+                                                 "is reserved for it")
+    if prealloc.met and not conditions[1].met:  # full before anything is evicted: arrivals wait for memory
+        conditions[1] = prealloc
     if not all(c.met for c in conditions):
         return None
     evidence = conditions + [
@@ -40,6 +49,16 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("cache dtype", s.config.get("cache_dtype"), note="from vllm:cache_config_info")
         if "cache_dtype" in s.config else info("num_gpu_blocks", s.config.get("num_gpu_blocks")),
     ]
+    memory_wait = conditions[1] is prealloc
+    if memory_wait:
+        prealloc_time = s.pd_split.get("decode_prealloc")
+        evidence += [
+            info("mean wait for KV memory", s.kv_alloc_mean, "s", "sglang:kv_transfer_alloc_ms"),
+            info("TTFT term: decode prealloc", prealloc_time, "s",
+                 s.pd_split.get("sources", {}).get("decode_prealloc", "")),
+            info("KV share held for pending transfers (max)", s.prealloc_kv_usage_max, "%"),
+            info("requests whose KV is on its way (mean)", s.transfer_queue_mean),
+        ]
     vllm = [
         "Admit fewer sequences at once: lower --max-num-seqs so the running set fits the cache without preemption.",
         "Quantize the KV cache: --kv-cache-dtype fp8 doubles the tokens that fit.",
@@ -56,6 +75,15 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Lower --max-running-requests; raise --mem-fraction-static if weights leave room.",
         "Quantize the KV cache: --kv-cache-dtype fp8_e5m2.",
     ]
+    if memory_wait:
+        sglang = [
+            "The decode worker's KV cache is full, not the link: add decode workers behind the router (or move a "
+            "prefill worker over) so arriving transfers find memory.",
+            "Give the decode workers more KV memory: raise --mem-fraction-static if the weights leave room, or shard "
+            "over more GPUs (--tp-size) so each holds less of the weights.",
+            "Quantize the KV cache on both workers (--kv-cache-dtype fp8_e5m2; the two layouts must match).",
+            "Lower --max-running-requests on the decode worker if long outputs hold the memory new requests need.",
+        ]
     trtllm = [
         "Give the KV cache more memory: raise --kv_cache_free_gpu_memory_fraction (kv_cache_config."
         "free_gpu_memory_fraction, default 0.9) if nothing else needs the GPU, or shard the weights over more GPUs "
@@ -67,11 +95,14 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     ]
     preempt = f", {s.preemptions_per_second:.2f} preemptions/s" if s.preemptions_per_second else ""
     severity = "critical" if (s.preemptions_per_second or 0) >= t.kv_critical_preemptions_per_second else "warning"
+    summary = f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory."
+    if memory_wait:
+        summary = (f"The decode worker's KV cache is full ({s.kv_usage_max:.0%} used): {s.prealloc_queue_mean:.1f} "
+                   f"requests wait on average for memory before their KV can be received.")
     return Finding(
         "kv_cache_pressure", severity,
         confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
-        f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory.",
-        evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
+        summary, evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
 
 
@@ -102,5 +133,6 @@ def promql(x: RegimeAlerts) -> None:
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,
             causes=("queueing", "prefill_interference"), replicas_help=True, needs=(
     Need("KV-cache usage gauge", ("kv_usage_max",)),
-    Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean")),
+    Need("preemption counter or waiting-requests gauge", ("preemptions_per_second", "waiting_mean",
+                                                          "prealloc_queue_mean")),
 ))
