@@ -28,17 +28,20 @@ if TYPE_CHECKING:
 
 
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
-    conditions = [check("KV-cache usage (max)", s.kv_usage_max, ">=", t.kv_usage, "%")]
+    usage = check("KV-cache usage (max)", s.kv_usage_max, ">=", t.kv_usage, "%")
     if s.engine == "tgi" or s.preemptions_per_second is None:
-        conditions.append(check("mean waiting requests", s.waiting_mean, ">=", t.kv_waiting,
-                                note="no preemption metric on this engine"))
+        evicting = check("mean waiting requests", s.waiting_mean, ">=", t.kv_waiting,
+                         note="no preemption metric on this engine")
     else:
-        conditions.append(check("preemptions", s.preemptions_per_second, ">", t.preemptions_per_second, "/s"))
-    prealloc = check("mean requests waiting for KV memory (decode prealloc queue)", s.prealloc_queue_mean, ">=",
-                     t.kv_prealloc_waiting, note="P/D decode worker: a request's KV is received only once memory "
-                                                 "is reserved for it")
-    if prealloc.met and not conditions[1].met:  # full before anything is evicted: arrivals wait for memory
-        conditions[1] = prealloc
+        evicting = check("preemptions", s.preemptions_per_second, ">", t.preemptions_per_second, "/s")
+    # a P/D decode worker (SGLang) is full before anything is evicted: arrivals wait for memory
+    memory = [check("mean requests waiting for KV memory (decode prealloc queue)", s.prealloc_queue_mean, ">=",
+                    t.kv_prealloc_waiting, note="P/D decode worker: a request's KV is received only once memory is "
+                                                "reserved for it"),
+              check("mean wait for KV memory", s.kv_alloc_mean, ">=", t.kv_alloc_seconds, "s",
+                    "sglang:kv_transfer_alloc_ms") if s.kv_alloc_mean is not None else usage]
+    memory_wait = not (usage.met and evicting.met) and all(c.met for c in memory)
+    conditions = memory if memory_wait else [usage, evicting]
     if not all(c.met for c in conditions):
         return None
     evidence = conditions + [
@@ -49,12 +52,10 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("cache dtype", s.config.get("cache_dtype"), note="from vllm:cache_config_info")
         if "cache_dtype" in s.config else info("num_gpu_blocks", s.config.get("num_gpu_blocks")),
     ]
-    memory_wait = conditions[1] is prealloc
     if memory_wait:
-        prealloc_time = s.pd_split.get("decode_prealloc")
         evidence += [
-            info("mean wait for KV memory", s.kv_alloc_mean, "s", "sglang:kv_transfer_alloc_ms"),
-            info("TTFT term: decode prealloc", prealloc_time, "s",
+            *([] if usage in conditions else [info("KV-cache usage (max)", s.kv_usage_max, "%")]),
+            info("TTFT term: decode prealloc", s.pd_split.get("decode_prealloc"), "s",
                  s.pd_split.get("sources", {}).get("decode_prealloc", "")),
             info("KV share held for pending transfers (max)", s.prealloc_kv_usage_max, "%"),
             info("requests whose KV is on its way (mean)", s.transfer_queue_mean),
@@ -97,8 +98,9 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     severity = "critical" if (s.preemptions_per_second or 0) >= t.kv_critical_preemptions_per_second else "warning"
     summary = f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory."
     if memory_wait:
-        summary = (f"The decode worker's KV cache is full ({s.kv_usage_max:.0%} used): {s.prealloc_queue_mean:.1f} "
-                   f"requests wait on average for memory before their KV can be received.")
+        summary = (f"The decode worker's KV cache is full: {s.prealloc_queue_mean:.1f} requests wait on average for "
+                   f"memory before their KV can be received"
+                   + (f", {s.kv_alloc_mean:.2f} s each" if s.kv_alloc_mean is not None else "") + ".")
     return Finding(
         "kv_cache_pressure", severity,
         confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
