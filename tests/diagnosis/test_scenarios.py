@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from app.emulator import scenarios
 from app.thresholds import Thresholds
 from tests.diagnosis.harness import OfflineTarget, profile_of
 
@@ -21,8 +22,11 @@ UNJUDGED = {"trtllm": {"prefill_interference", "bandwidth_bound", "weights_offlo
 
 def steady_diagnosis(tmp_path: Path, scenario: str, engine: str):
     """``scenario`` on ``engine``'s page for 180 simulated seconds (seed 1, the scenario's hardware
-    profile), diagnosed over the last 120."""
-    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
+    profile), diagnosed over the last 120; an SGLang P/D decode worker paired with its prefill worker's
+    page, which records SGLang's transfer time."""
+    pd = scenarios.resolve(scenario).phases[-1][1].engine.kv_transfer_gbps is not None
+    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario),
+                           paired=engine == "sglang" and pd)
     try:
         target.run(180)
         return target.diagnose(120)
