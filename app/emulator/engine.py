@@ -353,6 +353,7 @@ class Engine:
         """Admit ``req`` if it fits (leaving ``reserve`` blocks free); returns tokens
         scheduled (0 = not admitted)."""
         kv = self.kv
+        assert kv is not None
         reserved = req.reserved_blocks  # SGLang P/D: the blocks reserved for its KV become its own on admission
         kv.private -= reserved
         req.reserved_blocks = 0
@@ -364,6 +365,7 @@ class Engine:
 
     def _admit(self, req: Request, budget: int, whole: bool, reserve: int) -> int:
         kv = self.kv
+        assert kv is not None
         p = kv.lookup(req)
         hit = 0
         if p is not None:

@@ -201,7 +201,9 @@ class Simulation:
         first come first served, keeping each running request's remaining growth (up to
         ``PD_RESERVED_DECODE_TOKENS``) free; only then may the prefill worker prefill it (its pool keeps
         up: no queue there) and send the KV, which arrives ``prefill + transfer`` later and joins the queue."""
-        kv, bs = self.engine.kv, self.engine.kv.block_size
+        kv = self.engine.kv
+        assert kv is not None
+        bs = kv.block_size
         while self._prealloc:
             req = self._prealloc[0]
             if req.finished:  # aborted while waiting
@@ -263,6 +265,7 @@ class Simulation:
         self._transferring -= 1
         self.exporter.on_kv_arrived(req, req.pd_alloc, req.queued)
         if req.finished:  # aborted while its KV was on its way
+            assert self.engine.kv is not None
             self.engine.kv.release(req)
             return
         if req.kv_transfer_failed:

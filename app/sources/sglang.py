@@ -164,8 +164,8 @@ class SglangAdapter:
             family = first_family(page, candidates)
             if family is not None and family.type in ("histogram", "untyped"):
                 self._histogram(out, signal, family, group_of(family))
-        for signal, candidates in TABLE.items():
-            for name, scale, label_filter in candidates:
+        for signal, tabled in TABLE.items():
+            for name, scale, label_filter in tabled:
                 family = page.families.get(name)
                 if family is not None and family.type in ("histogram", "untyped") \
                         and self._histogram(out, signal, family, group_of(family), scale, label_filter):
