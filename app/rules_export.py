@@ -248,6 +248,13 @@ class Engine:
     spec_zero_is_off: bool = False
     generation_tokens: str | None = None  # generated-token counter (verification steps estimated from it)
     render: str | None = None  # front-end render time histogram (vLLM 0.34)
+    #: P/D decode worker (SGLang): its wait for the KV (histogram family, selector) and its transfer queue gauge
+    #: (Little's law where the histogram is absent); the prealloc queue gauge and the memory-wait histogram
+    #: (family, selector, unit divisor to seconds) that tell a full decode KV pool from a slow link
+    kv_wait: tuple[str, str] | None = None
+    transfer_queue: str | None = None
+    prealloc_queue: str | None = None
+    kv_alloc: tuple[str, str, float] | None = None
 
     @property
     def labels(self) -> str:
@@ -332,7 +339,8 @@ SGLANG = Engine(
         "tpot": ("sglang:request_time_per_output_token_seconds", ""),
         "e2e": ("sglang:e2e_request_latency_seconds", ""),
         "queue_time": ("sglang:queue_time_seconds", ""),
-        "prefill_time": ("sglang:per_stage_req_latency_seconds", '{stage="prefill_forward"}'),
+        # a decode worker prefills nothing: its first step is the stage fake_output (never both on one worker)
+        "prefill_time": ("sglang:per_stage_req_latency_seconds", '{stage=~"prefill_forward|fake_output"}'),
         "prompt_tokens": ("sglang:prompt_tokens_histogram", ""),
     },
     stems={"ttft": "ttft_seconds", "itl": "itl_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds",
@@ -346,6 +354,9 @@ SGLANG = Engine(
                  ("sglang:per_stage_req_latency_seconds", '{stage="prefill_transfer_kv_cache"}', 1.0)),
     kv_failed="sglang:num_transfer_failed_reqs_total",
     spec_gauges=("sglang:spec_accept_rate", "sglang:spec_accept_length"), spec_zero_is_off=True,
+    kv_wait=("sglang:per_stage_req_latency_seconds", '{stage="decode_transferred"}'),
+    transfer_queue="sglang:num_decode_transfer_queue_reqs", prealloc_queue="sglang:num_decode_prealloc_queue_reqs",
+    kv_alloc=("sglang:kv_transfer_alloc_ms", "", 1000.0),
 )
 
 #: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,
@@ -612,10 +623,17 @@ class _Group:
                 if len(e.kv_transfer) > 1 or e.kv_transfer[0][2] != 1.0 else
                 f"{self.transfer_histogram('sum', w)}\n/\n({self.transfer_histogram('count', w)} > 0)")
             out["kv_transfer_share"] = self.share("kv_transfer", mean, w)
-            # completed transfers: the engine's counter where it has one, else the histogram's count
+            # completed transfers: the engine's counter where it has one, else the histogram's count, else (an
+            # SGLang decode worker, whose page has no transfer time) the KV arrivals its wait histogram counts
             done = self.sum_rate(e.kv_transfers, "", w) if e.kv_transfers else self.transfer_histogram("count", w)
             done_increase = (self.sum_rate(e.kv_transfers, "", w, "increase") if e.kv_transfers
                              else self.transfer_histogram("count", w, "increase"))
+            if e.kv_wait is not None:
+                family, selector = e.kv_wait
+                arrived = self.sum_rate(family + "_count", selector, w)
+                arrived_increase = self.sum_rate(family + "_count", selector, w, "increase")
+                done = f"(\n{done}\n)\nor\n{arrived}"
+                done_increase = f"(\n{done_increase}\n)\nor\n{arrived_increase}"
             out["kv_transfers"] = done_count = self.record(self.rec("kv_transfers", "increase", w), done_increase)
             out["kv_transfer_attempts"] = done_count
             if e.kv_failed is not None:
@@ -650,10 +668,37 @@ class _Group:
                 out["spec_drafts"] = self.record(
                     self.rec("spec_drafts", "estimate", w),
                     f"{self.sum_rate(e.generation_tokens, '', w, 'increase')}\n/\n({length} > 0)")
+        out.update(self.decode_side(w))
         if e.render is not None:
             out["render_mean"] = render_mean = self.ratio_of_rates("render_seconds_mean", e.render + "_sum",
                                                                    e.render + "_count", w)
             out["render_share"] = self.share("render", render_mean, w)
+        return out
+
+
+    def decode_side(self, w: str) -> dict[str, str | None]:
+        """A P/D decode worker's own numbers (SGLang), as ``signals`` reads them: its mean wait for the KV
+        (the stage histogram, else its transfer queue by Little's law over first tokens per second; an
+        upper bound of the transfer, which no alert fires on alone), its prealloc queue and its mean wait
+        for KV memory (``kv_cache_pressure``'s decode branch)."""
+        e = self.engine
+        out: dict[str, str | None] = {}
+        if e.kv_wait is not None and e.transfer_queue is not None:
+            family, selector = e.kv_wait
+            ttft, _ = e.histograms["ttft"]
+            stage = (f"{self.sum_rate(family + '_sum', selector, w)}\n/\n"
+                     f"({self.sum_rate(family + '_count', selector, w)} > 0)")
+            little = (f"{self.sum_rate(e.transfer_queue, '', w, 'avg_over_time')}\n/\n"
+                      f"({self.sum_rate(ttft + '_count', '', w)} > 0)")
+            out["kv_wait_mean"] = self.record(self.rec("kv_wait_seconds", "mean", w),
+                                              f"(\n{stage}\n)\nor\n(\n{little}\n)")
+        if e.prealloc_queue is not None and e.kv_alloc is not None:
+            out["prealloc_queue"] = self.gauge_avg("decode_prealloc_queue_reqs", e.prealloc_queue, w)
+            family, selector, divisor = e.kv_alloc
+            out["kv_alloc_mean"] = self.record(
+                self.rec("kv_alloc_seconds", "mean", w),
+                f"({self.sum_rate(family + '_sum', selector, w)} / {num(divisor)})\n/\n"
+                f"({self.sum_rate(family + '_count', selector, w)} > 0)")
         return out
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
-from app.promql import human_share, num
+from app.promql import human_seconds, human_share, num
 from app.thresholds import Thresholds
 
 if TYPE_CHECKING:
@@ -110,7 +110,9 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
 
 def promql(x: RegimeAlerts) -> None:
     """Usage + preemptions (or, without a preemption counter, requests waiting); critical at
-    ``kv_critical_preemptions_per_second``. TGI exports no preemption counter: warning only."""
+    ``kv_critical_preemptions_per_second``. TGI exports no preemption counter: warning only. An SGLang
+    P/D decode worker also gets the decode-memory branch (prealloc queue and memory wait), labelled
+    ``cause="decode_memory"``."""
     r, t, e = x.recorded, x.t, x.engine
     summary = f"KV cache full, sequences evicted on {e.title}"
     text = (f"{e.who()}: KV-cache usage reached {{{{ $value | humanizePercentage }}}} over the last {x.w} "
@@ -130,6 +132,14 @@ def promql(x: RegimeAlerts) -> None:
                                   f"preemption counter, requests waiting)"))
     x.add("critical", x.and_(*conditions, f"{r['preemptions']} >= {num(t.kv_critical_preemptions_per_second)}"),
           summary, text.replace("{extra}", f" with at least {t.kv_critical_preemptions_per_second:g} preemption(s)/s"))
+    if r.get("prealloc_queue") is not None:  # a P/D decode worker (SGLang) full before anything is evicted
+        x.add("warning", x.and_(f"{r['prealloc_queue']} >= {num(t.kv_prealloc_waiting)}",
+                                f"{r['kv_alloc_mean']} >= {num(t.kv_alloc_seconds)}", x.gate),
+              f"Decode worker's KV cache full: requests wait for memory before their transfer on {e.title}",
+              f"{e.who()}: {{{{ $value | humanize }}}} requests waited on average over the last {x.w} for KV memory "
+              f"before their KV could be received (>= {t.kv_prealloc_waiting:g}), each at least "
+              f"{human_seconds(t.kv_alloc_seconds)} on average: the decode pool's memory, not the link.",
+              extra={"cause": "decode_memory"})
 
 
 RULE = Rule("kv_cache_pressure", evaluate, precedence=10, colour="red", promql=promql,

@@ -163,6 +163,16 @@ def promql(x: RegimeAlerts) -> None:
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
           f"(fires at {human_seconds(t.kv_transfer_seconds)} and {human_share(t.kv_transfer_share)} of mean TTFT, "
           f"or when at least {human_share(t.kv_transfer_failure_share)} of them fail).")
+    if r.get("kv_wait_mean") is not None:  # a decode worker with no transfer time (SGLang): its failures alone
+        for severity, share in (("warning", t.kv_transfer_failure_share),
+                                ("critical", t.kv_transfer_critical_failure_share)):
+            failing_only = x.and_(f"{r['kv_transfer_failure_share']} >= {num(share)}", enough)
+            x.add(severity, f"({failing_only})\nunless on({e.labels}) {mean}",
+                  f"KV transfers fail on {e.title}",
+                  f"{e.who()}: {{{{ $value | humanizePercentage }}}} of the KV transfers to this decode worker failed "
+                  f"over the last {x.w} (fires at {human_share(share)}); its page times no transfer (the prefill "
+                  f"worker does), only its wait for the KV, which holds the prefill too.",
+                  extra={"cause": "decode_failures"})
     x.add("critical", f"({slow(t.kv_transfer_critical_share)})\nor\n({failing(t.kv_transfer_critical_failure_share)})",
           f"KV transfers dominate TTFT or fail on {e.title}",
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
