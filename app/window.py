@@ -25,8 +25,7 @@ from app.sources.base import CanonicalInfo
 
 # Gauges that must be averaged, not summed, across ranks and targets: a KV usage of
 # 0.5 on each of two engines is 0.5, not 1.0 (GoogleCloudPlatform dashboards PR #1188).
-AVERAGED_GAUGES = frozenset({"kv_usage", "spec_accept_rate", "spec_accept_length", "dp_token_imbalance_ratio",
-                             "prealloc_kv_usage"})
+AVERAGED_GAUGES = frozenset({"kv_usage", "spec_accept_rate", "spec_accept_length", "dp_token_imbalance_ratio"})
 # Gauges also kept per data-parallel rank (only when a target has more than one), for the
 # comparison between the ranks of one engine (``dp_imbalance``).
 RANK_GAUGES = ("running", "waiting", "kv_usage")

@@ -88,7 +88,6 @@ class Signals:
     kv_usage_max: float | None = None
     prealloc_queue_mean: float | None = None  # P/D decode worker: requests waiting for KV memory (SGLang)
     transfer_queue_mean: float | None = None  # ... requests whose KV is on its way
-    prealloc_kv_usage_max: float | None = None  # ... share of the KV pool held for pending transfers
     kv_alloc_mean: float | None = None        # ... mean wait for KV memory per request (SGLang kv_transfer_alloc_ms)
     preemptions_per_second: float | None = None
     prefix_cache_hit_rate: float | None = None
@@ -434,7 +433,6 @@ def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
     s.waiting_mean, s.waiting_max, s.waiting_last = gauge("waiting")
     s.kv_usage_mean, s.kv_usage_max, _ = gauge("kv_usage")
     s.prealloc_queue_mean, s.transfer_queue_mean = gauge("prealloc_queue")[0], gauge("transfer_queue")[0]
-    s.prealloc_kv_usage_max = gauge("prealloc_kv_usage")[1]
     s.preemptions_per_second = m.rates.get("preemptions_total")
     s.requests_per_second = m.rates.get("requests_total")
     s.generation_tokens_per_second = m.rates.get("generation_tokens_total")

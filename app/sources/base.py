@@ -45,7 +45,6 @@ GAUGE_SIGNALS = (
     "dp_token_imbalance_ratio",  # data-parallel attention: the engine's own token imbalance between ranks
     "transfer_queue",            # P/D decode worker: requests whose KV is on its way (SGLang transfer queue)
     "prealloc_queue",            # ... requests waiting for the handshake and KV memory (SGLang prealloc queue)
-    "prealloc_kv_usage",         # ... share of the KV pool held for transfers still pending (0..1)
 )
 COUNTER_SIGNALS = (
     "prompt_tokens_total",

@@ -93,7 +93,6 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "dp_token_imbalance_ratio": ("sglang:dp_attention_token_imbalance_ratio",),
     "transfer_queue": ("sglang:num_decode_transfer_queue_reqs",),
     "prealloc_queue": ("sglang:num_decode_prealloc_queue_reqs",),
-    "prealloc_kv_usage": ("sglang:prealloc_full_token_usage",),
 }
 COUNTERS: dict[str, tuple[str, ...]] = {
     "prompt_tokens_total": ("sglang:prompt_tokens_total",),

@@ -164,7 +164,7 @@ def test_kv_cache_pressure_on_vllm_and_tgi() -> None:
 def test_kv_cache_pressure_on_an_sglang_decode_worker_waiting_for_memory() -> None:
     """Full before anything is evicted: requests wait in the prealloc queue for memory to receive their KV."""
     full = dict(kv_usage_max=0.82, kv_usage_mean=0.8, preemptions_per_second=0.0, prealloc_queue_mean=6.5,
-                transfer_queue_mean=1.2, prealloc_kv_usage_max=0.04, kv_alloc_mean=1.8,
+                transfer_queue_mean=1.2, kv_alloc_mean=1.8,
                 pd_split={"decode_prealloc": 1.86, "sources": {"decode_prealloc": "decode worker: stage"}})
     f = kv_cache_pressure.evaluate(healthy_signals("sglang", **full), T)
     assert f is not None and f.severity == "warning"

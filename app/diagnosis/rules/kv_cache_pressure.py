@@ -57,7 +57,6 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
             *([] if usage in conditions else [info("KV-cache usage (max)", s.kv_usage_max, "%")]),
             info("TTFT term: decode prealloc", s.pd_split.get("decode_prealloc"), "s",
                  s.pd_split.get("sources", {}).get("decode_prealloc", "")),
-            info("KV share held for pending transfers (max)", s.prealloc_kv_usage_max, "%"),
             info("requests whose KV is on its way (mean)", s.transfer_queue_mean),
         ]
     vllm = [
