@@ -121,11 +121,15 @@ def _scalars(window: ModelWindow) -> dict:
     return {"rates": rate_out, "gauges": gauges}
 
 
+def model_report(window: ModelWindow, seconds: float) -> dict:
+    """One model's (or all models') numbers over a window of ``seconds`` in the latency answer's
+    shape: ``window_seconds``, each signal's summary, ``rates`` and ``gauges``."""
+    return {"window_seconds": seconds, **summaries_dict(summarize_histograms(window.histograms)), **_scalars(window)}
+
+
 def report_from_window(window: TargetWindow, per_model: bool = True) -> dict:
     """The body of ``GET /api/v1/targets/{name}/latency`` (and the fleet variant)."""
-    report: dict = {"start": window.start, "end": window.end, "window_seconds": window.seconds}
-    report.update(summaries_dict(summarize_histograms(window.overall.histograms)))
-    report.update(_scalars(window.overall))
+    report: dict = {"start": window.start, "end": window.end, **model_report(window.overall, window.seconds)}
     if per_model:
         report["models"] = {model: {**summaries_dict(summarize_histograms(m.histograms)), **_scalars(m)}
                             for model, m in window.models.items() if m.histograms}
@@ -209,21 +213,93 @@ def pd_role(infos: Iterable[Any], present: Collection[str], engine: str, model: 
 
 PD_NOTE = ("means over the window, each from the requests its stage finished in it (the prefill and decode "
            "workers see the same requests at different times); means add, quantiles do not")
+#: The terms of a disaggregated request's TTFT, in the order a request passes them (``decode_prealloc``: SGLang's
+#: handshake and KV-memory reservation on the decode worker, before the prefill starts; null elsewhere).
+PD_TERMS = ("decode_prealloc", "prefill_queue", "prefill", "kv_transfer", "decode_queue", "first_step")
+LITTLE = "mean {gauge} / first tokens per second (Little's law; no histogram times it)"
+
+
+def _report_mean(report: dict, signal: str) -> float | None:
+    return (report.get(signal) or {}).get("mean")
+
+
+def _little(report: dict, gauge: str) -> float | None:
+    """Mean time in a queue by Little's law: requests in it on average / requests leaving it per
+    second (those that got their first token in the window)."""
+    waiting = ((report.get("gauges") or {}).get(gauge) or {}).get("mean")
+    firsts, seconds = (report.get("ttft") or {}).get("count"), report.get("window_seconds")
+    if waiting is None or not firsts or not seconds:
+        return None
+    return waiting / (firsts / seconds)
+
+
+def _timed(report: dict, worker: str, signal: str, what: str, gauge: str | None) -> tuple[float | None, str]:
+    """A worker's mean time in a stage: its histogram's mean, else Little's law on the gauge of
+    the queue it waits in; and what said so."""
+    mean = _report_mean(report, signal)
+    if mean is not None:
+        return mean, f"{worker} worker: {what}"
+    estimate = _little(report, gauge) if gauge else None
+    if estimate is not None:
+        return estimate, f"{worker} worker: " + LITTLE.format(gauge=gauge)
+    return None, f"{worker} worker: not exported"
+
+
+def pd_terms(decode: dict, prefill: dict | None) -> dict:
+    """The terms of a disaggregated request's TTFT (:data:`PD_TERMS`) from the latency answers
+    (:func:`report_from_window` shape) of its decode worker and, when paired, its prefill side;
+    ``sources`` names what each came from, ``kv_wait`` is the decode worker's own wait for the KV.
+
+    The transfer: the decode worker's transfer histogram (vLLM NIXL, TensorRT-LLM: timed where the
+    KV is read), else the prefill side's (SGLang observes ``kv_transfer_latency_ms`` where it is
+    sent), else the decode worker's KV wait less the prefill side's queue and prefill (SGLang's
+    decode worker reserves the memory first; the prefill worker queues and prefills only then, so
+    the wait spans both and the transfer). Unpaired, that wait bounds the transfer from above only."""
+    out: dict = {}
+    sources: dict[str, str] = {}
+    out["decode_prealloc"], sources["decode_prealloc"] = _timed(
+        decode, "decode", "prealloc_time", "handshake and KV-memory reservation (SGLang stage decode_bootstrap)",
+        "prealloc_queue")
+    if prefill is not None:
+        out["prefill_queue"], sources["prefill_queue"] = _timed(prefill, "prefill", "queue_time",
+                                                                "queue-time histogram", "waiting")
+        out["prefill"], sources["prefill"] = _timed(prefill, "prefill", "prefill_time", "prefill-time histogram",
+                                                    None)
+    else:
+        out["prefill_queue"] = out["prefill"] = None
+        sources["prefill_queue"] = sources["prefill"] = "no prefill worker paired with this decode worker"
+    kv_wait, sources["kv_wait"] = _timed(decode, "decode", "kv_wait_time",
+                                         "waiting for the KV (SGLang stage decode_transferred)", "transfer_queue")
+    transfer = _report_mean(decode, "kv_transfer_time")
+    if transfer is not None:
+        sources["kv_transfer"] = "decode worker: its transfer-time histogram"
+    elif prefill is not None and _report_mean(prefill, "kv_transfer_time") is not None:
+        transfer = _report_mean(prefill, "kv_transfer_time")
+        sources["kv_transfer"] = ("prefill worker: its transfer-time histogram (SGLang times a transfer where it "
+                                  "is sent)")
+    elif kv_wait is not None and out["prefill_queue"] is not None and out["prefill"] is not None:
+        transfer = max(0.0, kv_wait - out["prefill_queue"] - out["prefill"])
+        sources["kv_transfer"] = "decode worker's KV wait less the prefill worker's queue and prefill"
+    else:
+        sources["kv_transfer"] = ("not separable: the decode worker's KV wait also holds the prefill side's queue "
+                                  "and prefill; pair it with its prefill worker") if kv_wait is not None else \
+            "no transfer time on either worker"
+    out["kv_transfer"] = transfer
+    out["decode_queue"], sources["decode_queue"] = _timed(decode, "decode", "queue_time", "queue-time histogram",
+                                                          "waiting")
+    out["first_step"], sources["first_step"] = _timed(decode, "decode", "prefill_time",
+                                                      "first scheduled -> first token", None)
+    needed = [out[term] for term in PD_TERMS if term != "decode_prealloc"]
+    total = None if any(v is None for v in needed) else sum(v for v in needed if v is not None) \
+        + (out["decode_prealloc"] or 0.0)
+    return {**{term: out[term] for term in PD_TERMS}, "kv_wait": kv_wait, "ttft_mean": total, "sources": sources}
 
 
 def pd_split(decode: dict, prefill: dict, prefill_targets: Sequence[str]) -> dict:
     """A disaggregated request's TTFT assembled from the latency answers of its decode and prefill
-    workers: prefill queue + prefill (prefill worker) + KV transfer + decode queue + first step
-    (decode worker: first scheduled -> first token). Means, which add; a stage without data is null
-    and so is the total. ``prefill`` may be several prefill replicas summed (a source's deployment)."""
-
-    def mean(report: dict, signal: str) -> float | None:
-        return (report.get(signal) or {}).get("mean")
-
-    parts = {"prefill_queue": mean(prefill, "queue_time"), "prefill": mean(prefill, "prefill_time"),
-             "kv_transfer": mean(decode, "kv_transfer_time"), "decode_queue": mean(decode, "queue_time"),
-             "first_step": mean(decode, "prefill_time")}
-    values = list(parts.values())
-    total = None if any(v is None for v in values) else sum(v for v in values if v is not None)
-    return {"prefill_target": ", ".join(prefill_targets), "prefill_targets": list(prefill_targets), **parts,
-            "ttft_mean": total, "note": PD_NOTE}
+    workers (:func:`pd_terms`): decode-side prealloc (SGLang) + prefill queue + prefill (prefill
+    worker) + KV transfer + decode queue + first step (decode worker). Means, which add; a stage
+    without data is null and so is the total (the prealloc counts where the engine has one).
+    ``prefill`` may be several prefill replicas summed (a source's deployment)."""
+    return {"prefill_target": ", ".join(prefill_targets), "prefill_targets": list(prefill_targets),
+            **pd_terms(decode, prefill), "note": PD_NOTE}

@@ -279,9 +279,30 @@ class Q:
         """vLLM: first scheduled -> first token; TGI: mean prefill batch time (what every
         request of the batch waits)."""
         return either(Q.vllm_mean("vllm:request_prefill_time_seconds"),
-                      Q.vllm_mean("sglang:per_stage_req_latency_seconds", extra=', stage="prefill_forward"'),
+                      Q.vllm_mean("sglang:per_stage_req_latency_seconds",
+                                  extra=', stage=~"prefill_forward|fake_output"'),
                       Q.vllm_mean("trtllm_request_prefill_time_seconds"),
                       Q.tgi_mean("tgi_batch_inference_duration", extra=', method="prefill"'))
+
+    @staticmethod
+    def pd_decode_terms() -> list[tuple[str, str]]:
+        """A P/D decode worker's own TTFT terms (``app.latency.pd_terms``), from its engine series: SGLang's
+        handshake and memory reservation, its wait for the KV (the prefill worker's queue and prefill and the
+        transfer: SGLang times the transfer alone on the prefill worker), TensorRT-LLM's transfer, the
+        decode-side queue and the first step. (vLLM's NIXL transfer time is the monitor's: its latency API and
+        status page.)"""
+        stage = "sglang:per_stage_req_latency_seconds"
+        return [
+            ("decode prealloc", Q.vllm_mean(stage, extra=', stage="decode_bootstrap"')),
+            ("KV wait / transfer", either(Q.vllm_mean(stage, extra=', stage="decode_transferred"'),
+                                          Q.vllm_mean("trtllm_kv_transfer_latency_seconds"))),
+            ("decode queue", either(Q.vllm_mean("vllm:request_queue_time_seconds"),
+                                    Q.vllm_mean(stage, extra=', stage="decode_waiting"'),
+                                    Q.vllm_mean("trtllm_request_queue_time_seconds"))),
+            ("first step", either(Q.vllm_mean(stage, extra=', stage="fake_output"'),
+                                  Q.vllm_mean("vllm:request_prefill_time_seconds"),
+                                  Q.vllm_mean("trtllm_request_prefill_time_seconds"))),
+        ]
 
     @staticmethod
     def step_tokens(q: str) -> str:
@@ -656,7 +677,17 @@ def why_panels(per_target: bool) -> list[Panel]:
         "Prompt tokens served from the prefix cache / prompt tokens looked up (vLLM prefix_cache_hits_total / "
         "prefix_cache_queries_total). Low with long shared prompts: check --enable-prefix-caching.",
         [Target(Q.prefix_hit_rate(), f"{eby}hit rate")], "percentunit", maximum=1)
-    return [ttft_monitor, ttft_engine, itl, running, kv, prefix]
+    pd = timeseries(
+        "P/D decode worker: TTFT terms (engine counters)",
+        "A disaggregated decode worker's own terms of TTFT, stacked: SGLang's handshake and KV-memory reservation "
+        "(stage decode_bootstrap: long when its KV pool is full, 'kv_cache_pressure'), its wait for the KV (stage "
+        "decode_transferred: the prefill worker's queue and prefill and the transfer; TensorRT-LLM "
+        "kv_transfer_latency: the transfer alone), the decode-side queue and the first step. "
+        "'kv_transfer' fires on the transfer term only; a long decode queue is 'queueing'. The prefill side's "
+        "queue, prefill and (SGLang) transfer time are on the prefill worker's series; the monitor's latency API "
+        "and status page put both workers' terms together.",
+        [Target(expr, f"{eby}{name}") for name, expr in Q.pd_decode_terms()], "s", stack=per_target)
+    return [ttft_monitor, ttft_engine, itl, running, kv, prefix, pd]
 
 
 def probe_panels(per_target: bool) -> list[Panel]:

@@ -182,6 +182,9 @@ class SignalsLatency(BaseModel):
     generation_tokens: SignalSummary | None = None
     iteration_tokens: SignalSummary | None = None
     kv_transfer_time: SignalSummary | None = None
+    kv_wait_time: SignalSummary | None = None
+    prealloc_time: SignalSummary | None = None
+    kv_alloc_time: SignalSummary | None = None
     render_time: SignalSummary | None = None
     rates: dict[str, float] = Field(description="per-second rates of the counters (``<counter>_per_second``) "
                                                 "and ``prefix_cache_hit_rate``")
@@ -238,12 +241,23 @@ class PdSplit(BaseModel):
                                             "``llm_latency_prefill_target``), or a source's prefill replicas of "
                                             "the deployment (its ``pd_pair_labels``), comma-separated")
     prefill_targets: list[str] = Field(description="the same, one name each; several are summed")
+    decode_prealloc: float | None = Field(description=(
+        "mean handshake and KV-memory reservation on the decode worker before the prefill starts (s; SGLang's "
+        "stage decode_bootstrap, else its prealloc queue by Little's law); null for engines without one"))
     prefill_queue: float | None = Field(description="mean queue time on the prefill worker (s)")
     prefill: float | None = Field(description="mean prefill time on the prefill worker (s)")
-    kv_transfer: float | None = Field(description="mean KV transfer time recorded by the decode worker (s)")
-    decode_queue: float | None = Field(description="mean queue time on the decode worker (s)")
+    kv_transfer: float | None = Field(description=(
+        "mean KV transfer time (s): the decode worker's transfer histogram (vLLM, TensorRT-LLM), else the prefill "
+        "worker's (SGLang), else the decode worker's KV wait less the prefill worker's queue and prefill"))
+    decode_queue: float | None = Field(description=(
+        "mean queue time on the decode worker before its first step (s): its queue-time histogram, else its "
+        "waiting gauge by Little's law"))
     first_step: float | None = Field(description="mean first scheduled -> first token on the decode worker (s)")
-    ttft_mean: float | None = Field(description="the sum of the five means (null when one is missing)")
+    kv_wait: float | None = Field(description=(
+        "mean time the decode worker waited for the KV (s; SGLang's stage decode_transferred, else its transfer "
+        "queue by Little's law): the prefill worker's queue and prefill and the transfer; not added to the total"))
+    ttft_mean: float | None = Field(description="the sum of the terms (null when one but decode_prealloc is missing)")
+    sources: dict[str, str] = Field(description="per term, what it was read from")
     note: str
 
 

@@ -91,6 +91,17 @@ class Thresholds(BaseModel):
                                                "above this instead.")
     kv_critical_preemptions_per_second: float = Field(1.0, description="Critical at a preemption rate at or above "
                                                                        "this.")
+    # A P/D decode worker (SGLang) reserves a request's KV memory before the prefill worker may send it: with
+    # memory to spare a request passes its prealloc queue in milliseconds (the gauge reads ~0); one waiting on
+    # average means arrivals wait for running requests to finish, which is the cache being full, not the link.
+    kv_prealloc_waiting: float = Field(1.0, description="On a P/D decode worker: mean requests waiting for KV "
+                                                        "memory before their transfer (SGLang's prealloc queue) at "
+                                                        "or above this ...")
+    # With room a request's memory is reserved within a scheduler iteration (milliseconds; SGLang's
+    # kv_transfer_alloc_ms buckets start at 1 ms): a tenth of a second per request is the cache full.
+    kv_alloc_seconds: float = Field(0.1, description="... with a mean wait for that memory at or above this "
+                                                     "(seconds, kv_transfer_alloc_ms; without it, max KV-cache "
+                                                     "usage at or above kv_usage).")
 
     # weights_offloaded: decode far above the HBM floor
     offload_floor_ratio: float = Field(4.0, description="ITL at small batch / floor at or above this.")

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
+from app import latency
 from app.core.thresholds import Thresholds
 from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis import signals as signals_module
@@ -35,9 +36,10 @@ from app.diagnosis.rules.base import Need, NotJudged, Outcome, Rule, estimates_d
 from app.diagnosis.signals import Signals
 from app.probe.canary import ProbeBaseline
 from app.probe.consistency import period_consistency
-from app.store.models import FindingRow, Target
+from app.store.models import FindingRow, Target, TargetView
 from app.window import TargetWindow
 from app.windows import default_windows
+from app.windows.base import WindowError, WindowReader
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 RULE_ORDER = {rule.regime: i for i, rule in enumerate(RULES)}
@@ -155,7 +157,7 @@ def rank(findings: list[Finding]) -> None:
 def evaluate_target(session: Session, target_id: int, target: str, engine: str, end: float, window: float,
                     thresholds: Thresholds, hardware: HardwareProfile | None = None,
                     probe_baseline: ProbeBaseline | None = None, data: TargetWindow | None = None,
-                    probed: bool = True) -> list[Diagnosis]:
+                    probed: bool = True, prefill: tuple[list[str], TargetWindow] | None = None) -> list[Diagnosis]:
     """Diagnoses for every model of one target over ``[end - window, end]``.
 
     ``probe_baseline`` is the latest client-side single-request measurement (a canary or
@@ -168,11 +170,12 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
     ``data`` is the target's window when another source (a Prometheus) already read it;
     without it the window comes from the built-in store. ``probed`` False: the caller knows no
     probe run of the target finished in the lookback (a round over many targets asks once for
-    all of them), so there are no runs to compare."""
+    all of them), so there are no runs to compare. ``prefill``: the prefill side a P/D decode worker
+    is paired with (:func:`prefill_side`), its names and window."""
     if data is None:
         data = default_windows().window(session, session.get_one(Target, target_id), end - window, end,
                                         signals_module.DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    all_signals = signals_module.from_window(data, target, engine, hardware) or [
+    all_signals = signals_module.from_window(data, target, engine, hardware, prefill) or [
         Signals(target, "", engine, end - window, end, scrapes=data.scrapes)]
     for s in all_signals:
         s.probe_baseline = probe_baseline
@@ -182,6 +185,18 @@ def evaluate_target(session: Session, target_id: int, target: str, engine: str, 
         for s in [s for s in all_signals if s.model in consistency.models] or all_signals:
             s.probe_consistency = consistency
     return [diagnose(s, thresholds) for s in all_signals]
+
+
+def prefill_side(reads: WindowReader, session: Session, target: TargetView, data: TargetWindow, engine: str,
+                 start: float, end: float) -> tuple[list[str], TargetWindow] | None:
+    """The prefill side paired with ``target`` over ``[start, end]`` (:meth:`WindowReader.prefill_of`: its
+    ``llm_latency_prefill_target`` label, or its source's ``pd_pair_labels`` when it decodes); None when
+    nothing pairs it or that side cannot answer now (the worker is then judged on its own numbers)."""
+    role = latency.pd_role(data.infos, {*data.overall.histograms, *data.overall.rates}, engine)
+    try:
+        return reads.prefill_of(session, target, start, end, role is not None and role.role == "decode")
+    except WindowError:
+        return None
 
 
 def apply_lifecycle(session: Session, target_id: int, diagnosis: Diagnosis, thresholds: Thresholds,

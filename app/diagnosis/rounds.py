@@ -93,10 +93,12 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
                     baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
                         if target.id in probed else None
+                    prefill = diagnosis_engine.prefill_side(reads, session, target, found[target.id], engine,
+                                                            now - config.window, now)
                     diagnoses = diagnosis_engine.evaluate_target(
                         session, target.id, target.name, engine, now, config.window,
                         config.thresholds_for(target.name), hardware,
-                        probe_baseline=baseline, data=found[target.id], probed=target.id in probed)
+                        probe_baseline=baseline, data=found[target.id], probed=target.id in probed, prefill=prefill)
                     evaluated.extend((target.id, diagnosis) for diagnosis in diagnoses)
             del found  # a chunk's samples are dropped before the next is read: bounded memory
     saved: list[dict] = []  # each diagnosis as saved, converted once (a round may hold 1,000s)

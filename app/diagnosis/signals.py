@@ -28,7 +28,8 @@ from app.window import ItlInterval, ModelWindow, TargetWindow
 from app.windows import default_windows
 
 DIAGNOSIS_HISTOGRAMS = ("ttft", "itl", "tpot", "queue_time", "prefill_time", "decode_time", "e2e", "prompt_tokens",
-                        "generation_tokens", "iteration_tokens", "kv_transfer_time", "render_time")
+                        "generation_tokens", "iteration_tokens", "kv_transfer_time", "kv_wait_time", "prealloc_time",
+                        "kv_alloc_time", "render_time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,9 @@ class Signals:
     waiting_last: float | None = None
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
+    prealloc_queue_mean: float | None = None  # P/D decode worker: requests waiting for KV memory (SGLang)
+    transfer_queue_mean: float | None = None  # ... requests whose KV is on its way
+    kv_alloc_mean: float | None = None        # ... mean wait for KV memory per request (SGLang kv_transfer_alloc_ms)
     preemptions_per_second: float | None = None
     prefix_cache_hit_rate: float | None = None
     requests_per_second: float | None = None
@@ -109,8 +113,13 @@ class Signals:
     # P/D disaggregation: KV-cache transfers between prefill and decode workers
     pd_role: str | None = None                # "prefill" | "decode" | "both" (latency.pd_role)
     pd_role_source: str | None = None         # what said so: engine configuration, target label or metrics
-    kv_transfer: LatencySummary | None = None
-    kv_transfer_share: float | None = None    # mean transfer / mean TTFT (bounded to 1)
+    kv_transfer: LatencySummary | None = None  # this worker's transfer-time histogram
+    kv_transfer_mean: float | None = None     # the transfer term: this worker's histogram or pd_split's
+    kv_transfer_source: str | None = None     # what kv_transfer_mean was read from
+    kv_transfer_share: float | None = None    # kv_transfer_mean / mean TTFT (bounded to 1)
+    kv_wait_bound: float | None = None        # no transfer term, only the decode worker's KV wait: an upper bound
+    pd_split: dict = field(default_factory=dict)  # a decode worker's TTFT terms (latency.pd_terms)
+    pd_prefill_targets: list[str] = field(default_factory=list)  # its paired prefill worker(s)
     kv_transfers_per_second: float | None = None
     kv_transfer_failures_per_second: float | None = None
     kv_transfer_failure_share: float | None = None  # failed / (failed + completed) transfers
@@ -321,8 +330,10 @@ def compute(session: Session, target_id: int, target: str, engine: str, start: f
 
 
 def from_window(window: TargetWindow, target: str, engine: str,
-                hardware: HardwareProfile | None = None) -> list[Signals]:
-    """Signals for every model of a :class:`TargetWindow`, whichever source filled it."""
+                hardware: HardwareProfile | None = None,
+                prefill: tuple[list[str], TargetWindow] | None = None) -> list[Signals]:
+    """Signals for every model of a :class:`TargetWindow`, whichever source filled it. ``prefill``:
+    the prefill side paired with a P/D decode worker (its names and window, all models summed)."""
     start, end = window.start, window.end
     out = []
     for model, m in window.models.items():
@@ -366,7 +377,8 @@ def from_window(window: TargetWindow, target: str, engine: str,
         s.replicas = _replicas(window, model)
         s.config = _config(window.infos, model)
         s.kv_transfer, s.render = found.get("kv_transfer_time"), found.get("render_time")
-        _disaggregation(s, m, window.infos, window.seconds)
+        s.kv_alloc_mean = _mean(found.get("kv_alloc_time"))
+        _disaggregation(s, m, window.infos, window.seconds, prefill)
         _speculation(s, m, window.seconds)
         s.render_share = _share(_mean(s.render), ttft_mean)
         _ranks(s, m)
@@ -435,17 +447,34 @@ def _share(part: float | None, whole: float | None) -> float | None:
     return None if ratio is None else min(1.0, ratio)
 
 
-def _disaggregation(s: Signals, m: ModelWindow, infos: list[CanonicalInfo], seconds: float) -> None:
+def _disaggregation(s: Signals, m: ModelWindow, infos: list[CanonicalInfo], seconds: float,
+                    prefill: tuple[list[str], TargetWindow] | None) -> None:
+    """The worker's P/D role, transfers and their failures; for a decode worker (or one paired with
+    a prefill side) its TTFT terms (:func:`app.latency.pd_terms`, the latency API's split) and the
+    transfer term among them. A decode worker whose only transfer number is its own wait for the KV
+    (SGLang unpaired: the wait holds the prefill side's queue and prefill too) has that wait as an
+    upper bound (``kv_wait_bound``), not as the transfer."""
     role = latency.pd_role(infos, {*m.histograms, *m.rates}, s.engine, s.model)  # the API's role too
     s.pd_role, s.pd_role_source = (role.role, role.source) if role is not None else (None, None)
+    s.kv_transfer_mean = _mean(s.kv_transfer)
+    s.kv_transfer_source = "this worker's transfer-time histogram" if s.kv_transfer_mean is not None else None
+    if s.pd_role == "decode" or prefill is not None:
+        side = latency.model_report(prefill[1].overall, prefill[1].seconds) if prefill is not None else None
+        s.pd_split = latency.pd_terms(latency.model_report(m, seconds), side)
+        s.pd_prefill_targets = list(prefill[0]) if prefill is not None else []
+        s.kv_transfer_mean, s.kv_transfer_source = s.pd_split["kv_transfer"], s.pd_split["sources"]["kv_transfer"]
+        if s.kv_transfer_mean is None:
+            s.kv_wait_bound = s.pd_split["kv_wait"]
     completed = m.rates.get("kv_transfers_total")
-    if completed is None and s.kv_transfer is not None and seconds > 0:
-        completed = s.kv_transfer.count / seconds
+    arrived = s.kv_transfer if s.kv_transfer is not None else quantiles.summarize(m.histograms["kv_wait_time"]) \
+        if m.histograms.get("kv_wait_time") is not None else None  # SGLang's decode worker: each KV that arrived
+    if completed is None and arrived is not None and seconds > 0:
+        completed = arrived.count / seconds
     failed = m.rates.get("kv_transfer_failures_total")
     s.kv_transfers_per_second, s.kv_transfer_failures_per_second = completed, failed
     if failed is not None and (failed + (completed or 0.0)) > 0:
         s.kv_transfer_failure_share = failed / (failed + (completed or 0.0))
-    s.kv_transfer_share = _share(_mean(s.kv_transfer), _mean(s.ttft))
+    s.kv_transfer_share = _share(s.kv_transfer_mean, _mean(s.ttft))
 
 
 def _speculation(s: Signals, m: ModelWindow, seconds: float) -> None:
@@ -485,6 +514,7 @@ def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
     s.running_mean, s.running_max, s.running_last = gauge("running")
     s.waiting_mean, s.waiting_max, s.waiting_last = gauge("waiting")
     s.kv_usage_mean, s.kv_usage_max, _ = gauge("kv_usage")
+    s.prealloc_queue_mean, s.transfer_queue_mean = gauge("prealloc_queue")[0], gauge("transfer_queue")[0]
     s.preemptions_per_second = m.rates.get("preemptions_total")
     s.requests_per_second = m.rates.get("requests_total")
     s.generation_tokens_per_second = m.rates.get("generation_tokens_total")

@@ -70,7 +70,9 @@ class EngineConfig:
     #: P/D disaggregation, this engine the decode worker: the prompt's KV cache crosses a link of this
     #: many Gbit/s (plus 2 ms setup) before the request joins the queue (None: not disaggregated); the
     #: worker then computes only the prompt's last token (a failed transfer: the whole prompt, as vLLM's
-    #: recompute policy does).
+    #: recompute policy does). On an SGLang page the request reaches both workers at once and follows
+    #: SGLang's decode worker (:class:`~app.emulator.simulation.Simulation`): memory reserved first
+    #: (the prealloc queue), then the prefill worker's prefill and the transfer, then the queue.
     kv_transfer_gbps: float | None = None
     kv_transfer_failure_rate: float = 0.0
     #: data-parallel ranks of the engine; the emulator serves every request on rank 0 (a router that pins
@@ -106,7 +108,7 @@ class Request:
         "prefix_id", "prefix_len", "stream", "sink", "num_computed", "num_output", "first_scheduled",
         "first_token", "last_token", "num_preemptions", "cached_tokens", "shared_blocks",
         "private_blocks", "prefix_ref", "finished", "finish_reason", "finish_time", "http",
-        "frontend_s", "kv_transfer_s", "kv_transfer_failed",
+        "frontend_s", "kv_transfer_s", "kv_transfer_failed", "reserved_blocks", "pd_entry", "pd_alloc",
     )
 
     def __init__(self, rid: str, arrival: float, queued: float, prompt_len: int, max_tokens: int,
@@ -142,6 +144,9 @@ class Request:
         self.frontend_s = queued - arrival  # tokenization + rendering before the engine sees it
         self.kv_transfer_s = 0.0  # P/D: KV transfer before it joins the queue (part of queued - arrival)
         self.kv_transfer_failed = False
+        self.reserved_blocks = 0  # SGLang P/D decode worker: KV blocks reserved for the transfer before admission
+        self.pd_entry: float | None = None  # ... when it entered the prealloc queue
+        self.pd_alloc: float | None = None  # ... when its memory was reserved (the transfer may start)
 
     @property
     def num_tokens(self) -> int:
@@ -226,8 +231,8 @@ class KVCache:
         self.referenced_shared += blocks
 
     def release(self, req: Request) -> None:
-        self.private -= req.private_blocks
-        req.private_blocks = 0
+        self.private -= req.private_blocks + req.reserved_blocks
+        req.private_blocks = req.reserved_blocks = 0
         p = req.prefix_ref
         if p is not None:
             p.refs -= 1
@@ -348,6 +353,19 @@ class Engine:
         """Admit ``req`` if it fits (leaving ``reserve`` blocks free); returns tokens
         scheduled (0 = not admitted)."""
         kv = self.kv
+        assert kv is not None
+        reserved = req.reserved_blocks  # SGLang P/D: the blocks reserved for its KV become its own on admission
+        kv.private -= reserved
+        req.reserved_blocks = 0
+        n = self._admit(req, budget, whole, reserve)
+        if not n:
+            kv.private += reserved
+            req.reserved_blocks = reserved
+        return n
+
+    def _admit(self, req: Request, budget: int, whole: bool, reserve: int) -> int:
+        kv = self.kv
+        assert kv is not None
         p = kv.lookup(req)
         hit = 0
         if p is not None:

@@ -39,14 +39,21 @@ those engines do:
   here, so the same observations as vLLM's);
   ``per_stage_req_latency_seconds{stage="prefill_forward"}`` = first scheduled -> first token;
   no prefill/decode histograms otherwise, no iteration-token histogram; ``spec_accept_rate`` /
-  ``spec_accept_length`` gauges (0 without speculation), and on a P/D decode worker
-  (``engine_type="decode"``) ``kv_transfer_latency_ms`` and ``num_transfer_failed_reqs_total``;
+  ``spec_accept_length`` gauges (0 without speculation); a P/D decode worker (``engine_type="decode"``)
+  follows SGLang 0.5.23's decode side: the stages ``decode_prepare``, ``decode_bootstrap`` (handshake +
+  memory reservation), ``decode_transferred`` (the prefill worker's prefill and the transfer),
+  ``decode_waiting`` and ``fake_output`` (its first step, instead of ``prefill_forward``),
+  ``kv_transfer_bootstrap_ms`` / ``kv_transfer_alloc_ms``, the prealloc and transfer queue gauges,
+  ``prealloc_full_token_usage`` and ``num_transfer_failed_reqs_total``; its paired prefill worker's page
+  (``engine_type="prefill"``) has ``kv_transfer_latency_ms`` (observed where SGLang sends the KV),
+  ``_speed_gb_s``, ``_total_mb``, ``prefill_forward``, ``prefill_transfer_kv_cache``;
 * trtllm-serve: per-request histograms observed when a request finishes (TTFT, queue,
   prefill, decode, inference, e2e, and ``time_per_output_token`` = the request's mean decode
   time per token - no per-step ITL exists), gauges and spec-decode counters from the iteration
   stats; on a disaggregated decode worker the KV-transfer families of Dynamo's TensorRT-LLM worker.
 
-The P/D transfer time is written on the emulated (decode) worker's page for every engine.
+The P/D transfer time is written on the emulated (decode) worker's page for vLLM and TensorRT-LLM,
+and on the paired prefill worker's page for SGLang (``Simulation.render_prefill_metrics``).
 """
 
 from __future__ import annotations
@@ -173,6 +180,11 @@ class PromFamilies:
 
     def gauge(self, name: str, doc: str):
         return Gauge(name, doc, self.labelnames, registry=self.registry).labels(*self.labelvalues)
+
+    def labelled_histogram(self, name: str, doc: str, buckets: list, label: str):
+        """A histogram family with one more label (SGLang's ``stage``): ``value -> child``."""
+        family = Histogram(name, doc, self.labelnames + [label], buckets=buckets, registry=self.registry)
+        return lambda value: family.labels(*self.labelvalues, value)
 
 
 class _InUnit:
@@ -773,6 +785,15 @@ SGLANG_TOKEN_BUCKETS = [100, 300, 500, 1000, 1200, 1500, 1700, 2000, 2500, 3000,
 
 
 SGLANG_KV_TRANSFER_MS_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000]
+SGLANG_BOOTSTRAP_MS_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
+SGLANG_SPEED_BUCKETS = [0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400]
+SGLANG_TOTAL_MB_BUCKETS = [1, 5, 10, 50, 100, 500, 1000, 5000, 10000]
+STAGE_FAMILY = "sglang:per_stage_req_latency_seconds"
+STAGE_DOC = "The latency of each stage of requests."
+PREALLOC_USAGE_DOC = ("Share of the full-attention KV pool held by decode requests whose KV transfer is pending "
+                      "(preallocated, not yet running); same capacity basis as sglang:full_token_usage.")
+PD_PREPARE_S = 0.0002  # SGLang decode worker: scheduler receipt -> prealloc queue (stage decode_prepare)
+PD_BOOTSTRAP_S = 0.005  # ... the handshake with the prefill worker before its memory is reserved
 
 
 class SglangExporter:
@@ -832,23 +853,111 @@ class SglangExporter:
                                           "Histogram of generation token length.", SGLANG_TOKEN_BUCKETS)
         self.h_queue = s.histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
                                    SGLANG_QUEUE_BUCKETS)
-        self.h_prefill = s.histogram("sglang:per_stage_req_latency_seconds", "The latency of each stage of requests.",
-                                     SGLANG_STAGE_BUCKETS, extra={"stage": "prefill_forward"})
         # logged every stats interval, 0 when speculation is off (SchedulerStats' defaults), as SGLang does
         self.spec_rate = s.gauge("sglang:spec_accept_rate",
                                  "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).")
         self.spec_length = s.gauge("sglang:spec_accept_length", "Mean acceptance length of speculative decoding "
                                    "(accepted drafts + bonus token per forward).")
         self._disaggregated = engine_type == "decode"
-        if self._disaggregated:  # SGLang observes these only on a P/D worker
-            self.kv_transfer = s.histogram("sglang:kv_transfer_latency_ms",
-                                           "Histogram of KV cache transfer latency in ms.",
-                                           SGLANG_KV_TRANSFER_MS_BUCKETS, unit=1000.0)
-            self.transfer_failed = s.counter("sglang:num_transfer_failed_reqs",
-                                             "The number of transfer failed requests.")
+        if self._disaggregated:  # SGLang 0.5.23's decode worker and its paired prefill worker
+            self._decode_families(s, sched)
+        else:
+            self.h_prefill = s.histogram(STAGE_FAMILY, STAGE_DOC, SGLANG_STAGE_BUCKETS,
+                                         extra={"stage": "prefill_forward"})
+
+    def _decode_families(self, s: PromFamilies, sched: list[str]) -> None:
+        stage = s.labelled_histogram(STAGE_FAMILY, STAGE_DOC, SGLANG_STAGE_BUCKETS, "stage")
+        self.d_prepare, self.d_bootstrap, self.d_transferred, self.d_waiting = (
+            stage("decode_prepare"), stage("decode_bootstrap"), stage("decode_transferred"), stage("decode_waiting"))
+        self.h_prefill = stage("fake_output")  # its first step: nothing is prefilled on a decode worker
+        self.bootstrap_ms = s.histogram("sglang:kv_transfer_bootstrap_ms", "Histogram of KV transfer bootstrap time "
+                                        "in ms.", SGLANG_BOOTSTRAP_MS_BUCKETS, unit=1000.0)
+        self.alloc_ms = s.histogram("sglang:kv_transfer_alloc_ms", "Histogram of KV transfer allocation waiting time "
+                                    "in ms.", SGLANG_BOOTSTRAP_MS_BUCKETS, unit=1000.0)
+        self.prealloc_queue = s.gauge("sglang:num_decode_prealloc_queue_reqs",
+                                      "The number of requests in the decode prealloc queue.")
+        self.transfer_queue = s.gauge("sglang:num_decode_transfer_queue_reqs",
+                                      "The number of requests in the decode transfer queue.")
+        self.prealloc_usage = s.gauge("sglang:prealloc_full_token_usage", PREALLOC_USAGE_DOC)
+        self.transfer_failed = s.counter("sglang:num_transfer_failed_reqs", "The number of transfer failed requests.")
+        # the prefill worker of the pair: its own registry and page (engine_type="prefill")
+        self.prefill_registry = preg = CollectorRegistry()
+        ranks = (self.model_name, "prefill", "0", "0")
+        p = PromFamilies(preg, sched[:4], ranks)
+        tok = PromFamilies(preg, ["model_name", "engine_type"], (self.model_name, "prefill"))
+        self.p_running = p.gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.p_waiting = p.gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.p_inflight = p.gauge("sglang:num_prefill_inflight_queue_reqs",
+                                  "The number of requests in the prefill inflight queue.")
+        self.p_queue = p.histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                   SGLANG_QUEUE_BUCKETS)
+        pstage = p.labelled_histogram(STAGE_FAMILY, STAGE_DOC, SGLANG_STAGE_BUCKETS, "stage")
+        self.p_bootstrap, self.p_forward, self.p_send = (
+            pstage("prefill_bootstrap"), pstage("prefill_forward"), pstage("prefill_transfer_kv_cache"))
+        self.p_transfer = p.histogram("sglang:kv_transfer_latency_ms", "Histogram of KV cache transfer latency in ms.",
+                                      SGLANG_KV_TRANSFER_MS_BUCKETS, unit=1000.0)
+        self.p_speed = p.histogram("sglang:kv_transfer_speed_gb_s", "Histogram of KV cache transfer speed in GB/s.",
+                                   SGLANG_SPEED_BUCKETS)
+        self.p_total_mb = p.histogram("sglang:kv_transfer_total_mb", "Histogram of KV cache transfer size in MB.",
+                                      SGLANG_TOTAL_MB_BUCKETS)
+        self.p_bootstrap_ms = p.histogram("sglang:kv_transfer_bootstrap_ms", "Histogram of KV transfer bootstrap "
+                                          "time in ms.", SGLANG_BOOTSTRAP_MS_BUCKETS, unit=1000.0)
+        self.p_alloc_ms = p.histogram("sglang:kv_transfer_alloc_ms", "Histogram of KV transfer allocation waiting "
+                                      "time in ms.", SGLANG_BOOTSTRAP_MS_BUCKETS, unit=1000.0)
+        self.p_failed = p.counter("sglang:num_transfer_failed_reqs", "The number of transfer failed requests.")
+        self.p_ttft = tok.histogram("sglang:time_to_first_token_seconds",
+                                    "Histogram of time to first token in seconds.", SGLANG_TTFT_BUCKETS)
+        self.p_prompt = tok.histogram("sglang:prompt_tokens_histogram", "Histogram of prompt token length.",
+                                      SGLANG_TOKEN_BUCKETS)
+        self.p_prompt_tokens = tok.counter("sglang:prompt_tokens", "Number of prefill tokens processed.")
+        self.p_requests = tok.counter("sglang:num_requests", "The number of processed requests.")
+
+    def on_preallocated(self, req: Request, entry: float, alloc: float) -> None:
+        """SGLang P/D: the decode worker reserved the request's memory at ``alloc`` (it entered its
+        prealloc queue at ``entry``); the prefill worker's bootstrap ends at the same moment."""
+        self.d_prepare.observe(PD_PREPARE_S)
+        self.d_bootstrap.observe(alloc - entry)
+        for bootstrap, alloc_wait in ((self.bootstrap_ms, self.alloc_ms), (self.p_bootstrap_ms, self.p_alloc_ms)):
+            bootstrap.observe(PD_BOOTSTRAP_S)
+            alloc_wait.observe(max(0.0, alloc - entry - PD_BOOTSTRAP_S))
+        self.p_bootstrap.observe(alloc - entry)
+
+    def on_kv_arrived(self, req: Request, alloc: float, arrived: float) -> None:
+        """SGLang P/D: the KV reached the decode worker at ``arrived`` (or its transfer failed)."""
+        prefill = arrived - alloc - req.kv_transfer_s
+        self.p_queue.observe(0.0)
+        self.p_forward.observe(prefill)
+        self.p_prompt.observe(req.prompt_len)
+        self.p_prompt_tokens.inc(req.prompt_len)
+        self.p_requests.inc()
+        if req.kv_transfer_failed:
+            self.transfer_failed.inc()
+            self.p_failed.inc()
+            return
+        self.d_transferred.observe(arrived - alloc)
+        megabytes = req.prompt_len * self._kv_bytes_per_token / (1024 * 1024)
+        self.p_send.observe(req.kv_transfer_s)
+        self.p_transfer.observe(req.kv_transfer_s)
+        self.p_total_mb.observe(megabytes)
+        self.p_speed.observe(megabytes / 1024 / req.kv_transfer_s)
+        self.p_ttft.observe(arrived - req.arrival)
+
+    def set_pd_state(self, prealloc: int, transfer: int, prealloc_usage: float) -> None:
+        self.prealloc_queue.set(prealloc)
+        self.transfer_queue.set(transfer)
+        self.prealloc_usage.set(prealloc_usage)
+
+    def set_prefill_state(self, inflight: int) -> None:
+        self.p_running.set(0)
+        self.p_waiting.set(0)
+        self.p_inflight.set(inflight)
+
+    def render_prefill(self) -> bytes:
+        return generate_latest(self.prefill_registry)
 
     def on_config(self, deployment: Deployment, config: EngineConfig, num_gpu_blocks: int) -> None:
         self._config = config
+        self._kv_bytes_per_token = deployment.kv_bytes_per_token
         launch = ("decode" if config.kv_transfer_gbps is not None else "unified", max(1, config.data_parallel_size),
                   deployment.tensor_parallel)
         if launch != self._launch:
@@ -856,11 +965,7 @@ class SglangExporter:
             self._start(*launch)
 
     def on_arrival(self, req: Request, t: float) -> None:
-        if req.kv_transfer_s and self._disaggregated:
-            if req.kv_transfer_failed:
-                self.transfer_failed.inc()
-            else:
-                self.kv_transfer.observe(req.kv_transfer_s)
+        pass
 
     def on_admit(self, req: Request, t: float, hit: int, first: bool, prefix_caching: bool) -> None:
         pass
@@ -873,6 +978,8 @@ class SglangExporter:
         for req in first_tokens:
             self.h_ttft.observe(t - req.arrival)
             self.h_queue.observe(req.first_scheduled - req.queued)
+            if self._disaggregated:
+                self.d_waiting.observe(req.first_scheduled - req.queued)
             self.h_prefill.observe(t - req.first_scheduled)
             self.prompt_tokens.inc(req.prompt_len)
         for last, n in itl_groups.items():

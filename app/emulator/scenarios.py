@@ -269,6 +269,55 @@ def _kv_transfer() -> Scenario:
                      "queue_share_max": 0.2})
 
 
+def _rag(rate: float = 3.0) -> TrafficStream:
+    """RAG traffic of ~2k-token prompts without a shared prefix (the P/D scenarios' workload)."""
+    return _chat(rate=rate, prompt=L.lognormal(2000, 0.3, 500, 6000), output=L.lognormal(150, 0.5, 8, 1000),
+                 prefix_share=0.0)
+
+
+@scenario
+def _healthy_pd_fast_link() -> Scenario:
+    """The ``kv_transfer`` deployment with the KV crossing RDMA at 100 Gbit/s and no transfer failing:
+    ~2k-token prompts take ~24 ms to arrive. Signature: none - transfer ~24 ms (about half of a vLLM
+    decode worker's 45 ms TTFT, a tenth of an SGLang decode worker's 0.24 s, which also holds the prefill
+    worker's ~0.19 s prefill), no queue, ITL normal."""
+    cfg = EngineConfig(kv_transfer_gbps=100.0)
+    return Scenario("healthy_pd_fast_link", _a100_8b(), cfg, (_rag(),), None,
+                    "8B P/D decode worker, KV over 100 Gbit/s RDMA", LLAMA_8B,
+                    {"kv_transfer_mean_max": 0.05, "queue_mean_max": 0.05, "preemptions": 0})
+
+
+@scenario
+def _kv_prealloc_full() -> Scenario:
+    """A P/D decode worker whose KV pool is too small for its load (2,400 blocks = 38k tokens, e.g. a low
+    ``--mem-fraction-static``), fed over a fast link by 32 users with ~2k-token prompts and ~600-token
+    answers: every running request holds ~2.5k tokens, ~15 fit. Arrivals wait for memory before their KV
+    can be received - SGLang's prealloc queue (``sglang:num_decode_prealloc_queue_reqs`` ~17, the memory
+    wait ``kv_transfer_alloc_ms`` ~10 s of a ~10 s TTFT) while the transfer itself stays ~24 ms; on a vLLM
+    page the same requests wait in its queue for blocks and running ones are preempted. Signature: KV usage
+    > 0.9, requests waiting, the transfer a small share of TTFT."""
+    stream = TrafficStream(name="rag", clients=32, think_time_s=1.0, prompt=L.lognormal(2000, 0.3, 500, 6000),
+                           output=L.lognormal(600, 0.3, 64, 2000), max_tokens=2048)
+    cfg = EngineConfig(kv_transfer_gbps=100.0, max_model_len=16384, num_gpu_blocks_override=2400)
+    return Scenario("kv_prealloc_full", _a100_8b(), cfg, (stream,), "kv_cache_pressure",
+                    "8B P/D decode worker, KV pool too small for its load", LLAMA_8B,
+                    {"kv_usage_min": 0.9, "kv_transfer_share_max": 0.1})
+
+
+@scenario
+def _pd_decode_queueing() -> Scenario:
+    """A P/D decode worker capped at 8 running requests (``--max-running-requests 8``, vLLM
+    ``--max-num-seqs 8``) under 32 users, the KV arriving fast: requests wait in the decode worker's
+    own queue after their KV arrived. Signature: queue share of TTFT > 0.8 (queue ~5 s), ~20 waiting,
+    the transfer ~22 ms - the decode-side queue, not the transfer, is slow."""
+    stream = TrafficStream(name="rag", clients=32, think_time_s=1.0, prompt=L.lognormal(2000, 0.3, 500, 6000),
+                           output=L.lognormal(300, 0.3, 32, 1500), max_tokens=2048)
+    cfg = EngineConfig(kv_transfer_gbps=100.0, max_num_seqs=8)
+    return Scenario("pd_decode_queueing", _a100_8b(), cfg, (stream,), "queueing",
+                    "8B P/D decode worker, 8 running slots, fast link", LLAMA_8B,
+                    {"queue_share_min": 0.8, "waiting_min": 10, "kv_transfer_mean_max": 0.05})
+
+
 @scenario
 def _speculation_ineffective() -> Scenario:
     """8B on A100 with a draft proposing 5 tokens per step that the traffic rarely accepts

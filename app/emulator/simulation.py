@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from app.emulator.engine import Engine, Request, StepPlan
-from app.emulator.exposition import make_exporter
+from app.emulator.exposition import PD_BOOTSTRAP_S, make_exporter
+from app.emulator.physics import ceil_div
 from app.emulator.scenarios import Scenario, ScenarioPlan, resolve
 from app.emulator.workload import StreamRuntime
 
@@ -29,6 +30,10 @@ from app.emulator.workload import StreamRuntime
 #: fixed part + per prompt token. Part of TTFT and e2e, not of queue time (as in vLLM).
 TOKENIZE_BASE_S = 0.0003
 TOKENIZE_PER_TOKEN_S = 2e-7
+#: SGLang P/D decode worker: the decode tokens reserved per running request for its growth before new
+#: transfers get memory (SGLang's ``num_reserved_decode_tokens``, default 512; here at most what the request
+#: still generates); the handshake before memory is reserved is ``exposition.PD_BOOTSTRAP_S``
+PD_RESERVED_DECODE_TOKENS = 512
 
 
 @dataclass
@@ -132,6 +137,8 @@ class Simulation:
         self._http_rng = random.Random(f"{seed}/http")
         self._kv_rng = random.Random(f"{seed}/kv-transfer")
         self._http_inflight = 0
+        self._prealloc: deque[Request] = deque()  # SGLang P/D decode worker: waiting for KV memory
+        self._transferring = 0  # ... memory reserved, KV on its way (prefill worker's prefill + the transfer)
         self.arrived = 0
         self.records: deque[RequestRecord] = deque(maxlen=keep_records)
         self.record_itl = record_itl
@@ -171,15 +178,52 @@ class Simulation:
         """Tokenization plus the scenario's rendering cost, before the engine sees the request."""
         return TOKENIZE_BASE_S + TOKENIZE_PER_TOKEN_S * prompt_tokens + self.scenario.engine.render_seconds
 
+    @property
+    def sglang_pd(self) -> bool:
+        """An SGLang P/D decode worker: requests follow SGLang's decode side (see :meth:`_preallocate`)."""
+        return self.engine_flavor == "sglang" and self.scenario.engine.kv_transfer_gbps is not None
+
     def _transfer(self, req: Request) -> None:
-        """P/D decode worker: the prompt's KV cache arrives over the link before the request queues."""
+        """P/D decode worker: the prompt's KV cache arrives over the link before the request queues
+        (on SGLang, once memory is reserved and the prefill worker has prefilled: :meth:`_preallocate`)."""
         cfg = self.scenario.engine
         if cfg.kv_transfer_gbps is None:
             return
         kv_bytes = req.prompt_len * self.engine.deployment.kv_bytes_per_token
         req.kv_transfer_s = 0.002 + kv_bytes * 8 / (cfg.kv_transfer_gbps * 1e9)
         req.kv_transfer_failed = self._kv_rng.random() < cfg.kv_transfer_failure_rate
-        req.queued += req.kv_transfer_s
+        if not self.sglang_pd:
+            req.queued += req.kv_transfer_s
+
+    def _preallocate(self, now: float) -> None:
+        """SGLang's decode worker (``disaggregation/decode.py``): a request reaches it and the prefill
+        worker at once; after the handshake (``PD_BOOTSTRAP_S``) it reserves its prompt's KV blocks,
+        first come first served, keeping each running request's remaining growth (up to
+        ``PD_RESERVED_DECODE_TOKENS``) free; only then may the prefill worker prefill it (its pool keeps
+        up: no queue there) and send the KV, which arrives ``prefill + transfer`` later and joins the queue."""
+        kv = self.engine.kv
+        assert kv is not None
+        bs = kv.block_size
+        while self._prealloc:
+            req = self._prealloc[0]
+            if req.finished:  # aborted while waiting
+                self._prealloc.popleft()
+                continue
+            growth = sum(ceil_div(min(r.target_output - r.num_output, PD_RESERVED_DECODE_TOKENS), bs)
+                         for r in self.engine.running)
+            need = ceil_div(req.prompt_len, bs)
+            if need + growth > kv.free:
+                return
+            self._prealloc.popleft()
+            kv.private += need
+            req.reserved_blocks = need
+            assert req.pd_entry is not None
+            req.pd_alloc = alloc = max(now, req.pd_entry + PD_BOOTSTRAP_S)
+            prefill = self.engine.deployment.prefill_s(req.prompt_len)
+            req.queued = alloc + prefill + req.kv_transfer_s
+            self._transferring += 1
+            self.exporter.on_preallocated(req, req.pd_entry, alloc)
+            heapq.heappush(self._heap, (req.queued, next(self._seq), req))
 
     def _push_synthetic(self, rt: StreamRuntime, arrival: float) -> None:
         d = rt.draw()
@@ -194,6 +238,9 @@ class Simulation:
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, _, req = heapq.heappop(heap)
+            if req.pd_alloc is not None:  # SGLang P/D: its KV arrived (or failed)
+                self._kv_arrived(req)
+                continue
             rt = req.stream
             if rt is not None:
                 if not rt.active:
@@ -203,8 +250,29 @@ class Simulation:
             if req.finished:  # aborted before it reached the engine
                 continue
             self.arrived += 1
+            if self.sglang_pd and req.kv_transfer_s:
+                req.pd_entry = req.queued
+                self._prealloc.append(req)
+                continue
             self.exporter.on_arrival(req, req.queued)
             self.engine.waiting.append(req)
+        if self._prealloc:
+            self._preallocate(now)
+
+    def _kv_arrived(self, req: Request) -> None:
+        """SGLang P/D: the transfer ended; the request queues for its first step, or (failed) ends in
+        an error with its memory released, as SGLang's decode worker aborts it."""
+        self._transferring -= 1
+        self.exporter.on_kv_arrived(req, req.pd_alloc, req.queued)
+        if req.finished:  # aborted while its KV was on its way
+            assert self.engine.kv is not None
+            self.engine.kv.release(req)
+            return
+        if req.kv_transfer_failed:
+            self.engine.finish(req, req.queued, "error", remove=False)
+            return
+        self.exporter.on_arrival(req, req.queued)
+        self.engine.waiting.append(req)
 
     # ---- HTTP side ---------------------------------------------------------------------
     def submit(self, prompt_tokens: int, max_tokens: int | None = None, *, ignore_eos: bool = False, sink=None,
@@ -335,6 +403,20 @@ class Simulation:
         e = self.engine
         bs = e.kv.block_size
         self.exporter.set_state(len(e.running), len(e.waiting), e.kv.usage, e.kv.used * bs, e.num_gpu_blocks * bs)
+        if self.sglang_pd:
+            pending = sum(r.reserved_blocks for r in e.waiting) + self._reserved_in_transfer()
+            self.exporter.set_pd_state(len(self._prealloc), self._transferring, pending / e.num_gpu_blocks)
+
+    def _reserved_in_transfer(self) -> int:
+        return sum(req.reserved_blocks for _, _, req in self._heap if req.pd_alloc is not None)
+
+    def render_prefill_metrics(self) -> bytes:
+        """The ``/metrics`` page of the prefill worker paired with this SGLang P/D decode worker."""
+        if not self.sglang_pd:
+            raise ValueError("only an SGLang P/D decode worker (engine sglang, kv_transfer_gbps set) has a prefill "
+                             "worker's page")
+        self.exporter.set_prefill_state(self._transferring)
+        return self.exporter.render_prefill()
 
     def render_metrics(self) -> bytes:
         self.refresh_gauges()

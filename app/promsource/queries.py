@@ -48,15 +48,11 @@ def _families(signal: str, kind: str) -> list[Family]:
 
 def _histogram_families() -> dict[str, list[Family]]:
     out: dict[str, list[Family]] = {}
-    signals = {*vllm.HISTOGRAMS, *sglang.HISTOGRAMS, *sglang.STAGES, *trtllm.HISTOGRAMS, *tgi.HISTOGRAMS,
-               "kv_transfer_time"}
+    signals = {*vllm.HISTOGRAMS, *sglang.HISTOGRAMS, *sglang.TABLE, *trtllm.HISTOGRAMS, *tgi.HISTOGRAMS}
     for signal in sorted(signals):
         families = _families(signal, "HISTOGRAMS")
-        if signal in sglang.STAGES:
-            families.append(Family("sglang", sglang.STAGE_FAMILY, (("stage", "=", sglang.STAGES[signal]),)))
-        if signal == "kv_transfer_time":
-            families += [Family("sglang", name, tuple((k, "=", v) for k, v in (label_filter or {}).items()), scale)
-                         for name, scale, label_filter in sglang.KV_TRANSFER]
+        families += [Family("sglang", name, tuple((k, "=", v) for k, v in (label_filter or {}).items()), scale)
+                     for name, scale, label_filter in sglang.TABLE.get(signal, ())]
         if signal in tgi.HISTOGRAMS:
             name, label_filter = tgi.HISTOGRAMS[signal]
             families.append(Family("tgi", name, tuple((k, "=", v) for k, v in (label_filter or {}).items())))

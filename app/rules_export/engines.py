@@ -99,6 +99,13 @@ class EngineExposition:
     spec_zero_is_off: bool = False
     generation_tokens: str | None = None  # generated-token counter (verification steps estimated from it)
     render: str | None = None  # front-end render time histogram (vLLM 0.34)
+    #: P/D decode worker (SGLang): its wait for the KV (histogram family, selector) and its transfer queue gauge
+    #: (Little's law where the histogram is absent); the prealloc queue gauge and the memory-wait histogram
+    #: (family, selector, unit divisor to seconds) that tell a full decode KV pool from a slow link
+    kv_wait: tuple[str, str] | None = None
+    transfer_queue: str | None = None
+    prealloc_queue: str | None = None
+    kv_alloc: tuple[str, str, float] | None = None
 
     @property
     def labels(self) -> str:
@@ -183,7 +190,8 @@ SGLANG = EngineExposition(
         "tpot": ("sglang:request_time_per_output_token_seconds", ""),
         "e2e": ("sglang:e2e_request_latency_seconds", ""),
         "queue_time": ("sglang:queue_time_seconds", ""),
-        "prefill_time": ("sglang:per_stage_req_latency_seconds", '{stage="prefill_forward"}'),
+        # a decode worker prefills nothing: its first step is the stage fake_output (never both on one worker)
+        "prefill_time": ("sglang:per_stage_req_latency_seconds", '{stage=~"prefill_forward|fake_output"}'),
         "prompt_tokens": ("sglang:prompt_tokens_histogram", ""),
     },
     stems={"ttft": "ttft_seconds", "itl": "itl_seconds", "tpot": "tpot_seconds", "e2e": "e2e_seconds",
@@ -197,6 +205,9 @@ SGLANG = EngineExposition(
                  ("sglang:per_stage_req_latency_seconds", '{stage="prefill_transfer_kv_cache"}', 1.0)),
     kv_failed="sglang:num_transfer_failed_reqs_total",
     spec_gauges=("sglang:spec_accept_rate", "sglang:spec_accept_length"), spec_zero_is_off=True,
+    kv_wait=("sglang:per_stage_req_latency_seconds", '{stage="decode_transferred"}'),
+    transfer_queue="sglang:num_decode_transfer_queue_reqs", prealloc_queue="sglang:num_decode_prealloc_queue_reqs",
+    kv_alloc=("sglang:kv_transfer_alloc_ms", "", 1000.0),
 )
 
 #: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,

@@ -250,10 +250,17 @@ class Group:
                 if len(e.kv_transfer) > 1 or e.kv_transfer[0][2] != 1.0 else
                 f"{self.transfer_histogram('sum', w)}\n/\n({self.transfer_histogram('count', w)} > 0)")
             out["kv_transfer_share"] = self.share("kv_transfer", mean, w)
-            # completed transfers: the engine's counter where it has one, else the histogram's count
+            # completed transfers: the engine's counter where it has one, else the histogram's count, else (an
+            # SGLang decode worker, whose page has no transfer time) the KV arrivals its wait histogram counts
             done = self.sum_rate(e.kv_transfers, "", w) if e.kv_transfers else self.transfer_histogram("count", w)
             done_increase = (self.sum_rate(e.kv_transfers, "", w, "increase") if e.kv_transfers
                              else self.transfer_histogram("count", w, "increase"))
+            if e.kv_wait is not None:
+                family, selector = e.kv_wait
+                arrived = self.sum_rate(family + "_count", selector, w)
+                arrived_increase = self.sum_rate(family + "_count", selector, w, "increase")
+                done = f"(\n{done}\n)\nor\n{arrived}"
+                done_increase = f"(\n{done_increase}\n)\nor\n{arrived_increase}"
             out["kv_transfers"] = done_count = self.record(self.rec("kv_transfers", "increase", w), done_increase)
             out["kv_transfer_attempts"] = done_count
             if e.kv_failed is not None:
@@ -288,8 +295,34 @@ class Group:
                 out["spec_drafts"] = self.record(
                     self.rec("spec_drafts", "estimate", w),
                     f"{self.sum_rate(e.generation_tokens, '', w, 'increase')}\n/\n({length} > 0)")
+        out.update(self.decode_side(w))
         if e.render is not None:
             out["render_mean"] = render_mean = self.ratio_of_rates("render_seconds_mean", e.render + "_sum",
                                                                    e.render + "_count", w)
             out["render_share"] = self.share("render", render_mean, w)
+        return out
+
+    def decode_side(self, w: str) -> dict[str, str | None]:
+        """A P/D decode worker's own numbers (SGLang), as ``signals`` reads them: its mean wait for the KV
+        (the stage histogram, else its transfer queue by Little's law over first tokens per second; an
+        upper bound of the transfer, which no alert fires on alone), its prealloc queue and its mean wait
+        for KV memory (``kv_cache_pressure``'s decode branch)."""
+        e = self.engine
+        out: dict[str, str | None] = {}
+        if e.kv_wait is not None and e.transfer_queue is not None:
+            family, selector = e.kv_wait
+            ttft, _ = e.histograms["ttft"]
+            stage = (f"{self.sum_rate(family + '_sum', selector, w)}\n/\n"
+                     f"({self.sum_rate(family + '_count', selector, w)} > 0)")
+            little = (f"{self.sum_rate(e.transfer_queue, '', w, 'avg_over_time')}\n/\n"
+                      f"({self.sum_rate(ttft + '_count', '', w)} > 0)")
+            out["kv_wait_mean"] = self.record(self.rec("kv_wait_seconds", "mean", w),
+                                              f"(\n{stage}\n)\nor\n(\n{little}\n)")
+        if e.prealloc_queue is not None and e.kv_alloc is not None:
+            out["prealloc_queue"] = self.gauge_avg("decode_prealloc_queue_reqs", e.prealloc_queue, w)
+            family, selector, divisor = e.kv_alloc
+            out["kv_alloc_mean"] = self.record(
+                self.rec("kv_alloc_seconds", "mean", w),
+                f"({self.sum_rate(family + '_sum', selector, w)} / {num(divisor)})\n/\n"
+                f"({self.sum_rate(family + '_count', selector, w)} > 0)")
         return out

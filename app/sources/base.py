@@ -32,6 +32,10 @@ HISTOGRAM_SIGNALS = (
     "generation_tokens",  # output length per request (tokens)
     "iteration_tokens",   # tokens per engine step (reveals the batched-token budget)
     "kv_transfer_time",   # P/D disaggregation: one KV-cache transfer between prefill and decode workers
+    "kv_wait_time",       # ... a decode worker waiting for a request's KV to arrive (SGLang: the prefill side's
+                          #     queue and prefill and the transfer, from the decode worker's side)
+    "prealloc_time",      # ... a decode worker's handshake and KV-memory reservation before the transfer (SGLang)
+    "kv_alloc_time",      # ... the part of it spent waiting for free KV memory (SGLang kv_transfer_alloc_ms)
     "render_time",        # front end: chat template, tokenization, multimodal preprocessing of a request
 )
 GAUGE_SIGNALS = (
@@ -39,6 +43,8 @@ GAUGE_SIGNALS = (
     "spec_accept_rate",          # speculative decoding: accepted / proposed draft tokens (0..1), engine-computed
     "spec_accept_length",        # ... mean tokens emitted per verification step (accepted + 1)
     "dp_token_imbalance_ratio",  # data-parallel attention: the engine's own token imbalance between ranks
+    "transfer_queue",            # P/D decode worker: requests whose KV is on its way (SGLang transfer queue)
+    "prealloc_queue",            # ... requests waiting for the handshake and KV memory (SGLang prealloc queue)
 )
 COUNTER_SIGNALS = (
     "prompt_tokens_total",
@@ -54,7 +60,7 @@ COUNTER_SIGNALS = (
     "spec_accepted_tokens_total",  # ... draft tokens accepted
 )
 TIME_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time",
-                "kv_transfer_time", "render_time")
+                "kv_transfer_time", "kv_wait_time", "prealloc_time", "kv_alloc_time", "render_time")
 
 
 @dataclass(slots=True)

@@ -14,18 +14,26 @@ Releases name things differently, and the tables below list every name, newest f
   histograms ``prompt_tokens_histogram`` / ``generation_tokens_histogram``, and for P/D
   disaggregation, speculative decoding and DP attention the families below.
 
-0.5's ``per_stage_req_latency_seconds{stage="prefill_forward"}`` is read as ``prefill_time``
-(first scheduled -> first token), so the prefill rules can be judged on SGLang too.
+0.5's ``per_stage_req_latency_seconds{stage=...}`` (seconds) is read for the stages no histogram of
+their own times (:data:`TABLE`): ``prefill_forward`` (first scheduled -> first token) as ``prefill_time``,
+so the prefill rules can be judged on SGLang too; on a P/D decode worker, where nothing is prefilled,
+``fake_output`` (its first step: the prebuilt batch that emits the prefill worker's first token) instead.
 
-SGLang's ITL is observed per *token* (a step interval divided by the tokens it emitted),
-vLLM's per engine step; both are stored as ``itl``. Only TP rank 0 reports scheduler
-metrics by default, so the data-parallel rank (``dp_rank``, absent = "0") is the rank kept.
-
-KV transfer time (P/D): ``kv_transfer_latency_ms`` is a histogram in **milliseconds**
-(buckets 1 ... 5000): bounds and sum are divided by 1000 so ``kv_transfer_time`` is in
-seconds like every other time signal. Without it, ``per_stage_req_latency_seconds`` with
-``stage="prefill_transfer_kv_cache"`` (seconds) is read. 0.4.x exported
-``kv_transfer_latency_ms`` as a gauge (the last transfer only): not a distribution, so not read.
+P/D disaggregation (0.5.23, ``python/sglang/srt/observability/req_time_stats.py`` and
+``disaggregation/``): a request goes to both workers at once. The decode worker handshakes with the
+prefill worker and reserves KV memory for it (the prealloc queue, stage ``decode_bootstrap``; its
+memory wait alone is ``kv_transfer_alloc_ms``), then waits for the KV (the transfer queue, stage
+``decode_transferred``: the prefill worker's queue and prefill, which start only once the memory is
+reserved, and the transfer itself), then queues for its first step (``queue_time_seconds``, stage
+``decode_waiting``). ``kv_transfer_latency_ms`` (the transfer alone, in **milliseconds**, buckets
+1 ... 5000; bounds and sum divided by 1000 so ``kv_transfer_time`` is in seconds like every other time
+signal; else the stage ``prefill_transfer_kv_cache``), ``kv_transfer_speed_gb_s`` and
+``kv_transfer_total_mb`` are observed on the **prefill** worker only: a decode worker's page has no
+sample of them. Both sides count ``num_transfer_failed_reqs_total``; the decode worker exports the
+queues as gauges (``num_decode_prealloc_queue_reqs``, ``num_decode_transfer_queue_reqs``) and the
+share of its KV pool held for pending transfers (``prealloc_full_token_usage``).
+0.4.x exported ``kv_transfer_latency_ms`` as a gauge (the last transfer only): not a distribution, so
+not read.
 The P/D role: 0.4.4+ label the scheduler metrics ``engine_type`` (``unified`` | ``prefill`` |
 ``decode``), the engine's own ``--disaggregation-mode``; it is kept as the info
 ``disaggregation`` (``disaggregation_mode``) per model and rank, read from ``num_running_reqs``
@@ -65,15 +73,17 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {
     "prompt_tokens": ("sglang:prompt_tokens_histogram", "sglang:request_prompt_tokens"),
     "generation_tokens": ("sglang:generation_tokens_histogram", "sglang:request_generation_tokens"),
 }
-#: KV transfer: (family, unit scale to seconds, label filter), first present wins.
-KV_TRANSFER: tuple[tuple[str, float, dict[str, str] | None], ...] = (
-    ("sglang:kv_transfer_latency_ms", 1000.0, None),
-    ("sglang:per_stage_req_latency_seconds", 1.0, {"stage": "prefill_transfer_kv_cache"}),
-)
-#: Time signals read from ``per_stage_req_latency_seconds`` (0.5) when no histogram of their own exists:
-#: ``prefill_forward`` is first scheduled -> first token, vLLM's prefill time.
-STAGES: dict[str, str] = {"prefill_time": "prefill_forward"}
 STAGE_FAMILY = "sglang:per_stage_req_latency_seconds"
+#: Histograms read with a unit scale to seconds or a label filter: signal -> (family, scale, label filter),
+#: first present wins (the milliseconds histograms are 0.5's P/D families).
+TABLE: dict[str, tuple[tuple[str, float, dict[str, str] | None], ...]] = {
+    "prefill_time": ((STAGE_FAMILY, 1.0, {"stage": "prefill_forward"}), (STAGE_FAMILY, 1.0, {"stage": "fake_output"})),
+    "kv_transfer_time": (("sglang:kv_transfer_latency_ms", 1000.0, None),
+                         (STAGE_FAMILY, 1.0, {"stage": "prefill_transfer_kv_cache"})),
+    "kv_wait_time": ((STAGE_FAMILY, 1.0, {"stage": "decode_transferred"}),),
+    "prealloc_time": ((STAGE_FAMILY, 1.0, {"stage": "decode_bootstrap"}),),
+    "kv_alloc_time": (("sglang:kv_transfer_alloc_ms", 1000.0, None),),
+}
 GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("sglang:num_running_reqs", "sglang:num_requests_running"),
     "waiting": ("sglang:num_queue_reqs", "sglang:num_requests_waiting", "sglang:queue_req"),
@@ -81,6 +91,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "spec_accept_rate": ("sglang:spec_accept_rate",),
     "spec_accept_length": ("sglang:spec_accept_length",),
     "dp_token_imbalance_ratio": ("sglang:dp_attention_token_imbalance_ratio",),
+    "transfer_queue": ("sglang:num_decode_transfer_queue_reqs",),
+    "prealloc_queue": ("sglang:num_decode_prealloc_queue_reqs",),
 }
 COUNTERS: dict[str, tuple[str, ...]] = {
     "prompt_tokens_total": ("sglang:prompt_tokens_total",),
@@ -94,7 +106,7 @@ ROLE_FAMILY = "sglang:num_running_reqs"
 #: ``spec_num_draft_tokens`` is a configured value (drafts per step), kept as configuration.
 SPEC_CONFIG = "sglang:spec_num_draft_tokens"
 FAMILIES = frozenset({n for table in (HISTOGRAMS, GAUGES, COUNTERS) for names in table.values() for n in names}
-                     | {name for name, _, _ in KV_TRANSFER} | {SPEC_CONFIG})
+                     | {name for candidates in TABLE.values() for name, _, _ in candidates} | {SPEC_CONFIG})
 
 
 def group_of(family: MetricFamily) -> tuple[str, str]:
@@ -151,16 +163,12 @@ class SglangAdapter:
             family = first_family(page, candidates)
             if family is not None and family.type in ("histogram", "untyped"):
                 self._histogram(out, signal, family, group_of(family))
-        stages = page.families.get(STAGE_FAMILY)
-        if stages is not None and stages.type in ("histogram", "untyped"):
-            for signal, stage in STAGES.items():
-                self._histogram(out, signal, stages, group_of(stages), label_filter={"stage": stage})
-        for name, scale, label_filter in KV_TRANSFER:
-            family = page.families.get(name)
-            if family is None or family.type not in ("histogram", "untyped"):
-                continue
-            if self._histogram(out, "kv_transfer_time", family, group_of(family), scale, label_filter):
-                break
+        for signal, tabled in TABLE.items():
+            for name, scale, label_filter in tabled:
+                family = page.families.get(name)
+                if family is not None and family.type in ("histogram", "untyped") \
+                        and self._histogram(out, signal, family, group_of(family), scale, label_filter):
+                    break
         speculating = _speculating(page)
         for kind, table in (("gauge", GAUGES), ("counter", COUNTERS)):
             for signal, candidates in table.items():

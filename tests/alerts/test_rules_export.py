@@ -190,7 +190,7 @@ CUSTOM_THRESHOLDS = {
     "render_share": 0.34, "render_seconds": 0.133, "kv_transfer_critical_failure_share": 0.15,
     "spec_critical_accept_length": 1.12, "kv_transfer_critical_share": 0.62,
     "imbalance_waiting": 1.7, "imbalance_idle_waiting": 0.17, "imbalance_load_ratio": 2.3,
-    "dp_token_imbalance_ratio": 2.9,
+    "dp_token_imbalance_ratio": 2.9, "kv_prealloc_waiting": 1.3, "kv_alloc_seconds": 0.144,
 }
 
 

@@ -258,6 +258,11 @@ def test_a_pd_decode_worker_gets_its_ttft_split_across_the_prefill_worker(servic
         pytest.approx([0.2, 0.2, 0.3, 0.05, 0.05])
     assert split["ttft_mean"] == pytest.approx(0.8) and "means add" in split["note"]
     assert split["prefill_targets"] == ["p"]
+    # each term says what it was read from; vLLM has no decode-side prealloc (not in the total)
+    assert split["decode_prealloc"] is None and split["kv_wait"] is None
+    assert split["sources"]["kv_transfer"] == "decode worker: its transfer-time histogram"
+    assert split["sources"]["decode_queue"] == "decode worker: queue-time histogram"
+    assert split["sources"]["prefill_queue"] == "prefill worker: queue-time histogram"
     # vLLM exports no kv_role: the decode role comes from the transfers it records, and says so
     assert body["pd_role"]["role"] == "decode" and body["pd_role"]["source"].startswith("metrics: ")
     prefill_body = service.client.get("/api/v1/targets/p/latency", params=params).json()
@@ -266,5 +271,6 @@ def test_a_pd_decode_worker_gets_its_ttft_split_across_the_prefill_worker(servic
     page = service.client.get("/targets/d", params={"window": "5m", "end": params["end"]}).text
     row = page[page.index('data-part="kv_transfer"'):]
     assert 'data-part="ttft_mean"' in page and 'href="/targets/p"' in page
+    assert 'data-part="decode_prealloc"' not in page and "decode worker: its transfer-time histogram" in page
     assert float(row.split('data-value="')[1].split('"')[0]) == pytest.approx(0.3)
     assert 'data-role="decode"' in page and "records KV-cache transfers" in page

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app import latency
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis
@@ -21,6 +22,7 @@ from app.store import db
 from app.store.record import ScrapeRecord
 from app.store.writer import SampleWriter
 from app.targets import repository as target_repository
+from app.windows.store import StoreWindows
 from tests.support.databases import migrated_sqlite
 
 T0 = 1_800_000_000.0  # simulated seconds are placed after this epoch
@@ -33,19 +35,31 @@ def profile_of(scenario: str) -> HardwareProfile:
 
 
 class OfflineTarget:
+    """One emulated engine as a target of the built-in store. ``paired``: an SGLang P/D decode worker
+    whose prefill worker's page (:meth:`Simulation.render_prefill_metrics`) is scraped too, as the
+    target ``<name>-prefill`` its ``llm_latency_prefill_target`` label names."""
+
     def __init__(self, tmp_path: Path, scenario: str, engine: str = "vllm", seed: int = 0,
-                 hardware: HardwareProfile | None = None, name: str = "t") -> None:
+                 hardware: HardwareProfile | None = None, name: str = "t", paired: bool = False) -> None:
         self.url = migrated_sqlite(tmp_path / f"{name}-{seed}.db")
         self.engine = db.make_engine(self.url)
         self.sessions = db.make_sessionmaker(self.engine)
+        self.prefill_id: int | None = None
         with self.sessions.begin() as session:
-            target = target_repository.create_target(session, name=name, url="http://127.0.0.1/metrics", engine="auto",
-                                              labels={}, hardware=hardware.model_dump() if hardware else None)
+            labels = {latency.PD_PREFILL_LABEL: f"{name}-prefill"} if paired else {}
+            target = target_repository.create_target(session, name=name, url="http://127.0.0.1/metrics",
+                                                     engine="auto", labels=labels,
+                                                     hardware=hardware.model_dump() if hardware else None)
             self.target_id = target.id
+            if paired:
+                self.prefill_id = target_repository.create_target(session, name=f"{name}-prefill",
+                                                           url="http://127.0.0.2/metrics", engine="auto",
+                                                           labels={}).id
         self.name = name
         self.hardware = hardware
         self.sim = Simulation(scenario, engine=engine, seed=seed)
         self.processor = PageProcessor("auto")
+        self.prefill_processor = PageProcessor("auto")
         self.writer = SampleWriter(self.engine)
 
     def run(self, seconds: float, scrape_every: float = 5.0) -> None:
@@ -53,17 +67,25 @@ class OfflineTarget:
         end = self.sim.clock + seconds
         while self.sim.clock + 1e-9 < end:
             self.sim.run_for(min(scrape_every, end - self.sim.clock))
-            page, canonical, error = self.processor.process(self.sim.render_metrics())
-            assert error is None, (error, page.errors)
-            self.writer.write([ScrapeRecord(self.target_id, round(T0 + self.sim.clock, 3), True, 0.001, 0,
-                                            page.samples_seen, page.samples_kept, page.malformed,
-                                            self.processor.engine, None, None, canonical)])
+            pages = [(self.target_id, self.processor, self.sim.render_metrics())]
+            if self.prefill_id is not None:
+                pages.append((self.prefill_id, self.prefill_processor, self.sim.render_prefill_metrics()))
+            for target_id, processor, text in pages:
+                page, canonical, error = processor.process(text)
+                assert error is None, (error, page.errors)
+                self.writer.write([ScrapeRecord(target_id, round(T0 + self.sim.clock, 3), True, 0.001, 0,
+                                                page.samples_seen, page.samples_kept, page.malformed,
+                                                processor.engine, None, None, canonical)])
 
     def diagnose(self, window: float = 120.0, thresholds: Thresholds | None = None) -> Diagnosis:
+        end = round(T0 + self.sim.clock, 3)
         with self.sessions() as session:
+            target = target_repository.get_target(session, self.name)
+            assert target is not None
+            prefill = StoreWindows().prefill_of(session, target, end - window, end, True)
             results = diagnosis_engine.evaluate_target(
-                session, self.target_id, self.name, self.processor.engine or "vllm", round(T0 + self.sim.clock, 3),
-                window, thresholds or Thresholds(), self.hardware)
+                session, self.target_id, self.name, self.processor.engine or "vllm", end,
+                window, thresholds or Thresholds(), self.hardware, prefill=prefill)
         assert len(results) == 1, [d.model for d in results]
         return results[0]
 

@@ -161,6 +161,29 @@ def test_kv_cache_pressure_on_vllm_and_tgi() -> None:
     assert kv_cache_pressure.evaluate(healthy_signals(kv_usage_max=0.95), T) is None
 
 
+def test_kv_cache_pressure_on_an_sglang_decode_worker_waiting_for_memory() -> None:
+    """Full before anything is evicted: requests wait in the prealloc queue for memory to receive their KV."""
+    full = dict(kv_usage_max=0.82, kv_usage_mean=0.8, preemptions_per_second=0.0, prealloc_queue_mean=6.5,
+                transfer_queue_mean=1.2, kv_alloc_mean=1.8,
+                pd_split={"decode_prealloc": 1.86, "sources": {"decode_prealloc": "decode worker: stage"}})
+    f = kv_cache_pressure.evaluate(healthy_signals("sglang", **full), T)
+    assert f is not None and f.severity == "warning"
+    assert evidence(f, "mean requests waiting for KV memory (decode prealloc queue)").value == 6.5
+    assert evidence(f, "mean wait for KV memory").value == 1.8
+    assert evidence(f, "TTFT term: decode prealloc").value == 1.86
+    assert evidence(f, "KV-cache usage (max)").op == "info"  # SGLang keeps decode growth free: not the test
+    assert f.summary == ("The decode worker's KV cache is full: 6.5 requests wait on average for memory before "
+                         "their KV can be received, 1.80 s each.")
+    assert "add decode workers" in f.remedies[0] and not any("RDMA" in r for r in f.remedies)
+    # memory reserved within milliseconds (the queue is the handshake), or nothing waiting: quiet
+    assert kv_cache_pressure.evaluate(healthy_signals("sglang", **{**full, "kv_alloc_mean": 0.002}), T) is None
+    assert kv_cache_pressure.evaluate(healthy_signals("sglang", **{**full, "prealloc_queue_mean": 0.2}), T) is None
+    # a page without the memory-wait histogram: the usage gauge decides
+    no_alloc = {**full, "kv_alloc_mean": None}
+    assert kv_cache_pressure.evaluate(healthy_signals("sglang", **no_alloc), T) is None
+    assert kv_cache_pressure.evaluate(healthy_signals("sglang", **{**no_alloc, "kv_usage_max": 0.95}), T) is not None
+
+
 def test_weights_offloaded_from_the_floor_or_from_the_engine_config() -> None:
     s = healthy_signals(itl=summary(0.175, 0.23, 0.18, 4000), itl_ratio=1.3, running_mean=3.7,
                         decode_floor_seconds=0.0159, itl_over_floor=11.0)
@@ -231,7 +254,7 @@ def test_a_symptom_of_two_firing_causes_names_the_first_by_precedence_in_every_p
 def test_kv_transfer_fires_on_slow_transfers_with_the_role_and_share() -> None:
     from app.diagnosis.rules import kv_transfer
 
-    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_share=0.35 / 0.6,
+    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_mean=0.35, kv_transfer_share=0.35 / 0.6,
                         kv_transfers_per_second=2.0, kv_transfer_failures_per_second=0.0,
                         kv_transfer_failure_share=0.0, pd_role="decode", ttft=summary(0.5, 1.0, 0.6, 240))
     f = kv_transfer.evaluate(s, T)
@@ -241,14 +264,14 @@ def test_kv_transfer_fires_on_slow_transfers_with_the_role_and_share() -> None:
     assert evidence(f, "P/D role of this worker").value == "decode"
     assert "Worker role: decode" in f.summary and any("RDMA" in r for r in f.remedies)
     # the same transfers, fast: quiet (3 ms of a 50 ms TTFT)
-    assert kv_transfer.evaluate(healthy_signals(kv_transfer=summary(0.003, 0.004, 0.003, 240),
+    assert kv_transfer.evaluate(healthy_signals(kv_transfer=summary(0.003, 0.004, 0.003, 240), kv_transfer_mean=0.003,
                                                 kv_transfer_share=0.06, kv_transfers_per_second=2.0), T) is None
 
 
 def test_kv_transfer_fires_on_failures_alone_and_is_critical_past_ten_percent() -> None:
     from app.diagnosis.rules import kv_transfer
 
-    base = dict(kv_transfer=summary(0.003, 0.004, 0.003, 200), kv_transfer_share=0.06,
+    base = dict(kv_transfer=summary(0.003, 0.004, 0.003, 200), kv_transfer_mean=0.003, kv_transfer_share=0.06,
                 kv_transfers_per_second=200 / 120)
     quiet = kv_transfer.evaluate(healthy_signals(**base, kv_transfer_failures_per_second=1 / 120,
                                                  kv_transfer_failure_share=1 / 201), T)
@@ -263,8 +286,61 @@ def test_kv_transfer_fires_on_failures_alone_and_is_critical_past_ten_percent() 
 def test_kv_transfer_needs_enough_transfers() -> None:
     from app.diagnosis.rules import kv_transfer
 
-    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 3), kv_transfer_share=0.6, kv_transfers_per_second=3 / 120)
+    s = healthy_signals(kv_transfer=summary(0.3, 0.7, 0.35, 3), kv_transfer_mean=0.35, kv_transfer_share=0.6,
+                        kv_transfers_per_second=3 / 120)
     assert kv_transfer.evaluate(s, T) is None
+
+
+SGLANG_DECODE_SPLIT = {"decode_prealloc": 0.006, "prefill_queue": None, "prefill": None, "kv_transfer": None,
+                       "decode_queue": 0.004, "first_step": 0.012, "kv_wait": 0.9565, "ttft_mean": None,
+                       "sources": {"kv_wait": "decode worker: waiting for the KV (SGLang stage decode_transferred)",
+                                   "kv_transfer": "not separable"}}
+
+
+def test_kv_transfer_on_an_unpaired_sglang_decode_worker_is_bounded_by_its_kv_wait() -> None:
+    """The decode worker's wait for its KV holds the prefill side too: above the thresholds the transfer
+    cannot be judged (not judged, with the number), below them it is judged fast; failures still fire."""
+    from app.diagnosis.rules import kv_transfer
+    from app.diagnosis.rules.base import NotJudged
+
+    base = dict(pd_role="decode", pd_split=SGLANG_DECODE_SPLIT, ttft=summary(0.9, 1.2, 0.98, 400),
+                kv_transfers_per_second=400 / 120, kv_transfer_failures_per_second=0.0, kv_transfer_failure_share=0.0)
+    with pytest.raises(NotJudged) as undecided:
+        kv_transfer.evaluate(healthy_signals("sglang", kv_wait_bound=0.9565, **base), T)
+    assert "waits 0.957 s for its KV (98% of TTFT)" in undecided.value.reason
+    assert "llm_latency_prefill_target" in undecided.value.reason
+    # a 25 ms wait in a 0.98 s TTFT: the transfer is at most that, judged fast
+    assert kv_transfer.evaluate(healthy_signals("sglang", kv_wait_bound=0.025, **base), T) is None
+    # failing transfers are judged from the decode worker's own counter, the bound shown next to them
+    failing = {**base, "kv_transfer_failures_per_second": 30 / 120, "kv_transfer_failure_share": 30 / 430}
+    f = kv_transfer.evaluate(healthy_signals("sglang", kv_wait_bound=0.9565, **failing), T)
+    assert f is not None and f.summary.startswith("7.0% of KV transfers fail")
+    assert evidence(f, "mean KV wait (upper bound of the transfer)").value == 0.9565
+    assert evidence(f, "TTFT term: decode queue").value == 0.004
+    assert evidence(f, "prefill worker(s) paired").value == "not paired"
+
+
+def test_kv_transfer_fires_on_the_transfer_term_of_a_paired_sglang_decode_worker() -> None:
+    from app.diagnosis.rules import kv_transfer
+
+    split = {**SGLANG_DECODE_SPLIT, "prefill_queue": 0.004, "prefill": 0.45, "kv_transfer": 0.5025, "ttft_mean": 0.9785,
+             "sources": {"kv_transfer": "prefill worker: its transfer-time histogram", "decode_queue": "decode worker"}}
+    s = healthy_signals("sglang", pd_role="decode", pd_split=split, pd_prefill_targets=["p"], kv_transfer_mean=0.5025,
+                        kv_transfer_source=split["sources"]["kv_transfer"], kv_transfer_share=0.5025 / 0.98,
+                        ttft=summary(0.9, 1.2, 0.98, 400), kv_transfers_per_second=400 / 120)
+    f = kv_transfer.evaluate(s, T)
+    assert f is not None and f.severity == "warning"  # 51 % of TTFT: below the critical 60 %
+    assert evidence(f, "mean KV transfer time").note == "prefill worker: its transfer-time histogram"
+    assert [evidence(f, f"TTFT term: {t}").value for t in ("decode prealloc", "prefill queue", "prefill",
+                                                          "kv transfer", "decode queue", "first step")] == \
+        [0.006, 0.004, 0.45, 0.5025, 0.004, 0.012]
+    assert evidence(f, "prefill worker(s) paired").value == "p"
+    assert any("kv_transfer_speed_gb_s" in r for r in f.remedies)
+    # the same worker whose decode queue, not the transfer, is slow: the transfer term is 20 ms, quiet
+    quick = {**split, "kv_transfer": 0.02, "decode_queue": 2.5}
+    assert kv_transfer.evaluate(healthy_signals("sglang", pd_role="decode", pd_split=quick, kv_transfer_mean=0.02,
+                                                kv_transfer_share=0.02 / 3.0, ttft=summary(2.9, 3.5, 3.0, 400),
+                                                kv_transfers_per_second=400 / 120), T) is None
 
 
 def test_speculation_ineffective_fires_on_low_acceptance_from_the_counters() -> None:
@@ -302,7 +378,8 @@ VLLM_FLAGS = ("--max-num-seqs", "--kv-cache-dtype", "--speculative-config", "--g
 def test_kv_transfer_and_speculation_name_tensorrt_llm_knobs_on_a_trtllm_target() -> None:
     from app.diagnosis.rules import kv_transfer, speculation_ineffective
 
-    slow = healthy_signals("trtllm", kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_share=0.35 / 0.6,
+    slow = healthy_signals("trtllm", kv_transfer=summary(0.3, 0.7, 0.35, 240), kv_transfer_mean=0.35,
+                           kv_transfer_share=0.35 / 0.6,
                            kv_transfers_per_second=2.0, kv_transfer_failures_per_second=0.0,
                            kv_transfer_failure_share=0.0, pd_role="decode", ttft=summary(0.5, 1.0, 0.6, 240))
     f = kv_transfer.evaluate(slow, T)

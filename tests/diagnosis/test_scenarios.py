@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.core.thresholds import Thresholds
+from app.emulator import scenarios
 from tests.diagnosis.harness import OfflineTarget, profile_of
 
 REGIME_SCENARIOS = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bound", "kv_cache_pressure",
@@ -25,8 +26,11 @@ TIGHT = Thresholds(expected_ttft_seconds=2.0, expected_itl_seconds=0.05, expecte
 
 def steady_diagnosis(tmp_path: Path, scenario: str, engine: str, tight: list | None = None):
     """``scenario`` on ``engine``'s page for 180 simulated seconds (seed 1, the scenario's hardware
-    profile), diagnosed over the last 120; with ``tight``, diagnosed again with :data:`TIGHT` into it."""
-    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario))
+    profile), diagnosed over the last 120; an SGLang P/D decode worker paired with its prefill worker's
+    page, which records SGLang's transfer time."""
+    pd = scenarios.resolve(scenario).phases[-1][1].engine.kv_transfer_gbps is not None
+    target = OfflineTarget(tmp_path, scenario, engine=engine, seed=1, hardware=profile_of(scenario),
+                           paired=engine == "sglang" and pd)
     try:
         target.run(180)
         if tight is not None:

@@ -38,26 +38,45 @@ def labels_of(page: ParsedPage, family: str) -> list[dict[str, str]]:
 
 
 def test_kv_transfer_families_agree_with_the_vllm_page_of_the_same_run():
-    vllm, sglang, trtllm = (page_of("kv_transfer", e) for e in ("vllm", "sglang", "trtllm"))
+    vllm, trtllm = (page_of("kv_transfer", e) for e in ("vllm", "trtllm"))
     transfers = value(vllm, "vllm:nixl_xfer_time_seconds_count")
     seconds = value(vllm, "vllm:nixl_xfer_time_seconds_sum")
     failed = value(vllm, "vllm:nixl_num_failed_transfers_total")
     assert transfers > 100 and failed >= 1
 
-    # SGLang: a histogram in milliseconds, buckets 1 ... 5000 ms, on a worker labelled engine_type="decode"
-    assert value(sglang, "sglang:kv_transfer_latency_ms_count") == transfers
-    assert value(sglang, "sglang:kv_transfer_latency_ms_sum") == pytest.approx(seconds * 1000, rel=1e-9)
-    assert value(sglang, "sglang:num_transfer_failed_reqs_total") == failed
-    les = [s.labels["le"] for s in sglang.families["sglang:kv_transfer_latency_ms"].samples
+    # SGLang 0.5.23: the transfer is timed on the *prefill* worker (a histogram in milliseconds, buckets
+    # 1 ... 5000 ms); the decode worker records its wait for the KV (prefill + transfer) and both count
+    # failures. Its decode side reserves memory and waits for the prefill first, so fewer transfers have
+    # ended by the same time than on vLLM's decode worker, each as long.
+    sim = Simulation("kv_transfer", engine="sglang", seed=4)
+    sim.run_for(60.0)
+    sglang, prefill = parse_page(sim.render_metrics()), parse_page(sim.render_prefill_metrics())
+    assert sglang.malformed == prefill.malformed == 0
+    assert "sglang:kv_transfer_latency_ms" not in sglang.families
+    sent = value(prefill, "sglang:kv_transfer_latency_ms_count")
+    assert sent == value(sglang, "sglang:per_stage_req_latency_seconds_count", stage="decode_transferred")
+    assert 0.9 * transfers <= sent <= transfers
+    mean_ms = value(prefill, "sglang:kv_transfer_latency_ms_sum") / sent
+    assert mean_ms == pytest.approx(seconds / transfers * 1000, rel=0.05)
+    wait = value(sglang, "sglang:per_stage_req_latency_seconds_sum", stage="decode_transferred") / sent
+    forward = value(prefill, "sglang:per_stage_req_latency_seconds_sum", stage="prefill_forward") \
+        / value(prefill, "sglang:per_stage_req_latency_seconds_count", stage="prefill_forward")
+    assert wait == pytest.approx(mean_ms / 1000 + forward, rel=0.05)  # the KV wait = prefill + transfer
+    assert value(sglang, "sglang:num_transfer_failed_reqs_total") == value(
+        prefill, "sglang:num_transfer_failed_reqs_total") >= 1
+    les = [s.labels["le"] for s in prefill.families["sglang:kv_transfer_latency_ms"].samples
            if s.name.endswith("_bucket")]
     assert les == ["1.0", "2.0", "5.0", "10.0", "25.0", "50.0", "100.0", "250.0", "500.0", "1000.0", "2500.0",
                    "5000.0", "+Inf"]
     assert {lb["engine_type"] for lb in labels_of(sglang, "sglang:num_running_reqs")} == {"decode"}
-    canonical = SglangAdapter().to_canonical(sglang)
+    assert {lb["engine_type"] for lb in labels_of(prefill, "sglang:num_running_reqs")} == {"prefill"}
+    canonical = SglangAdapter().to_canonical(prefill)
     (h,) = [h for h in canonical.histograms if h.signal == "kv_transfer_time"]
     assert h.bounds[:3] == (0.001, 0.002, 0.005) and h.bounds[-2] == 5.0
-    assert h.count == transfers and h.sum == pytest.approx(seconds, rel=1e-9)
-    assert [s.value for s in canonical.scalars if s.signal == "kv_transfer_failures_total"] == [failed]
+    assert h.count == sent and h.sum == pytest.approx(mean_ms * sent / 1000, rel=1e-9)
+    decode = SglangAdapter().to_canonical(sglang)
+    assert {h.signal for h in decode.histograms} >= {"kv_wait_time", "prealloc_time", "kv_alloc_time"}
+    assert not [h for h in decode.histograms if h.signal == "kv_transfer_time"]
 
     # trtllm: Dynamo's TensorRT-LLM worker families, in seconds, with successes and failures counted
     assert value(trtllm, "trtllm_kv_transfer_latency_seconds_count") == transfers

@@ -85,10 +85,11 @@ def test_every_engine_is_in_the_queries() -> None:
 def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
     client = FakeClient([])
     SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    # 29 per-signal queries (histograms incl. tpot, kv_transfer_time and render_time, gauges, counters incl.
+    # 34 per-signal queries (histograms incl. tpot, kv_transfer_time, render_time and SGLang's decode-side
+    # kv_wait_time, prealloc_time and kv_alloc_time; gauges incl. its transfer and prealloc queues; counters incl.
     # spec_drafts_total), TGI's raw KV samples, scrapes, configuration, per-rank loads, the ITL split;
-    # + presence and up of discovery = 36 per round, at most 40
-    assert len(client.queries) == 34
+    # + presence and up of discovery
+    assert len(client.queries) == 39
     assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
 
 

@@ -115,3 +115,45 @@ def test_triton_backend_page_is_not_a_trtllm_serve_page() -> None:
     page = parse_page((EXPOSITION / "triton-trtllm-23.11-readme.prom").read_bytes())
     assert detect_engine(page) is None
     assert not ADAPTERS["trtllm"].detect(page)
+
+
+def test_sglang_0523_decode_worker_page_reads_its_own_pd_families() -> None:
+    """A 0.5.23 decode worker: no transfer-time sample (the prefill worker observes it), its stages,
+    its queues and its memory wait are read; every family the page has parses, none is a problem."""
+    text = (EXPOSITION / "sglang-0.5.23-pd-decode-recorded-style.prom").read_text()
+    assert "sglang:kv_transfer_latency_ms" not in text and "sglang:kv_transfer_speed_gb_s" not in text
+    assert 'pid="2187"' in text and "_created" not in text  # MultiProcessCollector's rendering
+    c = canonical("sglang-0.5.23-pd-decode-recorded-style.prom")
+    assert not [h for h in c.histograms if h.signal == "kv_transfer_time"]
+    wait, prealloc, alloc = hist(c, "kv_wait_time"), hist(c, "prealloc_time"), hist(c, "kv_alloc_time")
+    # decode_transferred: prefill-side queue + prefill + transfer = 0.004 + 0.45 + 0.5025 s on average
+    assert wait.count == 400.0 and wait.sum / wait.count == pytest.approx(0.9565, abs=1e-9)
+    assert prealloc.sum / prealloc.count == pytest.approx(0.006)  # decode_bootstrap: 5-7 ms
+    assert alloc.sum / alloc.count == pytest.approx(0.002)  # kv_transfer_alloc_ms: 2 ms, in seconds
+    assert alloc.bounds[:3] == (0.001, 0.002, 0.005) and alloc.bounds[-2] == 2.5
+    # the decode worker's own queue and first step (fake_output: nothing is prefilled here)
+    assert hist(c, "queue_time").sum / 400 == pytest.approx(0.004)
+    assert hist(c, "prefill_time").sum / 400 == pytest.approx(0.012)
+    assert hist(c, "ttft").sum / 400 == pytest.approx(0.9809, abs=1e-4)
+    assert scalar(c, "transfer_queue") == 3.2 and scalar(c, "prealloc_queue") == 0.0
+    assert scalar(c, "kv_usage") == 0.41
+    # the share of KV held for pending transfers is not read: a gauge query more per source round for evidence
+    assert not [s for s in c.scalars if s.signal not in ("running", "waiting", "kv_usage", "transfer_queue",
+                                                          "prealloc_queue", "preemptions_total", "requests_total",
+                                                          "prompt_tokens_total", "generation_tokens_total",
+                                                          "kv_transfer_failures_total")]
+    assert scalar(c, "kv_transfer_failures_total") == 2.0 and scalar(c, "requests_total") == 400.0
+    roles = [i.labels["disaggregation_mode"] for i in c.infos if i.name == "disaggregation"]
+    assert roles == ["decode"]
+    assert c.problems == []
+
+
+def test_sglang_0523_prefill_worker_page_records_the_transfer() -> None:
+    c = canonical("sglang-0.5.23-pd-prefill-recorded-style.prom")
+    transfer = hist(c, "kv_transfer_time")  # kv_transfer_latency_ms / 1000
+    assert transfer.count == 400.0 and transfer.sum / transfer.count == pytest.approx(0.5025)
+    assert hist(c, "prefill_time").sum / 400 == pytest.approx(0.45)  # prefill_forward
+    assert hist(c, "queue_time").sum / 400 == pytest.approx(0.004)
+    assert not [h for h in c.histograms if h.signal in ("kv_wait_time", "prealloc_time")]
+    assert [i.labels["disaggregation_mode"] for i in c.infos if i.name == "disaggregation"] == ["prefill"]
+    assert c.problems == []

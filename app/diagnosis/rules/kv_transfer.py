@@ -9,22 +9,36 @@ failed transfers make the decode worker recompute or the request error), TTFT gr
 neither worker queues or computes more. Why it matters: the fix is the transport and the
 placement of the two pools, not the engines' scheduler flags.
 
-Reads the transfer-time histogram (vLLM ``vllm:nixl_xfer_time_seconds``, recorded on the
-decode worker; SGLang ``kv_transfer_latency_ms``, in milliseconds; TensorRT-LLM
-``trtllm_kv_transfer_latency_seconds``) and the failed/completed transfer counts. The share is mean transfer time
-over the mean TTFT the worker records (bounded to 1): on a vLLM decode worker that TTFT starts
-at the worker's own arrival, so it spans the transfer and the first step, not the remote
-prefill. The worker's role (prefill / decode / both) comes from its configuration when the
-engine exports it, else from the transfer metrics it records.
+Reads the transfer term of the worker's TTFT: its own transfer-time histogram (vLLM
+``vllm:nixl_xfer_time_seconds`` and TensorRT-LLM ``trtllm_kv_transfer_latency_seconds``, recorded on the
+decode worker; SGLang ``kv_transfer_latency_ms``, in milliseconds, recorded on the *prefill* worker),
+and on a decode worker the split of its TTFT (:func:`app.latency.pd_terms`: decode-side prealloc,
+prefill queue, prefill, transfer, decode queue, first step), which for SGLang takes the transfer from
+the paired prefill worker (``llm_latency_prefill_target``, a source's ``pd_pair_labels``) or, without
+its transfer histogram, the decode worker's KV wait less the prefill worker's queue and prefill. The
+rule fires on the transfer term only: a slow decode-side queue is ``queueing``, a decode worker
+waiting for KV memory (its prealloc queue) is ``kv_cache_pressure``.
+
+An SGLang decode worker alone cannot separate the transfer: it reserves the memory first, and the
+prefill worker queues and prefills only then, so its wait for the KV (stage ``decode_transferred``,
+else its transfer queue by Little's law) spans the prefill side as well. That wait bounds the
+transfer from above: below the thresholds the transfer is judged fast; above them the regime is not
+judged (pair the workers), never "healthy" and never a transfer finding the numbers do not support.
+
+The share is the transfer term over the mean TTFT the worker records (bounded to 1); failed and
+completed transfers come from the worker's counters (SGLang's decode worker: its KV arrivals). The
+worker's role (prefill / decode / both) comes from its configuration when the engine exports it,
+else from the transfer metrics it records.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app import latency
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import NotJudged, Rule, check, confidence, info, remedies
 from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
 
@@ -35,27 +49,50 @@ if TYPE_CHECKING:
 def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     completed = (s.kv_transfers_per_second or 0.0) * s.window_seconds
     failed = (s.kv_transfer_failures_per_second or 0.0) * s.window_seconds
-    if s.kv_transfer is None and not failed or completed + failed < t.kv_transfer_min_transfers:
+    mean, bound = s.kv_transfer_mean, s.kv_wait_bound
+    if mean is None and bound is None and not failed or completed + failed < t.kv_transfer_min_transfers:
         return None
-    mean = s.kv_transfer.mean if s.kv_transfer else None
+    ttft_mean = s.ttft.mean if s.ttft else None
     slow = [check("KV transfer share of TTFT", s.kv_transfer_share, ">=", t.kv_transfer_share, "ratio",
                   "mean transfer / mean TTFT of this worker"),
-            check("mean KV transfer time", mean, ">=", t.kv_transfer_seconds, "s")]
+            check("mean KV transfer time", mean, ">=", t.kv_transfer_seconds, "s", s.kv_transfer_source or "")]
     failing = check("failed share of KV transfers", s.kv_transfer_failure_share, ">=", t.kv_transfer_failure_share,
                     "ratio", f"{failed:.0f} failed, {completed:.0f} completed in the window (estimated from rates)")
     is_slow = all(c.met for c in slow)
+    bound_evidence = []
+    if mean is None and bound is not None:  # only the decode worker's KV wait: the transfer is at most that
+        bound_share = min(1.0, bound / ttft_mean) if ttft_mean else None
+        bound_evidence = [
+            check("KV wait share of TTFT (upper bound of the transfer's)", bound_share, ">=", t.kv_transfer_share,
+                  "ratio"),
+            check("mean KV wait (upper bound of the transfer)", bound, ">=", t.kv_transfer_seconds, "s",
+                  s.pd_split.get("sources", {}).get("kv_wait", ""))]
+        if all(c.met for c in bound_evidence) and not failing.met:
+            raise NotJudged(f"this decode worker waits {bound:.3f} s for its KV ({bound_share:.0%} of TTFT), which "
+                            "holds the prefill worker's queue and prefill as well as the transfer: pair it with its "
+                            "prefill worker (label llm_latency_prefill_target, or a source's pd_pair_labels) to "
+                            "separate the transfer")
     if not is_slow and not failing.met:
         return None
     conditions = (slow if is_slow else []) + ([failing] if failing.met else [])
-    evidence = conditions + [
+    split = s.pd_split
+    evidence = conditions + bound_evidence + [
         info("P/D role of this worker", s.pd_role or "unknown", note=s.pd_role_source or "neither its configuration, "
              "a target label nor its metrics say"),
         info("KV transfer p99", s.kv_transfer.p99 if s.kv_transfer else None, "s",
              "vLLM's transfer buckets start at 5 ms and end at 5 s"),
         info("KV transfers per second", s.kv_transfers_per_second),
-        info("TTFT mean", s.ttft.mean if s.ttft else None, "s"),
+        info("TTFT mean", ttft_mean, "s"),
         info("queue share of TTFT", s.queue_share, "ratio"),
     ]
+    if split:  # the decode worker's TTFT, term by term, each with what it was read from
+        names = ", ".join(s.pd_prefill_targets) or "not paired"
+        evidence += [info(f"TTFT term: {term.replace('_', ' ')}", split.get(term), "s",
+                          split["sources"].get(term, "")) for term in latency.PD_TERMS
+                     if split.get(term) is not None or term != "decode_prealloc"]
+        evidence += [info("KV wait on the decode worker", split.get("kv_wait"), "s",
+                          split["sources"].get("kv_wait", "")),
+                     info("prefill worker(s) paired", names)]
     if not is_slow:
         evidence += [c for c in slow if c.value is not None]
     vllm = [
@@ -74,7 +111,9 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "(--disaggregation-ib-device), and sglang:kv_transfer_speed_gb_s against the link's bandwidth.",
         "Failed transfers (sglang:num_transfer_failed_reqs): check bootstrap reachability between the pools and "
         "matching TP/page sizes.",
-        "Rebalance prefill and decode workers so transfers do not wait for decode capacity.",
+        "The transfer is timed on the prefill worker (sglang:kv_transfer_latency_ms, kv_transfer_speed_gb_s): "
+        "compare its speed with the link's; requests waiting on the decode worker for KV memory are its prealloc "
+        "queue (sglang:num_decode_prealloc_queue_reqs), not the link.",
     ]
     trtllm = [
         "Check the cache transceiver: cache_transceiver_config.backend (NIXL, UCX or MPI) must move KV over "
@@ -124,6 +163,16 @@ def promql(x: Twin) -> None:
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
           f"(fires at {human_seconds(t.kv_transfer_seconds)} and {human_share(t.kv_transfer_share)} of mean TTFT, "
           f"or when at least {human_share(t.kv_transfer_failure_share)} of them fail).")
+    if r.get("kv_wait_mean") is not None:  # a decode worker with no transfer time (SGLang): its failures alone
+        for severity, share in (("warning", t.kv_transfer_failure_share),
+                                ("critical", t.kv_transfer_critical_failure_share)):
+            failing_only = x.and_(f"{r['kv_transfer_failure_share']} >= {num(share)}", enough)
+            x.add(severity, f"({failing_only})\nunless on({e.labels}) {mean}",
+                  f"KV transfers fail on {e.title}",
+                  f"{e.who()}: {{{{ $value | humanizePercentage }}}} of the KV transfers to this decode worker failed "
+                  f"over the last {x.w} (fires at {human_share(share)}); its page times no transfer (the prefill "
+                  f"worker does), only its wait for the KV, which holds the prefill too.",
+                  extra={"cause": "decode_failures"})
     x.add("critical", f"({slow(t.kv_transfer_critical_share)})\nor\n({failing(t.kv_transfer_critical_failure_share)})",
           f"KV transfers dominate TTFT or fail on {e.title}",
           f"{e.who()}: KV-cache transfers took {{{{ $value | humanizeDuration }}}} on average over the last {x.w} "
