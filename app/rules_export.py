@@ -248,6 +248,9 @@ class Engine:
     spec_zero_is_off: bool = False
     generation_tokens: str | None = None  # generated-token counter (verification steps estimated from it)
     render: str | None = None  # front-end render time histogram (vLLM 0.34)
+    #: the scheduler's own time (SGLang 0.5.20+), counters in seconds: (loop wall time, its idle part,
+    #: the process's CPU time, the GPU's forward-pass time), as ``signals._scheduler_time`` reads them
+    scheduler: tuple[str, str, str, str] | None = None
 
     @property
     def labels(self) -> str:
@@ -346,6 +349,8 @@ SGLANG = Engine(
                  ("sglang:per_stage_req_latency_seconds", '{stage="prefill_transfer_kv_cache"}', 1.0)),
     kv_failed="sglang:num_transfer_failed_reqs_total",
     spec_gauges=("sglang:spec_accept_rate", "sglang:spec_accept_length"), spec_zero_is_off=True,
+    scheduler=("sglang:scheduler_stage_seconds_total", "sglang:scheduler_idle_seconds_total",
+               "sglang:scheduler_process_cpu_seconds_total", "sglang:forward_execution_seconds_total"),
 )
 
 #: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,
@@ -536,6 +541,8 @@ class _Group:
         if e.supports("itl"):
             out["steps"] = self.decode_steps(w)
         out.update(self.transfer_and_speculation(w, out.get("steps")))
+        if e.scheduler is not None:
+            out.update(self.scheduler_time(w))
         if e.rank_label is not None:
             out.update(self.ranks(w))
         return out
@@ -573,6 +580,20 @@ class _Group:
                 self.rec("dp_token_imbalance", "avg", w),
                 f"avg by ({by}) (avg_over_time({e.select(e.token_imbalance)}[{w}]))")
         return out
+
+    def scheduler_time(self, w: str) -> dict[str, str | None]:
+        """The shares of the scheduler loop's time ``scheduler_cpu_bound`` reads, as
+        ``signals._scheduler_time`` computes them (every rate summed over the same ranks)."""
+        assert self.engine.scheduler is not None
+        loop, idle, cpu, gpu = (self.sum_rate(metric, "", w) for metric in self.engine.scheduler)
+        return {
+            "scheduler_cpu_share": self.record(self.rec("scheduler_cpu_share", "ratio", w),
+                                               f"{cpu}\n/\n({loop} > 0)"),
+            "scheduler_busy_share": self.record(self.rec("scheduler_busy_share", "ratio", w),
+                                                f"1 - {idle}\n/\n({loop} > 0)"),
+            "gpu_idle_share": self.record(self.rec("gpu_idle_share", "ratio", w),
+                                          f"clamp_min(\n  1 - {gpu}\n  /\n  (({loop} - {idle}) > 0),\n  0\n)"),
+        }
 
     def ratio_of_rates(self, what: str, numerator: str, denominator: str, w: str) -> str:
         return self.record(self.rec(what, "ratio", w), f"{self.sum_rate(numerator, '', w)}\n/\n"

@@ -156,6 +156,26 @@ class Thresholds(BaseModel):
     render_critical_factor: float = Field(5.0, description="Critical when mean render time is at or above this "
                                                            "multiple of render_seconds.")
 
+    # scheduler_cpu_bound: the GPU waits between steps for the scheduler's own CPU work (SGLang 0.5.20+
+    # time accounting). With the overlap scheduler (SGLang's default) the CPU prepares step N+1 while
+    # the GPU runs step N, and a GPU-bound engine's GPU is busy nearly all the time the scheduler has
+    # work (the gaps left: a new batch's setup, a sampling sync, a few percent); even without overlap
+    # the CPU part of an 8B model's 12-20 ms step is 2-4 ms, 10-20 %. 30 % is past both: tokens come
+    # at least 1/(1 - 0.3) = 1.4 times slower than the GPU would make them.
+    scheduler_gpu_idle_share: float = Field(0.3, description="Share of the scheduler's busy wall time (its loop's "
+                                                              "wall time minus its idle time) in which the GPU ran no "
+                                                              "forward pass, at or above this ...")
+    scheduler_cpu_share: float = Field(0.8, description="... while the scheduler process used at least this many "
+                                                         "CPU-seconds per second of its loop (its loop polls without "
+                                                         "sleeping: well below 1, the process lacks a core or waits "
+                                                         "on something else, not its own work) ...")
+    scheduler_busy_share: float = Field(0.5, description="... and had runnable or queued work at least this share "
+                                                          "of its loop's time (GPU gaps on a mostly idle engine lie "
+                                                          "between requests, not between steps).")
+    scheduler_critical_gpu_idle_share: float = Field(0.5, description="Critical when the GPU is idle at least this "
+                                                                      "share of the busy time (tokens at least twice "
+                                                                      "as slow as the GPU allows).")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

@@ -76,6 +76,13 @@ class EngineConfig:
     #: data-parallel ranks of the engine; the emulator serves every request on rank 0 (a router that pins
     #: all traffic to one rank), the others idle
     data_parallel_size: int = 1
+    #: the scheduler's CPU time per engine step (building the batch, grammar masks, processing results,
+    #: streaming output): a fixed part plus a part per request in the step. With ``overlap_schedule`` (SGLang's
+    #: default) it runs while the GPU computes the previous step, so a step takes max(GPU, host); without, GPU
+    #: + host. The default 0: the host keeps up (every scenario but ``scheduler_cpu_bound``).
+    host_step_s: float = 0.0
+    host_request_s: float = 0.0
+    overlap_schedule: bool = True
 
     @property
     def token_budget(self) -> int:
@@ -254,6 +261,8 @@ class StepPlan:
     admitted: list  # requests admitted from waiting in this step
     stalled: int  # running requests that got no tokens (chunked prefill off: prefill-only step)
     running_before: int  # running batch size before admissions
+    gpu_seconds: float = 0.0  # of ``seconds``, the forward pass on the GPU (the rest: the GPU waits for the host)
+    host_seconds: float = 0.0  # the scheduler's CPU work for the step (overlapped with the GPU, or not)
 
     @property
     def end(self) -> float:
@@ -421,9 +430,12 @@ class Engine:
                     tokens += k
                     kv_tokens += k
                     pairs += k * (req.num_computed + 1) + k * (k + 1) / 2
-        seconds = self.deployment.step_seconds(tokens, kv_tokens, pairs)
+        gpu = self.deployment.step_seconds(tokens, kv_tokens, pairs)
+        cfg = self.config
+        host = cfg.host_step_s + cfg.host_request_s * len(entries)
+        seconds = max(gpu, host) if cfg.overlap_schedule else gpu + host
         return StepPlan(now, seconds, entries, tokens, kv_tokens, pairs, prefill_tokens, admitted,
-                        stalled, len(self.running) - len(admitted))
+                        stalled, len(self.running) - len(admitted), gpu, host)
 
     def _plan_mixed(self, now: float, whole_prompts: bool):
         """vLLM V1: running requests first, then waiting ones in the budget left (a prompt

@@ -773,6 +773,9 @@ SGLANG_TOKEN_BUCKETS = [100, 300, 500, 1000, 1200, 1500, 1700, 2000, 2500, 3000,
 
 
 SGLANG_KV_TRANSFER_MS_BUCKETS = [1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000]
+#: ``SCHEDULER_STAGE_CATEGORIES`` of ``sglang/srt/observability/scheduler_stage_metrics.py`` (0.5.23)
+SGLANG_SCHEDULER_STAGES = ("other", "recv_requests", "process_input_requests", "get_next_batch_to_run",
+                           "process_queue", "run_batch", "process_batch_result", "sanity_check_cache", "idle")
 
 
 class SglangExporter:
@@ -785,7 +788,15 @@ class SglangExporter:
     restarts the server, as it must be restarted for real: a new registry, counters from zero.
     Speculative decoding sets the scheduler's ``spec_accept_rate`` / ``spec_accept_length`` gauges
     each decode step (expected values, as :class:`SpecCounts`); P/D writes the transfer-latency
-    histogram (milliseconds) and the failed-transfer counter."""
+    histogram (milliseconds) and the failed-transfer counter.
+
+    Scheduler time (0.5.20+ ``metrics_reporter``, with ``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``), per
+    step and the gap before it: the loop's wall time in ``scheduler_stage_seconds_total`` (the gap as
+    ``idle``, the step's host CPU work as ``get_next_batch_to_run``, the rest of the step, waiting on the
+    GPU, as ``process_batch_result`` with ``forward_overlap="full"``), the gap also in
+    ``scheduler_idle_seconds_total``, all of it in ``scheduler_process_cpu_seconds_total`` (the loop polls
+    without sleeping: one CPU-second per second), the step's forward pass in
+    ``forward_execution_seconds_total{category="extend"|"decode"}``. The other DP ranks' loops idle."""
 
     content_type = CONTENT_TYPE
 
@@ -839,6 +850,24 @@ class SglangExporter:
                                  "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).")
         self.spec_length = s.gauge("sglang:spec_accept_length", "Mean acceptance length of speculative decoding "
                                    "(accepted drafts + bonus token per forward).")
+        stage = Counter("sglang:scheduler_stage_seconds", "Total scheduler-loop wall time exclusively attributed to "
+                        "each stage.", sched + ["category", "forward_overlap"], registry=reg)
+        idle = Counter("sglang:scheduler_idle_seconds", "Total wall time while the scheduler has no runnable or "
+                       "queued work.", sched, registry=reg)
+        cpu = Counter("sglang:scheduler_process_cpu_seconds", "Total CPU time consumed by the scheduler process "
+                      "across all threads.", sched, registry=reg)
+        for values in ranks:
+            for category in SGLANG_SCHEDULER_STAGES:
+                stage.labels(*values, category, "none")
+        self.stage = {key: stage.labels(*ranks[0], *key) for key in
+                      (("idle", "none"), ("get_next_batch_to_run", "none"), ("process_batch_result", "full"))}
+        self.idle_seconds, self.cpu_seconds = idle.labels(*ranks[0]), cpu.labels(*ranks[0])
+        self.idle_ranks = [(stage.labels(*values, "idle", "none"), idle.labels(*values), cpu.labels(*values))
+                           for values in ranks[1:]]
+        forward = Counter("sglang:forward_execution_seconds", "Total time that GPU is busy executing model forward "
+                          "passes. Refer to ForwardMode for category labels.", sched + ["category"], registry=reg)
+        self.forward = {mode: forward.labels(*ranks[0], mode) for mode in ("extend", "decode")}
+        self._accounted_to: float | None = None  # the scheduler time counted so far ends here
         self._disaggregated = engine_type == "decode"
         if self._disaggregated:  # SGLang observes these only on a P/D worker
             self.kv_transfer = s.histogram("sglang:kv_transfer_latency_ms",
@@ -868,8 +897,27 @@ class SglangExporter:
     def on_preempt(self, req: Request, t: float) -> None:
         self.retracted.inc()
 
+    def _scheduler_time(self, plan: StepPlan, t: float) -> None:
+        """The loop's time from the end of the last step to the end of this one: the gap idle."""
+        start = plan.start if self._accounted_to is None else min(self._accounted_to, plan.start)
+        gap, step = plan.start - start, t - plan.start
+        host = min(step, plan.host_seconds)
+        if gap > 0:
+            self.stage["idle", "none"].inc(gap)
+            self.idle_seconds.inc(gap)
+        if host > 0:
+            self.stage["get_next_batch_to_run", "none"].inc(host)
+        self.stage["process_batch_result", "full"].inc(step - host)
+        self.cpu_seconds.inc(gap + step)
+        self.forward["extend" if plan.is_prefill else "decode"].inc(plan.gpu_seconds)
+        for rank_stage, rank_idle, rank_cpu in self.idle_ranks:
+            for counter in (rank_stage, rank_idle, rank_cpu):
+                counter.inc(gap + step)
+        self._accounted_to = t
+
     def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
                 deployment: Deployment) -> None:
+        self._scheduler_time(plan, t)
         for req in first_tokens:
             self.h_ttft.observe(t - req.arrival)
             self.h_queue.observe(req.first_scheduled - req.queued)

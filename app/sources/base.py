@@ -52,6 +52,10 @@ COUNTER_SIGNALS = (
     "spec_drafts_total",           # speculative decoding: verification steps with a draft
     "spec_draft_tokens_total",     # ... draft tokens proposed
     "spec_accepted_tokens_total",  # ... draft tokens accepted
+    "scheduler_loop_seconds_total",  # the scheduler loop's wall time (SGLang: every stage summed)
+    "scheduler_idle_seconds_total",  # ... of it with no runnable or queued work
+    "scheduler_cpu_seconds_total",   # CPU time of the scheduler process (all its threads)
+    "gpu_busy_seconds_total",        # GPU time executing forward passes (SGLang's device timer)
 )
 TIME_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time",
                 "kv_transfer_time", "render_time")

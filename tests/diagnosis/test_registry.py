@@ -39,7 +39,8 @@ def test_every_module_is_a_regime_in_precedence_order() -> None:
     modules = {p.stem for p in RULES_DIR.glob("*.py")} - {"__init__", "base"}
     assert {rule.regime for rule in RULES} == modules
     # the engine's precedence (causes first) is the order the rules had in RULES
-    assert [rule.regime for rule in RULES] == ["kv_cache_pressure", "weights_offloaded", "prefill_interference",
+    assert [rule.regime for rule in RULES] == ["kv_cache_pressure", "scheduler_cpu_bound", "weights_offloaded",
+                                              "prefill_interference",
                                               "prefill_compute", "kv_transfer", "frontend_bound",
                                               "speculation_ineffective", "bandwidth_bound", "dp_imbalance",
                                               "replica_imbalance", "queueing", "outside_engine"]
@@ -134,8 +135,8 @@ def test_no_rule_module_writes_a_number_where_severity_escalates() -> None:
                        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and n.value != 0]
             assert numbers == [], (rule.regime, ast.unparse(node.test))
     # queueing, prefill_compute, prefill_interference, kv_cache_pressure, replica_imbalance, kv_transfer,
-    # speculation_ineffective, dp_imbalance, frontend_bound
-    assert escalations == 9
+    # speculation_ineffective, dp_imbalance, frontend_bound, scheduler_cpu_bound
+    assert escalations == 10
 
 
 def test_default_escalations_are_the_numbers_the_rules_had() -> None:

@@ -370,3 +370,59 @@ def test_frontend_bound_fires_when_rendering_dominates_ttft() -> None:
     # 2 ms of rendering in a 50 ms TTFT: quiet
     assert frontend_bound.evaluate(healthy_signals(render=summary(0.002, 0.004, 0.002, 300), render_share=0.04), T) \
         is None
+
+
+# ---- scheduler_cpu_bound ---------------------------------------------------------------------------------------
+def scheduler_signals(**changes) -> Signals:
+    """An SGLang 0.5.20+ target whose scheduler is busy and on its CPU; the GPU's idle share to be set."""
+    return healthy_signals("sglang", **{"scheduler_busy_share": 0.97, "scheduler_cpu_share": 1.0, **changes})
+
+
+def test_scheduler_cpu_bound_fires_when_the_gpu_idles_while_the_scheduler_works() -> None:
+    from app.diagnosis.rules import scheduler_cpu_bound
+
+    f = scheduler_cpu_bound.evaluate(scheduler_signals(gpu_idle_share=0.41), T)
+    assert f is not None and (f.regime, f.severity) == ("scheduler_cpu_bound", "warning")
+    assert [(e.name, e.value, e.threshold) for e in f.evidence if e.op != "info"] == [
+        ("GPU idle share of the busy time", 0.41, 0.3), ("scheduler busy share", 0.97, 0.5),
+        ("scheduler CPU per loop second", 1.0, 0.8)]
+    assert evidence(f, "running requests (mean)").value == 8.0
+    assert "The GPU is idle 41% of the time the scheduler has work" in f.summary
+    text = "\n".join(f.remedies)
+    for flag in ("--disable-overlap-schedule", "--num-continuous-decode-steps", "--scheduler-recv-interval",
+                 "--stream-interval", "--grammar-backend xgrammar", "--dp-size"):
+        assert flag in text, flag
+    assert "with few requests running" in text  # 8 running: at most low_batch_running
+    critical = scheduler_cpu_bound.evaluate(scheduler_signals(gpu_idle_share=0.5), T)
+    assert critical is not None and critical.severity == "critical"
+
+
+@pytest.mark.parametrize("changes", [
+    {"gpu_idle_share": 0.29},                                      # the GPU keeps up: GPU-bound
+    {"gpu_idle_share": 0.6, "scheduler_busy_share": 0.4},          # mostly idle: gaps between requests
+    {"gpu_idle_share": 0.6, "scheduler_cpu_share": 0.5},           # the process lacks its core or waits
+    {"scheduler_busy_share": None, "scheduler_cpu_share": None},   # no scheduler time on the page
+])
+def test_scheduler_cpu_bound_is_quiet_unless_every_condition_holds(changes: dict) -> None:
+    from app.diagnosis.rules import scheduler_cpu_bound
+
+    assert scheduler_cpu_bound.evaluate(scheduler_signals(**changes), T) is None
+
+
+def test_scheduler_cpu_bound_without_the_gpu_time_is_not_judged_when_the_rest_holds() -> None:
+    from app.diagnosis.rules.scheduler_cpu_bound import NO_GPU_TIME
+
+    d = engine.diagnose(scheduler_signals(), T)  # no sglang:forward_execution_seconds_total (no device timer)
+    assert d.verdict == "healthy" and d.findings == []
+    assert d.not_judged == [{"regime": "scheduler_cpu_bound", "reason": NO_GPU_TIME}]
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in NO_GPU_TIME
+    quiet = engine.diagnose(scheduler_signals(scheduler_busy_share=0.2), T)  # idle: decided without the GPU
+    assert (quiet.verdict, quiet.not_judged) == ("healthy", [])
+
+
+def test_scheduler_cpu_bound_is_the_cause_of_the_queueing_it_produces() -> None:
+    s = scheduler_signals(gpu_idle_share=0.6, queue_time=summary(15, 20, 3.6, 120), ttft=summary(15, 20, 4.0, 120),
+                          queue_share=0.9, waiting_mean=36.0, waiting_max=40)
+    d = engine.diagnose(s, T)
+    assert [(f.regime, f.caused_by, f.severity) for f in d.findings] == [
+        ("scheduler_cpu_bound", None, "critical"), ("queueing", "scheduler_cpu_bound", "critical")]

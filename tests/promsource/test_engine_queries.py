@@ -85,10 +85,10 @@ def test_every_engine_is_in_the_queries() -> None:
 def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
     client = FakeClient([])
     SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    # 28 per-signal queries (histograms incl. kv_transfer_time and render_time, gauges, counters incl.
-    # spec_drafts_total), TGI's raw KV samples, scrapes, configuration, per-rank loads, the ITL split;
-    # + presence and up of discovery = 35 per round, at most 40
-    assert len(client.queries) == 33
+    # 32 per-signal queries (histograms incl. kv_transfer_time and render_time, gauges, counters incl.
+    # spec_drafts_total and SGLang's four scheduler-time counters), TGI's raw KV samples, scrapes,
+    # configuration, per-rank loads, the ITL split; + presence and up of discovery = 39 per round, at most 40
+    assert len(client.queries) == 37
     assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
 
 
