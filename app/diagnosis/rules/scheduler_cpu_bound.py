@@ -93,7 +93,8 @@ def promql(x: RegimeAlerts) -> None:
     r, t, e = x.recorded, x.t, x.engine
 
     def expr(idle: float) -> str:
-        return x.and_(f"{r['gpu_idle_share']} >= {num(idle)}", f"{r['scheduler_cpu_share']} >= {num(t.scheduler_cpu_share)}",
+        return x.and_(f"{r['gpu_idle_share']} >= {num(idle)}",
+                      f"{r['scheduler_cpu_share']} >= {num(t.scheduler_cpu_share)}",
                       f"{r['scheduler_busy_share']} >= {num(t.scheduler_busy_share)}", x.gate)
 
     text = (f"{e.who()}: the GPU ran no forward pass for {{{{ $value | humanizePercentage }}}} of the time its "
