@@ -156,6 +156,19 @@ class Thresholds(BaseModel):
     render_critical_factor: float = Field(5.0, description="Critical when mean render time is at or above this "
                                                            "multiple of render_seconds.")
 
+    # lora_adapter_slots: requests wait for a LoRA adapter slot. vLLM runs at most max_lora adapters
+    # at once, so while more adapters have requests in flight than that, the requests of at least one
+    # wait however much KV room there is. Two of the five scrapes of the default window (60 s at a 15 s
+    # interval): one scrape catching a new adapter while the slots turn over is what the slots are for.
+    lora_slot_wait_share: float = Field(0.3, description="Share of the window's scrapes in which more LoRA adapters "
+                                                          "had requests in flight than the engine has slots "
+                                                          "(max_lora), at or above this, with requests waiting "
+                                                          "(queue_waiting) while the KV cache has room (max usage "
+                                                          "at most kv_usage).")
+    lora_critical_slot_wait_share: float = Field(0.75, description="Critical when adapters are short of slots in "
+                                                                   "at least this share of the scrapes: they take "
+                                                                   "turns all the time.")
+
     # scheduler_cpu_bound: the GPU waits between steps for the scheduler's own CPU work (SGLang 0.5.20+
     # time accounting). With the overlap scheduler (SGLang's default) the CPU prepares step N+1 while
     # the GPU runs step N, and a GPU-bound engine's GPU is busy nearly all the time the scheduler has

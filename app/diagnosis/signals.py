@@ -114,6 +114,11 @@ class Signals:
     ranks: list[ReplicaLoad] = field(default_factory=list)
     rank_kv_usage: dict[str, float] = field(default_factory=dict)  # rank -> mean KV usage
     dp_token_imbalance_ratio: float | None = None  # the engine's own (SGLang DP attention), mean over the window
+    # LoRA adapter slots (vLLM lora_requests_info), over the window's scrapes
+    lora_slots: float | None = None            # max_lora, the largest seen
+    lora_demand_mean: float | None = None      # adapters with requests in flight (running or waiting)
+    lora_demand_max: float | None = None
+    lora_slot_wait_share: float | None = None  # share of scrapes with more adapters in demand than slots
     # the scheduler's own time (SGLang 0.5.20+), shares of its loop's wall time over the window
     scheduler_cpu_share: float | None = None   # CPU-seconds of the scheduler process per second of its loop
     scheduler_busy_share: float | None = None  # share of the loop with runnable or queued work
@@ -427,6 +432,9 @@ def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
     s.running_mean, s.running_max, s.running_last = gauge("running")
     s.waiting_mean, s.waiting_max, s.waiting_last = gauge("waiting")
     s.kv_usage_mean, s.kv_usage_max, _ = gauge("kv_usage")
+    s.lora_slots = gauge("lora_max_adapters")[1]
+    s.lora_demand_mean, s.lora_demand_max, _ = gauge("lora_adapters_in_demand")
+    s.lora_slot_wait_share = gauge("lora_slot_wait")[0]
     s.preemptions_per_second = m.rates.get("preemptions_total")
     s.requests_per_second = m.rates.get("requests_total")
     s.generation_tokens_per_second = m.rates.get("generation_tokens_total")

@@ -83,6 +83,9 @@ class EngineConfig:
     host_step_s: float = 0.0
     host_request_s: float = 0.0
     overlap_schedule: bool = True
+    #: LoRA (vLLM ``--max-loras``): at most this many distinct adapters run at once; a waiting request
+    #: whose adapter is not among them is skipped (vLLM V1 skips it and admits the next). 0: LoRA off.
+    max_loras: int = 0
 
     @property
     def token_budget(self) -> int:
@@ -113,7 +116,7 @@ class Request:
         "prefix_id", "prefix_len", "stream", "sink", "num_computed", "num_output", "first_scheduled",
         "first_token", "last_token", "num_preemptions", "cached_tokens", "shared_blocks",
         "private_blocks", "prefix_ref", "finished", "finish_reason", "finish_time", "http",
-        "frontend_s", "kv_transfer_s", "kv_transfer_failed",
+        "frontend_s", "kv_transfer_s", "kv_transfer_failed", "adapter",
     )
 
     def __init__(self, rid: str, arrival: float, queued: float, prompt_len: int, max_tokens: int,
@@ -149,6 +152,7 @@ class Request:
         self.frontend_s = queued - arrival  # tokenization + rendering before the engine sees it
         self.kv_transfer_s = 0.0  # P/D: KV transfer before it joins the queue (part of queued - arrival)
         self.kv_transfer_failed = False
+        self.adapter: str | None = None  # the LoRA adapter it asks for (None: the base model)
 
     @property
     def num_tokens(self) -> int:
@@ -339,10 +343,16 @@ class Engine:
 
     def _admit_waiting(self, entries: list, admitted: list, budget: int, whole: bool, reserve: int = 0) -> int:
         """Move waiting requests (FIFO) into the running set while slots, tokens and KV
-        blocks allow; appends to ``entries``/``admitted`` and returns the budget left."""
-        waiting, running = self.waiting, self.running
+        blocks allow; appends to ``entries``/``admitted`` and returns the budget left. With
+        LoRA, a request whose adapter would exceed ``max_loras`` is skipped (it keeps its place)."""
+        waiting, running, max_loras = self.waiting, self.running, self.config.max_loras
+        adapters = {r.adapter for r in running if r.adapter} if max_loras else set()
+        skipped: list[Request] = []
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting[0]
+            if max_loras and req.adapter and req.adapter not in adapters and len(adapters) >= max_loras:
+                skipped.append(waiting.popleft())
+                continue
             n = self._try_admit(req, budget, whole=whole, reserve=reserve)
             if not n:
                 break
@@ -351,6 +361,9 @@ class Engine:
             admitted.append(req)
             entries.append((req, n))
             budget -= n
+            if req.adapter:
+                adapters.add(req.adapter)
+        waiting.extendleft(reversed(skipped))
         return budget
 
     def _try_admit(self, req: Request, budget: int, whole: bool, reserve: int = 0) -> int:

@@ -41,6 +41,9 @@ those engines do:
   no prefill/decode histograms otherwise, no iteration-token histogram; ``spec_accept_rate`` /
   ``spec_accept_length`` gauges (0 without speculation), and on a P/D decode worker
   (``engine_type="decode"``) ``kv_transfer_latency_ms`` and ``num_transfer_failed_reqs_total``;
+* LoRA (``max_loras``): vLLM's ``lora_requests_info`` (one series per label combination, set to the
+  current time; 0.34's identical lists, 0.8's running and waiting apart) and SGLang's pool gauges;
+  TGI and trtllm-serve export nothing of it;
 * trtllm-serve: per-request histograms observed when a request finishes (TTFT, queue,
   prefill, decode, inference, e2e, and ``time_per_output_token`` = the request's mean decode
   time per token - no per-step ITL exists), gauges and spec-decode counters from the iteration
@@ -248,6 +251,9 @@ HELP = {
     "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
 }
 
+#: The wall clock an emulated engine's ``set_to_current_time`` gauges read: this epoch + simulated seconds.
+LORA_EPOCH = 1_800_000_000.0
+
 #: finished_reason values per flavor (0.34: + error, repetition).
 FINISHED_REASONS = {"vllm": ("stop", "length", "abort", "error", "repetition"),
                     "vllm-legacy": ("stop", "length", "abort")}
@@ -372,7 +378,8 @@ class VllmExporter:
         else:
             by_reason = gauge("vllm:num_requests_waiting_by_reason", ["reason"])
             self.waiting_capacity = by_reason.labels(*lv, "capacity")
-            by_reason.labels(*lv, "deferred").set(0)
+            self.waiting_deferred = by_reason.labels(*lv, "deferred")
+            self.waiting_deferred.set(0)
             sleep = gauge("vllm:engine_sleep_state", ["sleep_state"])
             sleep.labels(*lv, "awake").set(1)
             sleep.labels(*lv, "weights_offloaded").set(0)
@@ -572,6 +579,26 @@ class VllmExporter:
         if self.flavor == "vllm":
             self.waiting_capacity.set(waiting)
 
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """``vllm:lora_requests_info`` for the engine's state now (vLLM sets it every step; the series of a
+        label combination keeps the time it was last set, and none is removed). 0.34 (``vllm``) lists every
+        adapter with a request in flight in both labels; 0.8-0.11 (``vllm-legacy``) those with running
+        requests and those with waiting ones apart. The waiting requests whose adapter cannot get a slot are
+        ``deferred`` in ``num_requests_waiting_by_reason`` (0.33+)."""
+        gauge = self._features.get_or_make("lora", lambda: Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry))
+        loaded = sorted(set(running))
+        if self.flavor == "vllm":
+            both = ",".join(sorted(set(running) | set(waiting)))
+            labels = (str(max_loras), both, both)
+            deferred = sum(1 for a in waiting if a not in loaded and len(loaded) >= max_loras)
+            self.waiting_deferred.set(deferred)
+            self.waiting_capacity.set(len(waiting) - deferred)
+        else:
+            labels = (str(max_loras), ",".join(sorted(set(waiting))), ",".join(loaded))
+        gauge.labels(*labels).set(LORA_EPOCH + t)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -726,6 +753,9 @@ class TgiExporter:
             return ""
         return "{" + ",".join(f'{k}="{v}"' for k, v in items) + "}"
 
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """TGI exports no LoRA adapter metric."""
+
     def render(self) -> bytes:
         out: list[str] = []
 
@@ -796,7 +826,8 @@ class SglangExporter:
     GPU, as ``process_batch_result`` with ``forward_overlap="full"``), the gap also in
     ``scheduler_idle_seconds_total``, all of it in ``scheduler_process_cpu_seconds_total`` (the loop polls
     without sleeping: one CPU-second per second), the step's forward pass in
-    ``forward_execution_seconds_total{category="extend"|"decode"}``. The other DP ranks' loops idle."""
+    ``forward_execution_seconds_total{category="extend"|"decode"}``. The other DP ranks' loops idle.
+    LoRA (``max_loras``): the pool gauges ``lora_pool_slots_used`` / ``_total`` / ``_utilization``."""
 
     content_type = CONTENT_TYPE
 
@@ -812,6 +843,7 @@ class SglangExporter:
         ranks = [(self.model_name, engine_type, str(r * attn_tp), "0") + ((str(r),) if dp_size > 1 else ())
                  for r in range(dp_size)]
         s = PromFamilies(reg, sched, ranks[0])  # rank 0 serves every request
+        self._sched, self._features = s, FeatureFamilies()
         tok = PromFamilies(reg, ["model_name", "engine_type"], (self.model_name, engine_type))
 
         def per_rank(name: str, doc: str) -> Gauge:
@@ -949,6 +981,21 @@ class SglangExporter:
         self.kv_usage.set(kv_usage)
         self.used_tokens.set(kv_used_tokens)
 
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """SGLang's LoRA pool (``--enable-lora``, ``--max-loras-per-batch``): slots in use by the running
+        batch's adapters and the pool's size. It says nothing of the adapters waiting requests need."""
+        used, total, utilization = self._features.get_or_make("lora", lambda: (
+            self._sched.gauge("sglang:lora_pool_slots_used",
+                              "Number of LoRA adapter slots currently occupied in GPU memory."),
+            self._sched.gauge("sglang:lora_pool_slots_total",
+                              "Total number of LoRA adapter slots available (max_loras_per_batch)."),
+            self._sched.gauge("sglang:lora_pool_utilization",
+                              "LoRA pool utilization ratio (used/total). 1.0 means pool is full.")))
+        slots_used = len(set(running))
+        used.set(slots_used)
+        total.set(max_loras)
+        utilization.set(slots_used / max_loras)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -1085,6 +1132,9 @@ class TrtllmExporter:
         self.kv_usage.set(kv_usage)
         self.kv_max_blocks.set(kv_total_tokens // max(1, self.block_size))
         self.kv_used_blocks.set(kv_used_tokens // max(1, self.block_size))
+
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """trtllm-serve's MetricsCollector exports no LoRA adapter metric."""
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

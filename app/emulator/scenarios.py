@@ -323,3 +323,18 @@ def _scheduler_cpu_bound() -> Scenario:
                     "scheduler_cpu_bound", "1B on H100, 3.5 ms + 50 us/request of scheduler CPU per step",
                     "meta-llama/Llama-3.2-1B-Instruct",
                     {"itl_over_floor_min": 5.0, "queue_mean_max": 0.05, "kv_usage_max": 0.2})
+
+
+@scenario
+def _lora_adapter_slots() -> Scenario:
+    """8B on A100 serving 8 LoRA adapters with ``--max-loras 2``: 24 chat users, each request for one of
+    the 8 adapters at random. At most 2 adapters run at once, so the requests of the other 6 wait until
+    every running request of an adapter has finished and freed its slot: the adapters take turns.
+    Signature: ~8 adapters with requests in flight against 2 slots in every scrape, ~15-19 requests
+    waiting (``deferred``) while 3-10 run, queue time ~7 s, ~98 % of TTFT (p50 ~6 s, p99 ~36 s), KV usage
+    ~1 % (room to spare); ITL normal (~12 ms)."""
+    stream = TrafficStream(name="tenants", clients=24, think_time_s=1.0, prompt=L.lognormal(400, 0.5, 16, 4000),
+                           output=L.lognormal(200, 0.5, 16, 1500), max_tokens=2048, adapters=8)
+    return Scenario("lora_adapter_slots", _a100_8b(), EngineConfig(max_loras=2), (stream,), "lora_adapter_slots",
+                    "8B on A100, 8 LoRA adapters, --max-loras 2", LLAMA_8B,
+                    {"queue_share_min": 0.5, "waiting_min": 5, "kv_usage_max": 0.1})

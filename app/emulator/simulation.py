@@ -187,6 +187,7 @@ class Simulation:
                       arrival + self._frontend_seconds(d.prompt_tokens),
                       d.prompt_tokens, d.max_tokens, d.natural_output, rt.stream.ignore_eos,
                       d.prefix_id, d.prefix_tokens, stream=rt)
+        req.adapter = d.adapter
         self._transfer(req)
         heapq.heappush(self._heap, (req.queued, next(self._seq), req))
 
@@ -335,6 +336,9 @@ class Simulation:
         e = self.engine
         bs = e.kv.block_size
         self.exporter.set_state(len(e.running), len(e.waiting), e.kv.usage, e.kv.used * bs, e.num_gpu_blocks * bs)
+        if e.config.max_loras:
+            self.exporter.set_lora([r.adapter for r in e.running if r.adapter],
+                                   [r.adapter for r in e.waiting if r.adapter], e.config.max_loras, self.clock)
 
     def render_metrics(self) -> bytes:
         self.refresh_gauges()

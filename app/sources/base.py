@@ -39,6 +39,9 @@ GAUGE_SIGNALS = (
     "spec_accept_rate",          # speculative decoding: accepted / proposed draft tokens (0..1), engine-computed
     "spec_accept_length",        # ... mean tokens emitted per verification step (accepted + 1)
     "dp_token_imbalance_ratio",  # data-parallel attention: the engine's own token imbalance between ranks
+    "lora_max_adapters",         # LoRA: adapters the engine runs at once (vLLM's max_lora)
+    "lora_adapters_in_demand",   # ... adapters with requests in flight (running or waiting)
+    "lora_slot_wait",            # ... 1 while more adapters are in demand than there are slots, else 0
 )
 COUNTER_SIGNALS = (
     "prompt_tokens_total",

@@ -695,7 +695,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
 
 def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
-    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance"}
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "lora_adapter_slots"}
     assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 

@@ -426,3 +426,48 @@ def test_scheduler_cpu_bound_is_the_cause_of_the_queueing_it_produces() -> None:
     d = engine.diagnose(s, T)
     assert [(f.regime, f.caused_by, f.severity) for f in d.findings] == [
         ("scheduler_cpu_bound", None, "critical"), ("queueing", "scheduler_cpu_bound", "critical")]
+
+
+# ---- lora_adapter_slots ----------------------------------------------------------------------------------------
+def lora_signals(**changes) -> Signals:
+    """A vLLM target serving LoRA adapters: 2 slots, up to 8 adapters in demand, requests waiting."""
+    values = {"lora_slots": 2.0, "lora_demand_mean": 7.0, "lora_demand_max": 8.0, "lora_slot_wait_share": 0.6,
+              "waiting_mean": 12.0, "waiting_max": 16, "ttft": summary(2.0, 30.0, 6.0, 120), **changes}
+    return healthy_signals(**values)
+
+
+def test_lora_adapter_slots_fires_when_adapters_wait_for_slots_with_kv_room() -> None:
+    from app.diagnosis.rules import lora_adapter_slots
+
+    f = lora_adapter_slots.evaluate(lora_signals(), T)
+    assert f is not None and (f.regime, f.severity) == ("lora_adapter_slots", "warning")
+    assert [(e.name, e.value, e.threshold) for e in f.evidence if e.op != "info"] == [
+        ("share of scrapes with more adapters in demand than slots", 0.6, 0.3), ("mean waiting requests", 12.0, 1.0),
+        ("KV-cache usage (max)", 0.03, 0.9)]
+    assert evidence(f, "adapter slots (max_lora)").value == 2.0
+    assert evidence(f, "adapters with requests in flight (mean / max)").value == "7.0 / 8"
+    assert f.summary.startswith("In 60% of the window's scrapes more LoRA adapters had requests in flight (up to 8) "
+                                "than the 2 slot(s) of max_lora")
+    text = "\n".join(f.remedies)
+    assert "--max-loras 8" in text and "--max-cpu-loras" in text and "Route by adapter" in text
+    assert lora_adapter_slots.evaluate(lora_signals(lora_slot_wait_share=0.75), T).severity == "critical"
+
+
+@pytest.mark.parametrize("changes", [
+    {"lora_slot_wait_share": 0.25},                      # one scrape of four: the slots turning over
+    {"waiting_mean": 0.5},                               # nothing waits
+    {"kv_usage_max": 0.97},                              # the KV cache is full: kv_cache_pressure's
+    {"lora_slot_wait_share": None, "lora_slots": None},  # no LoRA on the target
+])
+def test_lora_adapter_slots_is_quiet_unless_every_condition_holds(changes: dict) -> None:
+    from app.diagnosis.rules import lora_adapter_slots
+
+    assert lora_adapter_slots.evaluate(lora_signals(**changes), T) is None
+
+
+def test_lora_adapter_slots_is_the_cause_of_the_queueing_it_produces() -> None:
+    s = lora_signals(queue_time=summary(5, 20, 5.8, 120), queue_share=0.97)
+    d = engine.diagnose(s, T)
+    assert [(f.regime, f.caused_by) for f in d.findings] == [("lora_adapter_slots", None),
+                                                             ("queueing", "lora_adapter_slots")]
+    assert d.verdict == "lora_adapter_slots" and d.not_judged == []
