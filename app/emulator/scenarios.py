@@ -309,20 +309,20 @@ def _frontend_bound() -> Scenario:
 
 @scenario
 def _scheduler_cpu_bound() -> Scenario:
-    """Llama-3.2-1B BF16 on one H100: the GPU computes a decode step of ~36 requests in ~3.1 ms (the
-    2 ms fixed step cost included), but the scheduler spends 3.5 ms per step plus 50 us per request
-    (JSON-schema grammar masks, detokenizing and streaming every token), ~5.3 ms, so even overlapped
-    with the GPU (SGLang's default) it sets the pace. 64 closed-loop users with short prompts and
-    answers. Signature: ITL ~5.2 ms, ~7x the 0.74 ms weight-read floor; on the SGLang page the GPU is
-    idle ~41 % of the scheduler's busy time while its process uses a full CPU-second per second; no
-    queue (~3 ms), KV usage < 1 %."""
+    """Llama-3.1-8B BF16 on one H100 behind a scheduler short of CPU: ~48 agents decode JSON-schema
+    constrained answers, and the scheduler spends 9.5 ms per step plus 130 us per request (grammar masks,
+    detokenizing and streaming every token; a container CPU limit slows all of it), ~15.7 ms, while the
+    GPU computes the step in ~9.3 ms: even overlapped with the GPU (SGLang's default) the scheduler sets
+    the pace. 64 closed-loop users with short prompts and answers. Signature: ITL ~16 ms, ~3.4x the
+    4.8 ms weight-read floor with no long prompt, no queue (~8 ms) and KV usage ~3 %; on the SGLang page
+    the GPU is idle ~42 % of the scheduler's busy time while its process uses a full CPU-second per
+    second."""
     stream = TrafficStream(name="json-agents", clients=64, think_time_s=0.5, prompt=L.lognormal(200, 0.4, 16, 1000),
                            output=L.lognormal(100, 0.4, 8, 400), max_tokens=512)
-    cfg = EngineConfig(host_step_s=0.0035, host_request_s=50e-6)
-    return Scenario("scheduler_cpu_bound", Deployment.of("H100-SXM", "llama-3.2-1b"), cfg, (stream,),
-                    "scheduler_cpu_bound", "1B on H100, 3.5 ms + 50 us/request of scheduler CPU per step",
-                    "meta-llama/Llama-3.2-1B-Instruct",
-                    {"itl_over_floor_min": 5.0, "queue_mean_max": 0.05, "kv_usage_max": 0.2})
+    cfg = EngineConfig(host_step_s=0.0095, host_request_s=130e-6)
+    return Scenario("scheduler_cpu_bound", Deployment.of("H100-SXM", "llama-3.1-8b"), cfg, (stream,),
+                    "scheduler_cpu_bound", "8B on H100, 9.5 ms + 130 us/request of scheduler CPU per step", LLAMA_8B,
+                    {"itl_over_floor_min": 2.5, "queue_mean_max": 0.05, "kv_usage_max": 0.2})
 
 
 @scenario

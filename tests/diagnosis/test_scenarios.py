@@ -156,11 +156,11 @@ def test_serving_feature_scenario_gets_its_label(tmp_path: Path, scenario: str, 
         assert numbers["mean waiting requests"] >= 5 and numbers["KV-cache usage (max)"] < 0.1
         assert [(f.regime, f.caused_by) for f in diagnosis.findings] == [("lora_adapter_slots", None),
                                                                          ("queueing", "lora_adapter_slots")]
-    elif scenario == "scheduler_cpu_bound":  # ~5.3 ms of scheduler CPU per ~3.1 ms GPU step, overlapped
-        assert numbers["GPU idle share of the busy time"] == pytest.approx(0.41, abs=0.03)
+    elif scenario == "scheduler_cpu_bound":  # ~15.7 ms of scheduler CPU per ~9.3 ms GPU step, overlapped
+        assert numbers["GPU idle share of the busy time"] == pytest.approx(0.42, abs=0.03)
         assert numbers["scheduler CPU per loop second"] == pytest.approx(1.0, abs=1e-6)
         assert numbers["scheduler busy share"] == pytest.approx(1.0, abs=0.01)
-        assert 0.004 <= numbers["ITL mean"] <= 0.007 and primary.severity == "warning"
+        assert 0.014 <= numbers["ITL mean"] <= 0.018 and primary.severity == "warning"
     else:  # 0.3 s of rendering per request
         assert numbers["mean render time"] == pytest.approx(0.3, abs=0.01)
         assert numbers["render share of TTFT"] >= 0.6
