@@ -102,3 +102,14 @@ def test_sglang_milliseconds_are_read_as_seconds() -> None:
     h = windows[("p0",)].models["m"].histograms["kv_transfer_time"]
     assert h.bounds == (0.001, 0.005, 0.05, 1.0, math.inf)
     assert h.sum == pytest.approx(1.75) and h.count == 20
+
+
+def test_sglang_speculation_gauges_count_only_while_speculating() -> None:
+    """SGLang writes spec_accept_rate / _length as 0 with speculation off; its adapter drops those series and a
+    source's query keeps a series only while the accept length stayed above 0 (else every SGLang target without
+    speculation would read a 0 % acceptance)."""
+    text = SourceQueries(("pod",), (("namespace", "=", "llm"),)).gauge("spec_accept_rate", 60)
+    assert ('(avg_over_time(sglang:spec_accept_rate{namespace="llm"}[1m]) and '
+            '(min_over_time(sglang:spec_accept_length{namespace="llm"}[1m]) > 0))') in text
+    vllm_like = SourceQueries(("pod",)).gauge("running", 60)
+    assert "min_over_time" not in vllm_like
