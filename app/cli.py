@@ -120,7 +120,8 @@ def serve(config_file: Path | None, host: str | None, port: int | None) -> None:
 
 @main.command("check-config")
 @click.argument("config_file", type=click.Path(path_type=Path))
-@click.option("--offline", is_flag=True, help="Do not ask the sources' servers (syntax checks only).")
+@click.option("--offline", is_flag=True, help="Ask no server: neither the sources' nor the targets' (syntax "
+                                               "checks only).")
 def check_config(config_file: Path, offline: bool) -> None:
     """Validate a targets file; exit 1 listing every problem on stderr, one per line
     (``file:line: field.path: reason``).
@@ -128,13 +129,17 @@ def check_config(config_file: Path, offline: bool) -> None:
     Discovery files are read as the service would read them. Each Prometheus source's
     server, when it answers, checks that its URL is a Prometheus HTTP API and parses its
     selector; an unreachable server and unset credential variables are warnings
-    (``file:line: warning: field.path: reason``), not errors.
+    (``file:line: warning: field.path: reason``), not errors. Each target (the file's and the
+    discovery files') is scraped once: a URL that answers trtllm-serve's JSON ``/metrics`` is an
+    error naming the page to scrape, one that cannot be scraped now a warning.
     """
     from app.config import field_line
     from app.promsource.check import check_source, missing_credentials
+    from app.scrape.check import TargetToCheck, check_targets
     from app.scrape.discovery import check_discovery
 
-    allowed_hosts = load_settings().allowed_target_hosts
+    settings = load_settings()
+    allowed_hosts = settings.allowed_target_hosts
     config = config_or_exit(config_file, allowed_hosts)
     discovered, sd_problems = check_discovery(config, config_file.parent, allowed_hosts)
     for sd_problem in sd_problems:
@@ -145,13 +150,26 @@ def check_config(config_file: Path, offline: bool) -> None:
         kind = "" if problem.error else "warning: "
         click.echo(f"{config_file}:{field_line(config_file, problem.loc)}: {kind}{problem.field}: {problem.message}",
                    err=True)
-    if sd_problems or any(p.error for p in problems):
+    target_errors = False
+    if not offline and not sd_problems:
+        timeout = settings.default_scrape_timeout
+        asked = [TargetToCheck(f"targets[{i}].url", t.url, ("targets", i, "url"), t.engine,
+                               t.scrape_timeout or timeout) for i, t in enumerate(config.targets)]
+        asked += [TargetToCheck(f"{item.origin} target {item.address}", item.url, timeout=timeout)
+                  for item in discovered]
+        for target_problem in check_targets(asked, settings.max_page_bytes):
+            kind = "" if target_problem.error else "warning: "
+            t = target_problem.target
+            where = f"{config_file}:{field_line(config_file, t.loc)}" if t.loc else str(config_file)
+            click.echo(f"{where}: {kind}{t.field}: {target_problem.message}", err=True)
+            target_errors = target_errors or target_problem.error
+    if sd_problems or target_errors or any(p.error for p in problems):
         sys.exit(1)
     sd = len(config.file_sd_configs) + len(config.http_sd_configs)
     sources = f", {len(config.sources)} source(s)" if config.sources else ""
     receivers = len(config.alerts.receivers)
     click.echo(f"{config_file}: OK, {len(config.targets)} target(s){sources}, {receivers} receiver(s)"
-               + (f", {sd} discovery config(s) ({discovered} target(s) in the files now)" if sd else ""))
+               + (f", {sd} discovery config(s) ({len(discovered)} target(s) in the files now)" if sd else ""))
 
 
 @main.group()

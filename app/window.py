@@ -24,8 +24,10 @@ from app.core.quantiles import WindowHistogram
 from app.sources.base import CanonicalInfo
 
 # Gauges that must be averaged, not summed, across ranks and targets: a KV usage of
-# 0.5 on each of two engines is 0.5, not 1.0 (GoogleCloudPlatform dashboards PR #1188).
-AVERAGED_GAUGES = frozenset({"kv_usage", "spec_accept_rate", "spec_accept_length", "dp_token_imbalance_ratio"})
+# 0.5 on each of two engines is 0.5, not 1.0 (GoogleCloudPlatform dashboards PR #1188); so are the
+# LoRA slot gauges, each replica's own comparison of its adapters with its slots.
+AVERAGED_GAUGES = frozenset({"kv_usage", "spec_accept_rate", "spec_accept_length", "dp_token_imbalance_ratio",
+                             "lora_max_adapters", "lora_adapters_in_demand", "lora_slot_wait"})
 # Gauges also kept per data-parallel rank (only when a target has more than one), for the
 # comparison between the ranks of one engine (``dp_imbalance``).
 RANK_GAUGES = ("running", "waiting", "kv_usage")

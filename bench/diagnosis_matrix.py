@@ -65,13 +65,15 @@ from app.targets import repository as target_repository
 
 STEADY = ["healthy", "healthy_bursty", "queueing", "prefill_compute", "prefill_interference", "bandwidth_bound",
           "kv_cache_pressure", "weights_offloaded", "kv_transfer", "speculation_ineffective", "dp_imbalance",
-          "frontend_bound"]
+          "frontend_bound", "scheduler_cpu_bound", "lora_adapter_slots"]
 REGIMES = STEADY[2:]
 #: Regimes whose signals only some engines export: a scenario runs on the engines whose page carries
 #: them. TGI has no P/D transfer, speculative-decoding, data-parallel or render metrics; trtllm-serve
-#: labels no data-parallel rank; only vLLM (0.34) times the front end's rendering.
+#: labels no data-parallel rank; only vLLM (0.34) times the front end's rendering; only SGLang (0.5.20+)
+#: accounts its scheduler's time; only vLLM says which LoRA adapters are in demand.
 EXPOSED_BY = {"kv_transfer": {"vllm", "sglang", "trtllm"}, "speculation_ineffective": {"vllm", "sglang", "trtllm"},
-              "dp_imbalance": {"vllm", "sglang"}, "frontend_bound": {"vllm"}}
+              "dp_imbalance": {"vllm", "sglang"}, "frontend_bound": {"vllm"}, "scheduler_cpu_bound": {"sglang"},
+              "lora_adapter_slots": {"vllm"}}
 VERDICTS = ["healthy", *REGIMES, "insufficient_data", "not_judged"]
 WARMUP = 60.0  # simulated seconds run before serving
 

@@ -93,7 +93,7 @@ def test_the_hold_overrides_the_load() -> None:
     holding = [rule.regime for rule in RULES if not rule.replicas_help]
     assert {"prefill_interference", "bandwidth_bound", "weights_offloaded", "outside_engine", "replica_imbalance",
             "prefill_compute", "kv_transfer", "speculation_ineffective", "dp_imbalance",
-            "frontend_bound", "unexplained"} == set(holding)
+            "frontend_bound", "unexplained", "scheduler_cpu_bound", "lora_adapter_slots"} == set(holding)
     for verdict in ["queueing", "kv_cache_pressure", "healthy", "not_judged"]:
         c = capacity.assess({"target": "t", "verdict": verdict, "signals": signals}, Thresholds())
         assert (c.desired_replicas, c.scaling_helps, c.utilization) == (3, True, 3.0)

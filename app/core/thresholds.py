@@ -211,6 +211,39 @@ class Thresholds(BaseModel):
                                                                    "Whatever the ratio, queueing is not judged when "
                                                                    "they fall on both sides of its thresholds.")
 
+    # lora_adapter_slots: requests wait for a LoRA adapter slot. vLLM runs at most max_lora adapters
+    # at once, so while more adapters have requests in flight than that, the requests of at least one
+    # wait however much KV room there is. Two of the five scrapes of the default window (60 s at a 15 s
+    # interval): one scrape catching a new adapter while the slots turn over is what the slots are for.
+    lora_slot_wait_share: float = Field(0.3, description="Share of the window's scrapes in which more LoRA adapters "
+                                                          "had requests in flight than the engine has slots "
+                                                          "(max_lora), at or above this, with requests waiting "
+                                                          "(queue_waiting) while the KV cache has room (max usage "
+                                                          "at most kv_usage).")
+    lora_critical_slot_wait_share: float = Field(0.75, description="Critical when adapters are short of slots in "
+                                                                   "at least this share of the scrapes: they take "
+                                                                   "turns all the time.")
+
+    # scheduler_cpu_bound: the GPU waits between steps for the scheduler's own CPU work (SGLang 0.5.20+
+    # time accounting). With the overlap scheduler (SGLang's default) the CPU prepares step N+1 while
+    # the GPU runs step N, and a GPU-bound engine's GPU is busy nearly all the time the scheduler has
+    # work (the gaps left: a new batch's setup, a sampling sync, a few percent); even without overlap
+    # the CPU part of an 8B model's 12-20 ms step is 2-4 ms, 10-20 %. 30 % is past both: tokens come
+    # at least 1/(1 - 0.3) = 1.4 times slower than the GPU would make them.
+    scheduler_gpu_idle_share: float = Field(0.3, description="Share of the scheduler's busy wall time (its loop's "
+                                                              "wall time minus its idle time) in which the GPU ran no "
+                                                              "forward pass, at or above this ...")
+    scheduler_cpu_share: float = Field(0.8, description="... while the scheduler process used at least this many "
+                                                         "CPU-seconds per second of its loop (its loop polls without "
+                                                         "sleeping: well below 1, the process lacks a core or waits "
+                                                         "on something else, not its own work) ...")
+    scheduler_busy_share: float = Field(0.5, description="... and had runnable or queued work at least this share "
+                                                          "of its loop's time (GPU gaps on a mostly idle engine lie "
+                                                          "between requests, not between steps).")
+    scheduler_critical_gpu_idle_share: float = Field(0.5, description="Critical when the GPU is idle at least this "
+                                                                      "share of the busy time (tokens at least twice "
+                                                                      "as slow as the GPU allows).")
+
     # lifecycle
     activate_after: int = Field(2, ge=1, description="Consecutive evaluations a finding must hold to become active.")
     resolve_after: int = Field(3, ge=1, description="Consecutive clear evaluations before an active finding resolves.")

@@ -22,6 +22,7 @@ from app.diagnosis.profile import HardwareProfile
 from app.latency import report_from_window
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import ScrapeSpec, TargetScraper
+from app.sources import trtllm
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db
 from app.store.record import ScrapeRecord
@@ -33,8 +34,9 @@ EXIT_HEALTHY, EXIT_FINDING, EXIT_UNREACHABLE, EXIT_INSUFFICIENT = 0, 1, 3, 4  # 
 #: Nothing fired, but some regime could not be judged (its signals are not on this engine's page, or
 #: its numbers could not decide): the verdict ``not_judged``, not the same as healthy, so not 0.
 EXIT_NOT_JUDGED = 5
-#: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics.
-_WRONG_PAGE = ("http_status", "parse_error", "no_engine_metrics")
+#: The server answered, but not with an engine's metrics page: a 404, an HTML page, other metrics,
+#: trtllm-serve's JSON iteration statistics.
+_WRONG_PAGE = ("http_status", "parse_error", "no_engine_metrics", "wrong_endpoint")
 
 
 @dataclass
@@ -60,11 +62,16 @@ class OneShotResult:
     @property
     def hint(self) -> str | None:
         """``http://host:8000`` answers 404 or HTML where ``http://host:8000/metrics`` is the
-        engine's page: name the URL that was probably meant."""
+        engine's page, and trtllm-serve's ``/metrics`` answers JSON where ``/prometheus/metrics``
+        is its page: name the URL that was probably meant."""
         parts = urlsplit(self.url)
         last = self.scrapes[-1] if self.scrapes else None
-        if (self.exit_code != EXIT_UNREACHABLE or last is None or last.error_class not in _WRONG_PAGE
-                or parts.path.rstrip("/").endswith("/metrics")):
+        if self.exit_code != EXIT_UNREACHABLE or last is None or last.error_class not in _WRONG_PAGE:
+            return None
+        if last.error_class == "wrong_endpoint":
+            return (f"did you mean {trtllm.prometheus_url(self.url)}? (trtllm-serve serves it with "
+                    "return_perf_metrics: true)")
+        if parts.path.rstrip("/").endswith("/metrics"):
             return None
         return f"did you mean {urlunsplit((parts.scheme, parts.netloc, '/metrics', '', ''))}?"
 

@@ -135,6 +135,15 @@ class Signals:
     ranks: list[ReplicaLoad] = field(default_factory=list)
     rank_kv_usage: dict[str, float] = field(default_factory=dict)  # rank -> mean KV usage
     dp_token_imbalance_ratio: float | None = None  # the engine's own (SGLang DP attention), mean over the window
+    # LoRA adapter slots (vLLM lora_requests_info), over the window's scrapes
+    lora_slots: float | None = None            # max_lora, the largest seen
+    lora_demand_mean: float | None = None      # adapters with requests in flight (running or waiting)
+    lora_demand_max: float | None = None
+    lora_slot_wait_share: float | None = None  # share of scrapes with more adapters in demand than slots
+    # the scheduler's own time (SGLang 0.5.20+), shares of its loop's wall time over the window
+    scheduler_cpu_share: float | None = None   # CPU-seconds of the scheduler process per second of its loop
+    scheduler_busy_share: float | None = None  # share of the loop with runnable or queued work
+    gpu_idle_share: float | None = None        # share of that busy time without a forward pass on the GPU
     probe_baseline: ProbeBaseline | None = None  # latest client-side single-request probe (canary), if any
     probe_consistency: ConsistencyResult | None = None  # client vs. engine TTFT over recent probe runs
 
@@ -382,6 +391,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         _speculation(s, m, window.seconds)
         s.render_share = _share(_mean(s.render), ttft_mean)
         _ranks(s, m)
+        _scheduler_time(s, m)
         if hardware is not None:
             s.hardware = hardware.describe()
             s.decode_floor_seconds = hardware.decode_floor_seconds
@@ -507,6 +517,25 @@ def _ranks(s: Signals, m: ModelWindow) -> None:
     s.dp_token_imbalance_ratio = ratio.mean if ratio else None
 
 
+def _scheduler_time(s: Signals, m: ModelWindow) -> None:
+    """Where the scheduler's loop spent the window (SGLang 0.5.20+). Ratios of rates summed over the
+    same ranks, so they hold for any number of them: CPU per loop second; the busy share (the loop's
+    time minus its idle time); the GPU's idle share of that busy time (without its forward-pass
+    time, exported only with SGLang's device timer, it is unknown)."""
+    loop = m.rates.get("scheduler_loop_seconds_total")
+    if not loop or loop <= 0:
+        return
+    cpu, idle = m.rates.get("scheduler_cpu_seconds_total"), m.rates.get("scheduler_idle_seconds_total")
+    gpu = m.rates.get("gpu_busy_seconds_total")
+    if cpu is not None:
+        s.scheduler_cpu_share = cpu / loop
+    busy = loop - min(idle or 0.0, loop)
+    if idle is not None:
+        s.scheduler_busy_share = busy / loop
+    if gpu is not None and busy > 0:
+        s.gpu_idle_share = max(0.0, 1.0 - gpu / busy)
+
+
 def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
     def gauge(signal: str) -> tuple[float | None, float | None, float | None]:
         g = m.gauges.get(signal)
@@ -515,6 +544,9 @@ def _gauges_and_rates(s: Signals, m: ModelWindow) -> None:
     s.waiting_mean, s.waiting_max, s.waiting_last = gauge("waiting")
     s.kv_usage_mean, s.kv_usage_max, _ = gauge("kv_usage")
     s.prealloc_queue_mean, s.transfer_queue_mean = gauge("prealloc_queue")[0], gauge("transfer_queue")[0]
+    s.lora_slots = gauge("lora_max_adapters")[1]
+    s.lora_demand_mean, s.lora_demand_max, _ = gauge("lora_adapters_in_demand")
+    s.lora_slot_wait_share = gauge("lora_slot_wait")[0]
     s.preemptions_per_second = m.rates.get("preemptions_total")
     s.requests_per_second = m.rates.get("requests_total")
     s.generation_tokens_per_second = m.rates.get("generation_tokens_total")

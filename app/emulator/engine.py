@@ -78,6 +78,16 @@ class EngineConfig:
     #: data-parallel ranks of the engine; the emulator serves every request on rank 0 (a router that pins
     #: all traffic to one rank), the others idle
     data_parallel_size: int = 1
+    #: the scheduler's CPU time per engine step (building the batch, grammar masks, processing results,
+    #: streaming output): a fixed part plus a part per request in the step. With ``overlap_schedule`` (SGLang's
+    #: default) it runs while the GPU computes the previous step, so a step takes max(GPU, host); without, GPU
+    #: + host. The default 0: the host keeps up (every scenario but ``scheduler_cpu_bound``).
+    host_step_s: float = 0.0
+    host_request_s: float = 0.0
+    overlap_schedule: bool = True
+    #: LoRA (vLLM ``--max-loras``): at most this many distinct adapters run at once; a waiting request
+    #: whose adapter is not among them is skipped (vLLM V1 skips it and admits the next). 0: LoRA off.
+    max_loras: int = 0
 
     @property
     def token_budget(self) -> int:
@@ -108,7 +118,7 @@ class Request:
         "prefix_id", "prefix_len", "stream", "sink", "num_computed", "num_output", "first_scheduled",
         "first_token", "last_token", "num_preemptions", "cached_tokens", "shared_blocks",
         "private_blocks", "prefix_ref", "finished", "finish_reason", "finish_time", "http",
-        "frontend_s", "kv_transfer_s", "kv_transfer_failed", "reserved_blocks", "pd_entry", "pd_alloc",
+        "frontend_s", "kv_transfer_s", "kv_transfer_failed", "reserved_blocks", "pd_entry", "pd_alloc", "adapter",
     )
 
     def __init__(self, rid: str, arrival: float, queued: float, prompt_len: int, max_tokens: int,
@@ -147,6 +157,7 @@ class Request:
         self.reserved_blocks = 0  # SGLang P/D decode worker: KV blocks reserved for the transfer before admission
         self.pd_entry: float | None = None  # ... when it entered the prealloc queue
         self.pd_alloc: float | None = None  # ... when its memory was reserved (the transfer may start)
+        self.adapter: str | None = None  # the LoRA adapter it asks for (None: the base model)
 
     @property
     def num_tokens(self) -> int:
@@ -259,6 +270,8 @@ class StepPlan:
     admitted: list  # requests admitted from waiting in this step
     stalled: int  # running requests that got no tokens (chunked prefill off: prefill-only step)
     running_before: int  # running batch size before admissions
+    gpu_seconds: float = 0.0  # of ``seconds``, the forward pass on the GPU (the rest: the GPU waits for the host)
+    host_seconds: float = 0.0  # the scheduler's CPU work for the step (overlapped with the GPU, or not)
 
     @property
     def end(self) -> float:
@@ -335,10 +348,16 @@ class Engine:
 
     def _admit_waiting(self, entries: list, admitted: list, budget: int, whole: bool, reserve: int = 0) -> int:
         """Move waiting requests (FIFO) into the running set while slots, tokens and KV
-        blocks allow; appends to ``entries``/``admitted`` and returns the budget left."""
-        waiting, running = self.waiting, self.running
+        blocks allow; appends to ``entries``/``admitted`` and returns the budget left. With
+        LoRA, a request whose adapter would exceed ``max_loras`` is skipped (it keeps its place)."""
+        waiting, running, max_loras = self.waiting, self.running, self.config.max_loras
+        adapters = {r.adapter for r in running if r.adapter} if max_loras else set()
+        skipped: list[Request] = []
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting[0]
+            if max_loras and req.adapter and req.adapter not in adapters and len(adapters) >= max_loras:
+                skipped.append(waiting.popleft())
+                continue
             n = self._try_admit(req, budget, whole=whole, reserve=reserve)
             if not n:
                 break
@@ -347,6 +366,9 @@ class Engine:
             admitted.append(req)
             entries.append((req, n))
             budget -= n
+            if req.adapter:
+                adapters.add(req.adapter)
+        waiting.extendleft(reversed(skipped))
         return budget
 
     def _try_admit(self, req: Request, budget: int, whole: bool, reserve: int = 0) -> int:
@@ -439,9 +461,12 @@ class Engine:
                     tokens += k
                     kv_tokens += k
                     pairs += k * (req.num_computed + 1) + k * (k + 1) / 2
-        seconds = self.deployment.step_seconds(tokens, kv_tokens, pairs)
+        gpu = self.deployment.step_seconds(tokens, kv_tokens, pairs)
+        cfg = self.config
+        host = cfg.host_step_s + cfg.host_request_s * len(entries)
+        seconds = max(gpu, host) if cfg.overlap_schedule else gpu + host
         return StepPlan(now, seconds, entries, tokens, kv_tokens, pairs, prefill_tokens, admitted,
-                        stalled, len(self.running) - len(admitted))
+                        stalled, len(self.running) - len(admitted), gpu, host)
 
     def _plan_mixed(self, now: float, whole_prompts: bool):
         """vLLM V1: running requests first, then waiting ones in the budget left (a prompt

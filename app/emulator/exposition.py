@@ -47,6 +47,9 @@ those engines do:
   ``prealloc_full_token_usage`` and ``num_transfer_failed_reqs_total``; its paired prefill worker's page
   (``engine_type="prefill"``) has ``kv_transfer_latency_ms`` (observed where SGLang sends the KV),
   ``_speed_gb_s``, ``_total_mb``, ``prefill_forward``, ``prefill_transfer_kv_cache``;
+* LoRA (``max_loras``): vLLM's ``lora_requests_info`` (one series per label combination, set to the
+  current time; 0.34's identical lists, 0.8's running and waiting apart) and SGLang's pool gauges;
+  TGI and trtllm-serve export nothing of it;
 * trtllm-serve: per-request histograms observed when a request finishes (TTFT, queue,
   prefill, decode, inference, e2e, and ``time_per_output_token`` = the request's mean decode
   time per token - no per-step ITL exists), gauges and spec-decode counters from the iteration
@@ -260,6 +263,9 @@ HELP = {
     "vllm:cache_config_info": "Information of the LLMEngine CacheConfig",
 }
 
+#: The wall clock an emulated engine's ``set_to_current_time`` gauges read: this epoch + simulated seconds.
+LORA_EPOCH = 1_800_000_000.0
+
 #: finished_reason values per flavor (0.34: + error, repetition).
 FINISHED_REASONS = {"vllm": ("stop", "length", "abort", "error", "repetition"),
                     "vllm-legacy": ("stop", "length", "abort")}
@@ -384,7 +390,8 @@ class VllmExporter:
         else:
             by_reason = gauge("vllm:num_requests_waiting_by_reason", ["reason"])
             self.waiting_capacity = by_reason.labels(*lv, "capacity")
-            by_reason.labels(*lv, "deferred").set(0)
+            self.waiting_deferred = by_reason.labels(*lv, "deferred")
+            self.waiting_deferred.set(0)
             sleep = gauge("vllm:engine_sleep_state", ["sleep_state"])
             sleep.labels(*lv, "awake").set(1)
             sleep.labels(*lv, "weights_offloaded").set(0)
@@ -584,6 +591,26 @@ class VllmExporter:
         if self.flavor == "vllm":
             self.waiting_capacity.set(waiting)
 
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """``vllm:lora_requests_info`` for the engine's state now (vLLM sets it every step; the series of a
+        label combination keeps the time it was last set, and none is removed). 0.34 (``vllm``) lists every
+        adapter with a request in flight in both labels; 0.8-0.11 (``vllm-legacy``) those with running
+        requests and those with waiting ones apart. The waiting requests whose adapter cannot get a slot are
+        ``deferred`` in ``num_requests_waiting_by_reason`` (0.33+)."""
+        gauge = self._features.get_or_make("lora", lambda: Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"], registry=self.registry))
+        loaded = sorted(set(running))
+        if self.flavor == "vllm":
+            both = ",".join(sorted(set(running) | set(waiting)))
+            labels = (str(max_loras), both, both)
+            deferred = sum(1 for a in waiting if a not in loaded and len(loaded) >= max_loras)
+            self.waiting_deferred.set(deferred)
+            self.waiting_capacity.set(len(waiting) - deferred)
+        else:
+            labels = (str(max_loras), ",".join(sorted(set(waiting))), ",".join(loaded))
+        gauge.labels(*labels).set(LORA_EPOCH + t)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -738,6 +765,9 @@ class TgiExporter:
             return ""
         return "{" + ",".join(f'{k}="{v}"' for k, v in items) + "}"
 
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """TGI exports no LoRA adapter metric."""
+
     def render(self) -> bytes:
         out: list[str] = []
 
@@ -794,6 +824,9 @@ PREALLOC_USAGE_DOC = ("Share of the full-attention KV pool held by decode reques
                       "(preallocated, not yet running); same capacity basis as sglang:full_token_usage.")
 PD_PREPARE_S = 0.0002  # SGLang decode worker: scheduler receipt -> prealloc queue (stage decode_prepare)
 PD_BOOTSTRAP_S = 0.005  # ... the handshake with the prefill worker before its memory is reserved
+#: ``SCHEDULER_STAGE_CATEGORIES`` of ``sglang/srt/observability/scheduler_stage_metrics.py`` (0.5.23)
+SGLANG_SCHEDULER_STAGES = ("other", "recv_requests", "process_input_requests", "get_next_batch_to_run",
+                           "process_queue", "run_batch", "process_batch_result", "sanity_check_cache", "idle")
 
 
 class SglangExporter:
@@ -806,7 +839,16 @@ class SglangExporter:
     restarts the server, as it must be restarted for real: a new registry, counters from zero.
     Speculative decoding sets the scheduler's ``spec_accept_rate`` / ``spec_accept_length`` gauges
     each decode step (expected values, as :class:`SpecCounts`); P/D writes the transfer-latency
-    histogram (milliseconds) and the failed-transfer counter."""
+    histogram (milliseconds) and the failed-transfer counter.
+
+    Scheduler time (0.5.20+ ``metrics_reporter``, with ``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``), per
+    step and the gap before it: the loop's wall time in ``scheduler_stage_seconds_total`` (the gap as
+    ``idle``, the step's host CPU work as ``get_next_batch_to_run``, the rest of the step, waiting on the
+    GPU, as ``process_batch_result`` with ``forward_overlap="full"``), the gap also in
+    ``scheduler_idle_seconds_total``, all of it in ``scheduler_process_cpu_seconds_total`` (the loop polls
+    without sleeping: one CPU-second per second), the step's forward pass in
+    ``forward_execution_seconds_total{category="extend"|"decode"}``. The other DP ranks' loops idle.
+    LoRA (``max_loras``): the pool gauges ``lora_pool_slots_used`` / ``_total`` / ``_utilization``."""
 
     content_type = CONTENT_TYPE
 
@@ -822,6 +864,7 @@ class SglangExporter:
         ranks = [(self.model_name, engine_type, str(r * attn_tp), "0") + ((str(r),) if dp_size > 1 else ())
                  for r in range(dp_size)]
         s = PromFamilies(reg, sched, ranks[0])  # rank 0 serves every request
+        self._sched, self._features = s, FeatureFamilies()
         tok = PromFamilies(reg, ["model_name", "engine_type"], (self.model_name, engine_type))
 
         def per_rank(name: str, doc: str) -> Gauge:
@@ -858,6 +901,24 @@ class SglangExporter:
                                  "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).")
         self.spec_length = s.gauge("sglang:spec_accept_length", "Mean acceptance length of speculative decoding "
                                    "(accepted drafts + bonus token per forward).")
+        stage = Counter("sglang:scheduler_stage_seconds", "Total scheduler-loop wall time exclusively attributed to "
+                        "each stage.", sched + ["category", "forward_overlap"], registry=reg)
+        idle = Counter("sglang:scheduler_idle_seconds", "Total wall time while the scheduler has no runnable or "
+                       "queued work.", sched, registry=reg)
+        cpu = Counter("sglang:scheduler_process_cpu_seconds", "Total CPU time consumed by the scheduler process "
+                      "across all threads.", sched, registry=reg)
+        for values in ranks:
+            for category in SGLANG_SCHEDULER_STAGES:
+                stage.labels(*values, category, "none")
+        self.stage = {key: stage.labels(*ranks[0], *key) for key in
+                      (("idle", "none"), ("get_next_batch_to_run", "none"), ("process_batch_result", "full"))}
+        self.idle_seconds, self.cpu_seconds = idle.labels(*ranks[0]), cpu.labels(*ranks[0])
+        self.idle_ranks = [(stage.labels(*values, "idle", "none"), idle.labels(*values), cpu.labels(*values))
+                           for values in ranks[1:]]
+        forward = Counter("sglang:forward_execution_seconds", "Total time that GPU is busy executing model forward "
+                          "passes. Refer to ForwardMode for category labels.", sched + ["category"], registry=reg)
+        self.forward = {mode: forward.labels(*ranks[0], mode) for mode in ("extend", "decode")}
+        self._accounted_to: float | None = None  # the scheduler time counted so far ends here
         self._disaggregated = engine_type == "decode"
         if self._disaggregated:  # SGLang 0.5.23's decode worker and its paired prefill worker
             self._decode_families(s, sched)
@@ -973,8 +1034,27 @@ class SglangExporter:
     def on_preempt(self, req: Request, t: float) -> None:
         self.retracted.inc()
 
+    def _scheduler_time(self, plan: StepPlan, t: float) -> None:
+        """The loop's time from the end of the last step to the end of this one: the gap idle."""
+        start = plan.start if self._accounted_to is None else min(self._accounted_to, plan.start)
+        gap, step = plan.start - start, t - plan.start
+        host = min(step, plan.host_seconds)
+        if gap > 0:
+            self.stage["idle", "none"].inc(gap)
+            self.idle_seconds.inc(gap)
+        if host > 0:
+            self.stage["get_next_batch_to_run", "none"].inc(host)
+        self.stage["process_batch_result", "full"].inc(step - host)
+        self.cpu_seconds.inc(gap + step)
+        self.forward["extend" if plan.is_prefill else "decode"].inc(plan.gpu_seconds)
+        for rank_stage, rank_idle, rank_cpu in self.idle_ranks:
+            for counter in (rank_stage, rank_idle, rank_cpu):
+                counter.inc(gap + step)
+        self._accounted_to = t
+
     def on_step(self, plan: StepPlan, t: float, itl_groups: dict, first_tokens: list, generated: int,
                 deployment: Deployment) -> None:
+        self._scheduler_time(plan, t)
         for req in first_tokens:
             self.h_ttft.observe(t - req.arrival)
             self.h_queue.observe(req.first_scheduled - req.queued)
@@ -1007,6 +1087,21 @@ class SglangExporter:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
         self.used_tokens.set(kv_used_tokens)
+
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """SGLang's LoRA pool (``--enable-lora``, ``--max-loras-per-batch``): slots in use by the running
+        batch's adapters and the pool's size. It says nothing of the adapters waiting requests need."""
+        used, total, utilization = self._features.get_or_make("lora", lambda: (
+            self._sched.gauge("sglang:lora_pool_slots_used",
+                              "Number of LoRA adapter slots currently occupied in GPU memory."),
+            self._sched.gauge("sglang:lora_pool_slots_total",
+                              "Total number of LoRA adapter slots available (max_loras_per_batch)."),
+            self._sched.gauge("sglang:lora_pool_utilization",
+                              "LoRA pool utilization ratio (used/total). 1.0 means pool is full.")))
+        slots_used = len(set(running))
+        used.set(slots_used)
+        total.set(max_loras)
+        utilization.set(slots_used / max_loras)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -1144,6 +1239,9 @@ class TrtllmExporter:
         self.kv_usage.set(kv_usage)
         self.kv_max_blocks.set(kv_total_tokens // max(1, self.block_size))
         self.kv_used_blocks.set(kv_used_tokens // max(1, self.block_size))
+
+    def set_lora(self, running: list[str], waiting: list[str], max_loras: int, t: float) -> None:
+        """trtllm-serve's MetricsCollector exports no LoRA adapter metric."""
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

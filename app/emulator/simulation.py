@@ -231,6 +231,7 @@ class Simulation:
                       arrival + self._frontend_seconds(d.prompt_tokens),
                       d.prompt_tokens, d.max_tokens, d.natural_output, rt.stream.ignore_eos,
                       d.prefix_id, d.prefix_tokens, stream=rt)
+        req.adapter = d.adapter
         self._transfer(req)
         heapq.heappush(self._heap, (req.queued, next(self._seq), req))
 
@@ -406,6 +407,10 @@ class Simulation:
         if self.sglang_pd:
             pending = sum(r.reserved_blocks for r in e.waiting) + self._reserved_in_transfer()
             self.exporter.set_pd_state(len(self._prealloc), self._transferring, pending / e.num_gpu_blocks)
+
+        if e.config.max_loras:
+            self.exporter.set_lora([r.adapter for r in e.running if r.adapter],
+                                   [r.adapter for r in e.waiting if r.adapter], e.config.max_loras, self.clock)
 
     def _reserved_in_transfer(self) -> int:
         return sum(req.reserved_blocks for _, _, req in self._heap if req.pd_alloc is not None)

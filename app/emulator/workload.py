@@ -107,6 +107,8 @@ class TrafficStream:
     num_prefixes: int = 1
     burst: Burst | None = None
     start_s: float = 0.0  # relative to the stream's scenario start
+    #: LoRA: each request asks for one of this many adapters (``adapter-00``...), uniformly; 0: the base model
+    adapters: int = 0
 
     def __post_init__(self) -> None:
         if (self.rate > 0) == (self.clients > 0):
@@ -128,6 +130,7 @@ class Draw:
     natural_output: int
     prefix_id: str | None
     prefix_tokens: int
+    adapter: str | None = None
 
 
 class StreamRuntime:
@@ -151,7 +154,8 @@ class StreamRuntime:
         prompt = max(1, min(prompt, self.max_model_len - 1))
         natural = max(1, s.output.sample(rng))
         max_tokens = max(1, min(s.max_tokens, self.max_model_len - prompt))
-        return Draw(prompt, max_tokens, natural, prefix_id, min(prefix_len, prompt))
+        adapter = f"adapter-{rng.randrange(s.adapters):02d}" if s.adapters else None  # no draw without LoRA
+        return Draw(prompt, max_tokens, natural, prefix_id, min(prefix_len, prompt), adapter)
 
     def next_open_loop_arrival(self) -> float:
         """Next Poisson arrival time (thinning for bursts)."""

@@ -30,12 +30,15 @@ ENGINE_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "trtllm"
 @dataclass(frozen=True, slots=True)
 class Family:
     """One engine's metric family for a signal, with the matchers that select it. ``scale``
-    divides a histogram's bounds and sum into seconds (SGLang's ``kv_transfer_latency_ms``: 1000)."""
+    divides a histogram's bounds and sum into seconds (SGLang's ``kv_transfer_latency_ms``: 1000).
+    ``positive``: a gauge family whose series count only while this one stayed above 0 over the
+    window (SGLang writes its speculation gauges as 0 with speculation off; its adapter drops them)."""
 
     engine: str
     name: str
     matchers: tuple[tuple[str, str, str], ...] = ()
     scale: float = 1.0
+    positive: str = ""
 
 
 #: The engines whose adapters are plain tables (name candidates per signal, newest first).
@@ -65,6 +68,9 @@ def _gauge_families() -> dict[str, list[Family]]:
     out: dict[str, list[Family]] = {}
     for signal in GAUGE_SIGNALS:
         out[signal] = _families(signal, "GAUGES")
+        if signal in sglang.SPEC_GAUGES:
+            out[signal] = [Family(f.engine, f.name, positive=sglang.GAUGES["spec_accept_length"][0])
+                           if f.engine == "sglang" else f for f in out[signal]]
         if signal in tgi.GAUGES:
             out[signal].append(Family("tgi", tgi.GAUGES[signal]))
     return out
@@ -149,7 +155,11 @@ class SourceQueries:
             sel = _selector(f.name, f.matchers, list(self.matchers))
             by = _by(*self.target_labels, MODEL_LABEL)
             for stat in ("last", "avg", "max"):
-                expr = f"{combine} by ({by}) ({stat}_over_time({sel}[{w}]))"
+                over = f"{stat}_over_time({sel}[{w}])"
+                if f.positive:
+                    positive = _selector(f.positive, (), list(self.matchers))
+                    over = f"({over} and (min_over_time({positive}[{w}]) > 0))"
+                expr = f"{combine} by ({by}) ({over})"
                 parts.append(_tag(_tag(expr, STAT_LABEL, stat), FAMILY_LABEL, str(i)))
         return " or ".join(parts)
 

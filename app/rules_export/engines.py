@@ -106,6 +106,9 @@ class EngineExposition:
     transfer_queue: str | None = None
     prealloc_queue: str | None = None
     kv_alloc: tuple[str, str, float] | None = None
+    #: the scheduler's own time (SGLang 0.5.20+), counters in seconds: (loop wall time, its idle part,
+    #: the process's CPU time, the GPU's forward-pass time), as ``signals._scheduler_time`` reads them
+    scheduler: tuple[str, str, str, str] | None = None
 
     @property
     def labels(self) -> str:
@@ -208,6 +211,8 @@ SGLANG = EngineExposition(
     kv_wait=("sglang:per_stage_req_latency_seconds", '{stage="decode_transferred"}'),
     transfer_queue="sglang:num_decode_transfer_queue_reqs", prealloc_queue="sglang:num_decode_prealloc_queue_reqs",
     kv_alloc=("sglang:kv_transfer_alloc_ms", "", 1000.0),
+    scheduler=("sglang:scheduler_stage_seconds_total", "sglang:scheduler_idle_seconds_total",
+               "sglang:scheduler_process_cpu_seconds_total", "sglang:forward_execution_seconds_total"),
 )
 
 #: trtllm-serve: no per-step ITL, so the regimes that read it (prefill_interference,

@@ -174,6 +174,8 @@ class Group:
         if e.supports("itl"):
             out["steps"] = self.decode_steps(w)
         out.update(self.transfer_and_speculation(w, out.get("steps")))
+        if e.scheduler is not None:
+            out.update(self.scheduler_time(w))
         if e.rank_label is not None:
             out.update(self.ranks(w))
         return out
@@ -211,6 +213,20 @@ class Group:
                 self.rec("dp_token_imbalance", "avg", w),
                 f"avg by ({by}) (avg_over_time({e.select(e.token_imbalance)}[{w}]))")
         return out
+
+    def scheduler_time(self, w: str) -> dict[str, str | None]:
+        """The shares of the scheduler loop's time ``scheduler_cpu_bound`` reads, as
+        ``signals._scheduler_time`` computes them (every rate summed over the same ranks)."""
+        assert self.engine.scheduler is not None
+        loop, idle, cpu, gpu = (self.sum_rate(metric, "", w) for metric in self.engine.scheduler)
+        return {
+            "scheduler_cpu_share": self.record(self.rec("scheduler_cpu_share", "ratio", w),
+                                               f"{cpu}\n/\n({loop} > 0)"),
+            "scheduler_busy_share": self.record(self.rec("scheduler_busy_share", "ratio", w),
+                                                f"1 - {idle}\n/\n({loop} > 0)"),
+            "gpu_idle_share": self.record(self.rec("gpu_idle_share", "ratio", w),
+                                          f"clamp_min(\n  1 - {gpu}\n  /\n  (({loop} - {idle}) > 0),\n  0\n)"),
+        }
 
     def ratio_of_rates(self, what: str, numerator: str, denominator: str, w: str) -> str:
         return self.record(self.rec(what, "ratio", w), f"{self.sum_rate(numerator, '', w)}\n/\n"

@@ -551,13 +551,15 @@ class DiscoveryService:
                 await self.on_change()
 
 
-def check_discovery(config: Discovery, base_dir: Path, allowed_hosts: list[str]) -> tuple[int, list[str]]:
+def check_discovery(config: Discovery, base_dir: Path, allowed_hosts: list[str]
+                    ) -> tuple[list[Discovered], list[str]]:
     """``check-config``: read every file SD file now; (targets found, problems). HTTP SD
     URLs are only validated (the config check does that), not fetched."""
-    count, problems = 0, []
+    found: list[Discovered] = []
+    problems: list[str] = []
     for discoverer in make_discoverers(config, base_dir, allowed_hosts):
         if isinstance(discoverer, FileSD):
             items, bad = discoverer.read()  # no matching file is no targets, as for Prometheus
-            count += len(items)
+            found += items
             problems += bad
-    return count, problems
+    return found, problems

@@ -19,7 +19,7 @@ from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
 from app.scrape.load_balancing import MESSAGE as LOAD_BALANCED
 from app.scrape.load_balancing import ReplicaDetector, counter_values, process_start_time
-from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine
+from app.sources import ADAPTERS, DETECTION_PREFIXES, detect_engine, trtllm
 from app.sources.base import Canonical
 from app.store.record import ScrapeRecord
 
@@ -47,6 +47,11 @@ def _detect_keep(name: str) -> bool:
     return name.startswith(DETECTION_PREFIXES)
 
 
+#: What a page without any engine's families is told; trtllm-serve's own words when it was recognised.
+NO_ENGINE_METRICS = ("page has no vLLM, TGI, SGLang or TensorRT-LLM metrics; this target cannot be diagnosed "
+                     "from metrics")
+
+
 class PageProcessor:
     """Parse + adapt for one target. Keeps the parser (and its line cache) across scrapes.
 
@@ -66,7 +71,12 @@ class PageProcessor:
         return PageParser(keep=families.__contains__)
 
     def process(self, body: bytes | str) -> tuple[ParsedPage, Canonical | None, str | None]:
-        """Returns (parsed page, canonical signals or None, error class or None)."""
+        """Returns (parsed page, canonical signals or None, error class or None).
+
+        ``wrong_endpoint``: the answer is trtllm-serve's JSON iteration statistics (its
+        ``/metrics``), recognised from the first bytes without parsing the rest."""
+        if trtllm.is_iteration_stats(body):
+            return ParsedPage({}, 0, 0, 0, []), None, "wrong_endpoint"
         page = self._parser.parse(body)
         if self.engine is None:
             detected = detect_engine(page)
@@ -127,9 +137,13 @@ class TargetScraper:
         errors = list(page.errors[:3])
         if canonical is not None:
             errors = canonical.problems[:3] + errors
-        up = error_class != "parse_error"
+        up = error_class not in ("parse_error", "wrong_endpoint")
+        engine = self.processor.engine
         if error_class == "no_engine_metrics":
-            errors.insert(0, "page has no vLLM, TGI or SGLang metrics; this target cannot be diagnosed from metrics")
+            errors.insert(0, trtllm.NOTHING_YET if engine == "trtllm" else NO_ENGINE_METRICS)
+        elif error_class == "wrong_endpoint":
+            engine = "trtllm"  # recognised by its answer, whatever the target was configured as
+            errors.insert(0, trtllm.WRONG_ENDPOINT)
         elif error_class is None and (page.malformed or (canonical and canonical.problems)):
             error_class = "partial"
         if canonical is not None:
@@ -140,5 +154,5 @@ class TargetScraper:
                                     LOAD_BALANCED.format(evidence=evidence)[:1000])
         return ScrapeRecord(
             spec.id, started, up, time.perf_counter() - t0, len(body), page.samples_seen, page.samples_kept,
-            page.malformed, self.processor.engine, error_class, "; ".join(errors)[:1000] or None, canonical,
+            page.malformed, engine, error_class, "; ".join(errors)[:1000] or None, canonical,
         )

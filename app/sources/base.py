@@ -45,6 +45,9 @@ GAUGE_SIGNALS = (
     "dp_token_imbalance_ratio",  # data-parallel attention: the engine's own token imbalance between ranks
     "transfer_queue",            # P/D decode worker: requests whose KV is on its way (SGLang transfer queue)
     "prealloc_queue",            # ... requests waiting for the handshake and KV memory (SGLang prealloc queue)
+    "lora_max_adapters",         # LoRA: adapters the engine runs at once (vLLM's max_lora)
+    "lora_adapters_in_demand",   # ... adapters with requests in flight (running or waiting)
+    "lora_slot_wait",            # ... 1 while more adapters are in demand than there are slots, else 0
 )
 COUNTER_SIGNALS = (
     "prompt_tokens_total",
@@ -58,6 +61,10 @@ COUNTER_SIGNALS = (
     "spec_drafts_total",           # speculative decoding: verification steps with a draft
     "spec_draft_tokens_total",     # ... draft tokens proposed
     "spec_accepted_tokens_total",  # ... draft tokens accepted
+    "scheduler_loop_seconds_total",  # the scheduler loop's wall time (SGLang: every stage summed)
+    "scheduler_idle_seconds_total",  # ... of it with no runnable or queued work
+    "scheduler_cpu_seconds_total",   # CPU time of the scheduler process (all its threads)
+    "gpu_busy_seconds_total",        # GPU time executing forward passes (SGLang's device timer)
 )
 TIME_SIGNALS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time", "inference_time",
                 "kv_transfer_time", "kv_wait_time", "prealloc_time", "kv_alloc_time", "render_time")

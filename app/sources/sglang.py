@@ -45,6 +45,13 @@ speculating engine's accept length is at least 1 (the bonus token), so series wh
 acceptance rate).
 ``dp_attention_token_imbalance_ratio`` is read where it is a gauge; releases that export it as a
 histogram are compared rank by rank from the running/waiting gauges instead (a note says so).
+Scheduler time (0.5.20+, ``metrics_reporter.py``'s time accounting, flushed about every second):
+``scheduler_stage_seconds_total{category, forward_overlap}`` is the loop's wall time split into
+exclusive stages, so its sum over both labels is the loop's wall time (``scheduler_loop_seconds_total``);
+``scheduler_idle_seconds_total`` the part with no runnable or queued work;
+``scheduler_process_cpu_seconds_total`` the process's CPU time (``time.process_time``, every thread);
+``forward_execution_seconds_total{category}`` the GPU's forward-pass time, measured only with
+``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1`` (``gpu_busy_seconds_total``).
 """
 
 from __future__ import annotations
@@ -100,6 +107,10 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "preemptions_total": ("sglang:num_retracted_requests_total",),
     "requests_total": ("sglang:num_requests_total", "sglang:request_success_total"),
     "kv_transfer_failures_total": ("sglang:num_transfer_failed_reqs_total",),
+    "scheduler_loop_seconds_total": ("sglang:scheduler_stage_seconds_total",),
+    "scheduler_idle_seconds_total": ("sglang:scheduler_idle_seconds_total",),
+    "scheduler_cpu_seconds_total": ("sglang:scheduler_process_cpu_seconds_total",),
+    "gpu_busy_seconds_total": ("sglang:forward_execution_seconds_total",),
 }
 #: The family whose ``engine_type`` label says the worker's P/D role (every scheduler family carries it).
 ROLE_FAMILY = "sglang:num_running_reqs"

@@ -13,6 +13,18 @@ P/D disaggregation (NIXL connector): ``kv_transfer_time`` is ``vllm:nixl_xfer_ti
 transfers), ``kv_transfer_failures_total`` ``vllm:nixl_num_failed_transfers``. Speculative
 decoding: the three ``vllm:spec_decode_num_*`` counters (acceptance rate and length are
 computed from their rates; vLLM exports no gauge).
+
+LoRA (``--enable-lora``): ``vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}`` is set to the current time each step for that step's label values
+(``PrometheusStatLogger.record``), and no series is ever removed, so the engine's state is the
+series with the newest value. The two lists are comma-joined adapter names: those with running
+requests and those with waiting ones (0.10-0.11, ``LoRARequestStates.update_iteration_stats``), or
+both every adapter with a request in flight (0.34, ``update_scheduler_stats``: the two lists are
+the same). Either way their union is the adapters in demand, and more of them than ``max_lora``
+means the requests of at least one wait for a slot: vLLM schedules at most ``max_lora`` adapters at
+once. Per scrape that is three gauges, attached to the page's model (the family has no model label):
+``lora_max_adapters``, ``lora_adapters_in_demand`` and ``lora_slot_wait`` (1 when short of slots).
+The names are user content: only counted (at most :data:`MAX_COUNTED_ADAPTERS` per list), never kept.
 """
 
 from __future__ import annotations
@@ -60,13 +72,17 @@ COUNTERS: dict[str, tuple[str, ...]] = {
 # vLLM counts completed transfers only as the transfer-time histogram's _count (no counter).
 KV_TRANSFERS_FROM = "vllm:nixl_xfer_time_seconds"
 INFOS = {"cache_config": "vllm:cache_config_info", "sleep_state": "vllm:engine_sleep_state"}
+LORA_INFO = "vllm:lora_requests_info"
+#: Adapter names counted per list of ``lora_requests_info``; past this the count stops (names are user
+#: content: a page's size is bounded, what is read of it is bounded here too).
+MAX_COUNTED_ADAPTERS = 4096
 
 FAMILIES = frozenset(
     name
     for table in (HISTOGRAMS, GAUGES, COUNTERS)
     for names in table.values()
     for name in names
-) | frozenset(INFOS.values())
+) | frozenset(INFOS.values()) | {LORA_INFO}
 
 
 class VllmAdapter:
@@ -87,6 +103,9 @@ class VllmAdapter:
         config = families.get(INFOS["cache_config"])
         if config is not None:  # labels only: built once per page shape
             out.infos.extend(memoized(config, "cache_config", lambda: _cache_configs(config)))
+        lora = families.get(LORA_INFO)
+        if lora is not None and lora.type == "gauge":
+            _lora_slots(lora, out)
         sleep = families.get(INFOS["sleep_state"])
         if sleep is not None:
             states = {}
@@ -109,3 +128,43 @@ def _cache_configs(config: MetricFamily) -> tuple[CanonicalInfo, ...]:
     return tuple(CanonicalInfo("cache_config", sample.labels.get("model_name", ""), sample.labels.get("engine", "0"),
                                {k: v for k, v in sample.labels.items() if k not in GROUP})
                  for sample in config.samples)
+
+
+def _adapters(names: str) -> set[str]:
+    """The distinct adapter names of a comma-joined list, at most :data:`MAX_COUNTED_ADAPTERS` read."""
+    return {name for name in map(str.strip, names.split(",", MAX_COUNTED_ADAPTERS)[:MAX_COUNTED_ADAPTERS]) if name}
+
+
+def _lora_states(lora: MetricFamily) -> tuple[tuple[int, int] | None, ...]:
+    """(max_lora, adapters in demand) per series of ``lora_requests_info`` (None: its max_lora is no
+    positive integer). Labels only: worked out once per page shape."""
+    states: list[tuple[int, int] | None] = []
+    for sample in lora.samples:
+        labels = sample.labels
+        slots = labels.get("max_lora", "")
+        if not slots.isdigit() or int(slots) < 1:
+            states.append(None)
+            continue
+        demand = _adapters(labels.get("running_lora_adapters", "")) | _adapters(labels.get("waiting_lora_adapters", ""))
+        states.append((int(slots), len(demand)))
+    return tuple(states)
+
+
+def _lora_slots(lora: MetricFamily, out: Canonical) -> None:
+    """The engine's LoRA slots now (the series with the newest timestamp) as three gauges of the page's
+    model; nothing when the page names no model or no series has a valid ``max_lora``."""
+    model = next((s.model for s in out.scalars if s.signal == "running" and s.rank == "0"), None)
+    states = memoized(lora, "lora_states", lambda: _lora_states(lora))
+    values = lora.values
+    valid = [i for i, state in enumerate(states) if state is not None]
+    if len(valid) < len(states):
+        out.problems.append(f"{LORA_INFO}: {len(states) - len(valid)} series with a max_lora that is no positive "
+                            "integer (not read)")
+    if model is None or not valid:
+        return
+    state = states[max(valid, key=values.__getitem__)]
+    assert state is not None
+    slots, demand = state
+    for signal, value in (("lora_max_adapters", slots), ("lora_adapters_in_demand", demand),
+                          ("lora_slot_wait", 1.0 if demand > slots else 0.0)):
+        out.scalars.append(CanonicalScalar(signal, "gauge", model, "0", float(value)))

@@ -150,7 +150,9 @@ def test_alerts_have_product_names_severity_runbooks_and_numbers() -> None:
                         ("LLMLatencyKVTransfer", "trtllm"), ("LLMLatencySpeculationIneffective", "trtllm"),
                         ("LLMLatencyFrontendBound", "vllm"),
                         # data-parallel ranks: vLLM's engine label, SGLang's dp_rank
-                        ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang")}
+                        ("LLMLatencyDpImbalance", "vllm"), ("LLMLatencyDpImbalance", "sglang"),
+                        # only SGLang accounts its scheduler's time
+                        ("LLMLatencySchedulerCpuBound", "sglang")}
 
 
 def test_the_mean_prompt_length_comes_from_the_counters_where_the_engine_has_no_histogram() -> None:
@@ -191,6 +193,8 @@ CUSTOM_THRESHOLDS = {
     "spec_critical_accept_length": 1.12, "kv_transfer_critical_share": 0.62,
     "imbalance_waiting": 1.7, "imbalance_idle_waiting": 0.17, "imbalance_load_ratio": 2.3,
     "dp_token_imbalance_ratio": 2.9, "kv_prealloc_waiting": 1.3, "kv_alloc_seconds": 0.144,
+    "scheduler_gpu_idle_share": 0.35, "scheduler_cpu_share": 0.85,
+    "scheduler_busy_share": 0.45, "scheduler_critical_gpu_idle_share": 0.55,
 }
 
 
@@ -527,7 +531,7 @@ def test_unit_tests_cover_every_alert_firing() -> None:
                      "LLMLatencyPrefillInterference", "LLMLatencyPrefillCompute", "LLMLatencyTargetDown",
                      "LLMLatencyBandwidthBound", "LLMLatencyWeightsOffloaded", "LLMLatencyKVTransfer",
                      "LLMLatencySpeculationIneffective", "LLMLatencyFrontendBound",
-                     "LLMLatencyDpImbalance", "LLMLatencySLOBurnRate"}
+                     "LLMLatencyDpImbalance", "LLMLatencySchedulerCpuBound", "LLMLatencySLOBurnRate"}
     sources = yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())
     assert yaml.safe_load((UNIT_TESTS / "sources.test.yaml").read_text())["rule_files"] == ["sources-rules.yaml"]
     in_sources = {alert["exp_labels"]["alertname"]: alert["exp_labels"] for case in sources["tests"]
@@ -559,6 +563,7 @@ EQUIVALENCE_CASES = [
     # SGLang writes its acceptance gauges as 0 without speculation: the healthy pages must stay quiet
     ("healthy", "sglang", False), ("kv_transfer", "sglang", False), ("speculation_ineffective", "sglang", False),
     ("healthy", "trtllm", False), ("kv_transfer", "trtllm", False), ("speculation_ineffective", "trtllm", False),
+    ("scheduler_cpu_bound", "sglang", False),
 ]
 STEP = 5  # simulated seconds between scrapes (= promtool's interval)
 
@@ -572,7 +577,8 @@ SIGNAL_RECORDS = {
     "queue_time.mean": "queue_time_seconds:mean", "kv_transfer_share": "kv_transfer_share:ratio",
     "kv_transfer_failure_share": "kv_transfer_failure_share:ratio",
     "kv_transfer.mean": "kv_transfer_seconds_mean:ratio", "spec_accept_rate": "spec_accept_rate:ratio",
-    "spec_accept_length": "spec_accept_length:mean",
+    "spec_accept_length": "spec_accept_length:mean", "gpu_idle_share": "gpu_idle_share:ratio",
+    "scheduler_cpu_share": "scheduler_cpu_share:ratio", "scheduler_busy_share": "scheduler_busy_share:ratio",
 }
 
 
@@ -604,7 +610,7 @@ def _rounded(value: float) -> tuple[str, float]:
 def _expected_alerts(findings) -> list[tuple[str, str]]:
     out = []
     twins = {"queueing", "prefill_compute", "prefill_interference", "kv_cache_pressure", "kv_transfer",
-             "speculation_ineffective", "frontend_bound", "dp_imbalance"}
+             "speculation_ineffective", "frontend_bound", "dp_imbalance", "scheduler_cpu_bound"}
     for f in findings:
         name = regime_alertname(f.regime)
         out.append((name, f.severity))
@@ -686,7 +692,7 @@ def test_exported_rules_agree_with_the_builtin_diagnosis_on_emulated_engines(tmp
 
 def test_only_the_regimes_prometheus_cannot_see_have_no_rule() -> None:
     # unexplained: the absence of every other finding, with the rules that could not judge (see its no_promql)
-    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "unexplained"}
+    assert set(REGIMES) - EXPORTED_REGIMES == {*PROBE_REGIMES, "replica_imbalance", "unexplained", "lora_adapter_slots"}
     assert all(rule.no_promql for rule in RULES if rule.promql is None)
 
 

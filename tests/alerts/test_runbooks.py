@@ -93,7 +93,7 @@ def test_the_index_links_every_runbook_with_its_title(client: TestClient) -> Non
     items = re.findall(r'<li data-runbook="([a-z0-9_]+)"><a href="/runbooks/\1">([^<]+)</a><br>'
                        r'<span class="muted">([^<]+)</span></li>', response.text)
     names = sorted(set(ALERT_RUNBOOKS.values()))
-    assert len(names) == 22 and [name for name, _, _ in items] == names
+    assert len(names) == 24 and [name for name, _, _ in items] == names
     titles = {name: (title, summary) for name, title, summary in items}
     assert titles["queueing"] == ("queueing", "Time to first token is high, and most of it is spent waiting for "
                                   "the scheduler: the request is queued because every batch slot (or the "
@@ -203,6 +203,6 @@ def test_with_an_external_url_every_runbook_link_the_service_serves_is_absolute(
     with TestClient(app) as c:
         page = c.get("/")
         links = re.findall(r'href="([^"]*/runbooks/[^"]*)"', page.text)
-        assert page.status_code == 200 and len(links) == len(set(ALERT_RUNBOOKS.values())) == 22
+        assert page.status_code == 200 and len(links) == len(set(ALERT_RUNBOOKS.values())) == 24
         assert links == [f"{EXTERNAL}/runbooks/{name}" for name in sorted(set(ALERT_RUNBOOKS.values()))]
         assert c.app.state.monitor.external_url == EXTERNAL

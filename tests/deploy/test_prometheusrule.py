@@ -90,9 +90,9 @@ def test_the_committed_prometheusrule_has_the_rules_exported_for_the_configmap_w
     assert resource["spec"]["groups"] == build_rules(config)["groups"]
     alerts = [rule for group in resource["spec"]["groups"] for rule in group["rules"] if "alert" in rule]
     # per engine, what its page lets be exported (regimes with critical twins, TTFT/ITL SLOs): vLLM 22,
-    # SGLang 21 (with its decode worker's memory wait and transfer failures), TGI 10, trtllm-serve 10 (both with
-    # kv_transfer and speculation_ineffective); and target down
-    assert len(alerts) == 64
+    # SGLang 23 (with its decode worker's memory wait and transfer failures, and scheduler_cpu_bound), TGI 10,
+    # trtllm-serve 10 (both with kv_transfer and speculation_ineffective); and target down
+    assert len(alerts) == 66
     assert {(a["labels"].get("engine"), a["labels"]["severity"]) for a in alerts
             if a["alert"] in ("LLMLatencyKVTransfer", "LLMLatencySpeculationIneffective")} == {
         (engine, severity) for engine in ("vllm", "sglang", "trtllm") for severity in ("warning", "critical")}

@@ -39,10 +39,12 @@ def test_every_module_is_a_regime_in_precedence_order() -> None:
     modules = {p.stem for p in RULES_DIR.glob("*.py")} - {"__init__", "base"}
     assert {rule.regime for rule in RULES} == modules
     # the engine's precedence (causes first) is the order the rules had in RULES
-    assert [rule.regime for rule in RULES] == ["kv_cache_pressure", "weights_offloaded", "prefill_interference",
+    assert [rule.regime for rule in RULES] == ["kv_cache_pressure", "scheduler_cpu_bound", "weights_offloaded",
+                                              "prefill_interference",
                                               "prefill_compute", "kv_transfer", "frontend_bound",
-                                              "speculation_ineffective", "bandwidth_bound", "dp_imbalance",
-                                              "replica_imbalance", "queueing", "outside_engine", "unexplained"]
+                                              "speculation_ineffective", "bandwidth_bound", "lora_adapter_slots",
+                                              "dp_imbalance", "replica_imbalance", "queueing", "outside_engine",
+                                              "unexplained"]
 
 
 def test_the_regime_lists_and_alert_names_are_the_registry() -> None:
@@ -76,8 +78,9 @@ def test_every_regime_has_a_promql_twin_or_says_why_not() -> None:
         assert {a["alert"] for a in exported} == {regime_alertname(rule.regime)}
         against_floor = [a for a in profiled if a["labels"].get("regime") == rule.regime and "target" in a["labels"]]
         assert bool(against_floor) == (rule.promql_profiled is not None), rule.regime
-    assert [rule.regime for rule in RULES if rule.promql is None] == ["replica_imbalance", "outside_engine",
-                                                                      "unexplained"]
+    assert [rule.regime for rule in RULES if rule.promql is None] == ["lora_adapter_slots", "replica_imbalance",
+                                                                      "outside_engine", "unexplained"]
+    assert "newest timestamp" in next(r for r in RULES if r.regime == "lora_adapter_slots").no_promql
     assert "probe" in next(r for r in RULES if r.regime == "outside_engine").no_promql
     assert "service_labels" in next(r for r in RULES if r.regime == "replica_imbalance").no_promql
 
@@ -135,8 +138,8 @@ def test_no_rule_module_writes_a_number_where_severity_escalates() -> None:
                        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and n.value != 0]
             assert numbers == [], (rule.regime, ast.unparse(node.test))
     # queueing, prefill_compute, prefill_interference, kv_cache_pressure, replica_imbalance, kv_transfer,
-    # speculation_ineffective, dp_imbalance, frontend_bound, unexplained
-    assert escalations == 10
+    # speculation_ineffective, dp_imbalance, frontend_bound, scheduler_cpu_bound, lora_adapter_slots, unexplained
+    assert escalations == 12
 
 
 def test_default_escalations_are_the_numbers_the_rules_had() -> None:

@@ -447,3 +447,104 @@ def test_frontend_bound_fires_when_rendering_dominates_ttft() -> None:
     # 2 ms of rendering in a 50 ms TTFT: quiet
     assert frontend_bound.evaluate(healthy_signals(render=summary(0.002, 0.004, 0.002, 300), render_share=0.04), T) \
         is None
+
+
+# ---- scheduler_cpu_bound ---------------------------------------------------------------------------------------
+def scheduler_signals(**changes) -> Signals:
+    """An SGLang 0.5.20+ target whose scheduler is busy and on its CPU; the GPU's idle share to be set."""
+    return healthy_signals("sglang", **{"scheduler_busy_share": 0.97, "scheduler_cpu_share": 1.0, **changes})
+
+
+def test_scheduler_cpu_bound_fires_when_the_gpu_idles_while_the_scheduler_works() -> None:
+    from app.diagnosis.rules import scheduler_cpu_bound
+
+    f = scheduler_cpu_bound.evaluate(scheduler_signals(gpu_idle_share=0.41), T)
+    assert f is not None and (f.regime, f.severity) == ("scheduler_cpu_bound", "warning")
+    assert [(e.name, e.value, e.threshold) for e in f.evidence if e.op != "info"] == [
+        ("GPU idle share of the busy time", 0.41, 0.3), ("scheduler busy share", 0.97, 0.5),
+        ("scheduler CPU per loop second", 1.0, 0.8)]
+    assert evidence(f, "running requests (mean)").value == 8.0
+    assert "The GPU is idle 41% of the time the scheduler has work" in f.summary
+    text = "\n".join(f.remedies)
+    for flag in ("--disable-overlap-schedule", "--num-continuous-decode-steps", "--scheduler-recv-interval",
+                 "--stream-interval", "--grammar-backend xgrammar", "--dp-size"):
+        assert flag in text, flag
+    assert "with few requests running" in text  # 8 running: at most low_batch_running
+    critical = scheduler_cpu_bound.evaluate(scheduler_signals(gpu_idle_share=0.5), T)
+    assert critical is not None and critical.severity == "critical"
+
+
+@pytest.mark.parametrize("changes", [
+    {"gpu_idle_share": 0.29},                                      # the GPU keeps up: GPU-bound
+    {"gpu_idle_share": 0.6, "scheduler_busy_share": 0.4},          # mostly idle: gaps between requests
+    {"gpu_idle_share": 0.6, "scheduler_cpu_share": 0.5},           # the process lacks its core or waits
+    {"scheduler_busy_share": None, "scheduler_cpu_share": None},   # no scheduler time on the page
+])
+def test_scheduler_cpu_bound_is_quiet_unless_every_condition_holds(changes: dict) -> None:
+    from app.diagnosis.rules import scheduler_cpu_bound
+
+    assert scheduler_cpu_bound.evaluate(scheduler_signals(**changes), T) is None
+
+
+def test_scheduler_cpu_bound_without_the_gpu_time_is_not_judged_when_the_rest_holds() -> None:
+    from app.diagnosis.rules.scheduler_cpu_bound import NO_GPU_TIME
+
+    d = engine.diagnose(scheduler_signals(), T)  # no sglang:forward_execution_seconds_total (no device timer)
+    assert d.verdict == "not_judged" and d.findings == []
+    assert d.not_judged == [{"regime": "scheduler_cpu_bound", "reason": NO_GPU_TIME}]
+    assert "SGLANG_ENABLE_METRICS_DEVICE_TIMER=1" in NO_GPU_TIME
+    quiet = engine.diagnose(scheduler_signals(scheduler_busy_share=0.2), T)  # idle: decided without the GPU
+    assert (quiet.verdict, quiet.not_judged) == ("healthy", [])
+
+
+def test_scheduler_cpu_bound_is_the_cause_of_the_queueing_it_produces() -> None:
+    s = scheduler_signals(gpu_idle_share=0.6, queue_time=summary(15, 20, 3.6, 120), ttft=summary(15, 20, 4.0, 120),
+                          queue_share=0.9, waiting_mean=36.0, waiting_max=40)
+    d = engine.diagnose(s, T)
+    assert [(f.regime, f.caused_by, f.severity) for f in d.findings] == [
+        ("scheduler_cpu_bound", None, "critical"), ("queueing", "scheduler_cpu_bound", "critical")]
+
+
+# ---- lora_adapter_slots ----------------------------------------------------------------------------------------
+def lora_signals(**changes) -> Signals:
+    """A vLLM target serving LoRA adapters: 2 slots, up to 8 adapters in demand, requests waiting."""
+    values = {"lora_slots": 2.0, "lora_demand_mean": 7.0, "lora_demand_max": 8.0, "lora_slot_wait_share": 0.6,
+              "waiting_mean": 12.0, "waiting_max": 16, "ttft": summary(2.0, 30.0, 6.0, 120), **changes}
+    return healthy_signals(**values)
+
+
+def test_lora_adapter_slots_fires_when_adapters_wait_for_slots_with_kv_room() -> None:
+    from app.diagnosis.rules import lora_adapter_slots
+
+    f = lora_adapter_slots.evaluate(lora_signals(), T)
+    assert f is not None and (f.regime, f.severity) == ("lora_adapter_slots", "warning")
+    assert [(e.name, e.value, e.threshold) for e in f.evidence if e.op != "info"] == [
+        ("share of scrapes with more adapters in demand than slots", 0.6, 0.3), ("mean waiting requests", 12.0, 1.0),
+        ("KV-cache usage (max)", 0.03, 0.9)]
+    assert evidence(f, "adapter slots (max_lora)").value == 2.0
+    assert evidence(f, "adapters with requests in flight (mean / max)").value == "7.0 / 8"
+    assert f.summary.startswith("In 60% of the window's scrapes more LoRA adapters had requests in flight (up to 8) "
+                                "than the 2 slot(s) of max_lora")
+    text = "\n".join(f.remedies)
+    assert "--max-loras 8" in text and "--max-cpu-loras" in text and "Route by adapter" in text
+    assert lora_adapter_slots.evaluate(lora_signals(lora_slot_wait_share=0.75), T).severity == "critical"
+
+
+@pytest.mark.parametrize("changes", [
+    {"lora_slot_wait_share": 0.25},                      # one scrape of four: the slots turning over
+    {"waiting_mean": 0.5},                               # nothing waits
+    {"kv_usage_max": 0.97},                              # the KV cache is full: kv_cache_pressure's
+    {"lora_slot_wait_share": None, "lora_slots": None},  # no LoRA on the target
+])
+def test_lora_adapter_slots_is_quiet_unless_every_condition_holds(changes: dict) -> None:
+    from app.diagnosis.rules import lora_adapter_slots
+
+    assert lora_adapter_slots.evaluate(lora_signals(**changes), T) is None
+
+
+def test_lora_adapter_slots_is_the_cause_of_the_queueing_it_produces() -> None:
+    s = lora_signals(queue_time=summary(5, 20, 5.8, 120), queue_share=0.97)
+    d = engine.diagnose(s, T)
+    assert [(f.regime, f.caused_by) for f in d.findings] == [("lora_adapter_slots", None),
+                                                             ("queueing", "lora_adapter_slots")]
+    assert d.verdict == "lora_adapter_slots" and d.not_judged == []

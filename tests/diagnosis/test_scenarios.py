@@ -146,10 +146,13 @@ def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: 
 
 
 # Regimes whose signals only some engines' pages carry: TGI exports no P/D transfer, speculative-decoding,
-# data-parallel or render metrics; trtllm-serve labels no data-parallel rank; only vLLM 0.34 times rendering.
+# data-parallel or render metrics; trtllm-serve labels no data-parallel rank; only vLLM 0.34 times rendering;
+# only SGLang 0.5.20+ accounts its scheduler's time; only vLLM says which LoRA adapters are in demand
+# (vllm-legacy: the 0.8-0.11 page, its running and waiting adapters listed apart).
 FEATURE_SCENARIOS = {"kv_transfer": ("vllm", "sglang", "trtllm"),
                      "speculation_ineffective": ("vllm", "sglang", "trtllm"),
-                     "dp_imbalance": ("vllm", "sglang"), "frontend_bound": ("vllm",)}
+                     "dp_imbalance": ("vllm", "sglang"), "frontend_bound": ("vllm",),
+                     "scheduler_cpu_bound": ("sglang",), "lora_adapter_slots": ("vllm", "vllm-legacy")}
 
 
 @pytest.mark.parametrize(("scenario", "engine"),
@@ -175,6 +178,17 @@ def test_serving_feature_scenario_gets_its_label(tmp_path: Path, scenario: str, 
         assert numbers["mean waiting requests on the busiest rank"] >= 20
         assert [(f.regime, f.caused_by) for f in diagnosis.findings] == [("dp_imbalance", None),
                                                                          ("queueing", "dp_imbalance")]
+    elif scenario == "lora_adapter_slots":  # 8 adapters, 2 slots: short of slots in every scrape
+        assert numbers["share of scrapes with more adapters in demand than slots"] == 1.0
+        assert numbers["adapter slots (max_lora)"] == 2.0
+        assert numbers["mean waiting requests"] >= 5 and numbers["KV-cache usage (max)"] < 0.1
+        assert [(f.regime, f.caused_by) for f in diagnosis.findings] == [("lora_adapter_slots", None),
+                                                                         ("queueing", "lora_adapter_slots")]
+    elif scenario == "scheduler_cpu_bound":  # ~15.7 ms of scheduler CPU per ~9.3 ms GPU step, overlapped
+        assert numbers["GPU idle share of the busy time"] == pytest.approx(0.42, abs=0.03)
+        assert numbers["scheduler CPU per loop second"] == pytest.approx(1.0, abs=1e-6)
+        assert numbers["scheduler busy share"] == pytest.approx(1.0, abs=0.01)
+        assert 0.014 <= numbers["ITL mean"] <= 0.018 and primary.severity == "warning"
     else:  # 0.3 s of rendering per request
         assert numbers["mean render time"] == pytest.approx(0.3, abs=0.01)
         assert numbers["render share of TTFT"] >= 0.6

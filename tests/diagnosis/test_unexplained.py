@@ -51,8 +51,9 @@ def test_slow_with_nothing_to_explain_it_is_unexplained_with_every_rule_accounte
     # the condition each quiet rule failed, with its numbers
     assert evidence(f, "prefill_compute").note == ("conditions not met: mean prefill time = 40.0 ms (>= 500.0 ms); "
                                                    "mean prompt length = 450 tokens (>= 2e+03 tokens)")
-    assert evidence(f, "rules with nothing to judge here").value == ("kv_transfer, frontend_bound, "
-                                                                     "speculation_ineffective, dp_imbalance, "
+    assert evidence(f, "rules with nothing to judge here").value == ("scheduler_cpu_bound, kv_transfer, "
+                                                                     "frontend_bound, speculation_ineffective, "
+                                                                     "lora_adapter_slots, dp_imbalance, "
                                                                      "replica_imbalance, outside_engine")
     # what to export or configure, each once with the rules it unblocks, then the per-target range
     assert f.remedies[0].startswith("To judge queueing: export or configure a queue-time histogram (vLLM "
@@ -130,7 +131,8 @@ def test_an_outcome_per_rule() -> None:
                       "prefill_compute": "quiet", "kv_transfer": "not_applicable", "frontend_bound": "not_applicable",
                       "speculation_ineffective": "not_applicable", "bandwidth_bound": "quiet",
                       "dp_imbalance": "not_applicable", "replica_imbalance": "not_applicable",
-                      "queueing": "not_judged", "outside_engine": "not_applicable", "unexplained": "quiet"}
+                      "queueing": "not_judged", "outside_engine": "not_applicable", "unexplained": "quiet",
+                      "lora_adapter_slots": "not_applicable", "scheduler_cpu_bound": "not_applicable"}
     kv = next(o for o in outcomes if o.regime == "kv_cache_pressure")
     assert kv.detail == "conditions not met: KV-cache usage (max) = 3.0 % (>= 90.0 %); preemptions = 0 /s (> 0.01 /s)"
     queue = next(o for o in outcomes if o.regime == "queueing")

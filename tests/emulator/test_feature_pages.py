@@ -153,3 +153,33 @@ def test_sglang_restarts_when_its_launch_changes():
     after = parse_page(sim.render_metrics())
     assert {lb["dp_rank"] for lb in labels_of(after, "sglang:num_running_reqs")} == {"0", "1"}
     assert requests_before > 50 and value(after, "sglang:num_requests_total") < requests_before
+
+
+def test_lora_pages_say_which_adapters_are_in_demand_as_each_release_does():
+    """The same run's engine state as vLLM 0.34 writes it (both lists every adapter in flight), as 0.8
+    writes it (running and waiting apart), and as SGLang's pool gauges count it."""
+    from app.emulator.exposition import LORA_EPOCH
+
+    pages = {}
+    for engine in ("vllm", "vllm-legacy", "sglang"):
+        sim = Simulation("lora_adapter_slots", engine=engine, seed=4)
+        sim.run_for(60)
+        state = sim.engine
+        running = sorted({r.adapter for r in state.running})
+        in_flight = sorted({r.adapter for r in state.running} | {r.adapter for r in state.waiting})
+        pages[engine] = parse_page(sim.render_metrics())
+    assert len(running) == 2 and len(in_flight) == 6  # 2 slots full, 6 of the 8 adapters in demand at t = 60 s
+    newest = max(pages["vllm"].families["vllm:lora_requests_info"].samples, key=lambda s: s.value)
+    assert newest.value == LORA_EPOCH + 60.0
+    assert newest.labels == {"max_lora": "2", "running_lora_adapters": ",".join(in_flight),
+                             "waiting_lora_adapters": ",".join(in_flight)}
+    legacy = max(pages["vllm-legacy"].families["vllm:lora_requests_info"].samples, key=lambda s: s.value)
+    assert legacy.labels["running_lora_adapters"] == ",".join(running)
+    assert set(legacy.labels["waiting_lora_adapters"].split(",")) | set(running) == set(in_flight)
+    waiting = value(pages["vllm"], "vllm:num_requests_waiting", engine="0")
+    deferred = value(pages["vllm"], "vllm:num_requests_waiting_by_reason", reason="deferred")
+    assert deferred > 0 and deferred + value(pages["vllm"], "vllm:num_requests_waiting_by_reason",
+                                             reason="capacity") == waiting
+    sglang = pages["sglang"]
+    assert value(sglang, "sglang:lora_pool_slots_used") == 2.0 and value(sglang, "sglang:lora_pool_slots_total") == 2.0
+    assert value(sglang, "sglang:lora_pool_utilization") == 1.0

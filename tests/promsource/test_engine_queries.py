@@ -85,11 +85,11 @@ def test_every_engine_is_in_the_queries() -> None:
 def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
     client = FakeClient([])
     SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
-    # 34 per-signal queries (histograms incl. tpot, kv_transfer_time, render_time and SGLang's decode-side
+    # 38 per-signal queries (histograms incl. tpot, kv_transfer_time, render_time and SGLang's decode-side
     # kv_wait_time, prealloc_time and kv_alloc_time; gauges incl. its transfer and prealloc queues; counters incl.
-    # spec_drafts_total), TGI's raw KV samples, scrapes, configuration, per-rank loads, the ITL split;
-    # + presence and up of discovery
-    assert len(client.queries) == 39
+    # spec_drafts_total and SGLang's four scheduler-time counters), TGI's raw KV samples, scrapes, configuration,
+    # per-rank loads, the ITL split: 43, and discovery's presence and up make a round 45
+    assert len(client.queries) == 43
     assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
 
 
@@ -103,3 +103,14 @@ def test_sglang_milliseconds_are_read_as_seconds() -> None:
     h = windows[("p0",)].models["m"].histograms["kv_transfer_time"]
     assert h.bounds == (0.001, 0.005, 0.05, 1.0, math.inf)
     assert h.sum == pytest.approx(1.75) and h.count == 20
+
+
+def test_sglang_speculation_gauges_count_only_while_speculating() -> None:
+    """SGLang writes spec_accept_rate / _length as 0 with speculation off; its adapter drops those series and a
+    source's query keeps a series only while the accept length stayed above 0 (else every SGLang target without
+    speculation would read a 0 % acceptance)."""
+    text = SourceQueries(("pod",), (("namespace", "=", "llm"),)).gauge("spec_accept_rate", 60)
+    assert ('(avg_over_time(sglang:spec_accept_rate{namespace="llm"}[1m]) and '
+            '(min_over_time(sglang:spec_accept_length{namespace="llm"}[1m]) > 0))') in text
+    vllm_like = SourceQueries(("pod",)).gauge("running", 60)
+    assert "min_over_time" not in vllm_like

@@ -54,8 +54,9 @@ REGIMES = ["queueing", "prefill_compute", "prefill_interference", "bandwidth_bou
            "weights_offloaded"]
 # the regimes whose signals only vLLM's page carries among the emulated formats
 SERVING_REGIMES = ["kv_transfer", "speculation_ineffective", "dp_imbalance", "frontend_bound"]
+# SGLang's scheduler time; its speculation gauges, 0 with speculation off, must not read as speculation
 CASES = [(s, "vllm") for s in ["healthy", "healthy_bursty", *REGIMES, *SERVING_REGIMES]] + \
-    [("healthy", "tgi"), ("queueing", "tgi")]
+    [("healthy", "tgi"), ("queueing", "tgi"), ("scheduler_cpu_bound", "sglang")]
 RUN_S, WINDOW_S, SCRAPE_S = 180.0, 120.0, 5.0
 # Two services of two replicas each: one queueing next to an idle one, and two without a queue.
 SERVICES = {"queueing-vllm": "imbalanced", "healthy-vllm": "imbalanced",
@@ -213,7 +214,8 @@ def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], P
                  "kv_usage_mean", "kv_usage_max", "preemptions_per_second", "requests_per_second",
                  "generation_tokens_per_second", "scrapes", "kv_transfer_share", "kv_transfers_per_second",
                  "kv_transfer_failures_per_second", "kv_transfer_failure_share", "spec_accept_rate",
-                 "spec_accept_length", "spec_draft_length", "render_share"):
+                 "spec_accept_length", "spec_draft_length", "render_share", "scheduler_cpu_share",
+                 "scheduler_busy_share", "gpu_idle_share"):
         assert _close(prom_signals.get(name), store_signals.get(name)), (name, prom_signals.get(name),
                                                                          store_signals.get(name))
     assert prom_signals.get("config") == store_signals.get("config")
@@ -224,6 +226,8 @@ def test_same_verdict_and_numbers_in_both_modes(matrix: tuple[dict[str, Case], P
     for p, q in zip(prom_ranks, store_ranks):
         assert _close(p["running_mean"], q["running_mean"]) and _close(p["waiting_mean"], q["waiting_mean"]), (p, q)
         assert _close(p.get("queue_mean"), q.get("queue_mean")), (p, q)  # each rank's own queue histogram
+    if scenario == "scheduler_cpu_bound":  # the scheduler's time read by rate() as the store reads it
+        assert 0.35 < prom_signals["gpu_idle_share"] < 0.5 and "spec_accept_rate" not in prom_signals
     if scenario == "dp_imbalance":
         assert [r["target"] for r in prom_signals["ranks"]] == ["0", "1"]
         busy, idle = prom_signals["ranks"]

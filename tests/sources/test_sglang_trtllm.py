@@ -141,7 +141,9 @@ def test_sglang_0523_decode_worker_page_reads_its_own_pd_families() -> None:
     assert not [s for s in c.scalars if s.signal not in ("running", "waiting", "kv_usage", "transfer_queue",
                                                           "prealloc_queue", "preemptions_total", "requests_total",
                                                           "prompt_tokens_total", "generation_tokens_total",
-                                                          "kv_transfer_failures_total")]
+                                                          "kv_transfer_failures_total", "scheduler_loop_seconds_total",
+                                                          "scheduler_idle_seconds_total",
+                                                          "scheduler_cpu_seconds_total")]
     assert scalar(c, "kv_transfer_failures_total") == 2.0 and scalar(c, "requests_total") == 400.0
     roles = [i.labels["disaggregation_mode"] for i in c.infos if i.name == "disaggregation"]
     assert roles == ["decode"]
@@ -157,3 +159,35 @@ def test_sglang_0523_prefill_worker_page_records_the_transfer() -> None:
     assert not [h for h in c.histograms if h.signal in ("kv_wait_time", "prealloc_time")]
     assert [i.labels["disaggregation_mode"] for i in c.infos if i.name == "disaggregation"] == ["prefill"]
     assert c.problems == []
+
+
+def test_sglang_scheduler_time_counters_sum_over_stages_and_ranks() -> None:
+    """SGLang 0.5.20+ scheduler time, rendered by prometheus_client as SGLang's collector renders it (labels
+    of 0.5.23; every stage pre-created at 0 with forward_overlap "none"): the loop's wall time is the sum over
+    category and forward_overlap, the TP/PP ranks summed like every other scheduler family."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    r = CollectorRegistry()
+    labels = ["model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"]
+    stage = Counter("sglang:scheduler_stage_seconds_total", "Total scheduler-loop wall time exclusively attributed to "
+                    "each stage.", labels + ["category", "forward_overlap"], registry=r)
+    idle = Counter("sglang:scheduler_idle_seconds_total", "idle", labels, registry=r)
+    cpu = Counter("sglang:scheduler_process_cpu_seconds_total", "cpu", labels, registry=r)
+    forward = Counter("sglang:forward_execution_seconds_total", "forward", labels + ["category"], registry=r)
+    for pp in ("0", "1"):
+        ranks = ("m", "unified", "0", pp, "0")
+        for category in ("other", "recv_requests", "run_batch", "process_batch_result", "idle"):
+            stage.labels(*ranks, category, "none")
+        stage.labels(*ranks, "run_batch", "full").inc(70.0)
+        stage.labels(*ranks, "process_batch_result", "partial").inc(20.0)
+        stage.labels(*ranks, "idle", "none").inc(10.0)
+        idle.labels(*ranks).inc(10.0)
+        cpu.labels(*ranks).inc(99.5)
+        forward.labels(*ranks, "decode").inc(40.0)
+        forward.labels(*ranks, "extend").inc(5.0)
+    c = ADAPTERS["sglang"].to_canonical(parse_page(generate_latest(r), keep=ADAPTERS["sglang"].families.__contains__))
+    assert scalar(c, "scheduler_loop_seconds_total") == 200.0  # 2 PP ranks x (70 + 20 + 10)
+    assert scalar(c, "scheduler_idle_seconds_total") == 20.0
+    assert scalar(c, "scheduler_cpu_seconds_total") == 199.0
+    assert scalar(c, "gpu_busy_seconds_total") == 90.0  # _created samples are not values
+    assert {s.model for s in c.scalars} == {"m"} and c.problems == []
