@@ -20,7 +20,7 @@ renders only the rows that changed since the last read (:data:`FLEET_ROW_HTML`).
 
 Discovered targets (a Prometheus source, file/http discovery) name where they come from and
 their labels. A Prometheus source that cannot be read gets a banner naming it and its error
-(the classified text of :class:`app.promsource.service.SourceStatus`, never the server's),
+(the classified text of :class:`app.windows.base.SourceStatus`, never the server's),
 and each of its targets says its verdict is the last one, from when. Gone targets (their
 series stopped) are not live: they are listed apart, collapsed. A source's targets get their
 percentiles from the source (one set of queries per source for the whole table), so they equal
