@@ -28,7 +28,7 @@ def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0012"
+    assert db.current_revision(engine) == db.head_revision() == "0013"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
