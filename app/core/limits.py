@@ -32,21 +32,22 @@ MAX_ID = 2**63 - 1  # a database id (BIGINT)
 # What one target's pages may bring (Prometheus' ``sample_limit``): per target in the targets
 # YAML and API, the service's defaults in the settings (``default_sample_limit``, ...). Past
 # one the scrape is refused (``too_many_samples``/``too_many_series``, the target down for it)
-# and nothing of it is stored. The real pages (tests/fixtures/exposition) keep at most 250
-# samples and 22 stored series per model and rank (vLLM 0.32's real page: 250, 20 and 2
-# infos; vLLM 0.10's DP2 page 139 and 8 per rank; TGI 363 and 12). Repeated per model, the
-# real vLLM page's 374 engine lines (32.6 kB) fill the 4 MiB page cap at ~128 models and
-# ranks: 32,000 kept samples, 2,800 stored series.
+# and nothing of it is stored. The real pages (tests/fixtures/exposition) keep at most 363
+# samples and 22 stored series per model and rank (vLLM 0.32's real page: 250 samples, 20
+# series and 2 infos; vLLM 0.10's DP2 page 139 and 8 per rank; TGI 363 and 12). Repeated per
+# model, the real vLLM page's model lines fill the 4 MiB page cap at 123 models and ranks:
+# 30,628 kept samples, 2,584 stored series (tests/scrape/test_limits.py builds that page).
 #: samples of the engine's families on one page: 1.6x that largest real page (a 20,000-bucket
-#: histogram fits); a page of short lines under the same byte cap holds ten times as many
+#: histogram fits); a page of the shortest lines under the same byte cap holds 150,000
 DEFAULT_SAMPLE_LIMIT = 50_000
-#: stored series (histograms, gauges, counters and infos per model and rank) on one page: 1.8x
+#: stored series (histograms, gauges, counters and infos per model and rank) on one page: 1.9x
 #: that largest real page
 DEFAULT_SERIES_LIMIT = 5_000
 #: series a target may have stored (series and info rows, kept while the target exists): twice
-#: a full page, ~450 models and ranks of the real vLLM page over the target's life. What the
-#: writer caches of a target is in proportion: a target whose page renames its models every
-#: scrape stops here instead of growing the series table and the process without bound
+#: the series limit, ~475 models and ranks of the real vLLM page (21 rows each) over the
+#: target's life. The writer's caches of a target are in proportion: a target whose page
+#: renames its models every scrape stops here instead of growing the series table and the
+#: process without bound
 DEFAULT_STORED_SERIES_LIMIT = 10_000
 MAX_SCRAPE_LIMIT = 2**31 - 1  # the largest value of a limit: an INTEGER column
 

@@ -283,7 +283,8 @@ class SampleWriter:
         if limit is not None and both and have + len(both) > limit:
             raise Refused("too_many_series", f"the page has {len(both):,} new series and the target "
                                              f"{have:,} stored, over its stored_series_limit of {limit:,}; "
-                                             "raise the limit, or delete the target to drop its series")
+                                             "nothing of it was stored: raise the limit, or delete the target to "
+                                             "drop its series")
         new_series.update((k, stored[k]) for k in missing if k in stored)
         if new:
             rows = [{"target_id": tid, "signal": k[1], "kind": missing[k], "model": k[2], "rank": k[3],
