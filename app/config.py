@@ -104,14 +104,14 @@ class TargetConfig(BaseModel):
     scrape_interval: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     scrape_timeout: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     sample_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
-        "Samples of the engine's families a page may have; past it the scrape fails (too_many_samples). "
-        "Default: the service's default_sample_limit"))
+        "Samples of the engine's families a page may have; past it the scrape fails (`too_many_samples`) and "
+        "nothing of the page is stored. Default: `LLM_LATENCY_DEFAULT_SAMPLE_LIMIT`."))
     series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
-        "Series (histograms, gauges, counters, infos per model and rank) a page may have; past it the scrape "
-        "fails (too_many_series). Default: the service's default_series_limit"))
+        "Series (histograms, gauges, counters and infos per model and rank) a page may have; past it the "
+        "scrape fails (`too_many_series`). Default: `LLM_LATENCY_DEFAULT_SERIES_LIMIT`."))
     stored_series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
-        "Series the target may have stored; a scrape with new series past it fails (too_many_series). "
-        "Default: the service's default_stored_series_limit"))
+        "Series the target may have stored (kept while it exists); a scrape with new series past it fails "
+        "(`too_many_series`). Default: `LLM_LATENCY_DEFAULT_STORED_SERIES_LIMIT`."))
     hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
     canary: CanaryConfig | None = Field(None, description="A periodic single-request probe (off by default)")
 
