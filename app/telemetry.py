@@ -19,7 +19,7 @@ Scrape health
     llm_latency_target_malformed_lines{target}           malformed lines on the last page
 Storage
     llm_latency_storage_writes_total{result}             scrapes written (ok), failed (error), or refused by the
-                                                         target's stored_series_limit (refused: stored as down)
+                                                         store (refused: stored as down; stored_series_limit)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
     llm_latency_not_owned_total{stage}                   replicas: a scrape not started (scrape) or its result

@@ -88,7 +88,7 @@ class ScrapeService:
         self._frozen = False
         self._reported_engines: dict[str, str] = {}  # target -> engine already stored as detected
         self._names: dict[int, str] = {}  # target id -> name, of the scheduled targets
-        self._refusals = 0  # scrapes the writer refused (its stored_series_limit), ever
+        self._refusals = 0  # scrapes the writer refused (app.store.writer.Refused), ever
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, targets: list[ScrapeSpec]) -> None:
@@ -153,10 +153,9 @@ class ScrapeService:
     def _remove(self, name: str) -> None:
         scraper = self.scrapers.pop(name, None)
         self._reported_engines.pop(name, None)
-        if scraper is not None:
-            self._names.pop(scraper.spec.id, None)
         self._unschedule(name)
         if scraper is not None:
+            self._names.pop(scraper.spec.id, None)
             self.telemetry.forget_target(name)
 
     def _unschedule(self, name: str) -> None:
