@@ -50,9 +50,9 @@ Run from the repository root::
 
 Most of a full run's wall time is the unmeasured first write of the 8-model targets:
 ``SampleWriter`` creates the new series of each target's first page (80,000 series for 500
-targets; one SELECT of the target's series and one INSERT each). For a sampling profile without cProfile's distortion, attach py-spy
-(``pip install py-spy``) to the bench process: ``py-spy record -p PID --threads
---format raw -o out.txt -d 20`` while table (b) is being measured.
+targets; one SELECT of the target's series and one INSERT each). For a sampling profile
+without cProfile's distortion, attach py-spy (``pip install py-spy``) to the bench process:
+``py-spy record -p PID --threads --format raw -o out.txt -d 20`` while table (b) is being measured.
 
 Run it on a quiet machine: CPU times are per process, but two busy cores shared with
 other work still inflate them (the header prints the load average).
