@@ -9,6 +9,9 @@ Example::
         labels: {cluster: prod}
         scrape_interval: 15s
         scrape_timeout: 5s
+        sample_limit: 50000     # optional limits (defaults: the settings' default_*_limit)
+        series_limit: 5000
+        stored_series_limit: 10000
         hardware: {gpu: A100-80G, model: llama-3.1-8b, weight_dtype: bf16}   # optional
     diagnosis:                  # optional; defaults shown
       interval: 30s
@@ -53,6 +56,7 @@ from app.core.limits import (
     LABEL_NAME,
     MAX_INTERVAL_SECONDS,
     MAX_LIST_LENGTH,
+    MAX_SCRAPE_LIMIT,
     NAME_PATTERN,
     RESERVED_LABELS,
     Labels,
@@ -99,6 +103,15 @@ class TargetConfig(BaseModel):
     labels: Labels = Field(default_factory=dict)
     scrape_interval: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     scrape_timeout: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
+    sample_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Samples of the engine's families a page may have; past it the scrape fails (`too_many_samples`) and "
+        "nothing of the page is stored. Default: `LLM_LATENCY_DEFAULT_SAMPLE_LIMIT`."))
+    series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Series (histograms, gauges, counters and infos per model and rank) a page may have; past it the "
+        "scrape fails (`too_many_series`). Default: `LLM_LATENCY_DEFAULT_SERIES_LIMIT`."))
+    stored_series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Series the target may have stored (kept while it exists); a scrape with new series past it fails "
+        "(`too_many_series`). Default: `LLM_LATENCY_DEFAULT_STORED_SERIES_LIMIT`."))
     hardware: HardwareProfile | None = Field(None, description="GPU and model, for the decode roofline floor")
     canary: CanaryConfig | None = Field(None, description="A periodic single-request probe (off by default)")
 

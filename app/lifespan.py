@@ -164,7 +164,9 @@ class Monitor:
             return [
                 ScrapeSpec(t.id, t.name, t.url, t.engine, t.scrape_interval or s.default_scrape_interval,
                            min(t.scrape_timeout or s.default_scrape_timeout,
-                               t.scrape_interval or s.default_scrape_interval), dict(t.labels))
+                               t.scrape_interval or s.default_scrape_interval), dict(t.labels),
+                           t.sample_limit or s.default_sample_limit, t.series_limit or s.default_series_limit,
+                           t.stored_series_limit or s.default_stored_series_limit)
                 for t in target_repository.list_targets(session)
                 if t.source not in DISCOVERED_BY_SOURCES and t.gone_at is None
             ]

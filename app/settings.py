@@ -18,7 +18,13 @@ from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.core.durations import Seconds
-from app.core.limits import MAX_REQUEST_BYTES
+from app.core.limits import (
+    DEFAULT_SAMPLE_LIMIT,
+    DEFAULT_SERIES_LIMIT,
+    DEFAULT_STORED_SERIES_LIMIT,
+    MAX_REQUEST_BYTES,
+    MAX_SCRAPE_LIMIT,
+)
 from app.scrape.client import DEFAULT_MAX_PAGE_BYTES
 
 
@@ -60,6 +66,19 @@ class Settings(BaseSettings):
     prune_interval: Seconds = Field(3600.0, gt=0)
     default_scrape_interval: Seconds = Field(15.0, gt=0)
     default_scrape_timeout: Seconds = Field(10.0, gt=0)
+    default_sample_limit: int = Field(DEFAULT_SAMPLE_LIMIT, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Samples of the engine's families a page may have, for targets that set no `sample_limit`; past it "
+        "the scrape fails (`too_many_samples`). 1.6x the largest real engine page the 4 MiB page cap lets "
+        "through (vLLM's page at 123 models and ranks: 30,628 samples)."))
+    default_series_limit: int = Field(DEFAULT_SERIES_LIMIT, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Series (histograms, gauges, counters and infos per model and rank) a page may have, for targets "
+        "that set no `series_limit`; past it the scrape fails (`too_many_series`). 1.9x that largest page "
+        "(2,584)."))
+    default_stored_series_limit: int = Field(DEFAULT_STORED_SERIES_LIMIT, gt=0, le=MAX_SCRAPE_LIMIT, description=(
+        "Series a target may have stored (kept while it exists), for targets that set no "
+        "`stored_series_limit`; a scrape with new series past it fails (`too_many_series`), so a page that "
+        "renames its models every scrape cannot grow the database and the process without bound. Twice "
+        "the series limit: ~475 models and ranks of vLLM's page over a target's life."))
     connect_timeout: Seconds = Field(3.0, gt=0)
     max_page_bytes: int = Field(DEFAULT_MAX_PAGE_BYTES, gt=0, description="Larger pages are refused.")
     max_concurrent_scrapes: int = Field(64, gt=0)

@@ -18,7 +18,8 @@ Scrape health
     llm_latency_target_samples_kept{target}              samples kept from the last page
     llm_latency_target_malformed_lines{target}           malformed lines on the last page
 Storage
-    llm_latency_storage_writes_total{result}             scrapes written (ok) or failed (error)
+    llm_latency_storage_writes_total{result}             scrapes written (ok), failed (error), or refused by the
+                                                         store (refused: stored as down; stored_series_limit)
     llm_latency_storage_write_seconds                    duration of one batch write
     llm_latency_write_queue_scrapes                      scrapes waiting to be written
     llm_latency_not_owned_total{stage}                   replicas: a scrape not started (scrape) or its result
@@ -306,6 +307,11 @@ class Telemetry:
         self.scrape_duration.observe(duration)
         self.targets.record(target, up=up, ts=ts, result="ok" if up and not error_class else (error_class or "down"),
                             size=size, kept=kept, malformed=malformed)
+
+    def record_refused(self, target: str, ts: float) -> None:
+        """A scrape the store refused (:class:`app.store.writer.Refused`): the target down."""
+        self.writes.labels("refused").inc()
+        self.targets.record(target, up=False, ts=ts)
 
     def forget_target(self, target: str) -> None:
         self.targets.forget(target)

@@ -49,10 +49,10 @@ Run from the repository root::
     python -m bench.ingest --profile [8-model]   # + cProfile of the SQLite path (1-model page by default)
 
 Most of a full run's wall time is the unmeasured first write of the 8-model targets:
-``SampleWriter`` creates each new series with its own SELECT + INSERT (80,000 series for
-500 targets). For a sampling profile without cProfile's distortion, attach py-spy
-(``pip install py-spy``) to the bench process: ``py-spy record -p PID --threads
---format raw -o out.txt -d 20`` while table (b) is being measured.
+``SampleWriter`` creates the new series of each target's first page (80,000 series for 500
+targets; one SELECT of the target's series and one INSERT each). For a sampling profile
+without cProfile's distortion, attach py-spy (``pip install py-spy``) to the bench process:
+``py-spy record -p PID --threads --format raw -o out.txt -d 20`` while table (b) is being measured.
 
 Run it on a quiet machine: CPU times are per process, but two busy cores shared with
 other work still inflate them (the header prints the load average).

@@ -184,7 +184,9 @@ def type_text(tp: Any, anchors: dict[type[BaseModel], str], seconds: bool = Fals
 
 
 def _bound(value: float, seconds: bool) -> str:
-    return format_duration(value) if seconds else f"{value:g}"
+    if seconds:
+        return format_duration(value)
+    return str(int(value)) if value.is_integer() else f"{value:g}"  # 2147483647, not 2.14748e+09
 
 
 def _plural(count: int, what: str) -> str:

@@ -30,6 +30,8 @@ targets:
     labels: {cluster: prod}
     scrape_interval: 15s
     scrape_timeout: 2500ms
+    sample_limit: 80000
+    stored_series_limit: 20000
   - name: tgi-b
     url: https://tgi.internal/metrics
     engine: tgi
@@ -39,6 +41,8 @@ targets:
     assert config.targets[0].scrape_timeout == 2.5
     assert config.targets[0].engine == "auto"
     assert config.targets[1].scrape_interval is None
+    limits = [(t.sample_limit, t.series_limit, t.stored_series_limit) for t in config.targets]
+    assert limits == [(80_000, None, 20_000), (None, None, None)]  # None: the service's defaults
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -53,6 +57,12 @@ targets:
     ("targets:\n  - name: a\n    url: http://x/m\n    labels: {model: x}\n", "label name 'model' is reserved"),
     ("targets:\n  - name: a\n    url: http://x/m\n    colour: red\n",
      "targets[0].colour: Extra inputs are not permitted"),
+    ("targets:\n  - name: a\n    url: http://x/m\n    sample_limit: 0\n",
+     "targets[0].sample_limit: Input should be greater than 0"),
+    ("targets:\n  - name: a\n    url: http://x/m\n    stored_series_limit: 2147483648\n",
+     "targets[0].stored_series_limit: Input should be less than or equal to 2147483647"),
+    ("targets:\n  - name: a\n    url: http://x/m\n    series_limit: many\n",
+     "targets[0].series_limit: Input should be a valid integer"),
     ("targets: [\n", "not valid YAML"),
     ("- just a list\n", "top level must be a mapping"),
 ])

@@ -8,7 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.core.durations import parse_duration
-from app.core.limits import MAX_INTERVAL_SECONDS, Labels, Url
+from app.core.limits import MAX_INTERVAL_SECONDS, MAX_SCRAPE_LIMIT, Labels, Url
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 
@@ -29,6 +29,9 @@ class TargetPatch(BaseModel):
     labels: Labels | None = None
     scrape_interval: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
     scrape_timeout: Seconds | None = Field(None, gt=0, le=MAX_INTERVAL_SECONDS)
+    sample_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT)
+    series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT)
+    stored_series_limit: int | None = Field(None, gt=0, le=MAX_SCRAPE_LIMIT)
     hardware: HardwareProfile | None = None
     canary: CanaryConfig | None = None
 
@@ -54,6 +57,11 @@ class TargetOut(BaseModel):
     labels: dict[str, str]
     scrape_interval_seconds: float
     scrape_timeout_seconds: float
+    sample_limit: int = Field(description="Samples of the engine's families a page may have (the target's, "
+                                          "else the service's default)")
+    series_limit: int = Field(description="Series a page may have (the target's, else the service's default)")
+    stored_series_limit: int = Field(description="Series the target may have stored (the target's, else the "
+                                                 "service's default)")
     source: str = Field(description="config | api | file_sd | http_sd | prometheus | service (the last four "
                                     "discovered)")
     origin: str | None = Field(None, description="For a discovered target: its discovery config (e.g. "

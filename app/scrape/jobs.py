@@ -6,6 +6,12 @@ other targets never notice. A record's message names the position and kind of a 
 never the page's text (see :mod:`app.exposition.parser`): every API reader sees it. An
 unexpected exception is logged in full and recorded by its type only, since its message
 may quote the page.
+
+A page with more samples of the engine's families than the target's ``sample_limit`` is
+refused before it is adapted (``too_many_samples``), one with more stored series than its
+``series_limit`` after (``too_many_series``): the target is down for that scrape and nothing
+of the page is stored, as Prometheus does past ``sample_limit``. The record carries the
+target's ``stored_series_limit`` to the writer, which alone knows what the target has stored.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from app.core.limits import DEFAULT_SAMPLE_LIMIT, DEFAULT_SERIES_LIMIT, DEFAULT_STORED_SERIES_LIMIT
 from app.exposition.parser import PageParser, ParsedPage
 from app.scrape.client import PageFetcher, ScrapeError
 from app.scrape.load_balancing import MESSAGE as LOAD_BALANCED
@@ -37,6 +44,9 @@ class ScrapeSpec:
     interval: float = 15.0
     timeout: float = 10.0
     labels: dict[str, str] = field(default_factory=dict)
+    sample_limit: int = DEFAULT_SAMPLE_LIMIT
+    series_limit: int = DEFAULT_SERIES_LIMIT
+    stored_series_limit: int = DEFAULT_STORED_SERIES_LIMIT
 
 
 def _internal_error(exc: Exception, doing: str) -> str:
@@ -70,11 +80,13 @@ class PageProcessor:
         families = ADAPTERS[self.engine].families
         return PageParser(keep=families.__contains__)
 
-    def process(self, body: bytes | str) -> tuple[ParsedPage, Canonical | None, str | None]:
+    def process(self, body: bytes | str, sample_limit: int | None = None
+                ) -> tuple[ParsedPage, Canonical | None, str | None]:
         """Returns (parsed page, canonical signals or None, error class or None).
 
         ``wrong_endpoint``: the answer is trtllm-serve's JSON iteration statistics (its
-        ``/metrics``), recognised from the first bytes without parsing the rest."""
+        ``/metrics``), recognised from the first bytes without parsing the rest; a page with
+        more kept samples than ``sample_limit`` is not adapted (``too_many_samples``)."""
         if trtllm.is_iteration_stats(body):
             return ParsedPage({}, 0, 0, 0, []), None, "wrong_endpoint"
         page = self._parser.parse(body)
@@ -88,6 +100,8 @@ class PageProcessor:
             if page.samples_seen == 0 and page.malformed:
                 return page, None, "parse_error"
             return page, None, "no_engine_metrics"
+        if sample_limit is not None and page.samples_kept > sample_limit:
+            return page, None, "too_many_samples"
         canonical = ADAPTERS[self.engine].to_canonical(page)
         return page, canonical, None
 
@@ -126,14 +140,32 @@ class TargetScraper:
             self.on_result(spec, record)
         return record
 
+    def _over_limit(self, page: ParsedPage, canonical: Canonical | None, error_class: str | None
+                    ) -> tuple[str, str] | None:
+        """(error class, message) of a page past the target's ``sample_limit`` or ``series_limit``."""
+        spec = self.spec
+        if error_class == "too_many_samples":
+            return error_class, (f"the page has {page.samples_kept:,} samples of the engine's families, over the "
+                                 f"target's sample_limit of {spec.sample_limit:,}; nothing of it was stored")
+        series = 0 if canonical is None else len(canonical.histograms) + len(canonical.scalars) + len(canonical.infos)
+        if series > spec.series_limit:
+            return "too_many_series", (f"the page has {series:,} series (histograms, gauges, counters and infos per "
+                                       f"model and rank), over the target's series_limit of {spec.series_limit:,}; "
+                                       "nothing of it was stored")
+        return None
+
     def _build_record(self, body: bytes, started: float, t0: float) -> ScrapeRecord:
         spec = self.spec
         try:
-            page, canonical, error_class = self.processor.process(body)
+            page, canonical, error_class = self.processor.process(body, spec.sample_limit)
         except Exception as exc:
             log.exception("processing the page of %s failed", spec.name)
             return ScrapeRecord(spec.id, started, False, time.perf_counter() - t0, len(body),
                                 error_class="internal", error=_internal_error(exc, "processing the page"))
+        refused = self._over_limit(page, canonical, error_class)
+        if refused is not None:
+            return ScrapeRecord(spec.id, started, False, time.perf_counter() - t0, len(body), page.samples_seen, 0,
+                                page.malformed, self.processor.engine, *refused)
         errors = list(page.errors[:3])
         if canonical is not None:
             errors = canonical.problems[:3] + errors
@@ -155,4 +187,5 @@ class TargetScraper:
         return ScrapeRecord(
             spec.id, started, up, time.perf_counter() - t0, len(body), page.samples_seen, page.samples_kept,
             page.malformed, engine, error_class, "; ".join(errors)[:1000] or None, canonical,
+            spec.stored_series_limit,
         )

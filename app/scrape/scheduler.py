@@ -48,6 +48,8 @@ class ScrapeTelemetry(Protocol):
     def record_scrape(self, target: str, up: bool, error_class: str | None, duration: float, size: int,
                       kept: int, malformed: int, ts: float) -> None: ...
 
+    def record_refused(self, target: str, ts: float) -> None: ...
+
     def forget_target(self, target: str) -> None: ...
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ class ScrapeService:
                  owns: Callable[[str], bool] | None = None) -> None:
         self.telemetry = telemetry
         self.fetcher = PageFetcher(max_concurrency, max_bytes, connect_timeout)
-        self.writer = SampleWriter(engine)
+        self.writer = SampleWriter(engine, self._refused)
         self.scheduler = scheduler  # the service's (app.runtime.scheduling); started and shut down by its owner
         self.scrapers: dict[str, TargetScraper] = {}
         self.jitter = jitter
@@ -85,6 +87,8 @@ class ScrapeService:
         self._inflight = 0
         self._frozen = False
         self._reported_engines: dict[str, str] = {}  # target -> engine already stored as detected
+        self._names: dict[int, str] = {}  # target id -> name, of the scheduled targets
+        self._refusals = 0  # scrapes the writer refused (app.store.writer.Refused), ever
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, targets: list[ScrapeSpec]) -> None:
@@ -126,6 +130,7 @@ class ScrapeService:
     def _add(self, spec: ScrapeSpec, now: bool = False) -> None:
         scraper = TargetScraper(spec, self.fetcher, functools.partial(self._accept, spec.name), self._on_result)
         self.scrapers[spec.name] = scraper
+        self._names[spec.id] = spec.name
         offset = 0.0 if now else (zlib.crc32(spec.name.encode()) % 10_000) / 10_000 * spec.interval
         first = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=offset)
         self.scheduler.add_job(
@@ -150,6 +155,7 @@ class ScrapeService:
         self._reported_engines.pop(name, None)
         self._unschedule(name)
         if scraper is not None:
+            self._names.pop(scraper.spec.id, None)
             self.telemetry.forget_target(name)
 
     def _unschedule(self, name: str) -> None:
@@ -171,6 +177,13 @@ class ScrapeService:
             self.telemetry.not_owned.labels("write").inc()
             return
         self._pending.append(record)
+
+    def _refused(self, record: ScrapeRecord) -> None:
+        """The writer stored ``record`` as refused (from its thread, inside :meth:`flush`)."""
+        self._refusals += 1
+        name = self._names.get(record.target_id)
+        if name is not None:
+            self.telemetry.record_refused(name, record.ts)
 
     def _on_result(self, spec: ScrapeSpec, record: ScrapeRecord) -> None:
         self.telemetry.record_scrape(spec.name, record.up, record.error_class, record.duration, record.bytes,
@@ -199,7 +212,7 @@ class ScrapeService:
             if not self._pending:
                 return 0
             batch, self._pending[:] = list(self._pending), []
-            started = time.perf_counter()
+            started, refusals = time.perf_counter(), self._refusals
             try:
                 written = await asyncio.to_thread(self.writer.write, batch)
             except DatabaseUnavailable:
@@ -215,7 +228,8 @@ class ScrapeService:
                 gc.freeze()  # what exists after the first write is long-lived
                 self._frozen = True
             self.telemetry.write_seconds.observe(time.perf_counter() - started)
-            self.telemetry.writes.labels("ok").inc(written)
+            refused = self._refusals - refusals
+            self.telemetry.writes.labels("ok").inc(written - refused)
             if written < len(batch):
                 self.telemetry.writes.labels("error").inc(len(batch) - written)
             self.telemetry.queue_depth.set(len(self._pending))

@@ -10,7 +10,10 @@ CPU at ingest than formatting text.
 A scrape's samples are one row (:func:`encode_scrape`): each series' entry behind its id,
 kind and length. Twenty rows a scrape (one per histogram and scalar series) cost
 PostgreSQL a 24-byte tuple header, alignment and a primary-key entry each, more than
-the samples themselves (docs/operations.md#encoding).
+the samples themselves (docs/operations.md#encoding). The length is a uint16; a histogram
+entry of 64 KiB or more (16,380 uint32 counts, 8,190 float64 ones) takes a kind of its own
+whose uint32 length follows the head, so every row written before that kind existed reads
+back as it was.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ FLOAT64 = b"d"
 _PAIR = struct.Struct("<dd")
 _ONE = struct.Struct("<d")
 _RESET = struct.Struct("<Id")
-_ENTRY = struct.Struct("<IBH")  # series id, kind, payload bytes
+_ENTRY = struct.Struct("<IBH")  # series id, kind, payload bytes (0 for LONG_HISTOGRAM_ENTRY)
 _SCALAR_ENTRY = struct.Struct("<IBHd")
-HISTOGRAM_ENTRY, SCALAR_ENTRY = 0, 1
+_LONG_SIZE = struct.Struct("<I")  # LONG_HISTOGRAM_ENTRY: payload bytes, after the head
+HISTOGRAM_ENTRY, SCALAR_ENTRY, LONG_HISTOGRAM_ENTRY = 0, 1, 2
+_SHORT = 1 << 16  # payloads from this size on are LONG_HISTOGRAM_ENTRY
 
 
 @lru_cache(maxsize=256)
@@ -119,7 +124,10 @@ def encode_scrape(histograms: Sequence[tuple[int, bytes]], scalars: Sequence[tup
     ``scalars`` as (series id, value)."""
     parts = []
     for sid, blob in histograms:
-        parts.append(_ENTRY.pack(sid, HISTOGRAM_ENTRY, len(blob)))
+        if len(blob) < _SHORT:
+            parts.append(_ENTRY.pack(sid, HISTOGRAM_ENTRY, len(blob)))
+        else:  # struct refuses a payload of 4 GiB or more: no database stores such a row
+            parts.append(_ENTRY.pack(sid, LONG_HISTOGRAM_ENTRY, 0) + _LONG_SIZE.pack(len(blob)))
         parts.append(blob)
     parts.extend(_SCALAR_ENTRY.pack(sid, SCALAR_ENTRY, 8, value) for sid, value in scalars)
     return b"".join(parts)
@@ -133,6 +141,10 @@ def decode_scrape(blob: bytes, wanted: Container[int]) -> Iterator[tuple[int, tu
     while at < end:
         sid, kind, size = entry.unpack_from(blob, at)
         at += head
+        if kind == LONG_HISTOGRAM_ENTRY:
+            (size,) = _LONG_SIZE.unpack_from(blob, at)
+            at += _LONG_SIZE.size
+            kind = HISTOGRAM_ENTRY
         if sid in wanted:
             if kind == SCALAR_ENTRY:
                 yield sid, _ONE.unpack_from(blob, at)

@@ -57,6 +57,8 @@ SERVICE_KIND = "service"  # Target.source of a group of those replicas (the sour
 DISCOVERED_BY_SOURCES = frozenset({SOURCE_KIND, SERVICE_KIND})  # targets the scraper never scrapes itself
 # Target.source values owned by discovery (file/HTTP SD, a Prometheus source's replicas and services)
 DISCOVERED_SOURCES = frozenset({"file_sd", "http_sd", *DISCOVERED_BY_SOURCES})
+#: widths of the identity columns a page's labels fill: a longer label is refused by the writer
+MODEL_WIDTH, RANK_WIDTH, INFO_NAME_WIDTH = 256, 16, 64
 
 
 class Target(Base):
@@ -70,6 +72,10 @@ class Target(Base):
     labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
     scrape_interval: Mapped[float | None] = mapped_column(Float, nullable=True)
     scrape_timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # per-scrape and stored limits (app/core/limits.py); None: the service's defaults
+    sample_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    series_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stored_series_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # api | config | file_sd | http_sd | prometheus (the last three are discovered)
     source: Mapped[str] = mapped_column(String(16), default="api")
     origin: Mapped[str | None] = mapped_column(String(128), nullable=True)  # discovery config or source name
@@ -102,6 +108,12 @@ class TargetView(Protocol):
     @property
     def scrape_timeout(self) -> float | None: ...
     @property
+    def sample_limit(self) -> int | None: ...
+    @property
+    def series_limit(self) -> int | None: ...
+    @property
+    def stored_series_limit(self) -> int | None: ...
+    @property
     def source(self) -> str: ...
     @property
     def origin(self) -> str | None: ...
@@ -118,16 +130,22 @@ class TargetView(Protocol):
 
 
 class Series(Base):
+    """One series of a target. Its identity holds the bounds by their digest (``bounds_key``,
+    :func:`app.store.repository.bounds_key`): an index entry of the bounds themselves would
+    be too large for PostgreSQL's btree past a few hundred buckets."""
+
     __tablename__ = "series"
-    __table_args__ = (UniqueConstraint("target_id", "signal", "model", "rank", "bounds", name="uq_series_identity"),)
+    __table_args__ = (UniqueConstraint("target_id", "signal", "model", "rank", "bounds_key",
+                                       name="uq_series_identity"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
     signal: Mapped[str] = mapped_column(String(32))
     kind: Mapped[str] = mapped_column(String(12))  # histogram | gauge | counter
-    model: Mapped[str] = mapped_column(String(256))
-    rank: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(MODEL_WIDTH))
+    rank: Mapped[str] = mapped_column(String(RANK_WIDTH))
     bounds: Mapped[str] = mapped_column(Text, default="")  # comma-joined upper bounds, "" for scalars
+    bounds_key: Mapped[str] = mapped_column(String(32), default="", server_default="")  # bounds digest; "" scalars
 
 
 class ScrapeSample(Base):
@@ -226,9 +244,9 @@ class TargetInfo(Base):
     __tablename__ = "target_info"
 
     target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    model: Mapped[str] = mapped_column(String(256), primary_key=True)
-    rank: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(INFO_NAME_WIDTH), primary_key=True)
+    model: Mapped[str] = mapped_column(String(MODEL_WIDTH), primary_key=True)
+    rank: Mapped[str] = mapped_column(String(RANK_WIDTH), primary_key=True)
     labels: Mapped[dict[str, str]] = mapped_column(JSON)
     ts: Mapped[float] = mapped_column(Float)
 

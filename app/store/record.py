@@ -27,3 +27,6 @@ class ScrapeRecord:
     error_class: str | None = None
     error: str | None = None
     canonical: Canonical | None = None
+    #: series (and info rows) the target may have stored; past it the writer refuses the
+    #: scrape as ``too_many_series`` (:class:`app.store.writer.SampleWriter`); None: no limit
+    stored_series_limit: int | None = None

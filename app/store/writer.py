@@ -5,14 +5,17 @@ per table (SQLAlchemy Core "executemany"/"insertmanyvalues", ``COPY`` on Postgre
 one transaction; a scrape's samples are one ``scrape_samples`` row.
 Every scrape in the batch is therefore written completely or not at all. If the batch
 fails (it should not), each scrape is retried in a transaction of its own so one bad
-scrape can never drop the others."""
+scrape can never drop the others. A scrape that would take its target past its
+``stored_series_limit``, or whose new series' labels are longer than the columns keep, is
+refused alone (:class:`Refused`): stored as a failed scrape, the rest of the batch as it is."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from itertools import islice
 
 from sqlalchemy import (
     Engine,
@@ -32,11 +35,14 @@ from app.store.encoding import (
     snapshot_blob,
 )
 from app.store.models import (
+    INFO_NAME_WIDTH,
+    MODEL_WIDTH,
+    RANK_WIDTH,
     Series,
     TargetInfo,
 )
 from app.store.record import ScrapeRecord
-from app.store.repository import encode_floats, insert_new_levels, level_row, reopen_levels
+from app.store.repository import bounds_key, encode_floats, insert_new_levels, level_row, reopen_levels
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +51,24 @@ class DatabaseUnavailable(Exception):
     """The database could not be reached; nothing of the batch was written."""
 
 
-SeriesKey = tuple[int, str, str, str, str]  # target_id, signal, model, rank, bounds
+SeriesKey = tuple[int, str, str, str, str]  # target_id, signal, model, rank, bounds_key
+InfoKey = tuple[int, str, str, str]  # target_id, name, model, rank
 INFO_REFRESH_SECONDS = 300.0  # an unchanged info row is rewritten (its ts refreshed) this often
+#: the widths of the identity columns a page's labels fill (app/store/models.py)
+_WIDTHS = {"model": MODEL_WIDTH, "rank": RANK_WIDTH, "info name": INFO_NAME_WIDTH}
+
+
+class Refused(Exception):
+    """A scrape the store does not take: ``error_class`` and a message naming the limit."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+
+    def record(self, record: ScrapeRecord) -> ScrapeRecord:
+        """``record`` as stored instead: down, nothing kept, this refusal its error."""
+        return replace(record, up=False, samples_kept=0, error_class=self.error_class, error=str(self)[:1000],
+                       canonical=None)
 
 
 class _OpenInterval:
@@ -84,16 +106,21 @@ class SampleWriter:
     (:func:`downsample`). A sample older than the last one kept drops the series' interval
     (its row would no longer be time-ordered), and so does one more than an interval later
     (the row is left to the round: targets scraped less often than every 5 minutes gain
-    nothing); a failed transaction drops them all (they may hold samples not stored)."""
+    nothing); a failed transaction drops them all (they may hold samples not stored).
 
-    def __init__(self, engine: Engine) -> None:
+    What it caches of a target (series ids, open intervals, infos) is at most one entry per
+    series and info row the target has stored, which its ``stored_series_limit`` bounds;
+    ``on_refused`` is told of each scrape it refused, after the commit that stored it."""
+
+    def __init__(self, engine: Engine, on_refused: Callable[[ScrapeRecord], None] | None = None) -> None:
         self.engine = engine
+        self.on_refused = on_refused
         self._series: dict[SeriesKey, int] = {}
-        self._bounds_text: dict[tuple[float, ...], str] = {}
+        self._bounds_keys: dict[tuple[float, ...], str] = {}
         self._bounds_by_id: dict[int, tuple[tuple[float, ...], str]] = {}
         # last written engine config per (target, name, model, rank): info pages rarely
         # change, and an UPDATE per info per scrape would be a fifth of the ingest CPU
-        self._infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
+        self._infos: dict[InfoKey, tuple[dict, float]] = {}
         self._open: dict[int, _OpenInterval] = {}
         self._step_ms = lv.LEVELS[0] * 1000
 
@@ -138,48 +165,53 @@ class SampleWriter:
         return written
 
     def _bounds(self, bounds: tuple[float, ...]) -> str:
-        """The series key's text of a histogram's bounds. An adapter hands the same tuple
-        object every scrape of a page shape (its layouts are memoized), so the first lookup
-        is by identity, without hashing ~30 floats. The entry holds the tuple, so its id cannot
-        be reused while it is there; bounded, as adapters without a plan make new tuples each
-        scrape."""
+        """The series key's ``bounds_key`` of a histogram's bounds. An adapter hands the same
+        tuple object every scrape of a page shape (its layouts are memoized), so the first
+        lookup is by identity, without hashing ~30 floats. The entry holds the tuple, so its id
+        cannot be reused while it is there; both maps bounded, as adapters without a plan make
+        new tuples each scrape, and a target may change its bounds every scrape."""
         hit = self._bounds_by_id.get(id(bounds))
         if hit is not None and hit[0] is bounds:
             return hit[1]
-        text = self._bounds_text.get(bounds)
-        if text is None:
-            text = self._bounds_text[bounds] = encode_floats(bounds)
+        key = self._bounds_keys.get(bounds)
+        if key is None:
+            if len(self._bounds_keys) >= 4096:
+                self._bounds_keys.clear()
+            key = self._bounds_keys[bounds] = bounds_key(encode_floats(bounds))
         if len(self._bounds_by_id) >= 4096:
             self._bounds_by_id.clear()
-        self._bounds_by_id[id(bounds)] = (bounds, text)
-        return text
+        self._bounds_by_id[id(bounds)] = (bounds, key)
+        return key
 
     def _write_transaction(self, records: Sequence[ScrapeRecord]) -> None:
         new_series: dict[SeriesKey, int] = {}
-        new_infos: dict[tuple[int, str, str, str], tuple[dict, float]] = {}
+        new_infos: dict[InfoKey, tuple[dict, float]] = {}
+        refused: list[ScrapeRecord] = []
         with self.engine.begin() as conn:
             conn.execution_options(**{NOT_A_CHANGE: True})  # reaches reused answers by their age
             scrape_rows, sample_rows, infos = [], [], []
             level_rows: list[dict] = []
             feed = self._feed
             for r in records:
+                c = r.canonical
+                sids: list[int] = []
+                if c is not None:
+                    try:
+                        sids = self._series_ids(conn, r, new_series, new_infos)
+                    except Refused as refusal:
+                        r, c = refusal.record(r), None
+                        refused.append(r)
                 scrape_rows.append((r.target_id, r.ts, r.up, r.duration, r.bytes, r.samples_seen, r.samples_kept,
                                     r.malformed, r.engine, r.error_class, r.error))
-                c = r.canonical
                 if c is None:
                     continue
                 ms = to_millis(r.ts)
                 histograms, scalars = [], []
-                for h in c.histograms:
-                    key = (r.target_id, h.signal, h.model, h.rank, self._bounds(h.bounds))
-                    sid = (self._series.get(key) or new_series.get(key)
-                           or self._resolve(conn, key, "histogram", new_series))
+                for h, sid in zip(c.histograms, sids):
                     counts = encode_counts(h.counts)
                     histograms.append((sid, snapshot_blob(counts, h.sum, h.count)))
                     feed(sid, "histogram", r.ts, ms, (*h.counts, h.sum, h.count), counts, level_rows)
-                for s in c.scalars:
-                    key = (r.target_id, s.signal, s.model, s.rank, "")
-                    sid = self._series.get(key) or new_series.get(key) or self._resolve(conn, key, s.kind, new_series)
+                for s, sid in zip(c.scalars, islice(sids, len(c.histograms), None)):
                     if not math.isnan(s.value):
                         scalars.append((sid, s.value))
                         feed(sid, s.kind, r.ts, ms, (s.value,), None, level_rows)
@@ -202,6 +234,63 @@ class SampleWriter:
                 _upsert_info(conn, target_id, info.name, info.model, info.rank, info.labels, ts)
         self._series.update(new_series)
         self._infos.update(new_infos)
+        if self.on_refused is not None:
+            for r in refused:
+                self.on_refused(r)
+
+    def _series_ids(self, conn: Connection, r: ScrapeRecord, new_series: dict[SeriesKey, int],
+                    new_infos: dict[InfoKey, tuple[dict, float]]) -> list[int]:
+        """The series ids of a record's histograms, then of its scalars. A series (or info)
+        that neither the cache nor this transaction knows goes through :meth:`_admit`."""
+        c, tid, key_of, known = r.canonical, r.target_id, self._bounds, self._series
+        assert c is not None
+        keys = [(tid, h.signal, h.model, h.rank, key_of(h.bounds)) for h in c.histograms]
+        keys += [(tid, s.signal, s.model, s.rank, "") for s in c.scalars]
+        sids = [known.get(k) or new_series.get(k) for k in keys]
+        unknown_infos = {key for i in c.infos
+                         if (key := (tid, i.name, i.model, i.rank)) not in self._infos and key not in new_infos}
+        if None in sids or unknown_infos:
+            self._admit(conn, r, keys, sids, unknown_infos, new_series)
+            sids = [known.get(k) or new_series.get(k) for k in keys]
+        return sids  # type: ignore[return-value]  # every key resolved by _admit
+
+    def _admit(self, conn: Connection, r: ScrapeRecord, keys: list[SeriesKey], sids: list[int | None],
+               infos: set[InfoKey], new_series: dict[SeriesKey, int]) -> None:
+        """Resolve the record's series not cached (``sids`` None) from the database, and insert
+        those it does not have, unless the target's series and info rows would then be more
+        than ``r.stored_series_limit``, or a new one's labels wider than its columns: then
+        :class:`Refused`, and nothing of the record is written. Reads the target's series and
+        info identities (at most its limit of rows): run on a new model, a restart, a refusal."""
+        c, tid = r.canonical, r.target_id
+        assert c is not None
+        kinds = ["histogram"] * len(c.histograms) + [s.kind for s in c.scalars]
+        bounds = dict(zip(keys, (h.bounds for h in c.histograms)))
+        missing = {k: kind for k, sid, kind in zip(keys, sids, kinds) if sid is None}
+        stored = {(tid, *row[1:]): row[0] for row in conn.execute(
+            select(Series.id, Series.signal, Series.model, Series.rank, Series.bounds_key)
+            .where(Series.target_id == tid))}
+        stored_infos = {(tid, *row) for row in conn.execute(
+            select(TargetInfo.name, TargetInfo.model, TargetInfo.rank).where(TargetInfo.target_id == tid))}
+        new = [k for k in missing if k not in stored]
+        fresh = [k for k in infos if k not in stored_infos]
+        both: list[tuple] = [*new, *fresh]
+        for what, at, among in (("model", 2, both), ("rank", 3, both), ("info name", 1, fresh)):
+            longest = max((len(k[at]) for k in among), default=0)
+            if longest > _WIDTHS[what]:
+                raise Refused("label_too_long", f"a new series' {what} label has {longest:,} characters; "
+                                                f"the store keeps at most {_WIDTHS[what]}")
+        limit, have = r.stored_series_limit, len(stored) + len(stored_infos)
+        if limit is not None and both and have + len(both) > limit:
+            raise Refused("too_many_series", f"the page has {len(both):,} new series and the target "
+                                             f"{have:,} stored, over its stored_series_limit of {limit:,}; "
+                                             "nothing of it was stored: raise the limit, or delete the target to "
+                                             "drop its series")
+        new_series.update((k, stored[k]) for k in missing if k in stored)
+        if new:
+            rows = [{"target_id": tid, "signal": k[1], "kind": missing[k], "model": k[2], "rank": k[3],
+                     "bounds": encode_floats(bounds[k]) if k in bounds else "", "bounds_key": k[4]} for k in new]
+            ids = conn.scalars(insert(Series).returning(Series.id, sort_by_parameter_order=True), rows).all()
+            new_series.update(zip(new, ids))
 
     def _feed(self, sid: int, kind: str, ts: float, ms: int, vector: tuple[float, ...], counts: bytes | None,
               finished: list[dict]) -> None:
@@ -226,18 +315,6 @@ class SampleWriter:
             # writer never puts in a row for an interval the round may have passed, or pruned
         step = self._step_ms
         self._open[sid] = _OpenInterval(kind, ms // step * step, step, ts, ms, vector, counts)
-
-    @staticmethod
-    def _resolve(conn: Connection, key: SeriesKey, kind: str, new_series: dict[SeriesKey, int]) -> int:
-        target_id, signal, model, rank, bounds = key
-        where = (Series.target_id == target_id, Series.signal == signal, Series.model == model,
-                 Series.rank == rank, Series.bounds == bounds)
-        sid = conn.scalar(select(Series.id).where(*where))
-        if sid is None:
-            sid = conn.execute(insert(Series).values(target_id=target_id, signal=signal, kind=kind, model=model,
-                                                     rank=rank, bounds=bounds).returning(Series.id)).scalar_one()
-        new_series[key] = sid
-        return sid
 
 
 # Scrape and sample rows are tuples in these column orders (Scrape, ScrapeSample).

@@ -156,10 +156,13 @@ def test_a_targets_key_covers_every_column_of_the_targets_table() -> None:
     changes the key, and a column added to the table fails this until the key covers it."""
     stood_for_by_updated_at = {"labels", "hardware", "canary"}
     values = {"id": 1, "name": "a", "url": "http://127.0.0.1:1/metrics", "engine": "auto", "detected_engine": None,
-              "scrape_interval": None, "scrape_timeout": None, "source": "api", "origin": None, "gone_at": None,
+              "scrape_interval": None, "scrape_timeout": None, "sample_limit": None, "series_limit": None,
+              "stored_series_limit": None, "source": "api", "origin": None, "gone_at": None,
               "created_at": 1.0, "updated_at": 1.0}
     assert {c.key for c in Target.__table__.columns} == set(values) | stood_for_by_updated_at
-    monitor = SimpleNamespace(settings=SimpleNamespace(default_scrape_interval=15.0, default_scrape_timeout=10.0))
+    monitor = SimpleNamespace(settings=SimpleNamespace(
+        default_scrape_interval=15.0, default_scrape_timeout=10.0, default_sample_limit=50_000,
+        default_series_limit=5_000, default_stored_series_limit=10_000))
     key = targets_route.target_key(monitor, Target(**values), None, True)  # type: ignore[arg-type]
     for column in values:
         changed = {**values, column: "other" if isinstance(values[column], str) or values[column] is None else 2.0}

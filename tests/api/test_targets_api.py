@@ -179,6 +179,53 @@ def test_bad_targets_are_recorded_and_never_stop_the_others(service) -> None:
     assert 'llm_latency_scrapes_total{result="timeout",target="slow"} 1.0' in metrics
 
 
+def test_a_target_past_its_limits_is_down_with_the_limit_named_and_the_others_are_stored(service) -> None:
+    """Limits per target through the API, the service's defaults shown where it sets none. A page
+    that renames its models every scrape brings 21 new rows a scrape (22 the first): with a
+    stored_series_limit of 100 the fifth scrape is refused, down with the numbers in its error
+    and on /metrics, while the target scraped and written beside it is stored. A higher limit takes
+    the next page."""
+    from tests.scrape.test_limits import page_of
+
+    c = service.client
+    renames = iter(range(100))
+    with StaticPageServer(lambda: page_of([f"m{next(renames)}"])) as rotating, \
+            StaticPageServer(page_of(["tiny"])) as steady:
+        created = c.post("/api/v1/targets", json={"name": "rotating", "url": rotating.url,
+                                                  "stored_series_limit": 100})
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert (body["sample_limit"], body["series_limit"], body["stored_series_limit"]) == (50_000, 5_000, 100)
+        assert c.post("/api/v1/targets", json={"name": "steady", "url": steady.url}).status_code == 201
+        bad = c.post("/api/v1/targets", json={"name": "b", "url": steady.url, "sample_limit": 0})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "sample_limit"]
+        bad = c.patch("/api/v1/targets/steady", json={"series_limit": 2**31})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "series_limit"]
+        stored = []
+        for _ in range(6):  # both scraped, then written in one batch
+            for name in ("rotating", "steady"):
+                c.portal.call(service.monitor.scraping.scrape_now, name)
+            c.portal.call(service.monitor.scraping.flush)
+            last = {t["name"]: t["last_scrape"] for t in c.get("/api/v1/targets").json()}
+            stored.append((last["rotating"]["up"], last["rotating"]["error_class"], last["steady"]["up"]))
+        assert stored == [(True, None, True)] * 4 + [(False, "too_many_series", True)] * 2
+        assert last["rotating"]["error"] == (
+            "the page has 21 new series and the target 85 stored, over its stored_series_limit of 100; nothing of "
+            "it was stored: raise the limit, or delete the target to drop its series")
+        health = {h["target"]: (h["scrapes"], h["failed"]) for h in c.get("/api/v1/scrape-health").json()}
+        assert health == {"rotating": (6, 2), "steady": (6, 0)}
+        metrics = c.get("/metrics").text
+        assert 'llm_latency_target_up{target="rotating"} 0.0' in metrics
+        assert 'llm_latency_target_up{target="steady"} 1.0' in metrics
+        assert 'llm_latency_storage_writes_total{result="refused"} 2.0' in metrics
+        assert 'llm_latency_storage_writes_total{result="ok"} 10.0' in metrics
+
+        patched = c.patch("/api/v1/targets/rotating", json={"stored_series_limit": 1000})
+        assert patched.status_code == 200 and patched.json()["stored_series_limit"] == 1000
+        assert service.scrape("rotating").up
+        assert c.get("/api/v1/targets/rotating").json()["last_scrape"]["error_class"] is None
+
+
 def test_health_readiness_and_derived_metrics(service) -> None:
     c = service.client
     assert c.get("/healthz").json() == {"status": "ok"}

@@ -43,6 +43,38 @@ def test_a_scrape_round_trips_exactly_and_readers_take_only_their_series() -> No
         list(decode_scrape(corrupt, {7}))
 
 
+def test_rows_of_the_first_encoding_read_back_and_are_what_short_entries_still_are() -> None:
+    """Rows written before long entries existed: each entry a ``<IBH`` head (series id, kind,
+    payload bytes) and its payload. They decode as they did, and an entry under 64 KiB is still
+    written byte for byte the same."""
+    counts = struct.pack("<c3I", b"I", 1, 5, 9) + struct.pack("<dd", 2.5, 9.0)
+    old = (struct.pack("<IBH", 7, 0, len(counts)) + counts + struct.pack("<IBHd", 9, 1, 8, -0.0)
+           + struct.pack("<IBHd", 70_000, 1, 8, 1.5e-300))
+    assert dict(decode_scrape(old, {7, 9, 70_000})) == {7: (1, 5, 9, 2.5, 9.0), 9: (-0.0,), 70_000: (1.5e-300,)}
+    assert encode_scrape([(7, snapshot_blob(encode_counts((1, 5, 9)), 2.5, 9.0))],
+                         [(9, -0.0), (70_000, 1.5e-300)]) == old
+
+
+@pytest.mark.parametrize(("counts", "long"), [
+    ((7.0,) * 16_379, False), ((7.0,) * 16_380, True),          # uint32: 65,533 and 65,537 payload bytes
+    ((0.5,) * 8_189, False), ((0.5,) * 8_190, True),            # float64: 65,529 and 65,537
+    (tuple(float(i) for i in range(1_000_000)), True),          # 4 MB: any count the format allows
+])
+def test_an_entry_of_64_kib_or_more_takes_the_long_kind_and_round_trips(counts, long) -> None:
+    blob = snapshot_blob(encode_counts(counts), 1.5, counts[-1])
+    small = snapshot_blob(encode_counts((1, 2)), 0.0, 2.0)  # 25 bytes
+    row = encode_scrape([(3, small), (4, blob)], [(5, 0.25)])
+    sid, kind, size = struct.unpack_from("<IBH", row, 7 + len(small))
+    assert (sid, kind, size) == ((4, 2, 0) if long else (4, 0, len(blob)))
+    if long:
+        assert struct.unpack_from("<I", row, 7 + len(small) + 7) == (len(blob),)
+    assert len(row) == (7 + len(small)) + (11 if long else 7) + len(blob) + 15
+    decoded = dict(decode_scrape(row, {3, 4, 5}))
+    assert bits(decoded[4]) == bits((*counts, 1.5, counts[-1]))
+    assert decoded[3] == (1, 2, 0.0, 2.0) and decoded[5] == (0.25,)
+    assert list(decode_scrape(row, {5})) == [(5, (0.25,))]  # skipped over, long or not
+
+
 @pytest.mark.parametrize(("counts", "tag", "width"), [
     ((0.0, 3.0, 4294967295.0), b"I", 4),          # whole floats below 2**32: uint32
     ((0, 3, 7), b"I", 4),                          # ints as well
@@ -152,4 +184,5 @@ def test_a_histograms_series_follows_its_bounds_values_not_the_tuple_object(stor
     assert sorted(s.bounds for s in series) == [(0.1, 0.5, 1.0, 2.5, math.inf), (0.2, 0.5, 1.0, 2.5, math.inf)]
     for _ in range(5000):  # more tuples than the identity cache holds, made and dropped
         writer._bounds(tuple(list(other)))
-    assert len(writer._bounds_by_id) <= 4096 and writer._bounds(same) == repository.encode_floats(same)
+    assert len(writer._bounds_by_id) <= 4096
+    assert writer._bounds(same) == repository.bounds_key(repository.encode_floats(same))

@@ -28,7 +28,7 @@ def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0012"
+    assert db.current_revision(engine) == db.head_revision() == "0013"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None
@@ -98,6 +98,65 @@ def record(target_id: int, ts: float, counts: tuple[float, ...], total: float, t
     canonical.scalars.append(CanonicalScalar("kv_usage", "gauge", model, "0", kv))
     canonical.infos.append(CanonicalInfo("cache_config", model, "0", {"enable_prefix_caching": "True"}))
     return ScrapeRecord(target_id, ts, True, 0.002, 1000, 40, 30, 0, "vllm", None, None, canonical)
+
+
+def test_the_series_identity_migration_keeps_old_rows_and_their_series(database_url: str) -> None:
+    """0013: a database at 0012 (series identified by their bounds text, samples in the first
+    entry encoding) reads back after the upgrade, and the writer finds its series by their
+    ``bounds_key`` instead of making new ones; the models match the migrated tables, and the
+    downgrade puts the bounds back in the identity."""
+    import struct
+    import time
+
+    import sqlalchemy as sa
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from app.store.models import Base
+
+    db.upgrade(database_url, "0012")
+    engine = db.make_engine(database_url)
+    ts = float(int(time.time())) + 60  # inside the partitions PostgreSQL keeps ahead
+    counts = (1, 3, 4, 5, 5)
+    histogram = struct.pack("<c5I", b"I", *counts) + struct.pack("<dd", 4.0, 5.0)
+    with engine.begin() as conn:
+        target = conn.execute(sa.text(
+            "INSERT INTO targets (name, url, engine, labels, source, created_at, updated_at) "
+            "VALUES ('t1', 'http://127.0.0.1:1/metrics', 'vllm', '{}', 'api', 0, 0) RETURNING id")).scalar_one()
+        ttft, tokens = (conn.execute(sa.text(
+            "INSERT INTO series (target_id, signal, kind, model, rank, bounds) VALUES (:t, :s, :k, 'm', '0', :b) "
+            "RETURNING id"), {"t": target, "s": signal, "k": kind, "b": bounds}).scalar_one()
+            for signal, kind, bounds in (("ttft", "histogram", repository.encode_floats(TTFT_BOUNDS)),
+                                         ("generation_tokens_total", "counter", "")))
+        old_row = (struct.pack("<IBH", ttft, 0, len(histogram)) + histogram
+                   + struct.pack("<IBHd", tokens, 1, 8, 100.0))
+        conn.execute(sa.text("INSERT INTO scrape_samples (target_id, ts, samples) VALUES (:t, :ts, :blob)")
+                     .bindparams(sa.bindparam("blob", type_=sa.LargeBinary())),
+                     {"t": target, "ts": ts, "blob": old_row})
+    db.upgrade(database_url)
+    with engine.connect() as conn:
+        keys = dict(conn.execute(sa.text("SELECT id, bounds_key FROM series")).all())
+        diff = [d for d in compare_metadata(MigrationContext.configure(conn), Base.metadata)  # but partitions
+                if not (d[0] == "remove_table" and d[1].name.startswith(("scrape_samples_", "sample_levels_")))]
+    assert keys == {ttft: repository.bounds_key(repository.encode_floats(TTFT_BOUNDS)), tokens: ""} and diff == []
+    assert SampleWriter(engine).write([record(target, ts + 15, (2, 6, 9, 10, 10), 9.5, 250.0)]) == 1
+    sessions = db.make_sessionmaker(engine)
+    with sessions() as session:
+        series = {s.signal: s.id for s in repository.find_series(
+            session, [target], ["ttft", "generation_tokens_total", "kv_usage"])}
+        snapshots = repository.histogram_snapshots(session, [ttft], ts, ts + 15)[ttft]
+        points = repository.scalar_points(session, [tokens], ts, ts + 15)[tokens]
+    assert len(series) == 3 and (series["ttft"], series["generation_tokens_total"]) == (ttft, tokens)  # kv_usage new
+    assert [(s.ts, s.counts, s.sum, s.count) for s in snapshots] == [
+        (ts, counts, 4.0, 5.0), (ts + 15, (2, 6, 9, 10, 10), 9.5, 10)]
+    assert points == [(ts, 100.0), (ts + 15, 250.0)]
+    db.downgrade(database_url, "0012")
+    identity = [c["column_names"] for c in inspect(engine).get_unique_constraints("series")]
+    assert identity == [["target_id", "signal", "model", "rank", "bounds"]]
+    assert not {"sample_limit", "series_limit", "stored_series_limit"} & {
+        c["name"] for c in inspect(engine).get_columns("targets")}
+    db.upgrade(database_url)
+    engine.dispose()
 
 
 def test_snapshots_round_trip_exactly_and_windows_span_a_restart(store) -> None:

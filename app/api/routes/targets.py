@@ -69,6 +69,9 @@ def target_out(monitor: Monitor, target: TargetView, last: ScrapeView | None = N
         detected_engine=target.detected_engine,
         labels=target.labels, scrape_interval_seconds=interval,
         scrape_timeout_seconds=min(target.scrape_timeout or s.default_scrape_timeout, interval),
+        sample_limit=target.sample_limit or s.default_sample_limit,
+        series_limit=target.series_limit or s.default_series_limit,
+        stored_series_limit=target.stored_series_limit or s.default_stored_series_limit,
         source=target.source, origin=target.origin, gone_at=target.gone_at, hardware=target.hardware,
         canary=target.canary, created_at=target.created_at,
         updated_at=target.updated_at, last_scrape=scrape_out(last),
@@ -121,9 +124,10 @@ def target_key(monitor: Monitor, target: TargetView, last: ScrapeView | None, to
     :func:`app.targets.repository.update_target`, which sets it; a scrape row never changes."""
     s = monitor.settings
     return (target.id, target.name, target.url, target.engine, target.detected_engine, target.scrape_interval,
-            target.scrape_timeout, target.source, target.origin, target.gone_at, target.created_at,
-            target.updated_at, s.default_scrape_interval, s.default_scrape_timeout, token_holder,
-            None if last is None else (last.id, last.ts))
+            target.scrape_timeout, target.sample_limit, target.series_limit, target.stored_series_limit,
+            target.source, target.origin, target.gone_at, target.created_at, target.updated_at,
+            s.default_scrape_interval, s.default_scrape_timeout, s.default_sample_limit, s.default_series_limit,
+            s.default_stored_series_limit, token_holder, None if last is None else (last.id, last.ts))
 
 
 TargetMade = tuple[Monitor, TargetView, ScrapeView | None, bool]
@@ -186,7 +190,9 @@ def patch_target(name: str, body: TargetPatch, session: SessionDep, monitor: Mon
         check_url(monitor, changes["url"])
     merged = {"name": target.name, "url": target.url, "engine": target.engine, "labels": target.labels,
               "scrape_interval": target.scrape_interval, "scrape_timeout": target.scrape_timeout,
-              "hardware": target.hardware, "canary": target.canary, **changes}
+              "sample_limit": target.sample_limit, "series_limit": target.series_limit,
+              "stored_series_limit": target.stored_series_limit, "hardware": target.hardware,
+              "canary": target.canary, **changes}
     try:
         TargetConfig.model_validate(merged)  # the combination must still be valid
     except ValidationError as exc:
