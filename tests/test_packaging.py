@@ -101,7 +101,7 @@ def test_the_installed_wheel_migrates_and_serves(installed, database_url: str, t
             assert runbook.status_code == 200 and runbook.headers["content-type"] == "text/html; charset=utf-8"
             assert "<h1>Runbook: queueing</h1>" in runbook.text and "<strong>Verify the fix.</strong>" in runbook.text
             index = http.get("/runbooks")
-            assert index.text.count('<li data-runbook="') == len(set(ALERT_RUNBOOKS.values())) == 21
+            assert index.text.count('<li data-runbook="') == len(set(ALERT_RUNBOOKS.values())) == 24
             docs = http.get("/docs")
             assert docs.status_code == 200 and 'src="/docs/assets/swagger-ui-bundle.js"' in docs.text
             script = http.get("/docs/assets/swagger-ui-bundle.js")
