@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from app.alerts import silences
@@ -21,6 +17,7 @@ from app.settings import Settings
 from app.store.db import upgrade
 from tests.api.conftest import make_service
 from tests.conftest import scratch_postgres_database
+from tests.support.live_app import serving
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -225,24 +222,9 @@ def test_writes_without_the_token_are_refused_and_reads_are_not(migrated_url: st
         assert [t["name"] for t in c.get("/api/v1/targets").json()] == ["a"]
 
 
-@contextlib.contextmanager
-def live_server(settings: Settings) -> Iterator[int]:
+def live_server(settings: Settings) -> contextlib.AbstractContextManager[int]:
     """The app under uvicorn on a free loopback port, in a thread; yields the port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning", http="h11", ws="none"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    return serving(create_app(settings))
 
 
 def raw_request(port: int, head: str, body: bytes) -> bytes:

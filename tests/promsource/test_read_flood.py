@@ -8,18 +8,13 @@ Prometheus of tests/promsource/test_route_parameters.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import uvicorn
-from fastapi import FastAPI
 
 from app.core.durations import parse_duration
 from app.main import create_app
@@ -28,31 +23,12 @@ from app.settings import Settings
 from app.store import db
 from tests.promapi.local_api import Answer, LocalAPI, Received
 from tests.promsource.test_route_parameters import _api
+from tests.support.live_app import serving
 
 DELAY = 0.25
 BUDGET = 2.0
 READERS = 40
 READ_SLOTS = 2  # max_concurrency 4 // 2
-
-
-@contextlib.contextmanager
-def live(app: FastAPI) -> Iterator[str]:
-    """``app`` under uvicorn on a free loopback port, in a thread; yields its URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http="h11", ws="none"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
 
 
 class _Sends:
@@ -107,7 +83,7 @@ slos:
 """)
         app = create_app(Settings(database_url=url, data_dir=tmp_path, config_file=config, api_request_budget=BUDGET,
                                   default_scrape_interval="1h", summary_interval="1h"))
-        with live(app) as service, httpx.Client(base_url=service, timeout=60) as client:
+        with serving(app) as port, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
             app.state.monitor.evaluate_diagnoses()  # the source's replicas become targets
             sending = _count_sends(app.state.monitor.sources.get("prod").client)
             assert client.get("/api/v1/slos").status_code == 200
