@@ -509,6 +509,8 @@ class PrometheusClient:
             if not self._in_flight.acquire(timeout=max(0.0, budget.remaining() - MIN_READ_SECONDS)):
                 raise BudgetExceeded(budget.seconds, budget.checks)
             try:
+                if budget.remaining() < MIN_READ_SECONDS:  # a slot came free too late to ask anything
+                    raise BudgetExceeded(budget.seconds, budget.checks)
                 yield
             finally:
                 self._in_flight.release()

@@ -116,3 +116,15 @@ def test_the_budget_of_a_read_reaches_the_pool_that_sends_its_queries() -> None:
             client.map(lambda q: client.query(q, 1_800_000_000), ["a", "b", "c"])
         assert api.max_in_flight == 2  # the map's three calls shared the two read slots
         gate.set()
+
+
+def test_a_read_with_too_little_budget_left_sends_nothing() -> None:
+    gate = threading.Event()
+    gate.set()
+    with LocalAPI(_gated(gate)) as api, PrometheusClient(api.url, timeout=20, max_concurrency=4) as client:
+        late: list[BaseException | None] = []
+        _read(client, 0.05, late)  # free slots, but less than MIN_READ_SECONDS (0.1 s) to ask anything
+        assert isinstance(late[0], BudgetExceeded) and api.received == []
+        ok: list[BaseException | None] = []
+        _read(client, 5.0, ok)
+        assert ok == [None] and len(api.received) == 1
