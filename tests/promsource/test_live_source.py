@@ -48,7 +48,9 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
         sd = FileSD(tmp_path / "targets.json")
         sd.set({"a": fleet.urls["a"], "b": fleet.urls["b"], "d": flaky.url}, namespace="llm", service="chat")
         with running_prometheus(tmp_path / "prom", sd.scrape_configs(scrape_interval="1s")) as prom:
-            prom.wait_for_samples('vllm:num_requests_running{namespace="llm"}', int(WINDOW) + 2, timeout=60)
+            for pod in ("a", "b", "d"):  # each replica's own series: a pod not yet scraped has none to count
+                prom.wait_for_samples(f'vllm:num_requests_running{{namespace="llm",pod="{pod}"}}', int(WINDOW) + 2,
+                                      timeout=60)
             for svc in make_service(migrated_url, tmp_path, config_file=_config(tmp_path / "t.yaml", prom.url)):
                 c, monitor = svc.client, svc.monitor
                 now = time.time()
