@@ -358,9 +358,16 @@ def quantile_series(session: Session, target_ids: Sequence[int], signal: str, q:
                     and to_millis(lookback) % (lv * 1000) == 0), default=0)
     loaded = load_windows(session, target_ids, (signal,), first - lookback, end, model, max_level=coarsest,
                           many=True)
+    return series_points(loaded, signal, q, span, step, lookback, end, model)
+
+
+def series_points(windows: SeriesWindows, signal: str, q: float | None, span: float, step: float, lookback: float,
+                  end: float, model: str | None = None) -> list[dict]:
+    """The points of :func:`quantile_series` from series already read: one every ``step`` (aligned
+    to its multiples) over the ``span`` before ``end``, each over the ``lookback`` before it."""
     points = []
-    t = first
+    t = math.ceil((end - span) / step) * step
     while t <= end + 1e-9:
-        points.append(series_point(t, loaded.merged(t - lookback, t, signal, model), q))
+        points.append(series_point(t, windows.merged(t - lookback, t, signal, model), q))
         t += step
     return points

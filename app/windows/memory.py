@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core import quantiles
 from app.core.quantiles import HistogramSnapshot, Point, WindowHistogram
-from app.latency import PD_PREFILL_LABEL, WindowSummary, series_point
+from app.latency import PD_PREFILL_LABEL, WindowSummary
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store.models import TargetView
-from app.store.reads import LoadedHistograms, itl_intervals, model_window, summarize_signals
+from app.store.reads import LoadedHistograms, itl_intervals, model_window, series_points, summarize_signals
 from app.store.record import ScrapeRecord
 from app.store.repository import SeriesRef
 from app.window import GaugeStats, TargetWindow
@@ -167,13 +167,7 @@ class MemoryWindows:
 
     def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
                         step: float, lookback: float, end: float, model: str | None) -> list[dict]:
-        samples = self._samples(target.id, (signal,))
-        points = []
-        t = math.ceil((end - span) / step) * step
-        while t <= end + 1e-9:
-            points.append(series_point(t, samples.merged(t - lookback, t, signal, model), q))
-            t += step
-        return points
+        return series_points(self._samples(target.id, (signal,)), signal, q, span, step, lookback, end, model)
 
     def prefill_of(self, session: Session, target: TargetView, start: float, end: float,
                    decode: bool) -> tuple[list[str], TargetWindow] | None:
