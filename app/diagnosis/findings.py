@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.core import human
+
 if TYPE_CHECKING:
     REGIMES: tuple[str, ...]
     PROBE_REGIMES: tuple[str, ...]
@@ -75,8 +77,6 @@ class Evidence:
     def text(self) -> str:
         value = _fmt(self.value, self.unit)
         if self.interval is not None and isinstance(self.value, (int, float)):
-            from app.core import human  # a leaf module; imported here to keep this one's imports light
-
             value = human.quantile(float(self.value), self.interval, "s" if self.unit == "s" else self.unit)
         if self.op == "info":
             return f"{self.name} = {value}" + (f" ({self.note})" if self.note else "")
@@ -134,12 +134,12 @@ def _fmt(value: float | str | None, unit: str) -> str:
     if isinstance(value, str):
         return value
     if unit == "s":
-        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+        return human.seconds(value)
     if unit == "ratio":
         return f"{value:.2f}"
     if unit == "%":
         return f"{value * 100:.1f} %"
-    return f"{value:.3g}" + (f" {unit}" if unit else "")
+    return human.number(value, unit)
 
 
 @dataclass(slots=True)
