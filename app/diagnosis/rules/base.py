@@ -348,7 +348,7 @@ def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
                    if disagree else info(name, ratio, "ratio",
                                          f"they agree within {human.given(t.queue_estimates_disagree)}x"
                                          if ratio < t.queue_estimates_disagree else
-                                         f"both below {human.seconds(t.queue_seconds)}: no queue to disagree about"))
+                                         f"both below {human.given(t.queue_seconds)} s: no queue to disagree about"))
     return out
 
 

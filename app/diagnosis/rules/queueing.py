@@ -58,7 +58,7 @@ def _cross_check(s: Signals, t: Thresholds, little_says: bool) -> None:
         which = "meets" if little_says else "does not meet"
         raise NotJudged(f"the two queue-time estimates disagree: Little's law gives "
                         f"{human.seconds(s.queue_mean_estimated)}, which {which} the thresholds "
-                        f"({human.seconds(t.queue_seconds)} and {t.queue_share:.0%} of TTFT), "
+                        f"({human.given(t.queue_seconds)} s and {t.queue_share:.0%} of TTFT), "
                         f"TTFT minus the expected prefill {human.seconds(other)}, which does"
                         f"{' not' if little_says else ''}; a queue-time histogram decides")
 
