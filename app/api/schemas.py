@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.core.durations import parse_duration
 from app.core.limits import MAX_INTERVAL_SECONDS, MAX_SCRAPE_LIMIT, Labels, Url
+from app.diagnosis.findings import CONFIDENCE_MEANING
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 
@@ -336,7 +337,7 @@ class FindingOut(BaseModel):
 
     regime: str
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     summary: str
     evidence: list[EvidenceOut]
     remedies: list[str]
@@ -387,7 +388,7 @@ class FindingRecordOut(BaseModel):
     regime: str
     state: str = Field(description="pending | active | resolved | dropped")
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     primary: bool
     summary: str
     evidence: list[EvidenceOut]
