@@ -11,7 +11,9 @@ these functions, so all three say the same thing:
   bound itself, whatever the observations were);
 * a quantile whose interpolated value sits on an edge of its bucket (within
   :data:`EDGE_TOLERANCE` of the bucket's width) is the bucket, "10–15 s": the rank landed on
-  the bucket's cumulative count, and "15.00 s" would read as a measurement;
+  (or next to) a bucket's cumulative count, e.g. the p50 of a window whose requests all lie in
+  two buckets, or the p99 of one whose requests all lie in one bucket (99 % of its width), and
+  "15.00 s" would read as a measurement;
 * any other quantile is its interpolated value (its bucket is in the JSON and the page's
   tooltip);
 * a count extrapolated like Prometheus' ``increase`` is "≈136", not "135.75441489463694";
@@ -25,11 +27,11 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 __all__ = ["seconds", "number", "bound", "quantile", "interval", "bounded", "count", "summary_quantile",
-           "summary_bucket", "on_edge", "given", "ESTIMATE_NOTE", "EDGE_TOLERANCE"]
+           "summary_bucket", "on_edge", "given", "span", "ESTIMATE_NOTE", "EDGE_TOLERANCE"]
 
 #: An interpolated quantile this close to an edge of its bucket (a share of the bucket's width)
 #: is shown as the bucket: the interpolation put it there, not the observations.
-EDGE_TOLERANCE = 0.01
+EDGE_TOLERANCE = 0.02
 
 #: What ``≈`` in front of a count means, for tooltips and footnotes.
 ESTIMATE_NOTE = ("estimate: the increase of the counter extrapolated to the window's edges, as Prometheus' "
@@ -77,6 +79,14 @@ def bound(value: float, unit: str = "s") -> str:
     return given(value, unit)
 
 
+def span(lower: float, upper: float, unit: str = "s") -> str:
+    """A bucket as a range of values: ``10–15 s``, ``25–50 ms`` (below a second in milliseconds),
+    ``2,048–4,096 tokens``."""
+    if unit == "s" and upper < 1:
+        return f"{number(lower * 1000)}–{number(upper * 1000)} ms"
+    return f"{number(lower)}–{number(upper, unit)}"
+
+
 def on_edge(value: float, lower: float, upper: float) -> bool:
     """Whether an interpolated ``value`` sits on an edge of its finite bucket ``(lower, upper]``."""
     slack = EDGE_TOLERANCE * (upper - lower)
@@ -96,7 +106,7 @@ def quantile(value: float | None, bucket: Sequence[float | None] | None, unit: s
         if lower is not None and lower <= 0 < upper:
             return f"< {bound(float(upper), unit)}"
         if lower is not None and math.isfinite(lower) and on_edge(value, float(lower), float(upper)):
-            return f"{given(float(lower))}–{bound(float(upper), unit)}"
+            return span(float(lower), float(upper), unit)
     return _plain(value, unit)
 
 

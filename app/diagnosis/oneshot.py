@@ -181,7 +181,7 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
             lines.append(f"  not judged: {item['regime']}: {item['reason']}")
         for f in d.findings:
             role = "PRIMARY" if f.primary else (f"caused by {f.caused_by}" if f.caused_by else "also")
-            lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence:.2f}): {f.summary}")
+            lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence * 100:.0f} %): {f.summary}")
             for e in f.evidence:
                 lines.append(f"      - {e.text()}")
             for remedy in f.remedies:
