@@ -329,6 +329,9 @@ class EvidenceOut(BaseModel):
     unit: str
     met: bool
     note: str
+    interval: list[float | None] | None = Field(None, description=(
+        "for a quantile: the histogram bucket [lower, upper] that holds it (upper null: +Inf); the value is "
+        "interpolated inside it, and people are shown the bucket when the value sits on one of its edges"))
 
 
 class FindingOut(BaseModel):
