@@ -99,7 +99,8 @@ def test_kv_cache_pressure_and_speculation_name_what_fired() -> None:
     assert f is not None and "only 10% of draft tokens are accepted" in f.summary
     assert "tokens on average" not in f.summary
     both = speculation_ineffective.evaluate(healthy_signals(**{**spec, "spec_accept_length": 1.2}), T)
-    assert both is not None and "only 10% of draft tokens are accepted, a verification step emits 1.20 tokens" in both.summary
+    assert both is not None
+    assert "only 10% of draft tokens are accepted, a verification step emits 1.20 tokens" in both.summary
 
 
 def test_weights_offloaded_without_a_profile_names_the_configuration_that_says_so() -> None:
