@@ -39,7 +39,6 @@ for path in (ROOT, DEPLOY):  # the project and the wrapper script, when run from
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from app.rules_export.engines import ENGINES  # noqa: E402
 from generate_prometheusrule import (  # noqa: E402
     NAME,
     config_rules,
@@ -47,6 +46,8 @@ from generate_prometheusrule import (  # noqa: E402
     load_groups,
     render_groups,
 )
+
+from app.rules_export.engines import ENGINES  # noqa: E402
 
 KIT = DEPLOY / "kubernetes"
 MODES = ("scrape", "source")
