@@ -7,6 +7,7 @@ refuses absolute ones)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import tempfile
@@ -45,6 +46,7 @@ class Variant:
     operator: bool = True  # False: the settings' patch that drops the Operator's resources
     namespace: str = "llm-latency"
     components: tuple[str, ...] = ()  # more components (e.g. one of the other mode)
+    patches: tuple[str, ...] = ()  # more patches of the settings, each as JSON (hashable)
 
     @property
     def name(self) -> str:
@@ -56,6 +58,7 @@ class Variant:
         parts += [] if self.operator else ["no-operator"]
         parts += [f"ns={self.namespace}"] if self.namespace != "llm-latency" else []
         parts += list(self.components)
+        parts += [f"{len(self.patches)} patches"] if self.patches else []
         return ",".join(parts)
 
     def settings(self, kit: str) -> dict:
@@ -77,6 +80,7 @@ class Variant:
                                         "patch": RELEASE_PATCH.format(self.release)})
         if not self.operator:
             settings["patches"].append({"target": {"group": "monitoring.coreos.com"}, "patch": NO_OPERATOR_PATCH})
+        settings["patches"] += [json.loads(patch) for patch in self.patches]
         return settings
 
 

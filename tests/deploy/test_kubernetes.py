@@ -31,6 +31,7 @@ from tests.deploy.kit import (
     KIT,
     MARK,
     MODES,
+    NO_OPERATOR_PATCH,
     RELEASE,
     ROOT,
     STORAGES,
@@ -298,6 +299,8 @@ def test_the_release_label_is_on_exactly_the_three_kinds_kube_prometheus_stack_s
 
 
 def test_without_the_operator_the_rest_is_unchanged() -> None:
+    """The settings' commented last patch (built here uncommented) drops only the Operator's kinds."""
+    assert f"#   patch: '{NO_OPERATOR_PATCH}'" in (KIT / "kustomization.yaml").read_text()
     for mode in MODES:
         full, bare = render(Variant(mode=mode)), render(Variant(mode=mode, operator=False))
         assert [d for d in full if d["kind"] not in CRD_KINDS] == list(bare)
@@ -424,6 +427,18 @@ def test_the_kit_is_sized_by_the_tables_row_for_1000_targets(built: dict[str, tu
         assert monitor(docs)["resources"] == expected, name
         for claim in of_kind(docs, "PersistentVolumeClaim"):
             assert claim["spec"]["resources"]["requests"]["storage"] == row["SQLite volume"]
+
+
+def test_another_row_is_two_patches_of_the_settings_as_the_page_shows() -> None:
+    text = DEPLOYMENT_DOC.read_text(encoding="utf-8")
+    section = text[text.index("### Sizing"):]
+    snippet = section[section.index("```yaml\n") + 8:section.index("```\n", section.index("```yaml\n") + 8)]
+    patches = yaml.safe_load(snippet)
+    docs = render(Variant(engines=(), dashboards=False, patches=tuple(json.dumps(p) for p in patches)))
+    row = next(row for row in sizing() if row["targets"] == "150")
+    assert monitor(docs)["resources"] == {"requests": {"cpu": row["CPU request"], "memory": row["memory request"]},
+                                          "limits": {"memory": row["memory limit"]}}
+    assert one(docs, "PersistentVolumeClaim")["spec"]["resources"]["requests"]["storage"] == row["SQLite volume"]
 
 
 # ----------------------------------------------------------------------------- the settings file
