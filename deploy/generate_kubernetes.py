@@ -110,8 +110,7 @@ def mode_files(kit: Path, mode: str, grafana: ModuleType | None = None) -> dict[
     files[directory / "dashboards" / "kustomization.yaml"] = _component(
         generated + f"# The Grafana dashboards for {shown}, one ConfigMap each, labelled for Grafana's\n"
                     "# dashboard sidecar (kube-prometheus-stack's sidecar finds grafana_dashboard: \"1\" in every\n"
-                    "# namespace). "
-"No hash in the names: the sidecar updates a dashboard in place.\n",
+                    "# namespace). No hash in the names: the sidecar updates a dashboard in place.\n",
         {"generatorOptions": {"disableNameSuffixHash": True, "labels": DASHBOARD_LABELS},
          "configMapGenerator": [{"name": f"llm-latency-dashboard-{Path(name).stem.removeprefix('llm-latency-')}",
                                  "files": [name]} for name in dashboards],
