@@ -19,12 +19,15 @@ the number of targets (one session; all histogram snapshots of the window in one
 renders only the rows that changed since the last read (:data:`FLEET_ROW_HTML`).
 
 Discovered targets (a Prometheus source, file/http discovery) name where they come from and
-their labels. A Prometheus source that cannot be read gets a banner naming it and its error
-(the classified text of :class:`app.windows.base.SourceStatus`, never the server's),
-and each of its targets says its verdict is the last one, from when. Gone targets (their
-series stopped) are not live: they are listed apart, collapsed. A source's targets get their
-percentiles from the source (one set of queries per source for the whole table), so they equal
-their ``/latency`` answer; the charts are the built-in store's and stay empty for them.
+their labels. A Prometheus source's targets are never scraped by the service: their health is
+the source's last round (:mod:`app.api.target_health`), and their pages speak of rounds and
+queries. A Prometheus source that cannot be read gets a banner naming it and its error
+(the classified text of :class:`app.windows.base.SourceStatus`, never the server's), and
+each of its targets is unknown and stale and says its verdict is the last one, from when.
+Gone targets (their series stopped) are not live: they are listed apart, collapsed. A
+source's targets get their percentiles from the source (one set of queries per source for the
+whole table), so they equal their ``/latency`` answer, and their charts from its server
+(:meth:`app.windows.base.WindowReader.history`).
 
 What a page computes for its request (a target's page always, the index for the targets the
 last round's summaries do not answer) runs under the request budget of the JSON API
