@@ -59,6 +59,8 @@ def source_health(target: TargetView, view: ScrapeView | None, status: SourceSta
     a replica up or down by Prometheus' own ``up`` (``view``: the last change the source reported),
     a service by how many of its live replicas (``replicas``: up, all) are up. While the source
     fails, neither: the state now is unknown, and what the page shows is stale."""
+    if target.gone_at is not None:
+        return Health("unknown", "gone")  # its series stopped: not read any more
     if status is None:
         return Health("unknown", "source not configured", stale=True)
     if status.failing:

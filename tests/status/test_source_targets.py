@@ -74,6 +74,8 @@ def test_a_replica_is_up_or_down_as_its_source_last_saw_it_and_stale_while_it_fa
         stale = source_health(target, view, failing, (2, 2))
         assert (stale.state, stale.label, stale.stale, stale.round_at) == ("unknown", "source failing", True, ROUND)
     assert source_health(A, None, pending).label == "not read yet"
+    gone = source_health(GONE, _view(True), ok)  # its series stopped: not up, whatever its last view said
+    assert (gone.state, gone.label, gone.round_at) == ("unknown", "gone", None)
     gone_source = source_health(A, _view(True), None)
     assert (gone_source.state, gone_source.stale) == ("unknown", True)
     # a scraped target keeps its scrape health, whatever the sources say
