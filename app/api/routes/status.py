@@ -611,6 +611,11 @@ def budget_views(monitor) -> list[dict[str, Any]]:
     return views
 
 
+#: the fleet table's health column, by (any target scraped, any read through a source)
+HEALTH_HEADERS = {(True, False): "Scrape", (False, True): "Source round", (True, True): "Scrape or round",
+                  (False, False): "Scrape"}
+
+
 # --------------------------------------------------------------------------- a target's page
 
 CHART_SIGNALS = ("ttft", "itl", "queue_time", "e2e")
@@ -697,10 +702,6 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
                 sources=sorted(statuses.values(), key=lambda s: s.name),
                 base_url=str(request.base_url).rstrip("/"), **page)
 
-
-#: the fleet table's health column, by (any target scraped, any read through a source)
-HEALTH_HEADERS = {(True, False): "Scrape", (False, True): "Source round", (True, True): "Scrape or round",
-                  (False, False): "Scrape"}
 
 
 def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | None:
