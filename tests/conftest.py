@@ -62,6 +62,7 @@ SLOW_TESTS = frozenset({
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
+    "tests/status/test_status_sources_browser.py",
     # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards
     "tests/deploy/test_kubernetes.py",
     "tests/deploy/test_generate_kubernetes.py",
