@@ -63,6 +63,9 @@ SLOW_TESTS = frozenset({
     "tests/slo/test_burn_emulated.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
     "tests/status/test_status_sources_browser.py",
+    # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards
+    "tests/deploy/test_kubernetes.py",
+    "tests/deploy/test_generate_kubernetes.py",
     # more than about 4 s
     "tests/diagnosis/test_family_removal.py::test_removing_families_never_makes_a_verdict_healthy",
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
@@ -75,7 +78,6 @@ SLOW_TESTS = frozenset({
     "tests/api/test_request_budget.py::test_a_read_whose_client_went_away_stops",
     "tests/api/test_serialized.py::test_kept_answers_follow_every_change",
     "tests/api/test_serialized.py::test_the_answers_are_fastapis_own_bytes",
-    "tests/deploy/test_kubernetes_prometheus_source.py::test_the_rules_are_exported_for_the_source_and_fresh",
     "tests/diagnosis/test_round_statements.py::test_statements_per_round_do_not_grow_with_the_number_of_targets",
     "tests/diagnosis/test_rules.py::test_a_symptom_of_two_firing_causes_names_the_first_by_precedence_in_every_process",
     "tests/grafana/test_source_dashboards.py::"
