@@ -60,6 +60,7 @@ from app.api.common import (
 from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
+from app.api.window_notes import window_notes
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
@@ -682,7 +683,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     down = sum(r.health.state == "down" for r in rows)
     row_html = FLEET_ROW_HTML.parts((row, row) for row in rows)
     return html("index.html", rows=rows, row_html=row_html, counts=counts, down=down, levels=LEVELS,
-                level_text=LEVEL_TEXT, budgets=budget_views(monitor),
+                level_text=LEVEL_TEXT, budgets=budget_views(monitor), window_notes=window_notes(monitor, targets),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
                 **page)

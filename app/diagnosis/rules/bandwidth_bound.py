@@ -150,7 +150,7 @@ def promql(x: Twin) -> None:
 
 
 RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
-            promql_profiled=promql_profiled, needs=(
+            promql_profiled=promql_profiled, min_scrapes="steady_min_scrapes", needs=(
     Need("per-step ITL histogram", ("itl",),
          "a per-step inter-token latency histogram (vLLM inter_token_latency_seconds, SGLang "
          "inter_token_latency_seconds, TGI tgi_batch_inference_duration{method=\"decode\"}); trtllm-serve "
