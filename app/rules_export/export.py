@@ -196,7 +196,9 @@ def export(config_file: Path | None, out_file: Path | None, source: str | None, 
                                              f"{out_file} (generated)", lineterm="", n=1))
             click.echo(f"{out_file} is stale: regenerate it with `llm-latency rules export"
                        f"{f' --config {config_file}' if config_file else ''}"
-                       f"{f' --source {source}' if source else ''} --out {out_file}`", err=True)
+                       f"{f' --source {source}' if source else ''}"
+                       f"{f' --scrape-interval {prom_duration(scrape_interval)}' if scrape_interval else ''}"
+                       f" --out {out_file}`", err=True)
             click.echo("\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""), err=True)
             sys.exit(1)
         click.echo(f"{out_file}: up to date")
