@@ -41,7 +41,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusH
         sd.write([{"targets": [fleet.urls[pod].split("://", 1)[1]],
                    "labels": {"namespace": "llm", "pod": pod, **({"service": service} if service else {})}}
                   for pod, (_, service) in PODS.items()])
-        with running_prometheus(tmp / "prom", sd.scrape_configs(scrape_interval=SCRAPE), scrape_interval=SCRAPE) as prom:
+        jobs = sd.scrape_configs(scrape_interval=SCRAPE)
+        with running_prometheus(tmp / "prom", jobs, scrape_interval=SCRAPE) as prom:
             deadline = time.monotonic() + 120  # each target's first scrape comes within one interval
             while len(prom.query('up{job="engines"} == 1')["result"]) < len(PODS):
                 assert time.monotonic() < deadline, "Prometheus did not scrape every engine within 2 minutes"
@@ -107,8 +108,9 @@ def test_the_source_learns_30s_and_diagnoses_over_four_scrapes(prometheus: Prome
                 "prod.llm.m1", "prod.llm.m2"]
 
         page = c.get("/").text
-        assert ("<strong>Note · source prod:</strong> diagnosis window 2m instead of diagnosis.window 1m: at least 4 "
-                "scrape intervals, targets scraped every 30s (the server&#39;s /api/v1/targets, 6 engine targets).") in page
+        assert ("<strong>Note · source prod:</strong> diagnosis window 2m instead of diagnosis.window 1m: at least "
+                "4 scrape intervals, targets scraped every 30s (the server&#39;s /api/v1/targets, 6 engine "
+                "targets).") in page
         assert ("<strong>Note · source prod:</strong> 2 pods lack a value of service_labels (service: 2): diagnosed as "
                 "replicas only, in no service.") in page
 

@@ -77,7 +77,8 @@ def test_a_bad_targets_answer_is_a_classified_error(status: int, body: bytes, ki
 
 
 def test_the_slowest_interval_of_the_targets_carrying_an_engine_counts() -> None:
-    active = [ActiveTarget({"namespace": "llm", "pod": "a"}, 15.0), ActiveTarget({"namespace": "llm", "pod": "b"}, 30.0),
+    active = [ActiveTarget({"namespace": "llm", "pod": "a"}, 15.0),
+              ActiveTarget({"namespace": "llm", "pod": "b"}, 30.0),
               ActiveTarget({"namespace": "llm", "pod": "node-exporter"}, 60.0),  # no engine: not counted
               ActiveTarget({"namespace": "llm", "pod": "c"}, None)]
     engines = {("llm", "a"), ("llm", "b"), ("llm", "c")}
@@ -170,8 +171,9 @@ diagnosis:
     path, code, out, err = check_config(tmp_path, text, "--offline")
     assert code == 0 and out == f"{path}: OK, 0 target(s), 1 source(s), 0 receiver(s)\n"
     assert err == (f"{path}:5: warning: sources[0].scrape_interval: its targets are scraped every 30s, the 2m "
-                   "diagnosis window holds 4 scrapes: bandwidth_bound needs 6 (diagnosis.thresholds.steady_min_scrapes), "
-                   "so it is never judged; a window of 3m holds enough (scrape interval: the source's scrape_interval)\n")
+                   "diagnosis window holds 4 scrapes: bandwidth_bound needs 6 "
+                   "(diagnosis.thresholds.steady_min_scrapes), so it is never judged; a window of 3m holds enough "
+                   "(scrape interval: the source's scrape_interval)\n")
     # at the default thresholds the 2m the source's window grows to holds enough: nothing to say
     _, code, _, err = check_config(tmp_path, text.replace("  thresholds: {steady_min_scrapes: 6}\n", ""), "--offline")
     assert (code, err) == (0, "")
