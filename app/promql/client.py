@@ -424,7 +424,8 @@ class PrometheusClient:
     def active_targets(self) -> list[ActiveTarget]:
         """``/api/v1/targets?state=active``: what the server scrapes and how often. Decoded target
         by target (an answer of a large cluster is mostly discovered labels, which are not
-        kept); the targets' labels and ``scrapeInterval`` only."""
+        kept); the targets' labels and ``scrapeInterval`` only (VictoriaMetrics gives none: its
+        discovered ``__scrape_interval__`` then)."""
         status, body = self._request("targets?state=active", None)
         if not (200 <= status < 300) or _first(body, "status") != "success":
             self._envelope(status, body)  # the classified error
@@ -435,6 +436,8 @@ class PrometheusClient:
                 if not isinstance(item, dict):
                     raise _not_prometheus("malformed targets list")
                 text = item.get("scrapeInterval")
+                if text is None and isinstance(item.get("discoveredLabels"), dict):
+                    text = item["discoveredLabels"].get("__scrape_interval__")
                 try:
                     interval = parse_duration(text) if isinstance(text, str) and len(text) <= 32 else None
                 except ValueError:

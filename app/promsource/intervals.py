@@ -43,11 +43,14 @@ def configured(seconds: float) -> ScrapeInterval:
 def from_targets(targets: Sequence[ActiveTarget], target_labels: Sequence[str],
                  engines: Collection[TargetKey]) -> ScrapeInterval:
     """The slowest interval of the active targets that carry a discovered engine's label values."""
-    intervals = [t.scrape_interval for t in targets if t.scrape_interval
-                 and tuple(t.labels.get(name, "") for name in target_labels) in engines]
-    if not intervals:
+    matched = [t for t in targets if tuple(t.labels.get(name, "") for name in target_labels) in engines]
+    intervals = [t.scrape_interval for t in matched if t.scrape_interval]
+    if not matched:
         return ScrapeInterval(None, "", "no active target of the server's /api/v1/targets has the target_labels "
                                         "values of a discovered engine; set the source's scrape_interval")
+    if not intervals:
+        return ScrapeInterval(None, "", "the server's /api/v1/targets does not say how often it scrapes the engines; "
+                                        "set the source's scrape_interval")
     slowest, fastest = max(intervals), min(intervals)
     spread = "" if slowest == fastest else \
         f", from {format_duration(fastest)} to {format_duration(slowest)}: the slowest counts"

@@ -4,7 +4,8 @@ configured 1m (four scrapes, what bandwidth_bound needs), says so in ``GET /api/
 and on the status page, and asks again only after ten minutes. Pods without a ``service``
 label (a vLLM and a TGI pod, as a PodMonitor scrapes them) stay replicas in no service and are
 counted; labelled pods are still grouped, a service of two engines included. ``check-config``
-says the same against the same server.
+says the same against the same server. VictoriaMetrics, whose ``/api/v1/targets`` has no
+``scrapeInterval``, tells it by the discovered ``__scrape_interval__``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from click.testing import CliRunner
 from app.cli import main
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.emulator.server import EmulatorFleet, TargetSpec
+from app.promql.client import PrometheusClient
+from app.promsource import intervals
 from app.store.models import Target
 from tests.api.conftest import make_service
 from tests.support.prometheus import FileSD, PrometheusHandle, running_prometheus
+from tests.support.victoria_metrics import running_victoria_metrics
 
 SCRAPE = "30s"
 # pod -> (engine, service label or None): two unlabelled pods of two engines, a labelled service of two
@@ -151,3 +155,21 @@ def test_check_config_against_the_same_server(prometheus: PrometheusHandle, tmp_
         f"{path}:7: warning: sources[0]: its targets are scraped every 30s, the 2m diagnosis window holds 4 scrapes: "
         "bandwidth_bound needs 6 (diagnosis.thresholds.steady_min_scrapes), so it is never judged; a window of 3m "
         "holds enough (scrape interval: the server's /api/v1/targets, 6 engine targets)")
+
+
+def test_victoria_metrics_tells_the_interval_by_its_discovered_label(tmp_path: Path) -> None:
+    with EmulatorFleet([TargetSpec("a", "healthy", time_scale=10.0, warmup_s=60)]) as fleet:
+        sd = FileSD(tmp_path / "targets.json")
+        sd.set({"a": fleet.urls["a"]}, namespace="llm")
+        jobs = sd.scrape_configs(scrape_interval="2s", refresh_interval=None)
+        with running_victoria_metrics(tmp_path / "vm", jobs, scrape_interval="2s") as vm, \
+                PrometheusClient(vm.url) as client:
+            deadline = time.monotonic() + 60
+            while not vm.query('up{pod="a"} == 1')["result"]:
+                assert time.monotonic() < deadline, "VictoriaMetrics did not scrape the engine within a minute"
+                time.sleep(0.5)
+            (active,) = client.active_targets()
+            assert active.labels == {"instance": fleet.urls["a"].split("://", 1)[1], "job": "engines",
+                                     "namespace": "llm", "pod": "a"}
+            assert intervals.learn(client, ["namespace", "pod"], {("llm", "a")}) == intervals.ScrapeInterval(
+                2.0, "server", "the server's /api/v1/targets, 1 engine target")

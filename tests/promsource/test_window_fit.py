@@ -52,10 +52,14 @@ def ask(body: bytes, status: int = 200) -> list[ActiveTarget]:
 
 
 def test_active_targets_keep_labels_and_interval_only() -> None:
+    vm = target("g", "ignored")
+    del vm["scrapeInterval"]  # VictoriaMetrics: only the discovered __scrape_interval__
+    vm["discoveredLabels"]["__scrape_interval__"] = "15s"
     found = ask(targets_answer(target("a", "30s"), target("b", "1m30s"), target("c", "500ms"),
-                               target("d", 30), target("e", "soon"), target("f", "0s")))
+                               target("d", 30), target("e", "soon"), target("f", "0s"), vm,
+                               target("h", "x" * 40)))
     assert [(t.labels["pod"], t.scrape_interval) for t in found] == [
-        ("a", 30.0), ("b", 90.0), ("c", 0.5), ("d", None), ("e", None), ("f", None)]
+        ("a", 30.0), ("b", 90.0), ("c", 0.5), ("d", None), ("e", None), ("f", None), ("g", 15.0), ("h", None)]
     assert found[0].labels == {"instance": "10.0.0.1:8000", "job": "engines", "namespace": "llm", "pod": "a"}
 
 
@@ -86,6 +90,9 @@ def test_the_slowest_interval_of_the_targets_carrying_an_engine_counts() -> None
         30.0, "server", "the server's /api/v1/targets, 2 engine targets, from 15s to 30s: the slowest counts")
     assert intervals.from_targets(active[:1], ["namespace", "pod"], engines).note == \
         "the server's /api/v1/targets, 1 engine target"
+    silent = intervals.from_targets(active[3:], ["namespace", "pod"], engines)  # c is an engine, but how often?
+    assert silent == intervals.ScrapeInterval(None, "", "the server's /api/v1/targets does not say how often it "
+                                                        "scrapes the engines; set the source's scrape_interval")
     none = intervals.from_targets(active, ["namespace", "instance"], engines)
     assert (none.seconds, none.origin) == (None, "")
     assert none.note == ("no active target of the server's /api/v1/targets has the target_labels values of a "
