@@ -63,6 +63,7 @@ SLOW_TESTS = frozenset({
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
+    "tests/status/test_status_sources_browser.py",
     # more than about 4 s
     "tests/diagnosis/test_family_removal.py::test_removing_families_never_makes_a_verdict_healthy",
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",

@@ -106,7 +106,8 @@ class Liveness(BaseModel):
 
 
 class Readiness(BaseModel):
-    """``targets`` (the number scheduled) only when the database answers."""
+    """``targets`` (those scraped by this process plus those its Prometheus sources found) only when
+    the database answers."""
 
     status: str = Field(description="ok | unavailable")
     database: str = Field(description="ok, or the error that reached the database")

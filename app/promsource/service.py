@@ -479,11 +479,29 @@ class SourceService:
     def quantile_series(self, target: TargetView, signal: str, q: float | None, span: float, step: float,
                         lookback: float, end: float, model: str | None = None) -> list[dict]:
         """Points of a quantile over time for one discovered target (raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        first = math.ceil((end - span) / step) * step
+        return source.reader.quantile_series(signal, q, first, end, step, lookback, only, model, where)
+
+    def first_samples(self, target: TargetView, signals: Sequence[str], span: float, end: float) -> dict[str, float]:
+        """Per histogram signal one discovered target exports, its first sample in the ``span``
+        before ``end`` (one query; raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        return source.reader.first_samples(signals, span, end, only, where)
+
+    def histogram_series(self, target: TargetView, signal: str, first: float, end: float, step: float,
+                         lookback: float, model: str | None = None) -> list[tuple[float, WindowHistogram | None]]:
+        """One discovered target's ``signal`` histogram (all models summed, or ``model``'s) over the
+        ``lookback`` before each step from ``first`` to ``end`` (one range query; raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        return source.reader.histogram_series(signal, first, end, step, lookback, only, model, where)
+
+    def _scope(self, target: TargetView) -> tuple[PrometheusSource, TargetKey | None, dict[str, str] | None]:
+        """The source of a discovered target and how its queries select it: a replica by its target
+        label values, a service by its service label values (its replicas, summed)."""
         source = self.get(target.origin)
         if source is None:
             raise SourceMissing(f"source {target.origin!r} is not configured")
-        first = math.ceil((end - span) / step) * step
         if target.source == SERVICE_KIND:
-            where = {name: target.labels.get(name, "") for name in source.config.service_labels}
-            return source.reader.quantile_series(signal, q, first, end, step, lookback, None, model, where)
-        return source.reader.quantile_series(signal, q, first, end, step, lookback, source.key_of(target), model)
+            return source, None, {name: target.labels.get(name, "") for name in source.config.service_labels}
+        return source, source.key_of(target), None

@@ -26,15 +26,17 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", response_model=Readiness, response_model_exclude_unset=True,
             responses={503: {"model": Readiness, "description": "The database does not answer"}})
 def readyz(monitor: MonitorDep, response: Response) -> dict[str, Any]:
-    """Ready when the database answers."""
+    """Ready when the database answers. ``targets``: those this process scrapes and those its
+    Prometheus sources found in their last successful round (replicas and services)."""
     try:
         with monitor.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except Exception as exc:
         response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
         return {"status": "unavailable", "database": f"{type(exc).__name__}: {exc}"[:300]}
-    out: dict[str, Any] = {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers)}
     statuses = monitor.windows.statuses()
+    discovered = sum(s.targets + s.services for s in statuses)
+    out: dict[str, Any] = {"status": "ok", "database": "ok", "targets": len(monitor.scraping.scrapers) + discovered}
     if statuses:
         out["sources"] = {s.name: source_state(s) for s in statuses}
     return out
