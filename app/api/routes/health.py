@@ -70,4 +70,3 @@ def list_sources(monitor: MonitorDep) -> list[SourceOut]:
                       window_note=s.window_note, window_warning=source_window_warning(monitor, s),
                       pods_without_service_labels=s.unlabelled, missing_service_labels=s.unlabelled_by_label)
             for s in monitor.windows.statuses()]
-
