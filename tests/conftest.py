@@ -58,6 +58,7 @@ SLOW_TESTS = frozenset({
     # real processes, Prometheus (not through SERVER_FIXTURES), hours of simulated time
     "tests/test_replicas_processes.py",
     "tests/promsource/test_live_source.py",
+    "tests/promsource/test_scrape_interval_live.py",
     "tests/promsource/test_read_flood.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",

@@ -172,6 +172,8 @@ class SourceReader:
         self.matchers = tuple(parse_selector(selector))
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
+        #: the engines' scrape interval where known (0: unknown): the ITL split's steps span two of them
+        self.scrape_interval = 0.0
         self._lock = threading.Lock()
 
     def _refuse(self, query: str, why: str) -> None:
@@ -224,7 +226,7 @@ class SourceReader:
         # a signal no engine's adapter maps yet has no query (and costs none)
         jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
-        step = max(15.0, w / 20)
+        step = max(15.0, w / 20, 2 * self.scrape_interval)  # an increase needs two samples in its step
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
         if diagnosis:

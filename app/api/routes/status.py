@@ -72,6 +72,7 @@ from app.api.target_health import (
     stale_source,
     target_health,
 )
+from app.api.window_notes import window_notes
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
@@ -695,7 +696,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     row_html = FLEET_ROW_HTML.parts((row, row) for row in rows)
     read = {t.source in DISCOVERED_BY_SOURCES for t in targets}  # True: read through a source
     return html("index.html", rows=rows, row_html=row_html, counts=counts, down=down, levels=LEVELS,
-                level_text=LEVEL_TEXT, budgets=budget_views(monitor),
+                level_text=LEVEL_TEXT, budgets=budget_views(monitor), window_notes=window_notes(monitor, targets),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
                 health_header=HEALTH_HEADERS[(False in read, True in read)],
