@@ -6,7 +6,7 @@ import contextlib
 import logging
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -135,7 +135,10 @@ def check_config(config_file: Path, offline: bool) -> None:
     error naming the page to scrape, one that cannot be scraped now a warning.
     """
     from app.config import field_line
-    from app.promsource.check import check_source, missing_credentials
+    from app.diagnosis.sampling import window_warning
+    from app.promsource.check import check_source, missing_credentials, window_problems
+    from app.promsource.config import PrometheusSourceConfig
+    from app.promsource.intervals import configured
     from app.scrape.check import TargetToCheck, check_targets
     from app.scrape.discovery import check_discovery
 
@@ -145,12 +148,32 @@ def check_config(config_file: Path, offline: bool) -> None:
     discovered, sd_problems = check_discovery(config, config_file.parent, allowed_hosts)
     for sd_problem in sd_problems:
         click.echo(sd_problem, err=True)
+    diagnosis = config.diagnosis
+
+    def window_check(source: PrometheusSourceConfig) -> Callable[[float], str | None]:
+        return lambda interval: window_warning(source.fitted_window(diagnosis.window, interval), interval,
+                                               diagnosis.thresholds)
+
     problems = [p for index, source in enumerate(config.sources)
-                for p in (missing_credentials(source, index) if offline else check_source(source, index))]
+                for p in ([*missing_credentials(source, index),
+                           *(window_problems(source, index, configured(source.scrape_interval), window_check(source))
+                             if source.scrape_interval is not None else [])]
+                          if offline else check_source(source, index, window_check=window_check(source)))]
     for problem in problems:
         kind = "" if problem.error else "warning: "
         click.echo(f"{config_file}:{field_line(config_file, problem.loc)}: {kind}{problem.field}: {problem.message}",
                    err=True)
+    for index, target in enumerate(config.targets):  # the file's targets, at their scrape interval
+        interval = target.scrape_interval or settings.default_scrape_interval
+        warning = window_warning(diagnosis.window, interval, diagnosis.thresholds)
+        if warning is not None and target.scrape_interval:
+            loc: tuple = ("targets", index, "scrape_interval")
+            click.echo(f"{config_file}:{field_line(config_file, loc)}: warning: targets[{index}].scrape_interval: "
+                       f"{warning}", err=True)
+        elif warning is not None:  # the settings' default interval
+            loc = ("diagnosis", "window")
+            click.echo(f"{config_file}:{field_line(config_file, loc)}: warning: diagnosis.window: targets[{index}] "
+                       f"({target.name}) is {warning}", err=True)
     target_errors = False
     if not offline and not sd_problems:
         timeout = settings.default_scrape_timeout

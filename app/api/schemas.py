@@ -107,7 +107,8 @@ class Liveness(BaseModel):
 
 
 class Readiness(BaseModel):
-    """``targets`` (the number scheduled) only when the database answers."""
+    """``targets`` (those scraped by this process plus those its Prometheus sources found) only when
+    the database answers."""
 
     status: str = Field(description="ok | unavailable")
     database: str = Field(description="ok, or the error that reached the database")
@@ -140,6 +141,22 @@ class SourceOut(BaseModel):
     refused_answers: dict[str, str] = Field(description="Queries (by signal) whose last answer was refused as too "
                                                         "large (max_series, max_samples, max_response_bytes): the "
                                                         "windows lack that signal")
+    scrape_interval: float | None = Field(None, description="Seconds between two scrapes of its engines by its "
+                                                            "Prometheus; null while unknown")
+    scrape_interval_from: str | None = Field(None, description="config (the source's scrape_interval) or server "
+                                                               "(its /api/v1/targets)")
+    scrape_interval_note: str = Field("", description="How the interval was learned, or why it is unknown")
+    diagnosis_window: float | None = Field(None, description="Seconds of the window its targets were last "
+                                                             "diagnosed over: diagnosis.window, at least "
+                                                             "window_intervals scrape intervals")
+    window_note: str = Field("", description="Why that window")
+    window_warning: str | None = Field(None, description="The rules that window holds too few scrapes for "
+                                                         "(never judged), by name; null when it holds enough")
+    pods_without_service_labels: int = Field(0, description="Live replicas lacking a value of one of "
+                                                            "service_labels: in no service, diagnosed as replicas "
+                                                            "only")
+    missing_service_labels: dict[str, int] = Field(default_factory=dict, description="Per service label, the live "
+                                                                                      "replicas lacking it")
 
 
 # --------------------------------------------------------------------------- latency

@@ -76,7 +76,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         conditions.append(check("ITL / decode floor", s.itl_over_floor, "<=", t.floor_ratio_max, "ratio",
                                 f"floor {s.decode_floor_seconds * 1000:.1f} ms = weight bytes / HBM bandwidth "
                                 f"({s.hardware})"))
-    if steady is None and all(c.met for c in conditions[:-1] + conditions[3:]):
+    if steady is None and all(c.met for c in conditions[:2] + conditions[3:]):  # all but steadiness
         raise NotJudged(why)
     if not all(c.met for c in conditions):
         return None
@@ -159,7 +159,7 @@ def promql(x: Twin) -> None:
 
 
 RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
-            promql_profiled=promql_profiled, needs=(
+            promql_profiled=promql_profiled, min_scrapes="steady_min_scrapes", needs=(
     Need("per-step ITL histogram", ("itl",),
          "a per-step inter-token latency histogram (vLLM inter_token_latency_seconds, SGLang "
          "inter_token_latency_seconds, TGI tgi_batch_inference_duration{method=\"decode\"}); trtllm-serve "

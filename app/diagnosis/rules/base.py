@@ -164,6 +164,15 @@ class Rule:
     #: release does not export it), the rule is not run and the diagnosis lists the regime
     #: under ``not_judged`` with the reason - never "healthy" by omission
     needs: tuple[Need, ...] = ()
+    #: the :class:`Thresholds` field holding how many scrapes the window must hold for this rule to
+    #: be judged, where it needs more than every rule's ``min_scrapes`` (bandwidth_bound:
+    #: ``steady_min_scrapes``): ``check-config`` and the status page name the rule when the
+    #: diagnosis window at a target's scrape interval holds fewer (:mod:`app.diagnosis.sampling`)
+    min_scrapes: str = ""
+
+    def scrapes_needed(self, t: Thresholds) -> int:
+        """Scrapes a window must hold before this rule is judged (at least ``t.min_scrapes``)."""
+        return max(t.min_scrapes, int(getattr(t, self.min_scrapes))) if self.min_scrapes else t.min_scrapes
 
     def missing(self, s: Signals) -> list[Need]:
         """What this rule needs and the window does not have (empty: it can be judged)."""
