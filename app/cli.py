@@ -33,6 +33,7 @@ def load_settings(**overrides: object) -> Settings:
 
 
 @click.group()
+@click.version_option(package_name="llm-latency-monitor", prog_name="llm-latency", message="%(prog)s %(version)s")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def main(log_level: str) -> None:
@@ -342,7 +343,10 @@ DEMO_TARGETS = (
 @click.option("--time-scale", default=1.0, show_default=True, help="Emulator clock speed-up.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data/demo"), show_default=True)
 @click.option("--scrape-interval", default="5s", show_default=True)
-def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> None:
+@click.option("--engine-port-base", type=click.IntRange(1, 65535 - len(DEMO_TARGETS) + 1),
+              help=f"Serve the {len(DEMO_TARGETS)} emulated engines on this port and the next "
+                   f"{len(DEMO_TARGETS) - 1} (default: free ports the system picks).")
+def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str, engine_port_base: int | None) -> None:
     """Emulated vLLM and TGI engines in different regimes + the monitor, on this machine.
 
     No GPU and no external services: the engines are the built-in emulator, storage is
@@ -360,10 +364,16 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
     data_dir.mkdir(parents=True, exist_ok=True)
     for leftover in data_dir.glob("llm-latency.db*"):
         leftover.unlink()
-    fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale)
+    fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale,
+                                      port=0 if engine_port_base is None else engine_port_base + i)
                            for i, (name, scenario, engine) in enumerate(DEMO_TARGETS)])
     try:
-        fleet.start()
+        try:
+            fleet.start()
+        except OSError as exc:  # a pinned engine port that is taken
+            raise click.ClickException(f"cannot serve the emulated engines on ports {engine_port_base}–"
+                                       f"{(engine_port_base or 0) + len(DEMO_TARGETS) - 1}: "
+                                       f"{exc.strerror or exc}") from None
         config = {"targets": [{"name": name, "url": f"{fleet.urls[name]}/metrics",
                                "scrape_interval": f"{interval:g}s"} for name, _, _ in DEMO_TARGETS]}
         config_path = data_dir / "demo-targets.yaml"

@@ -68,6 +68,9 @@ SLOW_TESTS = frozenset({
     "tests/deploy/test_kubernetes.py",
     "tests/deploy/test_generate_kubernetes.py",
     # more than about 4 s
+    "tests/test_cli.py::test_serve_names_its_sqlite_file_and_a_restart_after_a_clean_stop_warns_of_nothing",
+    "tests/test_cli.py::test_demo_on_a_taken_engine_port_exits_1_naming_it",
+    "tests/test_cli.py::test_demo_serves_its_engines_on_pinned_ports",
     "tests/diagnosis/test_family_removal.py::test_removing_families_never_makes_a_verdict_healthy",
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
     "tests/alerts/test_outbox.py::test_an_active_diagnosis_becomes_an_alert_with_its_cause_and_remedies",

@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.core.durations import parse_duration
 from app.core.limits import MAX_INTERVAL_SECONDS, MAX_SCRAPE_LIMIT, Labels, Url
+from app.diagnosis.findings import CONFIDENCE_MEANING
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 
@@ -345,6 +346,9 @@ class EvidenceOut(BaseModel):
     unit: str
     met: bool
     note: str
+    interval: list[float | None] | None = Field(None, description=(
+        "for a quantile: the histogram bucket [lower, upper] that holds it (upper null: +Inf); the value is "
+        "interpolated inside it, and people are shown the bucket when the value sits on one of its edges"))
 
 
 class FindingOut(BaseModel):
@@ -353,7 +357,7 @@ class FindingOut(BaseModel):
 
     regime: str
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     summary: str
     evidence: list[EvidenceOut]
     remedies: list[str]
@@ -404,7 +408,7 @@ class FindingRecordOut(BaseModel):
     regime: str
     state: str = Field(description="pending | active | resolved | dropped")
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     primary: bool
     summary: str
     evidence: list[EvidenceOut]

@@ -42,7 +42,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,8 +77,9 @@ from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
 from app.diagnosis import repository as diagnosis_repository
-from app.diagnosis.findings import Evidence
+from app.diagnosis.findings import CONFIDENCE_MEANING, Evidence
 from app.diagnosis.rounds import RoundSummaries
+from app.diagnosis.rules.base import margin
 from app.probe import repository as probe_repository
 from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts, RoundMemo
@@ -189,6 +190,10 @@ class LatencyCell:
     derivation: str | None   # how a derived TTFT was made (``q+p``), else None
 
 
+#: What ``q+p`` beside a TTFT cell means, said on the page itself
+DERIVED_TTFT_NOTE = ("TTFT derived from queue and prefill, for an engine that exports no TTFT histogram (TGI). "
+                     "Its mean is exact (mean queue + mean prefill); percentiles do not add, so each is shown as "
+                     "the range the true one lies in.")
 FLEET_CELLS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"))
 
 
@@ -260,6 +265,15 @@ def fmt_countdown(seconds: float) -> str:
     return f"in ~{round(seconds / 60)} min"
 
 
+def confidence_title(finding: dict) -> str:
+    """The confidence's tooltip: what it is, and which condition of this finding is the weakest."""
+    conditions = [e for e in map(Evidence.from_dict, finding.get("evidence") or []) if e.op != "info" and e.met]
+    margins = [(m, e) for e in conditions if (m := margin(e)) is not None]
+    weakest = min(margins, key=lambda pair: pair[0])[1] if margins else None
+    here = f" Weakest condition here: {replace(weakest, note='').text()}." if weakest is not None else ""
+    return CONFIDENCE_MEANING + here
+
+
 def evidence_text(item: dict) -> str:
     """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
     return Evidence.from_dict(item).text()
@@ -284,9 +298,10 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
                        value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion,
-                       count=fmt_count)
+                       count=fmt_count, confidence_title=confidence_title)
     env.filters.update(clock=fmt_clock)
-    env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE)
+    env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE,
+                       derived_note=DERIVED_TTFT_NOTE)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env
@@ -695,7 +710,8 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     down = sum(r.health.state == "down" for r in rows)
     row_html = FLEET_ROW_HTML.parts((row, row) for row in rows)
     read = {t.source in DISCOVERED_BY_SOURCES for t in targets}  # True: read through a source
-    return html("index.html", rows=rows, row_html=row_html, counts=counts, down=down, levels=LEVELS,
+    derived = any(c.derivation is not None for r in rows for c in r.cells)  # then the page says what q+p is
+    return html("index.html", rows=rows, row_html=row_html, derived=derived, counts=counts, down=down, levels=LEVELS,
                 level_text=LEVEL_TEXT, budgets=budget_views(monitor), window_notes=window_notes(monitor, targets),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
@@ -776,7 +792,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
         rates=sorted(report["rates"].items()), charts=charts, chart_note=chart_note, split=split, pd=pd,
-        pd_role=report.get("pd_role"), diagnoses=diagnoses,
+        pd_role=report.get("pd_role"), diagnoses=diagnoses, request_notes=latency.request_set_notes(report),
         history=history, infos=infos,
         probe=probe,
         counter_signals=COUNTER_SIGNALS, **context)
