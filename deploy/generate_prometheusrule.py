@@ -55,13 +55,14 @@ def _project_on_path() -> None:
         sys.path.insert(0, str(DEPLOY.parent))
 
 
-def config_rules(targets: Path, source: str | None = None) -> str:
-    """``llm-latency rules export`` for the targets YAML ``targets`` (its ``source``), as rule-file text."""
+def config_rules(targets: Path, source: str | None = None, scrape_interval: float | None = None) -> str:
+    """``llm-latency rules export`` for the targets YAML ``targets`` (its ``source``; ranges fitted to
+    ``scrape_interval`` seconds when given), as rule-file text."""
     _project_on_path()
     from app.config import load_config
     from app.rules_export import render_rules
 
-    return render_rules(load_config(targets), source)
+    return render_rules(load_config(targets), source, scrape_interval)
 
 
 def load_groups(text: str, source: str) -> list[dict]:

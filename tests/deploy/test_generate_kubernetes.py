@@ -81,3 +81,21 @@ def test_a_targets_yaml_the_config_refuses_is_named_and_nothing_written(kit: Pat
     assert result.returncode == 2
     assert str(targets) in result.stderr and "window" in result.stderr
     assert (kit / "components" / "scrape" / "prometheusrule.yaml").read_text() == before
+
+
+def test_scrape_mode_rules_fit_the_clusters_scrape_interval(kit: Path) -> None:
+    """The cluster's Prometheus evaluates scrape mode's rules on its own scrapes of the engines: at
+    kube-prometheus-stack's 30s a 1m range holds two, so every range is at least 2m (four scrapes);
+    at 15s the configured 1m stays."""
+    vllm = kit / "components" / "scrape" / "rules" / "vllm" / "prometheusrule.yaml"
+    shipped = vllm.read_text(encoding="utf-8")
+    assert "[1m]" not in shipped and shipped.count("[2m]") == 66
+    result = run("--kit", str(kit), "--scrape-interval", "15s")
+    assert result.returncode == 0, result.stderr
+    fifteen = vllm.read_text(encoding="utf-8")
+    assert fifteen.count("[1m]") == 66 and "[2m]" not in fifteen
+    # the source component follows its own targets.yaml (scrape_interval: 30s), not the option
+    source = kit / "components" / "source" / "rules" / "vllm" / "prometheusrule.yaml"
+    assert "[1m]" not in source.read_text(encoding="utf-8")
+    refused = run("--kit", str(kit), "--scrape-interval", "0s")
+    assert refused.returncode == 2 and "--scrape-interval: must be above 0" in refused.stderr
