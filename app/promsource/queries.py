@@ -189,6 +189,14 @@ class SourceQueries:
         sel = f"up{{{inner}}}" if inner else "up"
         return f"sum by ({_by(*self.target_labels)}) (sum_over_time({sel}[{prom_duration(window)}]))"
 
+    def restarts(self, window: float) -> str:
+        """Per target, the most resets any one of its counters shows in the window: engine restarts
+        (a restart sets every counter of the process back to zero; ranks and models reset together)."""
+        names = "|".join(sorted({f.name for families in COUNTER_FAMILIES.values() for f in families
+                                 if not f.matchers}))
+        inner = format_matchers([("__name__", "=~", names), *self.matchers])
+        return f"max by ({_by(*self.target_labels)}) (resets({{{inner}}}[{prom_duration(window)}]))"
+
     def infos(self) -> str:
         names = "|".join(metric for _, metric in INFO_FAMILIES)
         return "{" + format_matchers([("__name__", "=~", names), *self.matchers]) + "}"
