@@ -8,7 +8,7 @@ per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_qu
 Prometheus' own ``histogram_quantile`` answers over the same range.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
-bucket whose ``le`` is not a number, a scrape count that is not a finite count, a label the
+bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
 query sets that it did not set) is dropped and counted by reason (:data:`BAD_SERIES_REASONS`,
 :attr:`SourceReader.bad_series`), and the target's window names what it lacks
 (:attr:`app.window.TargetWindow.dropped`). No error of bad data leaves the reader.
