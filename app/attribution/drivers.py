@@ -85,7 +85,7 @@ class Driver:
 
 #: the drivers measured in every window: label, unit, value, absolute floor of a named change
 MEASURED: dict[str, tuple[str, str, Callable[[Facts], float | None], float]] = {
-    "load": ("request rate", "req/s", lambda f: f.request_rate, 0.0),
+    "load": ("request rate", "req/s", lambda f: f.arrival_rate, 0.0),
     "prompt_length": ("prompt length", "tokens", lambda f: f.prompt_mean, 1.0),
     "output_length": ("output length", "tokens", lambda f: f.output_mean, 1.0),
     "prefix_cache": ("prefix-cache hit rate", "share", lambda f: f.hit_rate, 0.02),
@@ -129,16 +129,22 @@ def measured(before: Facts, after: Facts, parts: Sequence[Facts]) -> dict[str, D
     return out
 
 
+def _batch_limit(f: Facts) -> float:
+    """Where requests wait, the batch is full all along: its mean is the limit (the maximum may hold
+    a sample from before a restart); elsewhere the most that ran at once (a lower bound)."""
+    return (f.running_mean or 0.0) if f.saturated else (f.running_max or 0.0)
+
+
 def capacity(before: Facts, after: Facts) -> Driver | None:
     """The running batch per replica at which requests wait, where a window shows it (module docstring)."""
     if before.running_max is None or after.running_max is None:
         return None
-    cb = before.running_max / max(1, len(before.replicas))
-    ca = after.running_max / max(1, len(after.replicas))
+    cb = _batch_limit(before) / max(1, len(before.replicas))
+    ca = _batch_limit(after) / max(1, len(after.replicas))
     driver = Driver("capacity", "capacity (running batch at which requests wait)", "requests", cb, ca)
     if after.saturated and not before.saturated:
         driver.at_least, driver.significant = "before", cb > ca + 0.5
-        driver.note = f"requests wait at {ca:.0f} running now; {cb:.0f} ran at once before without a queue"
+        driver.note = f"requests wait at {ca:.3g} running now; {cb:.0f} ran at once before without a queue"
     elif before.saturated and not after.saturated:
         driver.at_least, driver.significant = "after", ca > cb + 0.5
     elif before.saturated and after.saturated:
@@ -191,11 +197,24 @@ def _add(into: dict[str, float], parts: dict[str, float], scale: float = 1.0) ->
         into[k] = into.get(k, 0.0) + v * scale
 
 
-class Explainer:
-    """The explained seconds of each signal's change, driver by driver (module docstring)."""
+#: the most of the GPU's time prefills are taken to fill (a busier engine queues instead)
+MAX_PREFILL_SHARE = 0.95
 
-    def __init__(self, before: Facts, after: Facts, splits: dict[str, Split], drivers: dict[str, Driver]) -> None:
+
+class Explainer:
+    """The explained seconds of each signal's change, driver by driver (module docstring).
+
+    ``prefill_per_token``: seconds of compute per uncached prompt token (the hardware profile's,
+    :meth:`app.diagnosis.profile.HardwareProfile.prefill_seconds`); None: the baseline's own mean
+    prefill over its mean uncached prompt."""
+
+    def __init__(self, before: Facts, after: Facts, splits: dict[str, Split], drivers: dict[str, Driver],
+                 prefill_per_token: float | None = None) -> None:
         self.b, self.a, self.splits, self.drivers = before, after, splits, drivers
+        self.per_token = prefill_per_token
+        if self.per_token is None and before.mean("prefill_time") and before.uncached_prompt:
+            self.per_token = before.mean("prefill_time") / before.uncached_prompt  # type: ignore[operator]
+        self.step_explained: dict[str, float] = {}
 
     def _named(self, name: str) -> bool:
         driver = self.drivers.get(name)
@@ -205,11 +224,16 @@ class Explainer:
         value = _log(after, before)
         return {name: sign * value} if value is not None and self._named(name) else {}
 
-    def prefill(self, change: float, prefill_before: float | None) -> dict[str, float]:
-        """Prefill grows with the uncached prompt tokens: the predicted change, up to the measured one."""
-        terms = {**self._term("prompt_length", self.a.prompt_mean, self.b.prompt_mean)}
+    def _uncached_terms(self) -> dict[str, float]:
+        """Log terms of the uncached prompt tokens per request: prompt length and cache misses."""
+        terms = self._term("prompt_length", self.a.prompt_mean, self.b.prompt_mean)
         if self.b.hit_rate is not None and self.a.hit_rate is not None:
             terms.update(self._term("prefix_cache", 1.0 - self.a.hit_rate, 1.0 - self.b.hit_rate))
+        return terms
+
+    def prefill(self, change: float, prefill_before: float | None) -> dict[str, float]:
+        """Prefill grows with the uncached prompt tokens: the predicted change, up to the measured one."""
+        terms = self._uncached_terms()
         if not terms or not prefill_before:
             return {}
         predicted = prefill_before * (math.exp(math.fsum(terms.values())) - 1.0)
@@ -217,8 +241,32 @@ class Explainer:
             return {}
         return allocate(math.copysign(min(abs(predicted), abs(change)), change), terms)
 
+    def _prefill_share(self, f: Facts) -> float | None:
+        """The share of the GPU's time spent computing prefills: requests per second x uncached
+        prompt tokens x compute per token."""
+        if self.per_token is None or f.request_rate is None or f.uncached_prompt is None:
+            return None
+        return min(MAX_PREFILL_SHARE, f.request_rate * f.uncached_prompt * self.per_token)
+
+    def step(self, change: float, step_before: float) -> dict[str, float]:
+        """The step time at the same batch: prefills sharing the steps stretch each by
+        ``1 / (1 - prefill share)``; what that predicts (up to the measured change) is the drivers'
+        of the prefill tokens per second, the rest the step time's own (a neighbour, clocks)."""
+        got: dict[str, float] = {}
+        fb, fa = self._prefill_share(self.b), self._prefill_share(self.a)
+        terms = {**self._term("load", self.a.request_rate, self.b.request_rate), **self._uncached_terms()}
+        if fb is not None and fa is not None and terms and step_before > 0:
+            predicted = step_before * ((1.0 - fb) / (1.0 - fa) - 1.0)
+            if predicted * change > 0:
+                got = allocate(math.copysign(min(abs(predicted), abs(change)), change), terms)
+        rest = change - math.fsum(got.values())
+        if self._named("step_time") and rest * change > 0:
+            got["step_time"] = rest
+        return got
+
     def service_causes(self) -> dict[str, float]:
-        """What lengthened (or shortened) the time a request holds a slot, in seconds."""
+        """What lengthened (or shortened) the time a request holds a slot, in seconds: its prefill,
+        its output length and the step time (as the ITL's step part is explained)."""
         causes: dict[str, float] = {}
         ttft, e2e, itl = self.splits.get("ttft"), self.splits.get("e2e"), self.splits.get("itl")
         prefill = ttft.component("prefill") if ttft else None
@@ -226,15 +274,14 @@ class Explainer:
             _add(causes, self.prefill(prefill.change, prefill.before))
         if e2e is not None and self._named("output_length"):
             causes["output_length"] = e2e.extra.get("decode_length", 0.0)
-        if e2e is not None and itl is not None and itl.change and self._named("step_time"):
-            step = itl.component("step_time")
-            if step is not None:
-                causes["step_time"] = e2e.extra.get("decode_per_token", 0.0) * step.change / itl.change
+        per_token = e2e.extra.get("decode_per_token") if e2e is not None else None
+        if per_token and itl is not None and itl.change:
+            _add(causes, self.step_explained, per_token / itl.change)
         return causes
 
     def _load_terms(self, capacity_sign: float) -> dict[str, float]:
         """Log terms of the utilization (queue: capacity counts against it; batch: for it)."""
-        terms = {**self._term("load", self.a.request_rate, self.b.request_rate),
+        terms = {**self._term("load", self.a.arrival_rate, self.b.arrival_rate),
                  **self._term("replicas", float(len(self.a.replicas)), float(len(self.b.replicas)), -1.0)}
         cap = self.drivers.get("capacity")
         if cap is not None and cap.significant:
@@ -249,9 +296,23 @@ class Explainer:
     def explain(self) -> dict[str, dict[str, float]]:
         """Signal -> driver -> seconds of the signal's mean change; recorded on the drivers too."""
         out: dict[str, dict[str, float]] = {}
+        itl = self.splits.get("itl")
+        if itl is not None:  # first: the service time's causes read the step part's explanation
+            got: dict[str, float] = {}
+            step = itl.component("step_time")
+            if step is not None and step.change:
+                self.step_explained = self.step(step.change, itl.extra.get("covered_before", itl.before))
+                _add(got, self.step_explained)
+            batch = itl.component("batch")
+            if batch is not None and batch.change:
+                traced = allocate(batch.change, self._load_terms(1.0))
+                if not traced and self._named("batch_size"):
+                    traced = {"batch_size": batch.change}
+                _add(got, traced)
+            out["itl"] = got
         ttft = self.splits.get("ttft")
         if ttft is not None:
-            got: dict[str, float] = {}
+            got = {}
             queue, prefill, transfer = (ttft.component(n) for n in ("queue", "prefill", "transfer"))
             if queue is not None:
                 _add(got, allocate(queue.change, self._load_terms(-1.0)))
@@ -264,18 +325,6 @@ class Explainer:
                     _add(got, {"prompt_length": math.copysign(min(abs(predicted), abs(transfer.change)),
                                                               transfer.change)})
             out["ttft"] = got
-        itl = self.splits.get("itl")
-        if itl is not None:
-            got = {}
-            batch, step = itl.component("batch"), itl.component("step_time")
-            if batch is not None and batch.change:
-                traced = allocate(batch.change, self._load_terms(1.0))
-                if not traced and self._named("batch_size"):
-                    traced = {"batch_size": batch.change}
-                _add(got, traced)
-            if step is not None and self._named("step_time"):
-                got["step_time"] = step.change
-            out["itl"] = got
         e2e = self.splits.get("e2e")
         if e2e is not None:
             got = {}

@@ -102,8 +102,14 @@ def gaps(before: Facts, after: Facts, parts: Sequence[Facts]) -> list[str]:
     densest = max((p.scrapes / p.seconds for p in parts if p.seconds > 0), default=0.0)
     empty = [p for p in parts if p.scrapes == 0]
     if empty:
-        spans = ", ".join(f"{_clock(p.start)}-{_clock(p.end)}" for p in empty)
-        out.append(f"the baseline has no scrape in {len(empty)} of its {len(parts)} parts ({spans})")
+        runs: list[list[float]] = []
+        for p in empty:  # consecutive empty parts as one span
+            if runs and runs[-1][1] == p.start:
+                runs[-1][1] = p.end
+            else:
+                runs.append([p.start, p.end])
+        spans = ", ".join(f"{_clock(a)}-{_clock(b)}" for a, b in runs)
+        out.append(f"the baseline has no scrape in {len(empty)} of its {len(parts)} parts ({spans} UTC)")
     for what, facts in (("current window", after), ("baseline", before)):
         if densest > 0 and facts.seconds > 0:
             coverage = facts.scrapes / (densest * facts.seconds)
@@ -134,16 +140,17 @@ def _context(events: Sequence[ChangeEvent], restarts: int | None) -> list[Driver
 
 
 def attribute(before: Facts, after: Facts, parts: Sequence[Facts], events: Sequence[ChangeEvent] = (),
-              baseline_kind: str = "previous") -> Attribution:
+              baseline_kind: str = "previous", prefill_per_token: float | None = None) -> Attribution:
     """The attribution of ``after`` against ``before``; ``parts`` are the baseline's sub-windows
-    (the noise), ``events`` those between the baseline's start and the current window's end."""
+    (the noise), ``events`` those between the baseline's start and the current window's end;
+    ``prefill_per_token`` the hardware profile's compute per prompt token, where one is set."""
     splits = algebra.splits(before, after)
     found = drivers.measured(before, after, parts)
     for extra in (drivers.capacity(before, after), drivers.replicas(before, after),
                   drivers.step_time(splits.get("itl"), parts)):
         if extra is not None:
             found[extra.name] = extra
-    explained = drivers.Explainer(before, after, splits, found).explain()
+    explained = drivers.Explainer(before, after, splits, found, prefill_per_token).explain()
     signals = {}
     for name, split in splits.items():
         sd = drivers.noise(parts, _mean_of(name))
@@ -249,8 +256,10 @@ def _context_phrase(a: Attribution) -> str:
 def sentence(a: Attribution) -> str:
     """The one sentence the answer starts with (module docstring)."""
     gap = f"; data missing: {'; '.join(a.gaps)}" if a.gaps else ""
+    if not a.signals:
+        return f"No latency to compare {_when(a)}: one of the windows has none{gap}."
     if a.lead is None:
-        shown = ", ".join(f"{_headline(n, c)}" for n, c in a.signals.items() if n != "e2e") or "no latency data"
+        shown = ", ".join(f"{_headline(n, c)}" for n, c in a.signals.items() if n != "e2e")
         return f"Nothing changed {_when(a)}: {shown}, within the baseline's noise; {_context_phrase(a)}{gap}."
     c = a.signals[a.lead]
     total = c.split.change

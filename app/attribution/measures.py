@@ -36,6 +36,7 @@ class Facts:
     running_mean: float | None = None
     running_max: float | None = None
     waiting_mean: float | None = None
+    in_engine_last: float | None = None    # running + waiting at the window's last sample
     intervals: tuple[ItlInterval, ...] = ()  # ITL between scrapes next to the running batch
     restarts: int | None = None            # counter resets in the window (None: not read)
     replicas: tuple[str, ...] = ()         # a service's replicas that served requests in the window
@@ -56,6 +57,17 @@ class Facts:
         if self.prompt_mean is None:
             return None
         return self.prompt_mean * (1.0 - (self.hit_rate or 0.0))
+
+    @property
+    def arrival_rate(self) -> float | None:
+        """Requests arriving per second: those finished plus the growth of the requests in the engine
+        (``2 x (last - mean) / window``, a linear ramp's; capacity.py's estimate). While requests
+        queue, the finished ones are the engine's service rate, not the load."""
+        if self.request_rate is None or self.in_engine_last is None or self.running_mean is None \
+                or self.seconds <= 0:
+            return self.request_rate
+        mean = self.running_mean + (self.waiting_mean or 0.0)
+        return max(0.0, self.request_rate + 2.0 * (self.in_engine_last - mean) / self.seconds)
 
     @property
     def saturated(self) -> bool:
@@ -103,7 +115,11 @@ def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
     summaries = latency.summarize_histograms(m.histograms)
     rate = _request_rate(m, summaries, window.seconds)
     queries, hits = m.rates.get("prefix_cache_queries_total"), m.rates.get("prefix_cache_hits_total")
+    # an engine that counts cache queries and made none while it served requests hit nothing (vLLM
+    # with prefix caching off keeps the counters and leaves them still)
+    hit_rate = (hits or 0.0) / queries if queries else 0.0 if queries is not None and rate else None
     running, waiting = m.gauges.get("running"), m.gauges.get("waiting")
+    in_engine = None if running is None else running.last + (waiting.last if waiting else 0.0)
     intervals = tuple(m.itl_intervals) if model is not None else \
         tuple(i for one in window.models.values() for i in one.itl_intervals)
     present = {*m.histograms, *m.rates}
@@ -112,7 +128,7 @@ def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
         window.start, window.end, summaries, rate,
         _token_mean(summaries, "prompt_tokens", m, "prompt_tokens_total", rate),
         _token_mean(summaries, "generation_tokens", m, "generation_tokens_total", rate),
-        (hits or 0.0) / queries if queries else None,
-        running.mean if running else None, running.max if running else None, waiting.mean if waiting else None,
-        intervals, window.restarts, tuple(sorted(name for name, w in window.replicas.items() if _served(w))),
-        window.scrapes, role is not None and role.role == "decode")
+        hit_rate, running.mean if running else None, running.max if running else None,
+        waiting.mean if waiting else None, in_engine, intervals, window.restarts,
+        tuple(sorted(name for name, w in window.replicas.items() if _served(w))), window.scrapes,
+        role is not None and role.role == "decode")

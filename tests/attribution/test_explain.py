@@ -146,7 +146,7 @@ def test_gaps_are_said() -> None:
     parts = steady_parts(**BASE)
     parts[2] = facts(200, 300, scrapes=0)
     a = attribute(facts(**BASE), facts(600, 1200, **BASE, scrapes=60), parts)
-    assert a.gaps == ["the baseline has no scrape in 1 of its 6 parts (00:03-00:05)",
+    assert a.gaps == ["the baseline has no scrape in 1 of its 6 parts (00:03-00:05 UTC)",
                       "the current window holds scrapes for 50% of it"]
-    assert a.summary.endswith("data missing: the baseline has no scrape in 1 of its 6 parts (00:03-00:05); the "
+    assert a.summary.endswith("data missing: the baseline has no scrape in 1 of its 6 parts (00:03-00:05 UTC); the "
                               "current window holds scrapes for 50% of it.")

@@ -1,0 +1,104 @@
+"""``GET /api/v1/targets/{name}/changes`` and the events endpoints over the built-in store, on an
+emulated engine whose load doubles at a known simulated time."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.attribution import repository as events_repository
+from app.attribution.events import ChangeEvent
+from tests.api.conftest import Service, make_quiet_service
+from tests.attribution.harness import CASES, CHANGE_AT, WINDOW
+from tests.diagnosis.harness import T0, OfflineTarget
+
+END = T0 + CHANGE_AT + WINDOW
+
+
+@pytest.fixture(scope="module")
+def load_step(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineTarget]:
+    plan, _ = CASES["load step"]
+    target = OfflineTarget(tmp_path_factory.mktemp("load-step"), plan, seed=1)  # type: ignore[arg-type]
+    target.run(CHANGE_AT + WINDOW)
+    yield target
+    target.close()
+
+
+@pytest.fixture
+def service(load_step: OfflineTarget, tmp_path: Path) -> Iterator[Service]:
+    yield from make_quiet_service(load_step.url, tmp_path)
+
+
+def test_the_changes_of_a_load_step(service: Service) -> None:
+    answer = service.client.get("/api/v1/targets/t/changes", params={"window": "10m", "end": END})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["target"] == "t" and body["changed"] and body["lead"] == "ttft"
+    assert body["window"] == {"start": END - 600, "end": END}
+    assert body["baseline"] == {"kind": "previous", "start": END - 1200, "end": END - 600}
+    assert body["summary"].startswith("TTFT p99 ") and "request rate +96% (3.13 → 6.13 req/s) with the same " \
+        "prompts; no restart or config change." in body["summary"]
+    top = body["drivers"][0]
+    assert top["name"] == "load" and top["significant"] and top["before"] == pytest.approx(3.13, abs=0.01)
+    ttft = body["signals"]["ttft"]
+    # the components add up to the change of the mean, and the queue is nearly all of it
+    total = ttft["change"]["mean"]
+    assert math.isclose(math.fsum(c["change"] for c in ttft["components"]), total, abs_tol=1e-9)
+    queue = next(c for c in ttft["components"] if c["name"] == "queue")
+    assert queue["share"] > 0.95 and ttft["before"]["mean"] < 0.5 < 10 < ttft["after"]["mean"]
+    assert top["share"]["ttft"] > 0.95 and ttft["explained"]["load"] == pytest.approx(top["explains"]["ttft"])
+    assert ttft["not_explained"] == pytest.approx(total - math.fsum(ttft["explained"].values()))
+    assert ttft["before"]["intervals"]["p99"][0] <= ttft["before"]["p99"]  # quantiles keep their bucket
+    assert set(body["signals"]) == {"ttft", "itl", "e2e"} and body["gaps"] == []
+
+
+def test_a_day_earlier_has_no_data_and_says_so(service: Service) -> None:
+    body = service.client.get("/api/v1/targets/t/changes", params={"window": "10m", "baseline": "1d",
+                                                                  "end": END}).json()
+    assert body["baseline"] == {"kind": "offset:1d", "start": END - 86400 - 600, "end": END - 86400}
+    assert body["signals"] == {} and not body["changed"]
+    assert body["gaps"] == ["the baseline has no scrape in 6 of its 6 parts (08:25-08:35 UTC)"]
+    assert body["summary"] == ("No latency to compare over the last 10m vs the same 10m 1d earlier: one of the "
+                               "windows has none; data missing: the baseline has no scrape in 6 of its 6 parts "
+                               "(08:25-08:35 UTC).")
+
+
+def test_the_baseline_before_an_event(service: Service) -> None:
+    with service.monitor.sessions.begin() as session:
+        events_repository.add_events(session, 1, [ChangeEvent("step", END - 600, "request_rate", "3.1 req/s",
+                                                              "6 req/s", "request rate stepped up")], END - 500)
+    (event,) = service.client.get("/api/v1/targets/t/events", params={"since": T0}).json()
+    assert event["kind"] == "step" and event["target"] == "t" and event["detected_at"] == END - 500
+    body = service.client.get("/api/v1/targets/t/changes", params={"baseline": f"event:{event['id']}",
+                                                                  "end": END}).json()
+    assert body["baseline"] == {"kind": f"event:{event['id']}", "start": END - 1200, "end": END - 600}
+    assert body["window"] == {"start": END - 600, "end": END}
+    assert body["summary"].startswith("TTFT p99") and " since 08:25 UTC: " in body["summary"]
+    assert [e["id"] for e in body["events"]] == [event["id"]]
+    fleet = service.client.get("/api/v1/events", params={"since": T0, "kind": "step"}).json()
+    assert fleet == [event]
+    assert service.client.get("/api/v1/events", params={"since": T0, "kind": "restart"}).json() == []
+
+
+@pytest.mark.parametrize(("params", "field", "message"), [
+    ({"baseline": "yesterday"}, "baseline", "baseline must be 'previous', a duration such as 1d or 7d"),
+    ({"baseline": "event:999"}, "baseline", "no change event 999 on this target"),
+    ({"baseline": "5m"}, "baseline", "a baseline offset (5m) must be at least the window (10m)"),
+    ({"baseline": "60d"}, "baseline", "a baseline offset must be between 1s and 31d"),
+    ({"window": "10s"}, "window", "must be between 60s and 604800s"),
+])
+def test_a_bad_parameter_is_named(service: Service, params: dict, field: str, message: str) -> None:
+    answer = service.client.get("/api/v1/targets/t/changes", params={"end": END, **params})
+    assert answer.status_code == 422
+    (detail,) = answer.json()["detail"]
+    assert detail["loc"] == ["query", field] and detail["msg"].startswith(message), detail
+
+
+def test_unknown_targets_and_kinds(service: Service) -> None:
+    assert service.client.get("/api/v1/targets/nope/changes").status_code == 404
+    assert service.client.get("/api/v1/targets/nope/events").status_code == 404
+    answer = service.client.get("/api/v1/events", params={"kind": "reboot"})
+    assert answer.status_code == 422 and "unknown kind 'reboot'" in answer.text
