@@ -43,6 +43,9 @@ from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
 from app.config import ConfigError, load_config
 from app.diagnosis import capacity
+from app.attribution import repository as events_repository
+from app.attribution import rounds as events_rounds
+from app.attribution.events import ChangeEvent
 from app.diagnosis import rounds as diagnosis_rounds
 from app.diagnosis.config import DiagnosisConfig
 from app.probe import canary
@@ -293,6 +296,12 @@ class Monitor:
             self.telemetry.diagnosis.diagnoses, self.diagnosis_config.thresholds, self.telemetry.slo.statuses)
         return results
 
+    def detect_changes(self, now: float | None = None,
+                       sessions: sessionmaker[Session] | None = None) -> list[ChangeEvent]:
+        """The change events round (:mod:`app.attribution.rounds`) over the last ``changes_interval``."""
+        return events_rounds.detect_events(sessions or self.sessions, self.windows, self.settings.changes_interval,
+                                           now)
+
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
         self.round_summaries = kept
 
@@ -354,7 +363,8 @@ class Monitor:
         def prune_round(sessions: sessionmaker[Session]) -> object:
             return retention.prune(sessions, s.retention, raw_retention=s.raw_retention,
                                    also={"probe_runs": probe_repository.prune,  # features' own tables
-                                         "slo_increments": self._prune_slo_increments})
+                                         "slo_increments": self._prune_slo_increments,
+                                         "change_events": events_repository.prune})
 
         observe = self.telemetry.observe_round  # every round's duration and overruns in /metrics
         scheduling.watch_skips(self.scheduler, self.telemetry.round_skipped)
@@ -371,6 +381,9 @@ class Monitor:
         scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
                              s.alert_interval, observe, phases[scheduling.ALERTS_JOB])
+        scheduling.add_round(self.scheduler, scheduling.CHANGES_JOB,
+                             self._leader_only(lambda sessions: self.detect_changes(sessions=sessions)),
+                             s.changes_interval, observe, phases[scheduling.CHANGES_JOB])
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
         self._replica_threads_started = [

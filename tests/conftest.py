@@ -61,6 +61,7 @@ SLOW_TESTS = frozenset({
     "tests/promsource/test_read_flood.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
+    "tests/attribution/test_scenarios.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
     # more than about 4 s
     "tests/attribution/test_changepoint.py::test_steady_load_raises_almost_no_false_alarm",

@@ -53,10 +53,12 @@ class ChangeEvent:
 
 
 def step_values(facts: Facts) -> dict[str, float]:
-    """The round's value of each :data:`STEP_SERIES` it has (a length only when requests finished)."""
+    """The round's value of each :data:`STEP_SERIES` it has (a length only when requests finished);
+    the request rate is the arrivals' (:attr:`Facts.arrival_rate`): while requests queue, the
+    finished ones are the engine's service rate, not its load."""
     out = {}
-    if facts.request_rate is not None:
-        out["request_rate"] = facts.request_rate
+    if facts.arrival_rate is not None:
+        out["request_rate"] = facts.arrival_rate
     if facts.request_rate:
         for name, value in (("prompt_length", facts.prompt_mean), ("output_length", facts.output_mean),
                             ("prefix_cache_hit_rate", facts.hit_rate)):

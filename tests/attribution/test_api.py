@@ -12,15 +12,19 @@ import pytest
 from app.attribution import repository as events_repository
 from app.attribution.events import ChangeEvent
 from tests.api.conftest import Service, make_quiet_service
-from tests.attribution.harness import CASES, CHANGE_AT, WINDOW
+from app.emulator.scenarios import ScenarioPlan
+from tests.attribution.harness import CASES
 from tests.diagnosis.harness import T0, OfflineTarget
 
+CHANGE_AT, WINDOW = 300.0, 300.0
 END = T0 + CHANGE_AT + WINDOW
 
 
 @pytest.fixture(scope="module")
 def load_step(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineTarget]:
-    plan, _ = CASES["load step"]
+    """The load step of the scenario table, switched at 5 minutes (a shorter run)."""
+    (_, first), (_, second) = CASES["load step"][0].phases
+    plan = ScenarioPlan("load step", ((0.0, first), (CHANGE_AT, second)))
     target = OfflineTarget(tmp_path_factory.mktemp("load-step"), plan, seed=1)  # type: ignore[arg-type]
     target.run(CHANGE_AT + WINDOW)
     yield target
@@ -33,16 +37,16 @@ def service(load_step: OfflineTarget, tmp_path: Path) -> Iterator[Service]:
 
 
 def test_the_changes_of_a_load_step(service: Service) -> None:
-    answer = service.client.get("/api/v1/targets/t/changes", params={"window": "10m", "end": END})
+    answer = service.client.get("/api/v1/targets/t/changes", params={"window": "5m", "end": END})
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["target"] == "t" and body["changed"] and body["lead"] == "ttft"
-    assert body["window"] == {"start": END - 600, "end": END}
-    assert body["baseline"] == {"kind": "previous", "start": END - 1200, "end": END - 600}
-    assert body["summary"].startswith("TTFT p99 ") and "request rate +96% (3.13 → 6.13 req/s) with the same " \
+    assert body["window"] == {"start": END - 300, "end": END}
+    assert body["baseline"] == {"kind": "previous", "start": END - 600, "end": END - 300}
+    assert body["summary"].startswith("TTFT p99 ") and "request rate +101% (2.86 → 5.75 req/s) with the same " \
         "prompts; no restart or config change." in body["summary"]
     top = body["drivers"][0]
-    assert top["name"] == "load" and top["significant"] and top["before"] == pytest.approx(3.13, abs=0.01)
+    assert top["name"] == "load" and top["significant"] and top["before"] == pytest.approx(2.86, abs=0.01)
     ttft = body["signals"]["ttft"]
     # the components add up to the change of the mean, and the queue is nearly all of it
     total = ttft["change"]["mean"]
@@ -56,27 +60,28 @@ def test_the_changes_of_a_load_step(service: Service) -> None:
 
 
 def test_a_day_earlier_has_no_data_and_says_so(service: Service) -> None:
-    body = service.client.get("/api/v1/targets/t/changes", params={"window": "10m", "baseline": "1d",
+    body = service.client.get("/api/v1/targets/t/changes", params={"window": "5m", "baseline": "1d",
                                                                   "end": END}).json()
-    assert body["baseline"] == {"kind": "offset:1d", "start": END - 86400 - 600, "end": END - 86400}
+    assert body["baseline"] == {"kind": "offset:1d", "start": END - 86400 - 300, "end": END - 86400}
     assert body["signals"] == {} and not body["changed"]
-    assert body["gaps"] == ["the baseline has no scrape in 6 of its 6 parts (08:25-08:35 UTC)"]
-    assert body["summary"] == ("No latency to compare over the last 10m vs the same 10m 1d earlier: one of the "
+    assert body["gaps"] == ["the baseline has no scrape in 6 of its 6 parts (08:05-08:10 UTC)"]
+    assert body["summary"] == ("No latency to compare over the last 5m vs the same 5m 1d earlier: one of the "
                                "windows has none; data missing: the baseline has no scrape in 6 of its 6 parts "
-                               "(08:25-08:35 UTC).")
+                               "(08:05-08:10 UTC).")
 
 
 def test_the_baseline_before_an_event(service: Service) -> None:
     with service.monitor.sessions.begin() as session:
-        events_repository.add_events(session, 1, [ChangeEvent("step", END - 600, "request_rate", "3.1 req/s",
-                                                              "6 req/s", "request rate stepped up")], END - 500)
+        events_repository.add_events(session, 1, [ChangeEvent("step", END - 300, "request_rate", "3.1 req/s",
+                                                              "6 req/s", "request rate stepped up")], END - 200)
     (event,) = service.client.get("/api/v1/targets/t/events", params={"since": T0}).json()
-    assert event["kind"] == "step" and event["target"] == "t" and event["detected_at"] == END - 500
+    assert event["kind"] == "step" and event["target"] == "t" and event["detected_at"] == END - 200
     body = service.client.get("/api/v1/targets/t/changes", params={"baseline": f"event:{event['id']}",
                                                                   "end": END}).json()
-    assert body["baseline"] == {"kind": f"event:{event['id']}", "start": END - 1200, "end": END - 600}
-    assert body["window"] == {"start": END - 600, "end": END}
-    assert body["summary"].startswith("TTFT p99") and " since 08:25 UTC: " in body["summary"]
+    # the window after the event, as long as the one asked (10m) up to the end: 5m; the baseline as long
+    assert body["baseline"] == {"kind": f"event:{event['id']}", "start": END - 600, "end": END - 300}
+    assert body["window"] == {"start": END - 300, "end": END}
+    assert body["summary"].startswith("TTFT p99") and " since 08:05 UTC: " in body["summary"]
     assert [e["id"] for e in body["events"]] == [event["id"]]
     fleet = service.client.get("/api/v1/events", params={"since": T0, "kind": "step"}).json()
     assert fleet == [event]
