@@ -41,11 +41,11 @@ from app.alerts import repository as alert_repository
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
-from app.config import ConfigError, load_config
-from app.diagnosis import capacity
 from app.attribution import repository as events_repository
 from app.attribution import rounds as events_rounds
 from app.attribution.events import ChangeEvent
+from app.config import ConfigError, load_config
+from app.diagnosis import capacity
 from app.diagnosis import rounds as diagnosis_rounds
 from app.diagnosis.config import DiagnosisConfig
 from app.probe import canary

@@ -26,6 +26,8 @@ from app.windows.base import WindowReader
 
 log = logging.getLogger(__name__)
 
+#: the change-point test's settings (app.attribution.changepoint)
+SETTINGS = CusumSettings()
 #: what the round reads of each window: request counts and lengths (plus every gauge and counter)
 ROUND_SIGNALS = ("ttft", "e2e", "prompt_tokens", "generation_tokens")
 
@@ -50,7 +52,7 @@ def _regime_events(session: Session, targets: Sequence[TargetView], since: dict[
 
 
 def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interval: float,
-                  now: float | None = None, settings: CusumSettings = CusumSettings()) -> list[ChangeEvent]:
+                  now: float | None = None, settings: CusumSettings = SETTINGS) -> list[ChangeEvent]:
     """One round at ``now`` (default: the clock) over the window ``[now - interval, now]``; the
     events found (also stored)."""
     now = time.time() if now is None else now

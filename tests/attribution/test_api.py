@@ -11,8 +11,8 @@ import pytest
 
 from app.attribution import repository as events_repository
 from app.attribution.events import ChangeEvent
-from tests.api.conftest import Service, make_quiet_service
 from app.emulator.scenarios import ScenarioPlan
+from tests.api.conftest import Service, make_quiet_service
 from tests.attribution.harness import CASES
 from tests.diagnosis.harness import T0, OfflineTarget
 
