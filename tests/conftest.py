@@ -65,6 +65,7 @@ SLOW_TESTS = frozenset({
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
     # more than about 4 s
     "tests/attribution/test_changepoint.py::test_steady_load_raises_almost_no_false_alarm",
+    "tests/attribution/test_events.py::test_the_events_round_stores_regime_changes_and_steps",
     "tests/diagnosis/test_family_removal.py::test_removing_families_never_makes_a_verdict_healthy",
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
     "tests/alerts/test_outbox.py::test_an_active_diagnosis_becomes_an_alert_with_its_cause_and_remedies",

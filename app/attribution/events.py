@@ -68,14 +68,17 @@ def step_values(facts: Facts) -> dict[str, float]:
 
 
 def config_of(infos: Sequence[CanonicalInfo]) -> dict[str, str]:
-    """Every info label as ``metric[model].label`` -> value (the volatile ones left out)."""
-    out = {}
+    """Every info label as ``metric[model].label`` -> value (the volatile ones left out). A label
+    with two values at once is left out until one is left: a Prometheus source still sees a
+    replaced info series until it goes stale (at once where Prometheus scraped the change; five
+    minutes later in a TSDB without staleness markers)."""
+    values: dict[str, set[str]] = {}
     for info in infos:
         where = f"{info.name}[{info.model}]" if info.model else info.name
         for label, value in info.labels.items():
             if label not in VOLATILE_LABELS:
-                out[f"{where}.{label}"] = value
-    return dict(sorted(out.items()))
+                values.setdefault(f"{where}.{label}", set()).add(value)
+    return {key: next(iter(found)) for key, found in sorted(values.items()) if len(found) == 1}
 
 
 @dataclass(slots=True)
@@ -120,7 +123,7 @@ def detect(memory: Memory, facts: Facts, infos: Sequence[CanonicalInfo], is_serv
             if old != new and old is not None and new is not None:
                 events.append(ChangeEvent("config", t, key, old, new, f"{key}: {old} -> {new}"))
     if config:
-        memory.config = config
+        memory.config = {**(memory.config or {}), **config}
     if is_service:
         now = sorted(facts.replicas)
         if memory.replicas is not None:

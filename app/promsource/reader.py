@@ -292,11 +292,11 @@ class SourceReader:
                         window(key).scrapes = int(sample.value)
                     else:
                         self._drop(drops, key, "scrapes", "bad_count")
-            elif kind == "restarts":
+            elif kind == "restarts":  # one series per target and counter family: the most of them
                 for sample in answer.data:
                     key = _key(sample.labels, self.target_labels)
                     if math.isfinite(sample.value) and sample.value >= 0:
-                        window(key).restarts = round(sample.value)
+                        window(key).restarts = max(window(key).restarts or 0, round(sample.value))
                     else:
                         self._drop(drops, key, "restarts", "bad_count")
             elif kind == "tgi_kv":

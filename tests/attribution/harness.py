@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app.emulator import scenarios
-from app.emulator.engine import EngineConfig
 from app.emulator.scenarios import Scenario, ScenarioPlan
 from app.emulator.workload import LengthDist, TrafficStream
 
@@ -60,10 +59,20 @@ CASES: dict[str, tuple[ScenarioPlan, str]] = {  # name: (plan, the driver that i
         "rag, no prefix caching", stream=RAG, enable_prefix_caching=False), restart=True), "prefix_cache"),
     "neighbour stealing decode bandwidth": (_plan("neighbour", CHAT, _neighbour()), "step_time"),
 }
+#: the events each case must produce after the change: (kind, subject), found within ``DETECT_S``
+EXPECTED_EVENTS = {
+    "load step": {("step", "request_rate")},
+    "prompt-length step": {("step", "prompt_length"), ("step", "prefix_cache_hit_rate")},
+    "restart with lower max_num_seqs": {("restart", "engine")},
+    "prefix caching turned off": {("restart", "engine"), ("config", "cache_config.enable_prefix_caching"),
+                                  ("step", "prefix_cache_hit_rate")},
+    "neighbour stealing decode bandwidth": set(),  # nothing the engine exports changes but its latency
+}
+DETECT_S = 4 * ROUND_S
 STEADY = ScenarioPlan("steady", ((0.0, CHAT),))
 #: the replica case (a service of two replicas; one is removed and its traffic goes to the other)
 REPLICA = _phase("replica", max_num_seqs=12)
 REPLICA_DOUBLE = replace(REPLICA, name="replica, all traffic", workload=(replace(_CHAT, rate=6.0),))
 
-__all__ = ["CASES", "CHANGE_AT", "EngineConfig", "REPLICA", "REPLICA_DOUBLE", "ROUND_S", "SCRAPE_S", "STEADY",
-           "WINDOW"]
+__all__ = ["CASES", "CHANGE_AT", "DETECT_S", "EXPECTED_EVENTS", "REPLICA", "REPLICA_DOUBLE",
+           "ROUND_S", "SCRAPE_S", "STEADY", "WINDOW"]

@@ -19,19 +19,8 @@ from app.emulator import scenarios
 from app.emulator.scenarios import ScenarioPlan
 from app.targets import repository as target_repository
 from app.windows.store import StoreWindows
-from tests.attribution.harness import CASES, CHANGE_AT, ROUND_S, STEADY, WINDOW
+from tests.attribution.harness import CASES, CHANGE_AT, DETECT_S, EXPECTED_EVENTS, ROUND_S, STEADY, WINDOW
 from tests.diagnosis.harness import T0, OfflineTarget
-
-#: the events each case must produce after the change: (kind, subject), found within ``DETECT_S``
-EXPECTED_EVENTS = {
-    "load step": {("step", "request_rate")},
-    "prompt-length step": {("step", "prompt_length"), ("step", "prefix_cache_hit_rate")},
-    "restart with lower max_num_seqs": {("restart", "engine")},
-    "prefix caching turned off": {("restart", "engine"), ("config", "cache_config.enable_prefix_caching"),
-                                  ("step", "prefix_cache_hit_rate")},
-    "neighbour stealing decode bandwidth": set(),  # nothing the engine exports changes but its latency
-}
-DETECT_S = 4 * ROUND_S
 
 
 @dataclass
