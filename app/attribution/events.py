@@ -81,6 +81,13 @@ def config_of(infos: Sequence[CanonicalInfo]) -> dict[str, str]:
     return {key: next(iter(found)) for key, found in sorted(values.items()) if len(found) == 1}
 
 
+def config_changes(old: Mapping[str, str], new: Mapping[str, str], ts: float) -> list[ChangeEvent]:
+    """The labels with another value in ``new`` than in ``old`` (one in only one of them is not a change:
+    an info metric the engine began or stopped exporting)."""
+    return [ChangeEvent("config", ts, key, old[key], new[key], f"{key}: {old[key]} -> {new[key]}")
+            for key in sorted(set(old) & set(new)) if old[key] != new[key]]
+
+
 @dataclass(slots=True)
 class Memory:
     """What the detector of one target remembers between rounds (stored as JSON)."""
@@ -118,10 +125,7 @@ def detect(memory: Memory, facts: Facts, infos: Sequence[CanonicalInfo], is_serv
                                   f"{'s' if facts.restarts > 1 else ''} in the {facts.seconds:.0f} s before)"))
     config = config_of(infos)
     if config and memory.config is not None:
-        for key in sorted(set(config) | set(memory.config)):
-            old, new = memory.config.get(key), config.get(key)
-            if old != new and old is not None and new is not None:
-                events.append(ChangeEvent("config", t, key, old, new, f"{key}: {old} -> {new}"))
+        events += config_changes(memory.config, config, t)
     if config:
         memory.config = {**(memory.config or {}), **config}
     if is_service:

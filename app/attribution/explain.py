@@ -194,7 +194,7 @@ def _percent(driver: Driver) -> str:
     return "" if rel is None else f"{rel:+.0%} "
 
 
-def _value(value: float | None, unit: str) -> str:
+def value_text(value: float | None, unit: str) -> str:
     if value is None:
         return "–"
     if unit == "s":
@@ -206,7 +206,7 @@ def _value(value: float | None, unit: str) -> str:
 
 def phrase(d: Driver) -> str:
     """One driver as the sentence says it."""
-    b, a = _value(d.before, d.unit), _value(d.after, d.unit)
+    b, a = value_text(d.before, d.unit), value_text(d.after, d.unit)
     if d.name == "load":
         return f"request rate {_percent(d)}({b} → {a} req/s)"
     if d.name in ("prompt_length", "output_length"):
@@ -242,10 +242,15 @@ def _when(a: Attribution) -> str:
     inside = sorted(e.ts for e in a.events if a.window[0] <= e.ts <= a.window[1] and e.kind != "regime")
     if inside:
         return f"since {_clock(inside[0])} UTC"
-    length = format_duration(a.window[1] - a.window[0])
+    length = _duration(a.window[1] - a.window[0])
     if a.baseline_kind == "previous":
-        return f"over the last {length} vs the {length} before"
-    return f"over the last {length} vs the same {length} {format_duration(a.window[1] - a.baseline[1])} earlier"
+        return f"over the last {length} vs the {_duration(a.baseline[1] - a.baseline[0])} before"
+    return f"over the last {length} vs the same {length} {_duration(a.window[1] - a.baseline[1])} earlier"
+
+
+def _duration(seconds: float) -> str:
+    """A window's length to the second (a one-shot watch's parts end at scrapes, not on the second)."""
+    return format_duration(max(1, round(seconds)))
 
 
 def _context_phrase(a: Attribution) -> str:

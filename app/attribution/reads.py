@@ -94,11 +94,13 @@ def read(reader: WindowReader, session: Session, target: TargetView, chosen: Win
 
 
 def attribution(reader: WindowReader, session: Session, target: TargetView, window: float, end: float,
-                baseline: str = "previous", model: str | None = None) -> Attribution:
+                baseline: str = "previous", model: str | None = None,
+                prefill_per_token: float | None = None) -> Attribution:
     """The attribution of ``target``'s last ``window`` before ``end`` against ``baseline``
-    (ValueError for a baseline that cannot be read; WindowError from the backend)."""
+    (ValueError for a baseline that cannot be read; WindowError from the backend);
+    ``prefill_per_token``: the compute per prompt token of the target's hardware profile."""
     chosen = choose(parse_baseline(baseline), window, end,
                     lambda event_id: events_repository.event(session, target.id, event_id))
     before, after, parts = read(reader, session, target, chosen, model)
     between = events_repository.events(session, [target.id], since=chosen.baseline_start, until=chosen.end)
-    return explain.attribute(before, after, parts, between, chosen.kind)
+    return explain.attribute(before, after, parts, between, chosen.kind, prefill_per_token)

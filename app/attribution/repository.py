@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.attribution.events import ChangeEvent
-from app.store.models import ChangeDetectorRow, ChangeEventRow, Target
+from app.store.models import ChangeDetectorRow, ChangeEventRow, FindingRow, Target
 
 #: the most events one answer lists (the newest)
 MAX_EVENTS = 1000
@@ -57,6 +57,15 @@ def counts(session: Session) -> dict[tuple[str, str], int]:
                            .join(Target, Target.id == ChangeEventRow.target_id)
                            .group_by(Target.name, ChangeEventRow.kind))
     return {(name, kind): n for name, kind, n in rows}
+
+
+def finding_transitions(session: Session, since: float, until: float) -> list[FindingRow]:
+    """Findings that became active or resolved in ``(since, until]`` (the diagnosis' table)."""
+    def inside(column: Any) -> Any:
+        return and_(column > since, column <= until)
+    return list(session.scalars(select(FindingRow).where(or_(inside(FindingRow.activated_at),
+                                                             inside(FindingRow.resolved_at)))
+                                .order_by(FindingRow.id)))
 
 
 def detectors(session: Session, target_ids: Sequence[int]) -> dict[int, ChangeDetectorRow]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,8 +18,7 @@ from app.attribution import repository
 from app.attribution.changepoint import CusumSettings
 from app.attribution.events import ChangeEvent, Memory, detect
 from app.attribution.measures import facts_of
-from app.diagnosis import repository as diagnosis_repository
-from app.store.models import SERVICE_KIND, TargetView
+from app.store.models import SERVICE_KIND
 from app.targets import repository as target_repository
 from app.windows.base import WindowReader
 
@@ -32,16 +30,12 @@ SETTINGS = CusumSettings()
 ROUND_SIGNALS = ("ttft", "e2e", "prompt_tokens", "generation_tokens")
 
 
-def _regime_events(session: Session, targets: Sequence[TargetView], since: dict[int, float], now: float
-                   ) -> dict[int, list[ChangeEvent]]:
+def _regime_events(session: Session, since: dict[int, float], now: float) -> dict[int, list[ChangeEvent]]:
     """Findings activated or resolved in ``(since[target], now]``, as events."""
     out: dict[int, list[ChangeEvent]] = {}
-    names = {t.name: t.id for t in targets}
-    earliest = min(since.values(), default=now)
-    for name, row in diagnosis_repository.finding_history(session, since=earliest, states=("active", "resolved"),
-                                                          limit=5000):
-        target_id = names.get(name)
-        if target_id is None:
+    for row in repository.finding_transitions(session, min(since.values(), default=now), now):
+        target_id = row.target_id
+        if target_id not in since:
             continue
         where = f"{row.regime}[{row.model}]" if row.model else row.regime
         for ts, before, after in ((row.activated_at, "inactive", "active"), (row.resolved_at, "active", "resolved")):
@@ -63,7 +57,7 @@ def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interv
         read = windows.windows(session, targets, now - interval, now, ROUND_SIGNALS, diagnosis=True)
         rows = repository.detectors(session, [t.id for t in targets])
         since = {t.id: rows[t.id].read_until if t.id in rows else now - interval for t in targets}
-        regimes = _regime_events(session, targets, since, now)
+        regimes = _regime_events(session, since, now)
     found: list[ChangeEvent] = []
     with sessions.begin() as session:
         rows = repository.detectors(session, [t.id for t in targets])
