@@ -15,8 +15,9 @@ change above :data:`NO_NOISE_RELATIVE` is named.
 * queue time grows with utilization, load over capacity: ``rho = rate x service time /
   (replicas x capacity per replica)``, so ``d ln rho`` is the sum of the drivers' log changes;
   the queue's change is shared among the drivers pushing it the same way, by their terms.
-  Capacity (the running batch at which requests wait) is known only in a window where they do
-  wait; a lower one after, while the engine ran more at once before, is a capacity change.
+  Capacity (the running batch at which requests wait) is known only in a window that ends with
+  requests waiting; a lower one after, while the engine ran more at once before, is a capacity
+  change.
 * prefill grows with the prompt tokens the engine computes, ``prompt x (1 - cache hit rate)``:
   the change this predicts (up to the measured change) is shared between prompt length and
   the cache by their log terms; a KV transfer grows with the prompt length.
@@ -130,9 +131,10 @@ def measured(before: Facts, after: Facts, parts: Sequence[Facts]) -> dict[str, D
 
 
 def _batch_limit(f: Facts) -> float:
-    """Where requests wait, the batch is full all along: its mean is the limit (the maximum may hold
-    a sample from before a restart); elsewhere the most that ran at once (a lower bound)."""
-    return (f.running_mean or 0.0) if f.saturated else (f.running_max or 0.0)
+    """Where requests wait at the window's end, the batch then running is the limit (the window's
+    maximum may hold a sample from before a restart); elsewhere the most that ran at once (a lower
+    bound)."""
+    return (f.running_last or 0.0) if f.saturated else (f.running_max or 0.0)
 
 
 def capacity(before: Facts, after: Facts) -> Driver | None:

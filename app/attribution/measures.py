@@ -17,8 +17,8 @@ from app.window import ItlInterval, ModelWindow, TargetWindow
 #: The histograms an attribution reads: the latency signals, their components and the workload.
 ATTRIBUTION_HISTOGRAMS = ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time",
                           "kv_transfer_time", "render_time", "prompt_tokens", "generation_tokens")
-#: Mean waiting requests at which an engine is at its capacity: requests wait for a slot, so the
-#: running batch is as large as the engine makes it (the queueing rule's ``queue_waiting``).
+#: Waiting requests at which an engine is at its capacity: requests wait for a slot, so the running
+#: batch is as large as the engine makes it (the queueing rule's ``queue_waiting``).
 SATURATED_WAITING = 1.0
 
 
@@ -36,7 +36,8 @@ class Facts:
     running_mean: float | None = None
     running_max: float | None = None
     waiting_mean: float | None = None
-    in_engine_last: float | None = None    # running + waiting at the window's last sample
+    running_last: float | None = None      # at the window's last sample
+    waiting_last: float | None = None
     intervals: tuple[ItlInterval, ...] = ()  # ITL between scrapes next to the running batch
     restarts: int | None = None            # counter resets in the window (None: not read)
     replicas: tuple[str, ...] = ()         # a service's replicas that served requests in the window
@@ -63,16 +64,18 @@ class Facts:
         """Requests arriving per second: those finished plus the growth of the requests in the engine
         (``2 x (last - mean) / window``, a linear ramp's; capacity.py's estimate). While requests
         queue, the finished ones are the engine's service rate, not the load."""
-        if self.request_rate is None or self.in_engine_last is None or self.running_mean is None \
+        if self.request_rate is None or self.running_last is None or self.running_mean is None \
                 or self.seconds <= 0:
             return self.request_rate
+        last = self.running_last + (self.waiting_last or 0.0)
         mean = self.running_mean + (self.waiting_mean or 0.0)
-        return max(0.0, self.request_rate + 2.0 * (self.in_engine_last - mean) / self.seconds)
+        return max(0.0, self.request_rate + 2.0 * (last - mean) / self.seconds)
 
     @property
     def saturated(self) -> bool:
-        """Requests waited for a slot on average: the batch was as large as the engine makes it."""
-        return (self.waiting_mean or 0.0) >= SATURATED_WAITING
+        """Requests waited for a slot at the window's end: the batch was then as large as the engine
+        makes it (its running requests there are its limit)."""
+        return (self.waiting_last or 0.0) >= SATURATED_WAITING
 
     @property
     def service_time(self) -> float | None:
@@ -119,7 +122,6 @@ def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
     # with prefix caching off keeps the counters and leaves them still)
     hit_rate = (hits or 0.0) / queries if queries else 0.0 if queries is not None and rate else None
     running, waiting = m.gauges.get("running"), m.gauges.get("waiting")
-    in_engine = None if running is None else running.last + (waiting.last if waiting else 0.0)
     intervals = tuple(m.itl_intervals) if model is not None else \
         tuple(i for one in window.models.values() for i in one.itl_intervals)
     present = {*m.histograms, *m.rates}
@@ -129,6 +131,7 @@ def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
         _token_mean(summaries, "prompt_tokens", m, "prompt_tokens_total", rate),
         _token_mean(summaries, "generation_tokens", m, "generation_tokens_total", rate),
         hit_rate, running.mean if running else None, running.max if running else None,
-        waiting.mean if waiting else None, in_engine, intervals, window.restarts,
+        waiting.mean if waiting else None, running.last if running else None, waiting.last if waiting else None,
+        intervals, window.restarts,
         tuple(sorted(name for name, w in window.replicas.items() if _served(w))), window.scrapes,
         role is not None and role.role == "decode")

@@ -104,3 +104,35 @@ def attribution(reader: WindowReader, session: Session, target: TargetView, wind
     before, after, parts = read(reader, session, target, chosen, model)
     between = events_repository.events(session, [target.id], since=chosen.baseline_start, until=chosen.end)
     return explain.attribute(before, after, parts, between, chosen.kind, prefill_per_token)
+
+
+#: the window the status page explains
+DEFAULT_WINDOW = 600.0
+#: how far back the status page's baseline looks for the last change event
+EVENT_LOOKBACK = 86400.0
+
+
+def event_baseline(session: Session, target_id: int, end: float, lookback: float) -> str | None:
+    """``event:<id>`` of the last change event in the ``lookback`` before ``end`` (a regime change is
+    the symptom, not a cause: not counted; one in the last minute has no window after it yet)."""
+    found = [e for e in events_repository.events(session, [target_id], since=end - lookback, until=end - 60.0)
+             if e.kind != "regime" and e.id is not None]
+    return f"event:{found[-1].id}" if found else None
+
+
+def what_changed(reader: WindowReader, session: Session, target: TargetView, end: float,
+                 prefill_per_token: float | None = None, window: float = DEFAULT_WINDOW,
+                 lookback: float = EVENT_LOOKBACK, fallbacks: tuple[str, ...] = ("1d", "previous")
+                 ) -> Attribution | None:
+    """The attribution the status page and a firing alert show: the last ``window`` against the
+    window before the last change event in ``lookback``, else against each of ``fallbacks`` until
+    one has data (the status page: a day earlier, then the window before); None when none can be
+    read."""
+    for baseline in dict.fromkeys((event_baseline(session, target.id, end, lookback) or fallbacks[0], *fallbacks)):
+        try:
+            found = attribution(reader, session, target, window, end, baseline, None, prefill_per_token)
+        except ValueError:
+            continue
+        if found.signals:
+            return found
+    return None

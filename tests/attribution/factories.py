@@ -19,13 +19,14 @@ def facts(start: float = 0.0, end: float = 600.0, *, ttft: float | None = 0.07, 
           output: float | None = 180.0, hit: float | None = 0.3, running: float | None = 7.0,
           running_max: float | None = 14.0, waiting: float | None = 0.0, intervals: tuple[ItlInterval, ...] = (),
           scrapes: int = 120, replicas: tuple[str, ...] = (), restarts: int | None = 0,
-          in_engine_last: float | None = None,
+          running_last: float | None = None, waiting_last: float | None = None,
           p99: dict[str, float] | None = None, **more: float) -> Facts:
     means = {"ttft": ttft, "queue_time": queue, "prefill_time": prefill, "itl": itl, "e2e": e2e,
              "decode_time": decode, **more}
     p99 = p99 or {}
     summaries = {name: summary(mean, p99=p99.get(name)) for name, mean in means.items() if mean is not None}
-    return Facts(start, end, summaries, rate, prompt, output, hit, running, running_max, waiting, in_engine_last,
+    return Facts(start, end, summaries, rate, prompt, output, hit, running, running_max, waiting,
+                 running if running_last is None else running_last, waiting if waiting_last is None else waiting_last,
                  intervals, restarts, replicas, scrapes)
 
 

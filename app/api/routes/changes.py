@@ -16,7 +16,7 @@ from app.attribution import reads
 from app.attribution import repository as events_repository
 from app.attribution.events import KINDS
 from app.core.limits import UnixTime
-from app.diagnosis.profile import HardwareProfile
+from app.diagnosis.profile import prefill_seconds_per_token
 from app.runtime.budget import bounded
 from app.store.db import statement_budget
 
@@ -125,20 +125,10 @@ def target_changes(name: str, session: SessionDep, monitor: MonitorDep, budget: 
     with bounded(budget), statement_budget(session, budget):
         try:
             result = reads.attribution(monitor.windows, session, target, seconds, until, baseline, model,
-                                       prefill_per_token(target.hardware))
+                                       prefill_seconds_per_token(target.hardware))
         except ValueError as exc:
             raise unprocessable("query.baseline", str(exc)) from None
     return {"target": name, "model": model, **result.to_dict()}
-
-
-def prefill_per_token(hardware: dict[str, Any] | None) -> float | None:
-    """The compute per prompt token of a target's hardware profile (None without one)."""
-    if not hardware:
-        return None
-    try:
-        return HardwareProfile(**hardware).prefill_seconds(1.0)
-    except ValueError:  # a stored profile a newer release no longer accepts: the baseline's own estimate
-        return None
 
 
 def _events(session: SessionDep, target_ids: list[int] | None, since: float | None, until: float | None,
