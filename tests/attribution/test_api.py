@@ -107,3 +107,27 @@ def test_unknown_targets_and_kinds(service: Service) -> None:
     assert service.client.get("/api/v1/targets/nope/events").status_code == 404
     answer = service.client.get("/api/v1/events", params={"kind": "reboot"})
     assert answer.status_code == 422 and "unknown kind 'reboot'" in answer.text
+
+
+def test_the_status_page_says_what_changed(service: Service) -> None:
+    """The target page's What changed section: the attribution over the page's window (10m by default:
+    longer than the 10 minutes of data here) with the page's default baseline (no event: a day
+    earlier, which has no data here, then the window before), its parts and drivers; a change event
+    is listed and marked on the charts."""
+    assert "No latency to compare yet." in service.client.get("/targets/t", params={"end": END}).text
+    page = service.client.get("/targets/t", params={"end": END, "window": "5m"})
+    assert page.status_code == 200
+    body = page.text
+    section = body.split('<section class="card what-changed"', 1)[1].split("</section>", 1)[0]
+    assert 'data-changed="true" data-lead="ttft" data-baseline="previous"' in section
+    api = service.client.get("/api/v1/targets/t/changes", params={"window": "5m", "end": END}).json()
+    assert f'<p class="summary">{api["summary"]}</p>' in section.replace("&#39;", "'")
+    assert '<tr data-part="queue">' in section and '<tr data-driver="load"' in section
+    with service.monitor.sessions.begin() as session:
+        events_repository.add_events(session, 1, [ChangeEvent("restart", END - 120, "engine", None, None,
+                                                              "the engine restarted")], END - 100)
+    marked = service.client.get("/targets/t", params={"end": END, "window": "5m"}).text
+    assert marked.count('<line class="mark restart" data-kind="restart"') >= 2  # on each chart
+    assert '<li data-kind="restart"' in marked and "the engine restarted" in marked
+    # with an event in the day, the page's baseline is the window before it
+    assert 'data-baseline="event:' in marked

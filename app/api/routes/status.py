@@ -60,11 +60,16 @@ from app.api.common import (
 from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
+from app.attribution import reads as change_reads
+from app.attribution import repository as events_repository
+from app.attribution.events import ChangeEvent
+from app.attribution.explain import value_text
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
 from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import Evidence
+from app.diagnosis.profile import prefill_seconds_per_token
 from app.diagnosis.rounds import RoundSummaries
 from app.probe import repository as probe_repository
 from app.runtime.budget import bounded
@@ -266,7 +271,7 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
                        value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion,
-                       count=fmt_count)
+                       count=fmt_count, driver=value_text)
     env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
@@ -305,6 +310,7 @@ class Chart:
     y_min: float | None = None
     y_max: float | None = None
     derived: bool = False
+    marks: list[tuple[float, str, str]] = field(default_factory=list)  # change events: (x, kind, summary)
 
     @property
     def empty(self) -> bool:
@@ -354,7 +360,8 @@ def quantile_points(loaded: HistogramHistory, signal: str, qs: tuple[float, ...]
 
 
 def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float, lookback: float,
-                first_sample: float | None, width: int = 300, height: int = 60) -> Chart:
+                first_sample: float | None, width: int = 300, height: int = 60,
+                events: Iterable[ChangeEvent] = ()) -> Chart:
     span, times = chart_times(end, first_sample)
     points = quantile_points(loaded, signal, (0.5, 0.99), times, lookback)
     lines = [Line("p50", "p50", points[0.5]), Line("p99", "p99", points[0.99])]
@@ -362,6 +369,8 @@ def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float
     chart = Chart(chart_id, signal, SHORT_TITLES.get(signal, SIGNAL_TITLES.get(signal, signal)), span, lines,
                   width=width, height=height,
                   derived=signal == "ttft" and "ttft" not in has and all(p in has for p in TTFT_PARTS))
+    chart.marks = [(round((e.ts - (end - span)) / span * width, 1), e.kind, f"{fmt_ts(e.ts)}: {e.summary}")
+                   for e in events if end - span <= e.ts <= end]
     defined = [v for ln in lines for v in ln.values if v is not None]
     if not defined:
         return chart
@@ -729,8 +738,19 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                                          end)
         first = loaded.first_sample((*chart_signals, *TTFT_PARTS))
         has = loaded.signals
-        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
+        events = events_repository.events(session, [target.id], since=end - change_reads.EVENT_LOOKBACK, until=end)
+        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100,
+                              events=events)
                   for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
+        changes = None
+        if stale is None:
+            try:  # the same answer as its /changes with the baseline the page chose
+                found = change_reads.what_changed(  # the page's window when it asks one of 2m or more
+                    monitor.windows, session, target, end, prefill_seconds_per_token(target.hardware),
+                    window=seconds if window is not None and seconds >= 120 else change_reads.DEFAULT_WINDOW)
+                changes = found.to_dict() if found is not None else None
+            except WindowError:
+                pass
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
         latest = repository.scrape_log(session, target.id, 20)
         total, failed = repository.scrape_counts(session, target.id, end - seconds)
@@ -760,7 +780,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
         rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd, pd_role=report.get("pd_role"),
-        diagnoses=diagnoses,
+        diagnoses=diagnoses, changes=changes, events=list(reversed(events)),
         history=history, infos=infos,
         probe=probe,
         counter_signals=COUNTER_SIGNALS, **context)
