@@ -302,7 +302,7 @@ class Monitor:
                        sessions: sessionmaker[Session] | None = None) -> list[ChangeEvent]:
         """The change events round (:mod:`app.attribution.rounds`) over the last ``changes_interval``."""
         return events_rounds.detect_events(sessions or self.sessions, self.windows, self.settings.changes_interval,
-                                           now)
+                                           now, telemetry=self.telemetry.changes)
 
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
         self.round_summaries = kept

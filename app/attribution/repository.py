@@ -52,11 +52,19 @@ def event(session: Session, target_id: int, event_id: int) -> ChangeEvent | None
 
 
 def counts(session: Session) -> dict[tuple[str, str], int]:
-    """(target, kind) -> events stored (the ``/metrics`` counter)."""
+    """(target, kind) -> events stored."""
     rows = session.execute(select(Target.name, ChangeEventRow.kind, func.count())
                            .join(Target, Target.id == ChangeEventRow.target_id)
                            .group_by(Target.name, ChangeEventRow.kind))
     return {(name, kind): n for name, kind, n in rows}
+
+
+def last_times(session: Session) -> dict[tuple[str, str], float]:
+    """(target, kind) -> when its newest stored event happened (the ``/metrics`` gauge)."""
+    rows = session.execute(select(Target.name, ChangeEventRow.kind, func.max(ChangeEventRow.ts))
+                           .join(Target, Target.id == ChangeEventRow.target_id)
+                           .group_by(Target.name, ChangeEventRow.kind))
+    return {(name, kind): float(ts) for name, kind, ts in rows}
 
 
 def finding_transitions(session: Session, since: float, until: float) -> list[FindingRow]:

@@ -18,6 +18,7 @@ from app.attribution import repository
 from app.attribution.changepoint import CusumSettings
 from app.attribution.events import ChangeEvent, Memory, detect
 from app.attribution.measures import facts_of
+from app.attribution.telemetry import ChangeEventsCollector
 from app.store.models import SERVICE_KIND
 from app.targets import repository as target_repository
 from app.windows.base import WindowReader
@@ -46,9 +47,10 @@ def _regime_events(session: Session, since: dict[int, float], now: float) -> dic
 
 
 def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interval: float,
-                  now: float | None = None, settings: CusumSettings = SETTINGS) -> list[ChangeEvent]:
+                  now: float | None = None, settings: CusumSettings = SETTINGS,
+                  telemetry: ChangeEventsCollector | None = None) -> list[ChangeEvent]:
     """One round at ``now`` (default: the clock) over the window ``[now - interval, now]``; the
-    events found (also stored)."""
+    events found (also stored); ``telemetry`` gets each target's newest event of each kind."""
     now = time.time() if now is None else now
     with sessions() as session:
         targets = [t for t in target_repository.target_rows(session) if t.gone_at is None]
@@ -77,4 +79,7 @@ def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interv
                       for e in events]
     if found:
         log.info("change events: %s", "; ".join(f"{e.target}: {e.summary}" for e in found[:10]))
+    if telemetry is not None:
+        with sessions() as session:
+            telemetry.last = repository.last_times(session)
     return found

@@ -92,7 +92,7 @@ def test_the_sentences(runs: dict[str, Run]) -> None:
     said = {name: run.attribution.summary for name, run in runs.items() if run.attribution is not None}
     assert "request rate +" in said["load step"] and "with the same prompts" in said["load step"]
     assert "prompts " in said["prompt-length step"] and "% longer (" in said["prompt-length step"]
-    assert "capacity 4.0" in said["restart with lower max_num_seqs"]
+    assert "capacity 4 running requests, down from at least 18" in said["restart with lower max_num_seqs"]
     assert "restarted 08:25 UTC" in said["restart with lower max_num_seqs"]
     assert "prefix-cache hit rate 78% → 0%" in said["prefix caching turned off"]
     assert "cache_config.enable_prefix_caching: True -> False" in said["prefix caching turned off"]

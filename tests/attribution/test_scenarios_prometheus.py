@@ -57,6 +57,7 @@ class Recorded:
     windows: Windows
     sessions: Any
     events: list[ChangeEvent]
+    prometheus: Any  # tests.support.prometheus.PrometheusHandle
 
 
 def _record(backfill: Backfill, pod: str, plan: ScenarioPlan, until: float, service: str, seed: int = 1) -> None:
@@ -95,7 +96,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
                 windows.discover(sessions, now, ROUND_S, rounds.ROUND_SIGNALS)
                 events += rounds.detect_events(sessions, windows, ROUND_S, now=now)
                 t += ROUND_S
-            yield Recorded(windows, sessions, events)
+            yield Recorded(windows, sessions, events, prom)
         finally:
             service.close()
             engine.dispose()
@@ -142,3 +143,33 @@ def test_steady_load_through_a_source_has_no_event_and_nothing_changed(recorded:
     a = _attribution(recorded, "m.llm.steady")
     assert not a.changed and a.summary.startswith("Nothing changed"), a.summary
     assert [e.summary for e in recorded.events if e.target in ("m.llm.steady", "m.svc.steady")] == []
+
+
+def test_the_dashboards_restart_and_configuration_annotations_mark_the_change(recorded: Recorded) -> None:
+    """The two dashboard annotations read from the engines' metrics alone (grafana/generate.py,
+    generated here for this recording's labels) mark the restart and the configuration change
+    within two minutes after them, and nothing before them or on a steady engine."""
+    from tests.grafana.queries import load_generator
+
+    generator = load_generator()
+    kept = generator.ENGINE
+    generator.ENGINE = generator.EngineLabels(vllm='namespace="llm", pod=~"$pod", model_name=~".*"',
+                                              tgi='namespace="llm", pod=~"$pod"', labels=("namespace", "pod"),
+                                              source="m", matchers='namespace="llm"')
+    try:
+        restarts, configs = generator.Q.engine_restarts(), generator.Q.config_changes()
+    finally:
+        generator.ENGINE = kept
+
+    def marked(expr: str, pod: str, t: float) -> list:
+        return recorded.prometheus.query(expr.replace("$pod", pod), time=T0 + t)["result"]
+
+    after = CHANGE_AT + 60
+    for pod in ("restart-with-lower-max-num-seqs", "prefix-caching-turned-off"):
+        assert [s["metric"]["pod"] for s in marked(restarts, pod, after)] == [pod]
+        assert marked(restarts, pod, CHANGE_AT - 60) == [] and marked(restarts, pod, CHANGE_AT + 300) == []
+    assert [s["metric"]["pod"] for s in marked(configs, "prefix-caching-turned-off", after)] == \
+        ["prefix-caching-turned-off"]
+    assert marked(configs, "prefix-caching-turned-off", CHANGE_AT - 60) == []
+    for pod in ("steady", "load-step"):
+        assert marked(restarts, pod, after) == [] and marked(configs, pod, after) == []
