@@ -32,7 +32,7 @@ MAX_OFFSET = 31 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
-class Windows:
+class ComparedWindows:
     """The two windows compared, and how the baseline was chosen."""
 
     kind: str          # "previous", "offset:1d", "event:12"
@@ -61,25 +61,25 @@ def parse_baseline(spec: str) -> str | float | int:
 
 
 def choose(spec: str | float | int, window: float, end: float,
-           event_at: Callable[[int], ChangeEvent | None]) -> Windows:
+           event_at: Callable[[int], ChangeEvent | None]) -> ComparedWindows:
     """The two windows for a parsed baseline; ValueError for an offset shorter than the window
     (they would overlap) or an unknown event."""
     if spec == "previous":
-        return Windows("previous", end - window, end, end - 2 * window, end - window)
+        return ComparedWindows("previous", end - window, end, end - 2 * window, end - window)
     if isinstance(spec, int):
         found = event_at(spec)
         if found is None:
             raise ValueError(f"no change event {spec} on this target")
         length = min(window, end - found.ts) if end > found.ts else window
-        return Windows(f"event:{spec}", found.ts, found.ts + length, found.ts - length, found.ts)
+        return ComparedWindows(f"event:{spec}", found.ts, found.ts + length, found.ts - length, found.ts)
     assert isinstance(spec, float)
     if spec < window:
         raise ValueError(f"a baseline offset ({format_duration(spec)}) must be at least the window "
                          f"({format_duration(window)}): the two would overlap")
-    return Windows(f"offset:{format_duration(spec)}", end - window, end, end - window - spec, end - spec)
+    return ComparedWindows(f"offset:{format_duration(spec)}", end - window, end, end - window - spec, end - spec)
 
 
-def read(reader: WindowReader, session: Session, target: TargetView, chosen: Windows,
+def read(reader: WindowReader, session: Session, target: TargetView, chosen: ComparedWindows,
          model: str | None = None) -> tuple[Facts, Facts, list[Facts]]:
     """(baseline, current, the baseline's sub-windows) as facts."""
     def facts(start: float, end: float) -> Facts:

@@ -150,7 +150,7 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
                     session, target.id, url, detected or "vllm", end, seconds, thresholds, hardware)
                 if baseline and len(records) > 2:
                     first = records[0].ts
-                    chosen = reads.Windows("previous", start, end, first, start)
+                    chosen = reads.ComparedWindows("previous", start, end, first, start)
                     before, after, parts = reads.read(default_windows(), session, target, chosen)
                     changes = explain.attribute(
                         before, after, parts, _config_events(records), "previous",

@@ -13,6 +13,7 @@ from app.attribution import repository as events_repository
 from app.attribution.events import ChangeEvent
 from app.emulator.scenarios import ScenarioPlan
 from tests.api.conftest import Service, make_quiet_service
+from tests.api.test_openapi_schemas import validator
 from tests.attribution.harness import CASES
 from tests.diagnosis.harness import T0, OfflineTarget
 
@@ -57,6 +58,10 @@ def test_the_changes_of_a_load_step(service: Service) -> None:
     assert ttft["not_explained"] == pytest.approx(total - math.fsum(ttft["explained"].values()))
     assert ttft["before"]["intervals"]["p99"][0] <= ttft["before"]["p99"]  # quantiles keep their bucket
     assert set(body["signals"]) == {"ttft", "itl", "e2e"} and body["gaps"] == []
+    # the answer is what its OpenAPI schema says, and the check is not vacuous
+    check = validator(service.client.get("/openapi.json").json(), "GET", "/api/v1/targets/{name}/changes")
+    assert [e.message for e in check.iter_errors(body)] == []
+    assert not check.is_valid({**body, "drivers": [{**top, "significant": "yes"}]})
 
 
 def test_a_day_earlier_has_no_data_and_says_so(service: Service) -> None:
@@ -85,6 +90,8 @@ def test_the_baseline_before_an_event(service: Service) -> None:
     assert [e["id"] for e in body["events"]] == [event["id"]]
     fleet = service.client.get("/api/v1/events", params={"since": T0, "kind": "step"}).json()
     assert fleet == [event]
+    check = validator(service.client.get("/openapi.json").json(), "GET", "/api/v1/events")
+    assert [e.message for e in check.iter_errors(fleet)] == [] and not check.is_valid([{**event, "ts": "then"}])
     assert service.client.get("/api/v1/events", params={"since": T0, "kind": "restart"}).json() == []
 
 

@@ -79,12 +79,12 @@ class DriverOut(BaseModel):
     note: str
 
 
-class WindowOut(BaseModel):
+class ChangeWindowOut(BaseModel):
     start: float
     end: float
 
 
-class BaselineOut(WindowOut):
+class ChangeBaselineOut(ChangeWindowOut):
     kind: str = Field(description="previous | offset:<duration> | event:<id>")
 
 
@@ -95,8 +95,8 @@ class ChangesOut(BaseModel):
                                      "that explain it, restarts and configuration changes, gaps")
     changed: bool
     lead: str | None = Field(description="The signal the summary is about (null: nothing changed)")
-    window: WindowOut
-    baseline: BaselineOut
+    window: ChangeWindowOut
+    baseline: ChangeBaselineOut
     signals: dict[str, SignalChangeOut] = Field(description="ttft, itl (or tpot), e2e")
     drivers: list[DriverOut] = Field(description="Ranked by the seconds of the lead signal's change they explain")
     events: list[ChangeEventOut] = Field(description="Change events from the baseline's start to the window's end")
