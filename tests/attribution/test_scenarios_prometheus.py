@@ -128,8 +128,10 @@ def test_the_top_driver_is_the_cause_through_a_source(recorded: Recorded, name: 
 
 def test_a_replica_removed_from_a_service(recorded: Recorded) -> None:
     a = _attribution(recorded, "m.svc.svc")
+    detected = [(e.detected_at or 0) - (T0 + CHANGE_AT) for e in recorded.events if e.target == "m.svc.svc"]
     print(f"| replica removed | {a.drivers[0].name} | "
-          f"{a.drivers[0].explains[a.lead] / a.signals[a.lead].split.change:.0%} of {a.lead} |", a.summary)
+          f"{a.drivers[0].explains[a.lead] / a.signals[a.lead].split.change:.0%} of {a.lead} | "
+          f"{min(detected, default=-1):.0f} s |", a.summary)
     top = a.drivers[0]
     assert top.name == "replicas" and (top.before, top.after) == (2.0, 1.0) and top.note == "gone: m.llm.replica-b"
     assert top.explains[a.lead] / a.signals[a.lead].split.change > 0.5
