@@ -6,7 +6,7 @@ import contextlib
 import logging
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -33,6 +33,7 @@ def load_settings(**overrides: object) -> Settings:
 
 
 @click.group()
+@click.version_option(package_name="llm-latency-monitor", prog_name="llm-latency", message="%(prog)s %(version)s")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 def main(log_level: str) -> None:
@@ -134,7 +135,10 @@ def check_config(config_file: Path, offline: bool) -> None:
     error naming the page to scrape, one that cannot be scraped now a warning.
     """
     from app.config import field_line
-    from app.promsource.check import check_source, missing_credentials
+    from app.diagnosis.sampling import window_warning
+    from app.promsource.check import check_source, missing_credentials, window_problems
+    from app.promsource.config import PrometheusSourceConfig
+    from app.promsource.intervals import configured
     from app.scrape.check import TargetToCheck, check_targets
     from app.scrape.discovery import check_discovery
 
@@ -144,12 +148,32 @@ def check_config(config_file: Path, offline: bool) -> None:
     discovered, sd_problems = check_discovery(config, config_file.parent, allowed_hosts)
     for sd_problem in sd_problems:
         click.echo(sd_problem, err=True)
+    diagnosis = config.diagnosis
+
+    def window_check(source: PrometheusSourceConfig) -> Callable[[float], str | None]:
+        return lambda interval: window_warning(source.fitted_window(diagnosis.window, interval), interval,
+                                               diagnosis.thresholds)
+
     problems = [p for index, source in enumerate(config.sources)
-                for p in (missing_credentials(source, index) if offline else check_source(source, index))]
+                for p in ([*missing_credentials(source, index),
+                           *(window_problems(source, index, configured(source.scrape_interval), window_check(source))
+                             if source.scrape_interval is not None else [])]
+                          if offline else check_source(source, index, window_check=window_check(source)))]
     for problem in problems:
         kind = "" if problem.error else "warning: "
         click.echo(f"{config_file}:{field_line(config_file, problem.loc)}: {kind}{problem.field}: {problem.message}",
                    err=True)
+    for index, target in enumerate(config.targets):  # the file's targets, at their scrape interval
+        interval = target.scrape_interval or settings.default_scrape_interval
+        warning = window_warning(diagnosis.window, interval, diagnosis.thresholds)
+        if warning is not None and target.scrape_interval:
+            loc: tuple = ("targets", index, "scrape_interval")
+            click.echo(f"{config_file}:{field_line(config_file, loc)}: warning: targets[{index}].scrape_interval: "
+                       f"{warning}", err=True)
+        elif warning is not None:  # the settings' default interval
+            loc = ("diagnosis", "window")
+            click.echo(f"{config_file}:{field_line(config_file, loc)}: warning: diagnosis.window: targets[{index}] "
+                       f"({target.name}) is {warning}", err=True)
     target_errors = False
     if not offline and not sd_problems:
         timeout = settings.default_scrape_timeout
@@ -326,7 +350,10 @@ DEMO_TARGETS = (
 @click.option("--time-scale", default=1.0, show_default=True, help="Emulator clock speed-up.")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=Path("data/demo"), show_default=True)
 @click.option("--scrape-interval", default="5s", show_default=True)
-def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> None:
+@click.option("--engine-port-base", type=click.IntRange(1, 65535 - len(DEMO_TARGETS) + 1),
+              help=f"Serve the {len(DEMO_TARGETS)} emulated engines on this port and the next "
+                   f"{len(DEMO_TARGETS) - 1} (default: free ports the system picks).")
+def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str, engine_port_base: int | None) -> None:
     """Emulated vLLM and TGI engines in different regimes + the monitor, on this machine.
 
     No GPU and no external services: the engines are the built-in emulator, storage is
@@ -344,10 +371,16 @@ def demo(port: int, time_scale: float, data_dir: Path, scrape_interval: str) -> 
     data_dir.mkdir(parents=True, exist_ok=True)
     for leftover in data_dir.glob("llm-latency.db*"):
         leftover.unlink()
-    fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale)
+    fleet = EmulatorFleet([TargetSpec(name=name, scenario=scenario, engine=engine, seed=i, time_scale=time_scale,
+                                      port=0 if engine_port_base is None else engine_port_base + i)
                            for i, (name, scenario, engine) in enumerate(DEMO_TARGETS)])
     try:
-        fleet.start()
+        try:
+            fleet.start()
+        except OSError as exc:  # a pinned engine port that is taken
+            raise click.ClickException(f"cannot serve the emulated engines on ports {engine_port_base}–"
+                                       f"{(engine_port_base or 0) + len(DEMO_TARGETS) - 1}: "
+                                       f"{exc.strerror or exc}") from None
         config = {"targets": [{"name": name, "url": f"{fleet.urls[name]}/metrics",
                                "scrape_interval": f"{interval:g}s"} for name, _, _ in DEMO_TARGETS]}
         config_path = data_dir / "demo-targets.yaml"

@@ -5,11 +5,11 @@ and a worker's part in prefill/decode disaggregation."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import quantiles
+from app.core import human, quantiles
 from app.core.quantiles import LatencySummary, WindowHistogram
 from app.sources.base import HISTOGRAM_SIGNALS
 from app.sources.tgi import TTFT_DERIVATION
@@ -137,6 +137,38 @@ def report_from_window(window: TargetWindow, per_model: bool = True) -> dict:
         report["dropped_series"] = [{"signal": signal, "reason": reason, "series": n}
                                     for (signal, reason), n in window.dropped.items()]
     return report
+
+
+#: A part of a request's latency and the whole it is part of, each with the requests its histogram
+#: counts in a window: a part's quantile above the whole's says the two came from different requests.
+PART_OF = (("queue_time", "ttft"), ("prefill_time", "ttft"), ("ttft", "e2e"))
+REQUEST_SETS = {"queue_time": ("queue time", "the requests that left the queue in the window"),
+                "prefill_time": ("prefill time", "those whose prefill ended in it"),
+                "ttft": ("TTFT", "those that got their first token in it"),
+                "e2e": ("end-to-end latency", "those that finished in it")}
+
+
+def request_set_notes(report: Mapping[str, Any], keys: Sequence[str] = ("p50", "p90", "p99")) -> list[str]:
+    """A note for each part whose quantile is above the same quantile of its whole (queue p50 above
+    TTFT p50), none otherwise: per request the part is never longer, but each histogram counts a
+    request when that part ends, so over one window the two hold different requests (a request that
+    left the queue near the window's end gets its first token in the next), and each quantile is
+    interpolated inside its own buckets."""
+    notes = []
+    for part, whole in PART_OF:
+        a, b = report.get(part) or {}, report.get(whole) or {}
+        above = [key for key in keys if isinstance(a.get(key), (int, float)) and isinstance(b.get(key), (int, float))
+                 and a[key] > b[key]]
+        if not above:
+            continue
+        (part_name, part_set), (whole_name, whole_set) = REQUEST_SETS[part], REQUEST_SETS[whole]
+        pairs = "; ".join(f"{part_name} {key} {human.summary_quantile(a, key)} > {whole_name} {key} "
+                          f"{human.summary_quantile(b, key)}" for key in above)
+        notes.append(f"{pairs}: a request's {part_name} is part of its {whole_name}, but these percentiles are over "
+                     f"different requests. Each histogram counts a request when that part ends: {part_name} "
+                     f"{part_set}, {whole_name} {whole_set}; and each percentile is interpolated inside its own "
+                     "buckets.")
+    return notes
 
 
 def series_point(t: float, merged: WindowHistogram | None, q: float | None) -> dict:

@@ -136,7 +136,11 @@ class Monitor:
         url = self.settings.effective_database_url
         if self.engine.dialect.name == "sqlite":
             if self._sqlite_lock is None:  # one process per SQLite file, refused before it migrates
+                path = db.sqlite_path(url)
+                created = path is not None and not path.exists()
                 self._sqlite_lock = replicas.lock_sqlite_file(url, self.membership.id)
+                if path is not None:  # said once, at start-up: where the data lives
+                    log.info("%s the SQLite database %s", "created" if created else "using", path)
             db.upgrade(url)
             return
         head = db.head_revision()

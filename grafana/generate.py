@@ -104,7 +104,11 @@ class EngineLabels:
     the source's ``target_labels`` -- one dashboard variable each, read from the engine series
     its ``selector`` matches -- so no ``target`` relabeling is needed; the monitor's own series
     keep their ``target`` name, which a hidden ``target`` variable derives from the chosen
-    label values (the monitor names a discovered target ``<source>.<value>.<value>``).
+    label values (the monitor names a discovered target ``<source>.<value>.<value>``). A
+    source with ``service_labels`` has a variable for each of those too, and its services
+    (``<source>.svc.<value>.<value>``, where ``replica_imbalance`` and the capacity signal of
+    the service live) are among the targets: in the drill-down, "All" of the labels that name
+    a replica (``pod``) chooses the service of the chosen service label values.
     """
 
     vllm: str = VLLM
@@ -112,10 +116,25 @@ class EngineLabels:
     labels: tuple[str, ...] = ("target",)
     source: str = ""        # the source's name, "" in scrape mode
     matchers: str = ""      # the source's selector (PromQL matchers, no braces)
+    service_labels: tuple[str, ...] = ()  # the source's service_labels: its services are targets too
 
     @property
     def by(self) -> str:
         return ", ".join(self.labels)
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The label variables, in the order each filters the next: the labels a service and a
+        replica share, the service's own, then the replica's own (a pod is chosen last)."""
+        shared = [label for label in self.labels if label in self.service_labels]
+        return (*shared, *(label for label in self.service_labels if label not in shared),
+                *(label for label in self.labels if label not in shared))
+
+    @property
+    def replica_only(self) -> tuple[str, ...]:
+        """The target labels that are not service labels: "All" of them means the service."""
+        return tuple(label for label in self.labels if label not in self.service_labels) \
+            if self.service_labels else ()
 
     @property
     def legend(self) -> str:
@@ -130,18 +149,34 @@ class EngineLabels:
 
     def with_labels(self, expr: str) -> str:
         """The monitor's series with the target labels parsed back out of its target names, so a
-        link can carry them (``var-pod=...``). Scrape mode: ``expr`` unchanged."""
+        link can carry them (``var-pod=...``). A service's name gives its service labels, and
+        ``$__all`` (Grafana's "All" in a link) for the others; a replica's ``$__all`` for the
+        service labels it is not named by. Scrape mode: ``expr`` unchanged."""
         if not self.source:
             return expr
-        for i, label in enumerate(self.labels):
+        expr = self._parsed(expr, self.labels, self.source)
+        if not self.service_labels:
+            return expr
+        for label in self.variables:
+            if label not in self.labels:  # a replica's name does not hold it
+                expr = f'label_replace({expr}, "{label}", "$$__all", "target", ".*")'
+        expr = self._parsed(expr, self.service_labels, f"{self.source}\\\\.svc")
+        for label in self.replica_only:
+            expr = f'label_replace({expr}, "{label}", "$$__all", "target", "{self.source}\\\\.svc\\\\..*")'
+        return expr
+
+    @staticmethod
+    def _parsed(expr: str, labels: tuple[str, ...], prefix: str) -> str:
+        """``labels`` set from the dot-separated values of the names ``<prefix>.<value>.<value>``."""
+        for i, label in enumerate(labels):
             before = "[^.]*\\\\." * i
-            value = "(.*)" if i == len(self.labels) - 1 else "([^.]*)\\\\..*"
-            expr = f'label_replace({expr}, "{label}", "$1", "target", "{self.source}\\\\.{before}{value}")'
+            value = "(.*)" if i == len(labels) - 1 else "([^.]*)\\\\..*"
+            expr = f'label_replace({expr}, "{label}", "$1", "target", "{prefix}\\\\.{before}{value}")'
         return expr
 
     def link_vars(self, template: str) -> str:
         """``var-<label>=<value>`` for a drill-down link; ``template`` formats one label's value."""
-        return "&".join(f"var-{label}={template.format(label)}" for label in self.labels)
+        return "&".join(f"var-{label}={template.format(label)}" for label in self.variables)
 
 
 #: One always-present gauge per engine: a target label's values are read from these series.
@@ -162,11 +197,11 @@ def engine_labels(config_file: Path | None, source: str | None) -> EngineLabels:
     scope = scope_of(load_config(config_file), source)
     if scope.source is None:
         return EngineLabels()
-    labels = tuple(scope.labels)
-    chosen = ", ".join(f'{label}=~"${label}"' for label in labels)
+    shape = EngineLabels(labels=tuple(scope.labels), service_labels=tuple(scope.source.service_labels))
+    chosen = ", ".join(f'{label}=~"${label}"' for label in shape.variables)
     base = f"{scope.matchers}, {chosen}" if scope.matchers else chosen
-    return EngineLabels(vllm=f'{base}, model_name=~"$model"', tgi=base, labels=labels, source=scope.source.name,
-                        matchers=scope.matchers)
+    return EngineLabels(vllm=f'{base}, model_name=~"$model"', tgi=base, labels=shape.labels,
+                        source=scope.source.name, matchers=scope.matchers, service_labels=shape.service_labels)
 
 
 def either(*alternatives: str) -> str:
@@ -878,29 +913,65 @@ def monitor_url_variable() -> dict:
 
 def target_variables(multi_target: bool) -> list[dict]:
     """Scrape mode: the monitor's target names. A Prometheus source: one variable per target
-    label from the engine series (each filtered by the ones before), and ``target`` hidden,
-    derived from them: the monitor's names of the chosen targets."""
+    label (and service label) from the engine series (each filtered by the ones before), and
+    ``target`` hidden, derived from them: the monitor's names of the chosen targets."""
     if not ENGINE.source:
         return [query_variable("target", "Target", "label_values(llm_latency_target_up, target)", multi=multi_target,
                                description="The monitor's target name; engines carry it as the 'target' label too.")]
     presence = "|".join(PRESENCE_METRICS)
     out = []
     chosen: list[str] = [f'__name__=~"{presence}"'] + ([ENGINE.matchers] if ENGINE.matchers else [])
-    for label in ENGINE.labels:
-        out.append(query_variable(label, label.capitalize(), f"label_values({{{', '.join(chosen)}}}, {label})",
+    for label in ENGINE.variables:
+        # in the drill-down, "All" of a replica's own label chooses the service; of a service's own
+        # label, every replica whatever its service (those without the label among them)
+        every = multi_target or label not in ENGINE.labels or label in ENGINE.replica_only
+        what = "its service" if label in ENGINE.replica_only and not multi_target else \
+            "replicas of any service" if label not in ENGINE.labels and not multi_target else ""
+        variable = query_variable(label, label.capitalize(), f"label_values({{{', '.join(chosen)}}}, {label})",
                                   multi=multi_target, description=f"The engines' {label} label (source "
                                                                   f"{ENGINE.source}: one target per "
-                                                                  f"{', '.join(ENGINE.labels)})."))
+                                                                  f"{', '.join(ENGINE.labels)}"
+                                                                  + (f"; All: {what}" if what else "") + ").")
+        if every and not multi_target:
+            variable.update(includeAll=True, allValue=".*")
+        out.append(variable)
         chosen.append(f'{label}=~"${label}"')
-    names = f"{ENGINE.source}\\\\." + "\\\\.".join(f"${label}" for label in ENGINE.labels)
+    replicas = f"{ENGINE.source}\\\\." + "\\\\.".join(f"${label}" for label in ENGINE.labels)
+    services = f"{ENGINE.source}\\\\.svc\\\\." + "\\\\.".join(f"${label}" for label in ENGINE.service_labels)
+    names = f"{ENGINE.source}.<{'>.<'.join(ENGINE.labels)}>" + \
+        (f" and {ENGINE.source}.svc.<{'>.<'.join(ENGINE.service_labels)}>" if ENGINE.service_labels else "")
     # every target the monitor diagnoses has a verdict series (discovered ones have no scrape gauges)
-    target = query_variable("target", "Target",
-                            f'label_values(llm_latency_diagnosis_verdict{{target=~"{names}"}}, target)',
-                            multi=multi_target, description="Hidden: the monitor's names of the chosen targets "
-                                                             f"({ENGINE.source}.<{'>.<'.join(ENGINE.labels)}>).")
+    if ENGINE.service_labels and not multi_target:
+        query = drill_down_target(replicas, services)
+    elif ENGINE.service_labels:
+        query = f'label_values(llm_latency_diagnosis_verdict{{target=~"{replicas}|{services}"}}, target)'
+    else:
+        query = f'label_values(llm_latency_diagnosis_verdict{{target=~"{replicas}"}}, target)'
+    target = query_variable("target", "Target", query, multi=multi_target,
+                            description=f"Hidden: the monitor's names of the chosen targets ({names}).")
+    if query.startswith("query_result("):
+        target["regex"] = '/target="([^"]+)"/'
     target["hide"] = 2
     target.pop("allValue", None)  # All = every name the chosen labels give, not every target
     return [*out, target]
+
+
+def drill_down_target(replicas: str, services: str) -> str:
+    """The drill-down's one target: the replica the labels name, or, when every label of the
+    replica's own is "All" (Grafana's text of the choice), the service the service labels name.
+    PromQL decides (``query_result``): the service's verdict series only where the texts all equal
+    "All", a value no replica's label has (Kubernetes names are lower case)."""
+    replica = replicas
+    for label in ENGINE.replica_only:
+        replica = replica.replace(f"${label}", f"${{{label}:text}}")
+    texts = "vector(1)"
+    alls = "vector(1)"
+    for label in ENGINE.replica_only:
+        texts = f'label_replace({texts}, "{label}", "${{{label}:text}}", "", "")'
+        alls = f'label_replace({alls}, "{label}", "All", "", "")'
+    every_all = f"{texts} and on({', '.join(ENGINE.replica_only)}) {alls}"
+    return (f'query_result(llm_latency_diagnosis_verdict{{target=~"{replica}"}} or '
+            f'(llm_latency_diagnosis_verdict{{target=~"{services}"}} and on() ({every_all})))')
 
 
 def variables(multi_target: bool) -> list[dict]:

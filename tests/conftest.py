@@ -58,14 +58,22 @@ SLOW_TESTS = frozenset({
     # real processes, Prometheus (not through SERVER_FIXTURES), hours of simulated time
     "tests/test_replicas_processes.py",
     "tests/promsource/test_live_source.py",
+    "tests/promsource/test_scrape_interval_live.py",
     "tests/promsource/test_read_flood.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
     "tests/attribution/test_scenarios.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
+    "tests/status/test_status_sources_browser.py",
+    # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards
+    "tests/deploy/test_kubernetes.py",
+    "tests/deploy/test_generate_kubernetes.py",
     # more than about 4 s
     "tests/attribution/test_changepoint.py::test_steady_load_raises_almost_no_false_alarm",
     "tests/attribution/test_events.py::test_the_events_round_stores_regime_changes_and_steps",
+    "tests/test_cli.py::test_serve_names_its_sqlite_file_and_a_restart_after_a_clean_stop_warns_of_nothing",
+    "tests/test_cli.py::test_demo_on_a_taken_engine_port_exits_1_naming_it",
+    "tests/test_cli.py::test_demo_serves_its_engines_on_pinned_ports",
     "tests/diagnosis/test_family_removal.py::test_removing_families_never_makes_a_verdict_healthy",
     "tests/alerts/test_delivery.py::test_retries_back_off_exponentially_with_jitter_then_expire_and_the_group_moves_on",
     "tests/alerts/test_outbox.py::test_an_active_diagnosis_becomes_an_alert_with_its_cause_and_remedies",
@@ -77,7 +85,6 @@ SLOW_TESTS = frozenset({
     "tests/api/test_request_budget.py::test_a_read_whose_client_went_away_stops",
     "tests/api/test_serialized.py::test_kept_answers_follow_every_change",
     "tests/api/test_serialized.py::test_the_answers_are_fastapis_own_bytes",
-    "tests/deploy/test_kubernetes_prometheus_source.py::test_the_rules_are_exported_for_the_source_and_fresh",
     "tests/diagnosis/test_round_statements.py::test_statements_per_round_do_not_grow_with_the_number_of_targets",
     "tests/diagnosis/test_rules.py::test_a_symptom_of_two_firing_causes_names_the_first_by_precedence_in_every_process",
     "tests/grafana/test_source_dashboards.py::"

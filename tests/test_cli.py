@@ -4,7 +4,10 @@ non-zero exit, never a traceback, and the service announces itself only once it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +20,8 @@ import pytest
 
 from app.store.db import head_revision
 from tests.support.prometheus import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def llm_latency(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -140,3 +145,107 @@ def test_the_server_runs_on_uvloop_with_the_httptools_parser() -> None:
         config.setup_event_loop()
         assert isinstance(asyncio.get_event_loop_policy(), uvloop.EventLoopPolicy)
         asyncio.set_event_loop_policy(None)
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    result = llm_latency("--version")
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"llm-latency {version('llm-latency-monitor')}\n",
+                                                                 "")
+    assert version("llm-latency-monitor") == "0.1.0"
+
+
+def test_diagnose_on_a_refused_connection_says_why_and_stops_there() -> None:
+    """Nothing listens: the scrape problem and what to check, exit 3, and no diagnosis of an empty window
+    after them (it said "insufficient_data", as if the engine had too little traffic)."""
+    port = free_port()
+    result = llm_latency("diagnose", f"http://127.0.0.1:{port}/metrics", "--window", "30s", "--interval", "1s")
+    assert result.returncode == 3, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"http://127.0.0.1:{port}/metrics  engine: unknown  scrapes: 1"
+    assert lines[1].startswith("  scrape problem: connect: cannot connect: ")
+    assert lines[2:] == [f"  is the engine running, and does it serve its metrics on 127.0.0.1:{port}?"]
+    as_json = llm_latency("diagnose", f"http://127.0.0.1:{port}/metrics", "--json")
+    body = json.loads(as_json.stdout)
+    assert (as_json.returncode, body["exit_code"], body["diagnoses"], body["latency"]) == (3, 3, [], {})
+    assert body["hint"] == f"is the engine running, and does it serve its metrics on 127.0.0.1:{port}?"
+
+
+def _serve_in(directory: Path, port: int) -> subprocess.Popen[str]:
+    """``serve`` started in ``directory`` with no setting of ours in its environment: the defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLM_LATENCY_")}
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=directory, env={
+        **env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    """Ctrl-C once the banner is out (a clean stop: the lease is given up); its log."""
+    try:
+        assert proc.stdout is not None and "LLM Latency Monitor on http://" in proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_serve_names_its_sqlite_file_and_a_restart_after_a_clean_stop_warns_of_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    database = (tmp_path / "data" / "llm-latency.db").resolve()
+    first = _stop(_serve_in(tmp_path, port))
+    assert f"INFO app.lifespan: created the SQLite database {database}\n" in first and database.is_file()
+    second = _stop(_serve_in(tmp_path, port))
+    assert f"INFO app.lifespan: using the SQLite database {database}\n" in second
+    assert "released at its stop" in second  # the first one's lease, given up at its Ctrl-C
+    assert "WARNING" not in second and "expired" not in second, second
+
+
+def _free_run(count: int) -> int:
+    """The first of ``count`` consecutive ports on 127.0.0.1 that are free now."""
+    for _ in range(50):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for offset in range(count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", base + offset))
+            except OSError:
+                continue
+        return base
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def test_demo_serves_its_engines_on_pinned_ports(tmp_path: Path) -> None:
+    base, port = _free_run(6), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--port", str(port), "--engine-port-base",
+                             str(base), "--data-dir", str(tmp_path / "demo")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        banner = [proc.stdout.readline() for _ in range(7)]  # "Emulated engines:" and one line each
+        ports = [int(re.search(r":(\d+)/metrics$", line.strip()).group(1)) for line in banner[1:]]
+        assert ports == list(range(base, base + 6)), banner
+        page = httpx.get(f"http://127.0.0.1:{base + 1}/metrics", timeout=10)
+        assert page.status_code == 200 and "vllm:num_requests_waiting" in page.text
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+def test_demo_on_a_taken_engine_port_exits_1_naming_it(tmp_path: Path) -> None:
+    base = _free_run(6)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 2))
+        holder.listen()
+        result = llm_latency("demo", "--port", str(free_port()), "--engine-port-base", str(base),
+                             "--data-dir", str(tmp_path / "demo"))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith(f"Error: cannot serve the emulated engines on ports {base}–{base + 5}: ")
+    assert f"('127.0.0.1', {base + 2})" in result.stderr and "Traceback" not in result.stderr
+    bad = llm_latency("demo", "--engine-port-base", "65535")
+    assert bad.returncode == 2 and "--engine-port-base" in bad.stderr and "65535" in bad.stderr

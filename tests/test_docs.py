@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 REFERENCE = ROOT / "docs" / "reference" / "configuration.md"
 MAX_README_LINES = 250
-QUICK_START = ("    python3 -m pip install -e . && llm-latency demo", "    ./scripts/test.sh")
+QUICK_START = ("    python3 -m venv .venv && . .venv/bin/activate && pip install -e . && llm-latency demo  "
+               "# in a virtual environment, Python ≥ 3.11", "    ./scripts/test.sh")
 
 
 def generator() -> ModuleType:

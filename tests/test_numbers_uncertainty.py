@@ -132,3 +132,42 @@ def test_evidence_with_a_bucket_reads_like_the_bucket() -> None:
     assert e.text() == "queue p99 = < 0.3 s"
     assert Evidence.from_dict({"name": "x", "value": 80.0, "op": "info", "unit": "s",
                                "interval": [80.0, None]}).text() == "x = > 80 s"
+
+
+def test_a_quantile_on_an_edge_of_its_bucket_is_shown_as_the_bucket() -> None:
+    """vLLM's phase buckets: 10 requests at 12 s and 10 at 30 s put the rank of p50 (10) exactly on
+    the 15 s bucket's cumulative count, so histogram_quantile says 15.0; people read "10–15 s"."""
+    s = quantiles.summarize(hist(VLLM_PHASE, [12.0] * 10 + [30.0] * 10))
+    assert s.p50 == 15.0 and s.interval("p50") == (10.0, 15.0)
+    assert human.quantile(s.p50, s.interval("p50")) == "10–15 s"
+    body = latency.WindowSummary.of(s).to_dict()
+    assert body["p50"] == 15.0  # the JSON keeps Prometheus' number
+    assert human.summary_quantile(body, "p50") == "10–15 s"
+    assert human.summary_bucket(body, "p50") == ("the interpolated value 15.00 s sits on the edge of the bucket "
+                                                 "10 – 15 s: the histogram says only that it lies in that bucket")
+    # every request in one bucket: p99 is 99 % of the way through it (0.01 + 0.99 x 0.015 s), an artefact
+    one = quantiles.summarize(hist(VLLM_ITL, [0.02] * 200))
+    assert math.isclose(one.p99, 0.01 + 0.99 * 0.015) and human.quantile(one.p99, one.interval("p99")) == "10–25 ms"
+    # p50 half-way through it, and p95 5 % from its top, are values: 2 % of the width (0.3 ms) is the limit
+    assert human.quantile(one.p50, one.interval("p50")) == "17.5 ms"
+    assert human.quantile(one.p95, one.interval("p95")) == "24.2 ms"  # 0.02425 s
+    assert human.quantile(0.02471, (0.01, 0.025)) == "10–25 ms" and human.quantile(0.0246, (0.01, 0.025)) == "24.6 ms"
+    assert human.quantile(4096.0, (2048.0, 4096.0), "tokens") == "2,048–4,096 tokens"
+    # the evidence of a rule and the CLI spell it the same way
+    assert Evidence("TTFT p50", 15.0, "info", None, "s", True, "", [10.0, 15.0]).text() == "TTFT p50 = 10–15 s"
+    text = format_text(OneShotResult("http://e/metrics", "vllm", [], {"window_seconds": 60.0, "ttft": body}, []))
+    row = next(line for line in text.splitlines() if line.strip().startswith("TTFT"))
+    assert row.split()[:3] == ["TTFT", "10–15", "s"]
+
+
+def test_numbers_are_plain_never_scientific() -> None:
+    assert [human.number(v) for v in (10912.3, 1.09e4, 999.6, 123.4, 12.0, 1.5, 0.0123456, 1.2345e-5, 0.0, 1e9)] == [
+        "10,912", "10,900", "1,000", "123", "12", "1.5", "0.0123", "0.0000123", "0", "1,000,000,000"]
+    assert human.number(13036.0, "tokens") == "13,036 tokens" and human.number(None) == "–"
+    assert [human.given(v) for v in (2000.0, 0.125, 1.234567, 16384.0)] == ["2,000", "0.125", "1.23457", "16,384"]
+    assert human.interval((2048.0, None), "tokens") == "2,048 – +Inf tokens"
+    # a rule's evidence: a token count and a rate from the engine, a threshold, none in e-notation
+    assert Evidence("mean prompt length", 10912.3, ">=", 2000.0, "tokens", True).text() == (
+        "mean prompt length = 10,912 tokens (>= 2,000 tokens)")
+    assert Evidence("preemptions", 0.000123, ">", 0.0001, "/s", True).text() == (
+        "preemptions = 0.000123 /s (> 0.0001 /s)")

@@ -30,6 +30,7 @@ from app.settings import Settings
 from app.store import db
 from app.store.models import Target
 from tests.conftest import scratch_postgres_database
+from tests.support.databases import migrated_sqlite
 from tests.support.prometheus import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,3 +216,33 @@ def test_the_service_refuses_a_second_replica_on_sqlite_and_starts_after_a_kill(
 def test_default_replica_ids_are_unique_per_start() -> None:
     ids = {replicas.default_replica_id() for _ in range(50)}
     assert len(ids) == 50 and all(f"-{os.getpid()}-" in i for i in ids)
+
+
+def test_a_lease_released_at_a_clean_stop_is_taken_without_a_warning(tmp_path: Path,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A clean stop sets the lease's expiry to the epoch (RELEASED): the next replica says it took a released
+    lease, not that it "expired 56 years ago"; one that expired under a replica that did not stop warns with
+    its age."""
+    engine = db.make_engine(migrated_sqlite(tmp_path / "lease.db"))
+    sessions = db.make_sessionmaker(engine)
+    clock = {"now": 1_800_000_000.0}
+    a, b = (Lease(sessions, name, ttl=3.0, clock=lambda: clock["now"], shared_clock=lambda _: clock["now"])
+            for name in ("r-a", "r-b"))
+    try:
+        assert a.renew() and a.token == 1
+        a.release()
+        current = a.current()
+        assert current is not None and current.expires_at == replicas.RELEASED == 0.0
+        with caplog.at_level("INFO", logger=replicas.__name__):
+            assert b.renew() and b.token == 2
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("INFO", "taking the leader lease r-a released at its stop"),
+            ("INFO", "this replica (r-b) leads, fencing token 2")]
+        caplog.clear()
+        clock["now"] += 7.5  # b stopped renewing (killed): its lease expired 4.5 s ago
+        with caplog.at_level("INFO", logger=replicas.__name__):
+            assert a.renew() and a.token == 3
+        assert ("WARNING", "taking over the leader lease from r-b (expired 4.5s ago)") in [
+            (r.levelname, r.getMessage()) for r in caplog.records]
+    finally:
+        engine.dispose()

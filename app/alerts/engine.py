@@ -161,8 +161,9 @@ def slo_conditions(session: Session, config: AlertsConfig, by_length: dict[float
                     how = (f" (derived from queue and prefill: the true {label} lies in "
                            f"{human.bounded(bucket)}; quantiles do not add)")
                 else:
-                    shown = human.quantile(value, bucket)
-                    how = f" (interpolated inside the bucket {human.interval(bucket)})" if bucket else ""
+                    shown = human.quantile(value, bucket)  # the bucket itself when the value sits on its edge
+                    how = f" (interpolated inside the bucket {human.interval(bucket)})" if bucket and "–" not in shown \
+                        else ""
                 labels = {**dict(target.labels), "alertname": slo.alertname, "target": target.name, "slo": slo.name,
                           "severity": slo.severity}
                 count = human.count(summary.count or 0, summary.count_estimate)

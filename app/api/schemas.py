@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from app.config import NAME_PATTERN, EngineName, TargetConfig
 from app.core.durations import parse_duration
 from app.core.limits import MAX_INTERVAL_SECONDS, MAX_SCRAPE_LIMIT, Labels, Url
+from app.diagnosis.findings import CONFIDENCE_MEANING
 from app.diagnosis.profile import HardwareProfile
 from app.probe.canary import CanaryConfig
 
@@ -106,7 +107,8 @@ class Liveness(BaseModel):
 
 
 class Readiness(BaseModel):
-    """``targets`` (the number scheduled) only when the database answers."""
+    """``targets`` (those scraped by this process plus those its Prometheus sources found) only when
+    the database answers."""
 
     status: str = Field(description="ok | unavailable")
     database: str = Field(description="ok, or the error that reached the database")
@@ -140,6 +142,22 @@ class SourceOut(BaseModel):
     refused_answers: dict[str, str] = Field(description="Queries (by signal) whose last answer was refused as too "
                                                         "large (max_series, max_samples, max_response_bytes): the "
                                                         "windows lack that signal")
+    scrape_interval: float | None = Field(None, description="Seconds between two scrapes of its engines by its "
+                                                            "Prometheus; null while unknown")
+    scrape_interval_from: str | None = Field(None, description="config (the source's scrape_interval) or server "
+                                                               "(its /api/v1/targets)")
+    scrape_interval_note: str = Field("", description="How the interval was learned, or why it is unknown")
+    diagnosis_window: float | None = Field(None, description="Seconds of the window its targets were last "
+                                                             "diagnosed over: diagnosis.window, at least "
+                                                             "window_intervals scrape intervals")
+    window_note: str = Field("", description="Why that window")
+    window_warning: str | None = Field(None, description="The rules that window holds too few scrapes for "
+                                                         "(never judged), by name; null when it holds enough")
+    pods_without_service_labels: int = Field(0, description="Live replicas lacking a value of one of "
+                                                            "service_labels: in no service, diagnosed as replicas "
+                                                            "only")
+    missing_service_labels: dict[str, int] = Field(default_factory=dict, description="Per service label, the live "
+                                                                                      "replicas lacking it")
 
 
 # --------------------------------------------------------------------------- latency
@@ -329,6 +347,9 @@ class EvidenceOut(BaseModel):
     unit: str
     met: bool
     note: str
+    interval: list[float | None] | None = Field(None, description=(
+        "for a quantile: the histogram bucket [lower, upper] that holds it (upper null: +Inf); the value is "
+        "interpolated inside it, and people are shown the bucket when the value sits on one of its edges"))
 
 
 class FindingOut(BaseModel):
@@ -337,7 +358,7 @@ class FindingOut(BaseModel):
 
     regime: str
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     summary: str
     evidence: list[EvidenceOut]
     remedies: list[str]
@@ -388,7 +409,7 @@ class FindingRecordOut(BaseModel):
     regime: str
     state: str = Field(description="pending | active | resolved | dropped")
     severity: str
-    confidence: float
+    confidence: float = Field(description=CONFIDENCE_MEANING)
     primary: bool
     summary: str
     evidence: list[EvidenceOut]

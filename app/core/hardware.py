@@ -49,6 +49,7 @@ class GPUSpec:
     memory_gib: float
     pcie_bandwidth: float  # effective host<->device bytes/s (what weight offload gets)
     pcie: str = "Gen4 x16"
+    hbm: bool = True  # the memory is HBM (False: GDDR)
 
     def peak_flops(self, dtype: str) -> float:
         """Peak matmul rate for weights stored in ``dtype``: FP8 weights run FP8 GEMMs on
@@ -63,9 +64,9 @@ GPUS: dict[str, GPUSpec] = {
     for g in (
         GPUSpec("A100-80G", 2.039e12, 312e12, None, 80, 25e9),
         GPUSpec("H100-SXM", 3.35e12, 989e12, 1979e12, 80, 50e9, "Gen5 x16"),
-        GPUSpec("L40S", 0.864e12, 362e12, 733e12, 48, 25e9),
-        GPUSpec("RTX-4090", 1.008e12, 165e12, 330e12, 24, 25e9),
-        GPUSpec("L4", 0.300e12, 121e12, 242e12, 24, 25e9),
+        GPUSpec("L40S", 0.864e12, 362e12, 733e12, 48, 25e9, hbm=False),
+        GPUSpec("RTX-4090", 1.008e12, 165e12, 330e12, 24, 25e9, hbm=False),
+        GPUSpec("L4", 0.300e12, 121e12, 242e12, 24, 25e9, hbm=False),
     )
 }
 

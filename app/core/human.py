@@ -9,18 +9,29 @@ these functions, so all three say the same thing:
   bucket is 0.3 s would claim a precision the buckets do not have (the mean may be 0.5 ms);
 * a quantile in the +Inf bucket is "> <largest finite bound>" (Prometheus answers that
   bound itself, whatever the observations were);
+* a quantile whose interpolated value sits on an edge of its bucket (within
+  :data:`EDGE_TOLERANCE` of the bucket's width) is the bucket, "10–15 s": the rank landed on
+  (or next to) a bucket's cumulative count, e.g. the p50 of a window whose requests all lie in
+  two buckets, or the p99 of one whose requests all lie in one bucket (99 % of its width), and
+  "15.00 s" would read as a measurement;
 * any other quantile is its interpolated value (its bucket is in the JSON and the page's
   tooltip);
-* a count extrapolated like Prometheus' ``increase`` is "≈136", not "135.75441489463694".
+* a count extrapolated like Prometheus' ``increase`` is "≈136", not "135.75441489463694";
+* every other number is plain (:func:`number`): "10,912 tokens", "0.0005", never "1.09e+04".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from decimal import Decimal
 
-__all__ = ["seconds", "bound", "quantile", "interval", "bounded", "count", "summary_quantile", "summary_bucket",
-           "ESTIMATE_NOTE"]
+__all__ = ["seconds", "number", "bound", "quantile", "interval", "bounded", "count", "summary_quantile",
+           "summary_bucket", "on_edge", "given", "span", "ESTIMATE_NOTE", "EDGE_TOLERANCE"]
+
+#: An interpolated quantile this close to an edge of its bucket (a share of the bucket's width)
+#: is shown as the bucket: the interpolation put it there, not the observations.
+EDGE_TOLERANCE = 0.02
 
 #: What ``≈`` in front of a count means, for tooltips and footnotes.
 ESTIMATE_NOTE = ("estimate: the increase of the counter extrapolated to the window's edges, as Prometheus' "
@@ -36,25 +47,56 @@ def seconds(value: float | None) -> str:
     return f"{value:.2f} s"
 
 
-def _plain(value: float | None, unit: str) -> str:
+def number(value: float | None, unit: str = "", digits: int = 3) -> str:
+    """A plain number, never in scientific notation: whole numbers from 1,000 up with thousands
+    separators (``10,912``), smaller ones to ``digits`` significant digits (``3.5``, ``0.0123``);
+    ``–`` for no value."""
     if value is None or not math.isfinite(value):
         return "–"
-    if unit == "s":
-        return seconds(value)
-    text = f"{value:,.0f}" if value != 0 and abs(value) >= 1000 else f"{value:.3g}"
+    rounded = float(f"{value:.{digits}g}")
+    if abs(rounded) >= 1000:
+        text = f"{value:,.0f}"
+    else:
+        text = format(Decimal(repr(rounded)).normalize(), "f")
+        text = "0" if text in ("-0", "0") else text
     return f"{text} {unit}" if unit else text
 
 
-def bound(value: float, unit: str = "s") -> str:
-    """A bucket bound as written in the engine's histogram: ``0.3 s``, ``2048 tokens``."""
+def given(value: float | None, unit: str = "") -> str:
+    """A number as it was given (a threshold, a bucket bound): :func:`number` to 6 significant
+    digits, as ``:g`` would write it but never in scientific notation (``2,000``, ``0.125``)."""
+    return number(value, unit, digits=6)
+
+
+def _plain(value: float | None, unit: str) -> str:
     if unit == "s":
-        return f"{value:g} s"
-    return f"{value:g} {unit}" if unit else f"{value:g}"
+        return seconds(value)
+    return number(value, unit)
+
+
+def bound(value: float, unit: str = "s") -> str:
+    """A bucket bound as written in the engine's histogram: ``0.3 s``, ``2,048 tokens``."""
+    return given(value, unit)
+
+
+def span(lower: float, upper: float, unit: str = "s") -> str:
+    """A bucket as a range of values: ``10–15 s``, ``25–50 ms`` (below a second in milliseconds),
+    ``2,048–4,096 tokens``."""
+    if unit == "s" and upper < 1:
+        return f"{number(lower * 1000)}–{number(upper * 1000)} ms"
+    return f"{number(lower)}–{number(upper, unit)}"
+
+
+def on_edge(value: float, lower: float, upper: float) -> bool:
+    """Whether an interpolated ``value`` sits on an edge of its finite bucket ``(lower, upper]``."""
+    slack = EDGE_TOLERANCE * (upper - lower)
+    return value - lower <= slack or upper - value <= slack
 
 
 def quantile(value: float | None, bucket: Sequence[float | None] | None, unit: str = "s") -> str:
     """A quantile for people: ``< 0.3 s`` in the lowest bucket, ``> 60 s`` in the +Inf
-    bucket, else the interpolated value (``unit`` "s" for seconds, "tokens", or "")."""
+    bucket, the bucket ``10–15 s`` when the value sits on one of its edges, else the
+    interpolated value (``unit`` "s" for seconds, "tokens", or "")."""
     if value is None or not math.isfinite(value):
         return "–"
     if bucket is not None and len(bucket) == 2:
@@ -63,6 +105,8 @@ def quantile(value: float | None, bucket: Sequence[float | None] | None, unit: s
             return f"> {bound(float(lower if lower is not None else value), unit)}"
         if lower is not None and lower <= 0 < upper:
             return f"< {bound(float(upper), unit)}"
+        if lower is not None and math.isfinite(lower) and on_edge(value, float(lower), float(upper)):
+            return span(float(lower), float(upper), unit)
     return _plain(value, unit)
 
 
@@ -71,8 +115,8 @@ def interval(bucket: Sequence[float | None] | None, unit: str = "s") -> str:
     if bucket is None or len(bucket) != 2:
         return ""
     lower, upper = bucket
-    low = "-Inf" if lower is None or math.isinf(lower) else f"{lower:g}"
-    high = "+Inf" if upper is None or math.isinf(upper) else f"{upper:g}"
+    low = "-Inf" if lower is None or math.isinf(lower) else given(lower)
+    high = "+Inf" if upper is None or math.isinf(upper) else given(upper)
     suffix = " s" if unit == "s" else (f" {unit}" if unit else "")
     return f"{low} – {high}{suffix}"
 
@@ -123,6 +167,12 @@ def summary_bucket(summary: object, key: str, unit: str = "s") -> str:
     intervals = field(summary, "intervals") or {}
     assert isinstance(intervals, dict)
     if key in intervals:
+        lower, upper = intervals[key]
+        value = field(summary, key)
+        if (isinstance(value, (int, float)) and lower is not None and upper is not None and 0 < lower
+                and math.isfinite(upper) and on_edge(float(value), lower, upper)):
+            return (f"the interpolated value {_plain(float(value), unit)} sits on the edge of the bucket "
+                    f"{interval(intervals[key], unit)}: the histogram says only that it lies in that bucket")
         return f"interpolated inside the bucket {interval(intervals[key], unit)}"
     bounds = field(summary, "bounds") or {}
     assert isinstance(bounds, dict)

@@ -26,6 +26,7 @@ from dataclasses import replace
 from sqlalchemy.orm import Session
 
 from app import latency
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis import signals as signals_module
@@ -52,8 +53,8 @@ def data_problems(s: Signals, t: Thresholds) -> list[str]:
     requests = s.ttft.count if s.ttft else 0.0
     steps = s.itl.count if s.itl else 0.0
     if requests < t.min_requests and steps < t.min_decode_steps:
-        problems.append(f"{requests:.0f} requests and {steps:.0f} decode steps in the window, need "
-                        f"{t.min_requests:.0f} requests or {t.min_decode_steps:.0f} steps")
+        problems.append(f"{human.number(requests)} requests and {human.number(steps)} decode steps in the window, need "
+                        f"{human.number(t.min_requests)} requests or {human.number(t.min_decode_steps)} steps")
     return problems
 
 
@@ -114,8 +115,8 @@ def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
                                f"{c.message}")
     if estimates_disagree(s, t):
         diagnosis.notes.append(f"the two queue-time estimates disagree by {s.queue_estimates_ratio:.1f}x: Little's "
-                               f"law {s.queue_mean_estimated:.3g} s, TTFT minus the expected prefill "
-                               f"{s.queue_mean_from_ttft:.3g} s")
+                               f"law {human.seconds(s.queue_mean_estimated)}, TTFT minus the expected prefill "
+                               f"{human.seconds(s.queue_mean_from_ttft)}")
     problems = data_problems(s, t)
     diagnosis.notes.extend(f"engine-side rules not judged: {p}" for p in problems)
     rules = [rule for rule in RULES if rule.regime in PROBE_REGIMES] if problems else RULES

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.core import human
+
 if TYPE_CHECKING:
     REGIMES: tuple[str, ...]
     PROBE_REGIMES: tuple[str, ...]
@@ -18,6 +20,16 @@ if TYPE_CHECKING:
 #: ``not_judged`` when nothing fired but some rule could not be judged (``Diagnosis.not_judged``).
 NON_REGIME_VERDICTS = ("healthy", "insufficient_data", "not_judged")
 SEVERITIES = ("critical", "warning", "info")
+#: What a finding's confidence is (docs/diagnosis.md#confidence; computed by
+#: :func:`app.diagnosis.rules.base.confidence`), for the API schema, the status page and /metrics.
+CONFIDENCE_MEANING = (
+    "How sure the rule is that its pattern holds, 0.5 to 0.99 (never lower: a finding fires only when every "
+    "condition is met). 0.5 when the weakest condition that fired sits on its threshold, where a little noise "
+    "would flip it; rising as that condition lies further past it (all the way at four times the threshold, or "
+    "for a share at 100 %) and as the window holds more of what the rule reads (all the way at four times its "
+    "minimum); half as far above 0.5 for a rule judging without its reference (bandwidth_bound without a "
+    "hardware profile, severity info). Severity is separate: the size of the effect (critical past the rule's "
+    "critical threshold), so a critical finding at 0.55 is a large effect whose pattern only just holds.")
 RUNBOOK_DIR = "docs/runbooks"  # in the source tree
 
 
@@ -75,8 +87,6 @@ class Evidence:
     def text(self) -> str:
         value = _fmt(self.value, self.unit)
         if self.interval is not None and isinstance(self.value, (int, float)):
-            from app.core import human  # a leaf module; imported here to keep this one's imports light
-
             value = human.quantile(float(self.value), self.interval, "s" if self.unit == "s" else self.unit)
         if self.op == "info":
             return f"{self.name} = {value}" + (f" ({self.note})" if self.note else "")
@@ -134,12 +144,12 @@ def _fmt(value: float | str | None, unit: str) -> str:
     if isinstance(value, str):
         return value
     if unit == "s":
-        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+        return human.seconds(value)
     if unit == "ratio":
         return f"{value:.2f}"
     if unit == "%":
         return f"{value * 100:.1f} %"
-    return f"{value:.3g}" + (f" {unit}" if unit else "")
+    return human.number(value, unit)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.findings import Diagnosis, runbook_link
 from app.diagnosis.profile import HardwareProfile
-from app.latency import report_from_window
+from app.latency import report_from_window, request_set_notes
 from app.scrape.client import PageFetcher
 from app.scrape.jobs import ScrapeSpec, TargetScraper
 from app.sources import trtllm
@@ -69,9 +69,12 @@ class OneShotResult:
     def hint(self) -> str | None:
         """``http://host:8000`` answers 404 or HTML where ``http://host:8000/metrics`` is the
         engine's page, and trtllm-serve's ``/metrics`` answers JSON where ``/prometheus/metrics``
-        is its page: name the URL that was probably meant."""
+        is its page: name the URL that was probably meant. Nothing listening: ask whether the
+        engine runs there."""
         parts = urlsplit(self.url)
         last = self.scrapes[-1] if self.scrapes else None
+        if self.exit_code == EXIT_UNREACHABLE and last is not None and last.error_class == "connect":
+            return f"is the engine running, and does it serve its metrics on {parts.netloc}?"
         if self.exit_code != EXIT_UNREACHABLE or last is None or last.error_class not in _WRONG_PAGE:
             return None
         if last.error_class == "wrong_endpoint":
@@ -128,6 +131,8 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
     thresholds = thresholds or Thresholds()
     records = asyncio.run(_scrape_window(url, engine, window + (baseline or 0.0), interval, timeout))
     detected = next((r.engine for r in reversed(records) if r.engine), None)
+    if not any(r.up and r.canonical is not None for r in records):
+        return OneShotResult(url, detected, records, {}, [])  # nothing to diagnose: the scrape problem says why
     with tempfile.TemporaryDirectory(prefix="llm-latency-diagnose-") as tmp:
         db_url = f"sqlite:///{Path(tmp) / 'oneshot.db'}"
         db.upgrade(db_url)
@@ -197,6 +202,7 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
                              f"{count:>8}{derived}")
         if any((r.get(b) or {}).get("count_estimate") for b in ("ttft", "itl", "queue_time", "e2e")):
             lines.append(f"  ≈: {human.ESTIMATE_NOTE}")
+        lines.extend(f"  note: {note}" for note in request_set_notes(r, ("p50", "p99")))
     if result.changes is not None:
         lines.append(f"\nWhat changed: {result.changes['summary']}")
         for driver in result.changes["drivers"][:5]:
@@ -216,7 +222,7 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
             lines.append(f"  not judged: {item['regime']}: {item['reason']}")
         for f in d.findings:
             role = "PRIMARY" if f.primary else (f"caused by {f.caused_by}" if f.caused_by else "also")
-            lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence:.2f}): {f.summary}")
+            lines.append(f"  [{role}] {f.regime} ({f.severity}, confidence {f.confidence * 100:.0f} %): {f.summary}")
             for e in f.evidence:
                 lines.append(f"      - {e.text()}")
             for remedy in f.remedies:

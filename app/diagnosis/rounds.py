@@ -93,8 +93,9 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
                     baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
                         if target.id in probed else None
+                    # over the decode side's own window (a source's may be longer: whole scrape intervals)
                     prefill = diagnosis_engine.prefill_side(reads, session, target, found[target.id], engine,
-                                                            now - config.window, now)
+                                                            found[target.id].start, now)
                     diagnoses = diagnosis_engine.evaluate_target(
                         session, target.id, target.name, engine, now, config.window,
                         config.thresholds_for(target.name), hardware,

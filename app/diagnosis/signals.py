@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from app import latency
-from app.core import quantiles
+from app.core import human, quantiles
 from app.core.quantiles import LatencySummary, WindowHistogram
 from app.diagnosis.findings import as_plain, finite_json
 from app.diagnosis.profile import PREFILL_MFU, HardwareProfile
@@ -107,6 +107,8 @@ class Signals:
     generation_tokens_per_second: float | None = None
     config: dict[str, str] = field(default_factory=dict)
     hardware: str | None = None
+    gpu: str | None = None                    # the hardware profile's GPU preset (remedies that fit it)
+    weight_dtype: str | None = None           # the hardware profile's weight dtype
     decode_floor_seconds: float | None = None
     itl_over_floor: float | None = None       # small-batch ITL (or mean ITL) / floor
     replicas: list[ReplicaLoad] = field(default_factory=list)  # a service's replicas, busiest first
@@ -394,6 +396,7 @@ def from_window(window: TargetWindow, target: str, engine: str,
         _scheduler_time(s, m)
         if hardware is not None:
             s.hardware = hardware.describe()
+            s.gpu, s.weight_dtype = hardware.gpu, hardware.weight_dtype
             s.decode_floor_seconds = hardware.decode_floor_seconds
             s.itl_over_floor = _ratio(s.itl_typical, s.decode_floor_seconds)
         out.append(s)
@@ -422,7 +425,7 @@ def _queue_estimates(s: Signals, hardware: HardwareProfile | None) -> None:
         s.derived["prefill_expected"] = "the engine's prefill-time histogram (_sum / _count)"
     elif hardware is not None and s.prompt_mean:
         s.prefill_expected = hardware.prefill_seconds(s.prompt_mean)
-        s.derived["prefill_expected"] = (f"2 x parameters x mean prompt length ({s.prompt_mean:.0f} tokens, "
+        s.derived["prefill_expected"] = (f"2 x parameters x mean prompt length ({human.number(s.prompt_mean)} tokens, "
                                          f"{s.prompt_mean_source}) / FLOP/s at {PREFILL_MFU:.0%} of peak "
                                          f"({hardware.describe()})")
     ttft_mean = _mean(s.ttft)

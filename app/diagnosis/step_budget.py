@@ -50,6 +50,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from app.core import human
 from app.core.quantiles import WindowHistogram, histogram_quantile
 
 LONG_PROMPT_THRESHOLDS = (8192, 4096, 2048, 1024)  # iteration_tokens bucket edges, largest first
@@ -76,9 +77,9 @@ class StepBudget:
     def describe(self) -> str:
         """Short form for evidence lines and summaries."""
         if self.verdict == "chunked":
-            return f"chunked, ~{self.budget_tokens:.0f} tokens per step"
+            return f"chunked, ~{human.number(self.budget_tokens)} tokens per step"
         if self.verdict == "whole_prompts":
-            return f"whole prompts of ~{self.prompt_tokens:.0f} tokens in one step"
+            return f"whole prompts of ~{human.number(self.prompt_tokens)} tokens in one step"
         return "unknown"
 
 
@@ -138,22 +139,24 @@ def infer(iteration: WindowHistogram | None, prompts: WindowHistogram | None, it
     numbers = dict(prompt_tokens=prompt, step_tokens=step, threshold_tokens=float(threshold), long_steps=long_steps,
                    stall_seconds=stall, prefill_seconds=prefill_s)
     if min(prefills) <= prefill.bounds[0]:
-        return StepBudget("unknown", 0.0, f"the prefill of {prompt:.0f}-token prompts falls in the prefill "
-                          f"histogram's first bucket (<= {prefill.bounds[0]:g} s): too coarse to compare", **numbers)
+        return StepBudget("unknown", 0.0, f"the prefill of {human.number(prompt)}-token prompts falls in the prefill "
+                          f"histogram's first bucket (<= {human.bound(prefill.bounds[0])}): too coarse to compare",
+                          **numbers)
     if stall <= 0 or stall < STANDS_OUT * itl_p50:
-        return StepBudget("unknown", 0.0, f"decode gaps at the rank of the {prompt:.0f}-token prompts' steps "
+        return StepBudget("unknown", 0.0, f"decode gaps at the rank of the {human.number(prompt)}-token prompts' steps "
                           f"({stall * 1000:.0f} ms) do not stand out from the ITL median ({itl_p50 * 1000:.0f} ms): "
                           "prefill chunks too small to slow a step, or no decode ran beside them", **numbers)
     ratio = statistics.median(s / p for s, p in zip(stalls, prefills))
     margin = abs(math.log2(ratio / CHUNKED_RATIO))  # factors of two from the boundary
     confidence = round(min(0.95, 0.5 + 0.45 * min(1.0, margin)) * min(1.0, 0.5 + 0.5 * long_steps / 20), 3)
     shares = (f"{long_steps:.0f} steps finish prompts of > {threshold} tokens (iteration_tokens counts each as "
-              f"~{step:.0f} tokens, whole prompts, chunked or not); those ~{prompt:.0f}-token prompts take "
+              f"~{human.number(step)} tokens, whole prompts, chunked or not); those ~{human.number(prompt)}-token "
+              "prompts take "
               f"{prefill_s:.2f} s of prefill while decodes beside them wait {stall * 1000:.0f} ms per token")
     if ratio <= CHUNKED_RATIO:
         budget = ratio * prompt + decoders
         return StepBudget("chunked", confidence, f"{shares}: each prefill was split into ~{1 / ratio:.0f} steps of "
-                          f"~{ratio * prompt:.0f} prompt tokens (+{decoders:.0f} decodes): chunked prefill, "
+                          f"~{human.number(ratio * prompt)} prompt tokens (+{decoders:.0f} decodes): chunked prefill, "
                           f"--max-num-batched-tokens ~{budget:.0f} (+/-50 %, bucket resolution)",
                           budget_tokens=budget, ratio=ratio, **numbers)
     return StepBudget("whole_prompts", confidence, f"{shares}: each prompt ran in one step: chunked prefill is off, "

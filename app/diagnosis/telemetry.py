@@ -24,7 +24,9 @@ class DiagnosisCollector(RenderedPerRound):
     def collect(self) -> Iterable[GaugeMetricFamily]:
         verdict = GaugeMetricFamily("llm_latency_diagnosis_verdict", "1 for the current diagnosis verdict.",
                                     labels=["target", "model", "verdict"])
-        confidence = GaugeMetricFamily("llm_latency_finding_confidence", "Confidence of a pending or active finding.",
+        confidence = GaugeMetricFamily("llm_latency_finding_confidence",
+                                       "Confidence of a pending or active finding: 0.5 (its weakest condition on its "
+                                       "threshold) to 0.99 (docs/diagnosis.md#confidence).",
                                        labels=["target", "model", "regime", "severity", "state", "primary"])
         evidence = GaugeMetricFamily("llm_latency_finding_evidence", "A number a finding is based on.",
                                      labels=["target", "model", "regime", "evidence"])

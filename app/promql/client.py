@@ -59,6 +59,7 @@ import httpx
 import ijson  # type: ignore[import-untyped]
 import orjson
 
+from app.core.durations import parse_duration
 from app.runtime import budget as request_budget
 from app.runtime.budget import BudgetExceeded, RequestBudget
 from app.scrape.client import USER_AGENT, http_status_message
@@ -124,6 +125,15 @@ class RangeSeries:
 
     labels: dict[str, str]
     points: list[tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveTarget:
+    """A target the server scrapes now (``/api/v1/targets``): its labels after relabelling, and
+    how often it is scraped (None where the server does not say)."""
+
+    labels: dict[str, str]
+    scrape_interval: float | None
 
 
 @dataclass(frozen=True)
@@ -253,17 +263,20 @@ def _matrix(data: Any, limits: Limits = Limits()) -> list[RangeSeries]:
     return out
 
 
+def _first(body: bytes, prefix: str) -> Any:
+    """The first value at ``prefix`` of a JSON body, decoded lazily; None where there is none."""
+    try:
+        return next(ijson.items(io.BytesIO(body), prefix, use_float=True), None)
+    except ijson.JSONError:
+        return None
+
+
 def _streamed(body: bytes) -> tuple[dict[str, Any], list[str]] | None:
     """A large success answer as ``data`` whose ``result`` yields one item at a time, and its
     warnings; None when the body does not start as a success (errors are small: decoded whole)."""
-    def first(prefix: str) -> Any:
-        try:
-            return next(ijson.items(io.BytesIO(body), prefix, use_float=True), None)
-        except ijson.JSONError:
-            return None
-    if first("status") != "success":
+    if _first(body, "status") != "success":
         return None
-    result_type = first("data.resultType")
+    result_type = _first(body, "data.resultType")
 
     def items() -> Iterator[Any]:
         try:
@@ -271,7 +284,7 @@ def _streamed(body: bytes) -> tuple[dict[str, Any], list[str]] | None:
         except ijson.JSONError:
             raise _not_prometheus("a body that is not the API's JSON") from None
     if result_type == "scalar":
-        return {"resultType": result_type, "result": first("data.result")}, []
+        return {"resultType": result_type, "result": _first(body, "data.result")}, []
     try:
         warnings = [w for w in ijson.items(io.BytesIO(body), "warnings.item") if isinstance(w, str)]
     except ijson.JSONError:
@@ -408,6 +421,32 @@ class PrometheusClient:
         info = {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
         return info or None  # VictoriaMetrics answers an empty stub
 
+    def active_targets(self) -> list[ActiveTarget]:
+        """``/api/v1/targets?state=active``: what the server scrapes and how often. Decoded target
+        by target (an answer of a large cluster is mostly discovered labels, which are not
+        kept); the targets' labels and ``scrapeInterval`` only (VictoriaMetrics gives none: its
+        discovered ``__scrape_interval__`` then)."""
+        status, body = self._request("targets?state=active", None)
+        if not (200 <= status < 300) or _first(body, "status") != "success":
+            self._envelope(status, body)  # the classified error
+            raise _not_prometheus("no targets list")
+        out = []
+        try:
+            for item in ijson.items(io.BytesIO(body), "data.activeTargets.item"):
+                if not isinstance(item, dict):
+                    raise _not_prometheus("malformed targets list")
+                text = item.get("scrapeInterval")
+                if text is None and isinstance(item.get("discoveredLabels"), dict):
+                    text = item["discoveredLabels"].get("__scrape_interval__")
+                try:
+                    interval = parse_duration(text) if isinstance(text, str) and len(text) <= 32 else None
+                except ValueError:
+                    interval = None
+                out.append(ActiveTarget(_labels(item.get("labels", {})), interval or None))
+        except ijson.JSONError:
+            raise _not_prometheus("a body that is not the API's JSON") from None
+        return out
+
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """``[fn(x) for x in items]`` with at most ``max_concurrency`` calls running at once.
 
@@ -468,7 +507,16 @@ class PrometheusClient:
 
     # ---- transport -------------------------------------------------------------------------
     def _call(self, endpoint: str, form: dict[str, Any] | None) -> tuple[Any, list[str]]:
-        """One API call: ``data`` and ``warnings`` of a success envelope, else PromAPIError.
+        """One API call: ``data`` and ``warnings`` of a success envelope, else PromAPIError."""
+        status, body = self._request(endpoint, form)
+        if 200 <= status < 300 and len(body) > STREAM_FROM_BYTES:
+            streamed = _streamed(body)
+            if streamed is not None:
+                return streamed
+        return self._envelope(status, body)
+
+    def _request(self, endpoint: str, form: dict[str, Any] | None) -> tuple[int, bytes]:
+        """One API request: its status and (bounded) body.
 
         ``form`` None means a GET without parameters; otherwise a POST form (GET with the
         same parameters after a 405). The query timeout goes to the server as well.
@@ -488,11 +536,7 @@ class PrometheusClient:
                 if budget is not None and exc.kind == "timeout" and budget.remaining() <= 0:
                     raise BudgetExceeded(budget.seconds, budget.checks) from None
                 raise
-        if 200 <= status < 300 and len(body) > STREAM_FROM_BYTES:
-            streamed = _streamed(body)
-            if streamed is not None:
-                return streamed
-        return self._envelope(status, body)
+        return status, body
 
     @contextmanager
     def _slot(self, budget: RequestBudget | None) -> Iterator[None]:

@@ -16,10 +16,18 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.promql.client import PromAPIError, PrometheusClient
+from app.promsource import intervals
 from app.promsource.config import PrometheusSourceConfig
+from app.promsource.reader import SourceReader, SourceTargets
+
+#: ``window_check(interval)``: a warning when the source's diagnosis window at that scrape
+#: interval holds fewer scrapes than a rule needs (``app.diagnosis.sampling``), else None
+WindowCheck = Callable[[float], "str | None"]
 
 CHECK_TIMEOUT = 10.0  # seconds per request: check-config is interactive
 _COLUMN = re.compile(r"column (\d+)")
@@ -69,8 +77,22 @@ def missing_credentials(config: PrometheusSourceConfig, index: int) -> list[Sour
     return problems
 
 
-def check_source(config: PrometheusSourceConfig, index: int, timeout: float = CHECK_TIMEOUT) -> list[SourceProblem]:
-    """Every problem of one source found by asking its server (plus unset credential variables)."""
+def window_problems(config: PrometheusSourceConfig, index: int, interval: intervals.ScrapeInterval,
+                    window_check: WindowCheck | None) -> list[SourceProblem]:
+    """A warning when the source's diagnosis window at its scrape interval leaves a rule unjudged."""
+    if interval.seconds is None or window_check is None:
+        return []
+    warning = window_check(interval.seconds)
+    where = ("sources", index, "scrape_interval") if interval.origin == "config" else ("sources", index)
+    return [] if warning is None else [SourceProblem(where, f"its targets are {warning} (scrape interval: "
+                                                            f"{interval.note})", False)]
+
+
+def check_source(config: PrometheusSourceConfig, index: int, timeout: float = CHECK_TIMEOUT,
+                 window_check: WindowCheck | None = None) -> list[SourceProblem]:
+    """Every problem of one source found by asking its server (plus unset credential variables).
+    When the server answers, its engines are discovered: how many lack a service label, and
+    their scrape interval (the source's, or the server's ``/api/v1/targets``) for ``window_check``."""
     loc: tuple[str | int, ...] = ("sources", index)
     problems = missing_credentials(config, index)
     try:
@@ -82,16 +104,51 @@ def check_source(config: PrometheusSourceConfig, index: int, timeout: float = CH
         field, _, reason = str(exc).partition(": ")
         where = (*loc, "tls", "ca_file") if field == "ca_file" else (*loc, "url")
         return [*problems, SourceProblem(where, reason or str(exc), True)]
+    found, interval = SourceTargets(), None
     with client:
         try:
             text, shift = check_selector_text(config.selector)
             rejected = client.check_selector(text)
+            if rejected is None:
+                found = SourceReader(client, config.target_labels, config.selector,
+                                     config.service_labels).discover(time.time())
+                interval = intervals.configured(config.scrape_interval) if config.scrape_interval is not None \
+                    else intervals.learn(client, config.target_labels, found.engines.keys()) if found.engines \
+                    else None
         except PromAPIError as exc:
             return [*problems, _server_problem(exc, loc, credentials_unset=bool(problems))]
     if rejected is not None:  # the position in the user's text, not in ours
         rejected = _COLUMN.sub(lambda m: f"column {max(1, int(m[1]) - shift)}", rejected)
         problems.append(SourceProblem((*loc, "selector"), f"{rejected} by the server's parser", True))
+        return problems
+    problems += unlabelled_problems(config, index, found)
+    if interval is not None and interval.seconds is None:
+        problems.append(SourceProblem(loc, f"scrape interval unknown: {interval.note}; the diagnosis window stays "
+                                           "diagnosis.window whatever the interval", False))
+    elif interval is not None:
+        problems += window_problems(config, index, interval, window_check)
     return problems
+
+
+def unlabelled_problems(config: PrometheusSourceConfig, index: int, found: SourceTargets) -> list[SourceProblem]:
+    """A warning naming how many discovered pods lack a value of one of ``service_labels`` (and
+    which labels): they are in no service, diagnosed as replicas only."""
+    if not config.service_labels:
+        return []
+    lacking: dict[str, int] = {}
+    pods = 0
+    for values in found.service.values():
+        missing = [name for name in config.service_labels if not values.get(name)]
+        pods += bool(missing)
+        for name in missing:
+            lacking[name] = lacking.get(name, 0) + 1
+    if not pods:
+        return []
+    which = ", ".join(f"{name}: {count}" for name, count in lacking.items())
+    return [SourceProblem(("sources", index, "service_labels"),
+                          f"{pods} of {len(found.service)} discovered pod{'s' if len(found.service) != 1 else ''} "
+                          f"lack a value of service_labels ({which}): they are diagnosed as replicas only, in no "
+                          "service", False)]
 
 
 def _server_problem(exc: PromAPIError, loc: tuple[str | int, ...], credentials_unset: bool) -> SourceProblem:

@@ -13,6 +13,7 @@ Example::
         bearer_token_env: PROM_TOKEN     # or basic_auth: {username, password_env}
         tls: {ca_file: /etc/ssl/prom-ca.pem, insecure_skip_verify: false}
         query_timeout: 20s
+        scrape_interval: 30s             # optional: else learned from the server's /api/v1/targets
         pd_pair_labels: [namespace, llm_d_ai_model]  # P/D: replicas sharing these form one deployment
         pd_role_label: llm_d_ai_role     # prefill | decode | both, where the engine does not say
 """
@@ -26,7 +27,14 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 from app.core.durations import Seconds
-from app.core.limits import MAX_HEADER_VALUE_LENGTH, MAX_HEADERS, MAX_LABEL_NAME_LENGTH, MAX_TEXT_LENGTH, Url
+from app.core.limits import (
+    MAX_HEADER_VALUE_LENGTH,
+    MAX_HEADERS,
+    MAX_INTERVAL_SECONDS,
+    MAX_LABEL_NAME_LENGTH,
+    MAX_TEXT_LENGTH,
+    Url,
+)
 from app.core.urls import check_url_in_file
 from app.promql.client import DEFAULT_MAX_SAMPLES, DEFAULT_MAX_SERIES
 from app.promql.text import parse_selector
@@ -39,6 +47,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_TARGET_LABELS = frozenset({"le", "model_name", "engine", "dp_rank", "quantile", "__name__",
                                     "llm_latency_family", "llm_latency_stat"})
 MAX_GROUP_LABELS = 8
+#: A diagnosis window holds at least this many scrape intervals of a source's targets by default:
+#: the most any rule needs (bandwidth_bound's steady_min_scrapes), and Prometheus' own advice
+#: for a ``rate`` range.
+WINDOW_INTERVALS = 4
 
 LabelName = Annotated[str, StringConstraints(max_length=MAX_LABEL_NAME_LENGTH)]
 EnvName = Annotated[str, StringConstraints(max_length=MAX_TEXT_LENGTH)]
@@ -96,6 +108,15 @@ class PrometheusSourceConfig(BaseModel):
                                         "round goes on without it")
     max_samples: int = Field(DEFAULT_MAX_SAMPLES, ge=1, le=100_000_000,
                              description="Points one answer may hold (series x points of a range query)")
+    scrape_interval: Seconds | None = Field(
+        None, gt=0, le=MAX_INTERVAL_SECONDS,
+        description="How often the source's Prometheus scrapes the engines. Unset: learned from its "
+                    "/api/v1/targets (the slowest interval of the targets that carry the engines); set it for a "
+                    "server without that endpoint (Mimir, a Thanos Query without targets)")
+    window_intervals: int = Field(
+        WINDOW_INTERVALS, ge=1, le=100,
+        description="The diagnosis window of this source's targets is at least this many scrape intervals (a "
+                    "longer diagnosis.window is kept); so are the range selectors of the rules exported for it")
     pd_pair_labels: list[LabelName] = Field(
         default_factory=list, max_length=MAX_GROUP_LABELS,
         description="P/D disaggregation: the replicas sharing these label values form one deployment; a decode "
@@ -163,6 +184,11 @@ class PrometheusSourceConfig(BaseModel):
             raise ValueError("headers: put credentials in bearer_token_env or basic_auth, not an "
                              "Authorization header (headers are shown to API readers)")
         return self
+
+    def fitted_window(self, window: float, interval: float | None) -> float:
+        """``window`` (diagnosis.window), made at least ``window_intervals`` scrape intervals
+        long when the interval is known: a window of two scrapes judges no rule that needs four."""
+        return window if interval is None else max(window, self.window_intervals * interval)
 
     def bearer_token(self) -> str | None:
         """The token from the environment, read when the source's client is built (at start)."""

@@ -49,6 +49,11 @@ TargetKey = tuple[str, ...]  # the values of the source's target labels, in thei
 #: Series dropped while reading one window, per target: (signal, reason) -> series.
 Drops = dict[TargetKey, Counter[tuple[str, str]]]
 INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
+SIGNAL_LABEL = "llm_latency_signal"  # the signal of each branch of a query that asks for several
+
+
+def _tag_signal(expr: str, signal: str) -> str:
+    return f'label_replace({expr}, "{SIGNAL_LABEL}", "{signal}", "", "")'
 
 
 class _Sample(Protocol):
@@ -167,6 +172,8 @@ class SourceReader:
         self.matchers = tuple(parse_selector(selector))
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
+        #: the engines' scrape interval where known (0: unknown): the ITL split's steps span two of them
+        self.scrape_interval = 0.0
         self._lock = threading.Lock()
 
     def _refuse(self, query: str, why: str) -> None:
@@ -219,7 +226,7 @@ class SourceReader:
         # a signal no engine's adapter maps yet has no query (and costs none)
         jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
         jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
-        step = max(15.0, w / 20)
+        step = max(15.0, w / 20, 2 * self.scrape_interval)  # an increase needs two samples in its step
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
         if diagnosis:
@@ -368,10 +375,20 @@ class SourceReader:
         """``histogram_quantile(q, sum by (le) (increase(x_bucket[lookback])))`` every ``step`` from
         ``first`` to ``end`` for one target, from one range query of the buckets (``q=None``: the
         mean). Same points as the built-in store's :func:`app.store.reads.quantile_series`."""
+        return [series_point(t, merged, q)
+                for t, merged in self.histogram_series(signal, first, end, step, lookback, only, model, where)]
+
+    def histogram_series(self, signal: str, first: float, end: float, step: float, lookback: float,
+                         only: TargetKey | None, model: str | None = None, where: dict[str, str] | None = None
+                         ) -> list[tuple[float, WindowHistogram | None]]:
+        """One target's (``only``; ``where``: the replicas with these label values, summed) ``signal``
+        histogram over the ``lookback`` before each time ``first + k * step`` up to ``end``, all its
+        models summed by ``le`` (``model``: that model's), from one range query of the buckets."""
         q_text = self._queries(only, where).histogram(signal, lookback)
         answer = self.client.query_range(q_text, first, end, step)
-        # target -> family -> t -> model -> {le: value}; per target its first family, then summed
-        grouped: dict[TargetKey, dict[int, dict[float, dict[str, dict[str, float]]]]] = defaultdict(dict)
+        n = int(math.floor((end - first) / step + 1e-9)) + 1
+        # target -> family -> point index -> model -> {le: value}; per target its first family, then summed
+        grouped: dict[TargetKey, dict[int, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
         families = HISTOGRAM_FAMILIES[signal]
         for series in answer.data:
             key = _key(series.labels, self.target_labels)
@@ -379,20 +396,40 @@ class SourceReader:
             if family is None or not _valid_le(le):
                 self._drop(None, key, signal, "bad_label" if family is None else "bad_bound")
                 continue
-            by_time = grouped[key].setdefault(family, defaultdict(dict))
+            by_index = grouped[key].setdefault(family, defaultdict(dict))
             name = series.labels.get(MODEL_LABEL, "")
             for t, value in series.points:
-                by_time[round(t, 3)].setdefault(name, {})[le] = value
-        chosen = [{t: {m: _rescaled(b, families[min(by_family)].scale) for m, b in per_t.items()}
-                   for t, per_t in _first_family(by_family).items()} for _, by_family in sorted(grouped.items())]
-        points = []
-        n = int(math.floor((end - first) / step + 1e-9)) + 1
-        for i in range(n):
-            t = first + i * step
-            merged = quantiles.merge(_histogram(b) for by_time in chosen
-                                     for m, b in sorted(by_time.get(round(t, 3), {}).items()) if model in (None, m))
-            points.append(series_point(t, merged, q))
-        return points
+                k = round((t - first) / step)
+                if 0 <= k < n and abs(first + k * step - t) < 0.002:  # the server answers at millisecond times
+                    by_index[k].setdefault(name, {})[le] = value
+        chosen = [{k: {m: _rescaled(b, families[min(by_family)].scale) for m, b in per_k.items()}
+                   for k, per_k in _first_family(by_family).items()} for _, by_family in sorted(grouped.items())]
+        return [(first + k * step,
+                 quantiles.merge(_histogram(b) for by_index in chosen
+                                 for m, b in sorted(by_index.get(k, {}).items()) if model in (None, m)))
+                for k in range(n)]
+
+    def first_samples(self, signals: Sequence[str], span: float, end: float, only: TargetKey | None,
+                      where: dict[str, str] | None = None) -> dict[str, float]:
+        """Per signal of ``signals`` that one target (``only``; ``where``: the replicas with these
+        label values) exports: its first histogram sample in the ``span`` before ``end`` (at most
+        one step of ``span / 120`` late), in one query. A signal absent from the answer has no
+        series in the span."""
+        step = max(15.0, span / 120)
+        asked = [s for s in signals if s in HISTOGRAM_FAMILIES]
+        if not asked:
+            return {}
+        q = self._queries(only, where)
+        text = " or ".join(_tag_signal(f"({q.first_seen(s, span, step)})", s) for s in asked)
+        out: dict[str, float] = {}
+        for sample in self.client.query(text, end).data:
+            signal = sample.labels.get(SIGNAL_LABEL, "")
+            if signal not in asked:
+                self._drop(None, _key(sample.labels, self.target_labels), signal, "bad_label")
+                continue
+            if math.isfinite(sample.value):
+                out[signal] = min(out.get(signal, sample.value), sample.value)
+        return out
 
     def _pick(self, samples: Sequence[_Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
               histogram: bool = False) -> dict[TargetKey, dict[str, dict[str, float]]]:

@@ -27,6 +27,7 @@ from app.core import quantiles
 from app.core.quantiles import WindowHistogram
 from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promql.client import PromAPIError, PrometheusClient
+from app.promsource import intervals
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader, SourceTargets, TargetKey
 from app.promsource.status import SourceStatus
@@ -135,6 +136,38 @@ class PrometheusSource:
         self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels)
         self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
         self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
+        self.interval = intervals.configured(config.scrape_interval) if config.scrape_interval is not None \
+            else intervals.ScrapeInterval(None, "", "not asked yet: no engine discovered")
+        self.status.scrape_interval, self.status.scrape_interval_origin = self.interval.seconds, self.interval.origin
+        self.status.scrape_interval_note = self.interval.note
+        self.interval_asked: float | None = None  # when the server was last asked for it
+        self.window = 60.0  # the diagnosis window of the last round
+        self._told: tuple[float, float | None] | None = None  # (window, interval) the log last told
+
+    def learn_interval(self, found: SourceTargets, now: float) -> None:
+        """Ask the server for the engines' scrape interval, when none is configured, engines
+        were discovered and the last answer is older than :data:`intervals.REFRESH`."""
+        if self.config.scrape_interval is not None or not found.engines:
+            return
+        if self.interval_asked is not None and 0.0 <= now - self.interval_asked < intervals.REFRESH:
+            return
+        self.interval_asked = now
+        self.interval = intervals.learn(self.client, self.config.target_labels, found.engines.keys())
+        self.status.scrape_interval = self.interval.seconds
+        self.status.scrape_interval_origin, self.status.scrape_interval_note = self.interval.origin, self.interval.note
+
+    def fit_window(self, window: float) -> float:
+        """The diagnosis window of this source's targets (``diagnosis.window``, at least
+        ``window_intervals`` scrape intervals); its status says why, and the log once per change."""
+        self.window = self.config.fitted_window(window, self.interval.seconds)
+        status = self.status
+        status.scrape_interval, status.diagnosis_window = self.interval.seconds, self.window
+        status.scrape_interval_origin, status.scrape_interval_note = self.interval.origin, self.interval.note
+        status.window_note = intervals.window_note(window, self.window, self.interval, self.config.window_intervals)
+        if self._told != (window, self.interval.seconds) and self.interval.seconds is not None:
+            self._told = (window, self.interval.seconds)
+            log.info("source %s: %s", self.config.name, status.window_note)
+        return self.window
 
     def key_of(self, target: TargetView) -> TargetKey:
         key = self.keys.get(target.name)
@@ -154,7 +187,6 @@ class SourceService:
         self.on_view = on_view
         self.sources: dict[str, PrometheusSource] = {}
         self._lock = threading.Lock()
-        self._window = 60.0
         self._reused: dict[Hashable, tuple[float, object]] = {}
 
     def configure(self, configs: Sequence[PrometheusSourceConfig]) -> None:
@@ -193,9 +225,11 @@ class SourceService:
                    signals: Sequence[str]) -> SourceRound:
         status = source.status
         started, queries_before = time.monotonic(), source.client.queries
-        self._window = window
         try:
             found = source.reader.discover(now)
+            source.learn_interval(found, now)
+            window = source.fit_window(window)
+            source.reader.scrape_interval = source.interval.seconds or 0.0
             windows = source.reader.windows(now - window, now, signals, diagnosis=True)
         except PromAPIError as exc:
             status.last_error, status.last_error_at = f"{exc.kind}: {exc.message}", now
@@ -260,13 +294,25 @@ class SourceService:
                        rows: dict[int, Target], now: float) -> list[SourceTarget]:
         """One target per distinct ``service_labels`` value set of the live replicas (``rows``: their
         rows by id): their windows merged (:func:`app.window.merge_windows`), each replica's kept
-        for the comparison."""
+        for the comparison. A replica without a value for every one of those labels (a pod a
+        PodMonitor scrapes has no ``service``) is in no service: it stays a replica target, and
+        the status counts it. A service whose replicas run different engines is one target all
+        the same, its engine the first of theirs by name (sglang, tgi, trtllm, vllm)."""
         config = source.config
         groups: dict[TargetKey, list[SourceTarget]] = {}
+        lacking: dict[str, int] = {}
+        unlabelled = 0
         for replica in replicas:
             labels = rows[replica.id].labels
             values = tuple(labels.get(name, "") for name in config.service_labels)
+            if "" in values:  # Prometheus has no empty label: the pod lacks it
+                unlabelled += 1
+                for name, value in zip(config.service_labels, values):
+                    if not value:
+                        lacking[name] = lacking.get(name, 0) + 1
+                continue
             groups.setdefault(values, []).append(replica)
+        source.status.unlabelled, source.status.unlabelled_by_label = unlabelled, dict(sorted(lacking.items()))
         names = named(f"{config.name}.svc", groups, "services")
         wanted = {}
         for name, values in names.items():
@@ -281,7 +327,7 @@ class SourceService:
             if row is None:
                 continue
             windows = {m.name: m.window for m in members if m.window is not None}
-            merged = merge_windows(windows, now - self._window, now) if windows else None
+            merged = merge_windows(windows, now - source.window, now) if windows else None
             out.append(SourceTarget(row.id, name, row.detected_engine or "vllm", merged, SERVICE_KIND))
         source.status.services = len(out)
         return out
@@ -433,11 +479,29 @@ class SourceService:
     def quantile_series(self, target: TargetView, signal: str, q: float | None, span: float, step: float,
                         lookback: float, end: float, model: str | None = None) -> list[dict]:
         """Points of a quantile over time for one discovered target (raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        first = math.ceil((end - span) / step) * step
+        return source.reader.quantile_series(signal, q, first, end, step, lookback, only, model, where)
+
+    def first_samples(self, target: TargetView, signals: Sequence[str], span: float, end: float) -> dict[str, float]:
+        """Per histogram signal one discovered target exports, its first sample in the ``span``
+        before ``end`` (one query; raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        return source.reader.first_samples(signals, span, end, only, where)
+
+    def histogram_series(self, target: TargetView, signal: str, first: float, end: float, step: float,
+                         lookback: float, model: str | None = None) -> list[tuple[float, WindowHistogram | None]]:
+        """One discovered target's ``signal`` histogram (all models summed, or ``model``'s) over the
+        ``lookback`` before each step from ``first`` to ``end`` (one range query; raises PromAPIError)."""
+        source, only, where = self._scope(target)
+        return source.reader.histogram_series(signal, first, end, step, lookback, only, model, where)
+
+    def _scope(self, target: TargetView) -> tuple[PrometheusSource, TargetKey | None, dict[str, str] | None]:
+        """The source of a discovered target and how its queries select it: a replica by its target
+        label values, a service by its service label values (its replicas, summed)."""
         source = self.get(target.origin)
         if source is None:
             raise SourceMissing(f"source {target.origin!r} is not configured")
-        first = math.ceil((end - span) / step) * step
         if target.source == SERVICE_KIND:
-            where = {name: target.labels.get(name, "") for name in source.config.service_labels}
-            return source.reader.quantile_series(signal, q, first, end, step, lookback, None, model, where)
-        return source.reader.quantile_series(signal, q, first, end, step, lookback, source.key_of(target), model)
+            return source, None, {name: target.labels.get(name, "") for name in source.config.service_labels}
+        return source, source.key_of(target), None

@@ -27,6 +27,16 @@ class SourceStatus:
     gone: int = 0
     bad_series: dict[str, int] = field(default_factory=dict)  # series dropped since the start, by reason
     refused: dict[str, str] = field(default_factory=dict)  # query -> why its last answer was too large
+    # how often its Prometheus scrapes the engines (None: unknown), from "config" or "server", and how
+    # it was learned or why it is unknown (app.promsource.intervals)
+    scrape_interval: float | None = None
+    scrape_interval_origin: str = ""
+    scrape_interval_note: str = ""
+    diagnosis_window: float | None = None  # the window its targets were last diagnosed over
+    window_note: str = ""  # why that window (diagnosis.window, or widened to whole scrape intervals)
+    # live replicas that lack a value of one of service_labels (in no service), and per label how many
+    unlabelled: int = 0
+    unlabelled_by_label: dict[str, int] = field(default_factory=dict)
 
     last_round_ok: bool | None = None  # None until the first round
 

@@ -210,6 +210,10 @@ class Membership:
             return rows
 
 
+#: The expiry of a lease given up at a clean stop (:meth:`Lease.release`): the epoch, long past.
+RELEASED = 0.0
+
+
 class Lease:
     """The ``leader`` lease: acquire, renew, take over when expired, release, fence."""
 
@@ -245,7 +249,9 @@ class Lease:
                 elif row.holder == self.holder and row.token == self.token:
                     row.expires_at = now + self.ttl  # ours, and nobody took it over since
                 elif row.expires_at <= now:
-                    if row.holder != self.holder:
+                    if row.expires_at <= RELEASED:  # given up at a clean stop: nothing went wrong
+                        log.info("taking the leader lease %s released at its stop", row.holder)
+                    elif row.holder != self.holder:
                         log.warning("taking over the leader lease from %s (expired %.1fs ago)", row.holder,
                                     now - row.expires_at)
                     row.holder, row.token, row.expires_at = self.holder, row.token + 1, now + self.ttl
@@ -268,7 +274,7 @@ class Lease:
         with self.sessions.begin() as session:
             row = session.get(LeaseRow, self.name, with_for_update=True)
             if row is not None and row.holder == self.holder and row.token == self.token:
-                row.expires_at = 0.0
+                row.expires_at = RELEASED
         self.token = None
 
     def current(self) -> LeaseRow | None:

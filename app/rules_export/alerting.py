@@ -113,7 +113,10 @@ def regime_alerts(g: Group, recorded: dict[str, str | None], t: Thresholds, w: s
     return out
 
 
-def slo_alerts(g: Group, config: FileConfig, links: Links, scope: Scope) -> list[dict[str, Any]]:
+def slo_alerts(g: Group, config: FileConfig, links: Links, scope: Scope,
+               fit: Callable[[float], float] = float) -> list[dict[str, Any]]:
+    """The ``alerts.slos`` quantile alerts of one engine, each over its window (``fit``: made at
+    least a few scrape intervals long)."""
     e = g.engine
     alerts = []
     for index, slo in enumerate(config.alerts.slos):
@@ -123,7 +126,7 @@ def slo_alerts(g: Group, config: FileConfig, links: Links, scope: Scope) -> list
         if targets is None:
             continue
         selector = instance_selector(targets)
-        w = prom_duration(slo.window)
+        w = prom_duration(fit(slo.window))
         series = g.quantile(slo.signal, slo.quantile, w)
         what = f"{SLO_WORDS[slo.signal]} {quantile_name(slo.quantile)}"
         derived = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,12 @@ import yaml
 
 from app.alerts.config import SLO_BURN, runbook_url
 from app.config import ConfigError, FileConfig, load_config
+from app.core.durations import parse_duration
+from app.core.limits import MAX_INTERVAL_SECONDS
 from app.promql.text import (
     prom_duration,
 )
+from app.promsource.config import WINDOW_INTERVALS
 from app.rules_export.alerting import Links, inhibit_rules, regime_alerts, slo_alerts, target_down
 from app.rules_export.engines import ENGINES, STANDARD_WINDOW, scope_of
 from app.rules_export.recording import Group
@@ -29,7 +33,7 @@ HEADER = """\
 #
 # Prometheus recording + alerting rules equivalent to the service's built-in SLO and regime
 # thresholds, over the engines' own metrics (vLLM current names, TGI, SGLang 0.5, trtllm-serve).
-# Regime window {window} (diagnosis.window); regime alerts hold for {hold}
+# Regime window {window}; regime alerts hold for {hold}
 # ((activate_after - 1) x diagnosis.interval + alerts.diagnosis_for).
 # Differences from the built-in evaluation: see the docstring of app/rules_export.py.
 #
@@ -39,15 +43,37 @@ HEADER = """\
 """
 
 
-def build_rules(config: FileConfig, source: str | None = None) -> dict[str, Any]:
-    """The Prometheus rule-file document (``{"groups": [...]}``) for ``config`` (and the
-    Prometheus of ``source``, see :func:`scope_of`)."""
+def scrape_fit(config: FileConfig, source: str | None = None,
+               scrape_interval: float | None = None) -> tuple[float | None, int]:
+    """The scrape interval the exported ranges fit (``--scrape-interval``, else the source's
+    ``scrape_interval``; None: unknown, ranges as configured) and how many intervals a range
+    holds at least (the source's ``window_intervals``)."""
     scope = scope_of(config, source)
+    intervals = scope.source.window_intervals if scope.source is not None else WINDOW_INTERVALS
+    if scrape_interval is None and scope.source is not None:
+        scrape_interval = scope.source.scrape_interval
+    return scrape_interval, intervals
+
+
+def fitted(seconds: float, interval: float | None, intervals: int) -> float:
+    """A range of at least ``intervals`` scrape intervals: fewer samples judge nothing (a 1m
+    range at a 30 s scrape holds two)."""
+    return seconds if interval is None else max(seconds, intervals * interval)
+
+
+def build_rules(config: FileConfig, source: str | None = None, scrape_interval: float | None = None) -> dict[str, Any]:
+    """The Prometheus rule-file document (``{"groups": [...]}``) for ``config`` (and the
+    Prometheus of ``source``, see :func:`scope_of`), every range at least ``window_intervals``
+    scrape intervals long (:func:`scrape_fit`)."""
+    scope = scope_of(config, source)
+    interval, intervals = scrape_fit(config, source, scrape_interval)
+    fit = partial(fitted, interval=interval, intervals=intervals)
     t = config.diagnosis.thresholds
-    regime_window = prom_duration(config.diagnosis.window)
+    regime_seconds = fit(config.diagnosis.window)
+    regime_window = prom_duration(regime_seconds)
     hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
     links = Links(config.alerts.external_url.rstrip("/"), config.alerts.dashboard_url, scope.labels)
-    windows = sorted({STANDARD_WINDOW, config.diagnosis.window})
+    windows = sorted({STANDARD_WINDOW, regime_seconds})
     groups = []
     for engine in (e.scoped(scope) for e in ENGINES):
         g = Group(engine)
@@ -58,14 +84,14 @@ def build_rules(config: FileConfig, source: str | None = None) -> dict[str, Any]
         # a decode floor belongs to a scraped target's instance; a source's replicas have none
         hardware = [target for target in config.targets if scope.source is None
                     and target.hardware is not None and target.engine in ("auto", engine.name)]
-        alerts = slo_alerts(g, config, links, scope)
+        alerts = slo_alerts(g, config, links, scope, fit)
         alerts += regime_alerts(g, signals[regime_window], t, regime_window, hold, links, hardware)
         groups.append({"name": f"llm-latency-{engine.name}", "rules": g.rules + alerts})
     groups.append({"name": "llm-latency-targets", "rules": [target_down(config, links, scope)]})
     if config.slos:  # the slos: section: SLI ratios per window and burn-rate alerts (app/rules_export/slos.py)
         groups.append({"name": "llm-latency-slos", "rules": slo_rules(
             config.slos, config.targets, scope.labels, scope.matchers, runbook_url(links.external_url, SLO_BURN),
-            scoped=scope.source is not None)})
+            scoped=scope.source is not None, fit=fit)})
     return {"groups": groups}
 
 
@@ -84,23 +110,48 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def render_rules(config: FileConfig, source: str | None = None) -> str:
+def render_rules(config: FileConfig, source: str | None = None, scrape_interval: float | None = None) -> str:
     """The rule file as YAML text with the generated-file header."""
     scope = scope_of(config, source)
     t = config.diagnosis.thresholds
     hold = (t.activate_after - 1) * config.diagnosis.interval + config.alerts.diagnosis_for
     inhibit = yaml.dump({"inhibit_rules": inhibit_rules(scope)}, Dumper=_Dumper, sort_keys=False, width=1000)
-    header = HEADER.format(window=prom_duration(config.diagnosis.window), hold=prom_duration(hold),
+    interval, intervals = scrape_fit(config, source, scrape_interval)
+    window = prom_duration(config.diagnosis.window)
+    fit = fitted(config.diagnosis.window, interval, intervals)
+    if interval is not None:
+        window = (f"{prom_duration(fit)} (diagnosis.window {window}, every range at least {intervals} scrape "
+                  f"intervals of {prom_duration(interval)})" if fit > config.diagnosis.window else
+                  f"{window} (diagnosis.window; every range at least {intervals} scrape intervals of "
+                  f"{prom_duration(interval)})")
+    else:
+        window += " (diagnosis.window)"
+    header = HEADER.format(window=window, hold=prom_duration(hold),
                            inhibit="\n".join(f"#   {line}" for line in inhibit.rstrip("\n").splitlines()))
     if scope.source is not None:
         selector = f"the series matching {scope.matchers}" if scope.matchers else "every engine series"
         header += (f"#\n# For the Prometheus of source {scope.source.name!r}: {selector},\n"
                    f"# one target per ({', '.join(scope.labels)}) as the service discovers them there.\n")
-    body = yaml.dump(build_rules(config, source), Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    body = yaml.dump(build_rules(config, source, scrape_interval), Dumper=_Dumper, sort_keys=False, width=1000,
+                     allow_unicode=True)
     return header + body
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    if not any(c.isalpha() for c in value):
+        raise click.BadParameter(f"{value!r}: a duration needs a unit, e.g. {value.strip()}s")
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if not 0 < seconds <= MAX_INTERVAL_SECONDS:
+        raise click.BadParameter(f"{value!r}: must be above 0 and at most 1d")
+    return seconds
 
 
 @click.group()
@@ -116,15 +167,20 @@ def rules() -> None:
 @click.option("--source", "source", metavar="NAME",
               help="With sources in the config: the source whose Prometheus evaluates the rules (needed when "
                    "there are several).")
+@click.option("--scrape-interval", "scrape_interval", metavar="DURATION", callback=_duration_option,
+              help="How often the evaluating Prometheus scrapes the engines (e.g. 30s): every range is at least 4 "
+                   "of them (a source's window_intervals). Default: the source's scrape_interval, else the "
+                   "ranges as configured.")
 @click.option("--check", is_flag=True, help="Do not write: exit 1 if --out differs from what would be generated.")
-def export(config_file: Path | None, out_file: Path | None, source: str | None, check: bool) -> None:
+def export(config_file: Path | None, out_file: Path | None, source: str | None, scrape_interval: float | None,
+           check: bool) -> None:
     """Write Prometheus recording + alerting rules (vLLM, TGI, SGLang and TensorRT-LLM metric names).
 
     For a config with a Prometheus source, the rules read that source's series (its
     selector) and name a target by its target_labels instead of job/instance."""
     try:
         config = load_config(config_file) if config_file is not None else FileConfig()
-        text = render_rules(config, source)
+        text = render_rules(config, source, scrape_interval)
     except (ConfigError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if check:
@@ -140,7 +196,9 @@ def export(config_file: Path | None, out_file: Path | None, source: str | None, 
                                              f"{out_file} (generated)", lineterm="", n=1))
             click.echo(f"{out_file} is stale: regenerate it with `llm-latency rules export"
                        f"{f' --config {config_file}' if config_file else ''}"
-                       f"{f' --source {source}' if source else ''} --out {out_file}`", err=True)
+                       f"{f' --source {source}' if source else ''}"
+                       f"{f' --scrape-interval {prom_duration(scrape_interval)}' if scrape_interval else ''}"
+                       f" --out {out_file}`", err=True)
             click.echo("\n".join(diff[:40]) + ("\n..." if len(diff) > 40 else ""), err=True)
             sys.exit(1)
         click.echo(f"{out_file}: up to date")

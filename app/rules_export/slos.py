@@ -24,7 +24,7 @@ compares both on the same samples, tests/slo/test_prometheus_agreement.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.promql.text import format_matchers, instance_regex, le_matcher, num, prom_duration
@@ -84,15 +84,15 @@ def _lookup(query_format: str, by: Sequence[str]) -> str:
 
 
 def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence[str], source_matchers: str,
-              runbook: str, scoped: bool = False) -> list[dict[str, Any]]:
+              runbook: str, scoped: bool = False, fit: Callable[[float], float] = float) -> list[dict[str, Any]]:
     """The recording and alerting rules of every SLO (one group's ``rules``); ``by``: the
     labels of one target, ``source_matchers``: a source's selector (or ""), ``runbook``: the
-    burn-rate runbook's link."""
+    burn-rate runbook's link, ``fit``: each window made at least a few scrape intervals long."""
     rules: list[dict[str, Any]] = []
     labels = ", ".join(by)
     for slo in slos:
         matchers = [*slo_matchers(slo, targets, scoped), source_matchers]
-        spans = sorted({*slo.windows(), slo.period})
+        spans = sorted({fit(w) for w in (*slo.windows(), slo.period)})
         for span in spans:
             w = prom_duration(span)
             good, total = [], []
@@ -107,8 +107,9 @@ def slo_rules(slos: Sequence[SloObjective], targets: Sequence[Any], by: Sequence
         rules.append({"record": BUDGET, "expr": f'1 - {ratio_name(slo.period)}{{slo="{slo.name}"}} / {budget}',
                       "labels": {"slo": slo.name}})
         for alert in slo.burn_alerts:
-            long_w, short_w = prom_duration(alert.long), prom_duration(alert.short)
-            long_ratio, short_ratio = ratio_name(alert.long), ratio_name(alert.short)
+            long_s, short_s = fit(alert.long), fit(alert.short)
+            long_w, short_w = prom_duration(long_s), prom_duration(short_s)
+            long_ratio, short_ratio = ratio_name(long_s), ratio_name(short_s)
             who = "/".join(f"{{{{ $labels.{label} }}}}" for label in by)
             rules.append({
                 "alert": SLO_BURN_ALERT,

@@ -29,12 +29,20 @@ from app.runtime.resources import migrations_dir
 POOL_SIZE, POOL_OVERFLOW, POOL_TIMEOUT = 10, 40, 60.0
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The absolute path of a SQLite database file; None for another database or one in memory."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database).resolve()
+
+
 def make_engine(url: str, echo: bool = False) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        database = sqlite_path(url)
+        if database is not None:
+            database.parent.mkdir(parents=True, exist_ok=True)
         # Pool: every API worker thread (anyio's 40) plus the writer and the rounds can hold a
         # connection at once, so 50 concurrent clients queue for a thread, never for the pool.
         engine = create_engine(url, echo=echo, connect_args={"check_same_thread": False, "timeout": 30},

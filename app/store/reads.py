@@ -50,6 +50,10 @@ class LoadedHistograms:
                  if s.signal == signal and (model is None or s.model == model)]
         return quantiles.merge(p for p in parts if p is not None)
 
+    def windows(self, signal: str, ends: Sequence[float], lookback: float) -> list[WindowHistogram | None]:
+        """:meth:`merged` over the ``lookback`` before each of ``ends`` (a chart's points)."""
+        return [self.merged(t - lookback, t, signal) for t in ends]
+
     @property
     def signals(self) -> set[str]:
         return {s.signal for s in self.series}

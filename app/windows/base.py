@@ -75,19 +75,12 @@ class HistogramHistory(Protocol):
 
     def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None: ...
 
+    def windows(self, signal: str, ends: Sequence[float], lookback: float) -> list[WindowHistogram | None]:
+        """``merged(t - lookback, t, signal)`` at each of ``ends`` (evenly spaced): a chart's points,
+        which a backend that computes windows on its server reads in one query."""
+        ...
+
     def first_sample(self, signals: Sequence[str]) -> float | None: ...  # its oldest sample of any of them
-
-
-class NoHistory:
-    """:class:`HistogramHistory` of a target whose backend keeps none."""
-
-    signals: set[str] = set()
-
-    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None:
-        return None
-
-    def first_sample(self, signals: Sequence[str]) -> float | None:
-        return None
 
 
 class WindowReader(Protocol):

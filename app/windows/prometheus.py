@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import latency
+from app.core.quantiles import WindowHistogram
 from app.latency import WindowSummary
 from app.promql.client import PromAPIError
 from app.promsource.service import SourceMissing, SourceService
@@ -27,7 +28,6 @@ from app.windows.base import (
     TTFT_PARTS,
     HistogramHistory,
     HistogramsRead,
-    NoHistory,
     SourceStatus,
     WindowError,
     WindowsRead,
@@ -44,6 +44,45 @@ def _answering(target: TargetView) -> Iterator[None]:
                           f"source {target.origin!r} could not answer: {exc.kind}: {exc.message}") from None
     except SourceMissing as exc:
         raise WindowError("not_configured", str(exc)) from None
+
+
+class SourceHistory:
+    """:class:`~app.windows.base.HistogramHistory` of a discovered target, computed by its source's
+    Prometheus: which signals it exports over ``[start, end]`` and since when (one query when
+    made), then a chart line's windows in one range query (``increase`` over the lookback at
+    each point, as every read of a source). Raises :class:`WindowError` like the reads."""
+
+    def __init__(self, sources: SourceService, target: TargetView, signals: Sequence[str], start: float,
+                 end: float) -> None:
+        self._sources, self._target = sources, target
+        with _answering(target):
+            self._first = sources.first_samples(target, signals, end - start, end)
+
+    @property
+    def signals(self) -> set[str]:
+        return set(self._first)
+
+    def first_sample(self, signals: Sequence[str]) -> float | None:
+        found = [self._first[s] for s in signals if s in self._first]
+        return min(found) if found else None
+
+    def windows(self, signal: str, ends: Sequence[float], lookback: float) -> list[WindowHistogram | None]:
+        return self._read(signal, ends, lookback, None)
+
+    def merged(self, start: float, end: float, signal: str, model: str | None = None) -> WindowHistogram | None:
+        return self._read(signal, [end], end - start, model)[0]
+
+    def _read(self, signal: str, ends: Sequence[float], lookback: float, model: str | None
+              ) -> list[WindowHistogram | None]:
+        if not ends or signal not in self._first:
+            return [None] * len(ends)
+        # the server evaluates at whole milliseconds: the first time and the step rounded to them
+        step = round((ends[-1] - ends[0]) / (len(ends) - 1), 3) if len(ends) > 1 else 1.0
+        first = round(ends[0], 3)
+        with _answering(self._target):
+            points = self._sources.histogram_series(self._target, signal, first, first + step * (len(ends) - 1),
+                                                    step, lookback, model)
+        return [merged for _, merged in points][:len(ends)] + [None] * max(0, len(ends) - len(points))
 
 
 class PrometheusWindows:
@@ -113,8 +152,8 @@ class PrometheusWindows:
 
     def history(self, session: Session, target: TargetView, signals: Sequence[str], start: float, end: float
                 ) -> HistogramHistory:
-        """None kept: a source's targets have no charts."""
-        return NoHistory()
+        """Computed by the source's server (:class:`SourceHistory`): one query now, one per chart line."""
+        return SourceHistory(self.sources, target, signals, start, end)
 
     def slo_sums(self, sessions: sessionmaker[Session], slos: Sequence[SloObjective], now: float
                  ) -> tuple[SloSums, SloErrors]:

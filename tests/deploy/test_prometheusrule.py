@@ -1,5 +1,6 @@
 """deploy/generate_prometheusrule.py: the exported rules, unchanged, inside a Prometheus
-Operator PrometheusRule -- and the committed manifest is fresh."""
+Operator PrometheusRule, all of them or the chosen engines' -- and the Kubernetes kit's rules,
+split by engine, are the export for its targets YAML (freshness: test_generate_kubernetes.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from app.alerts.config import ALERT_RUNBOOKS
-from app.config import FileConfig
+from app.config import load_config
 from app.rules_export import build_rules
 from tests.support.components import require_binary
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "generate_prometheusrule.py"
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "llm-latency-rules.yaml"
 EXPORTED = ROOT / "deploy" / "prometheus" / "llm-latency-rules.yaml"
-COMMITTED = ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"
+SCRAPE = ROOT / "deploy" / "kubernetes" / "components" / "scrape"
 
 
 def generator():
@@ -79,16 +80,21 @@ def test_files_the_crd_cannot_carry_are_refused(text: str, message: str, tmp_pat
     assert not (tmp_path / "out.yaml").exists()
 
 
-def test_the_committed_prometheusrule_has_the_rules_exported_for_the_configmap_with_absolute_runbooks() -> None:
-    """The cluster's rules are exported for the ConfigMap's targets YAML: its hardware rules,
-    and with its alerts.external_url every runbook_url is an absolute URL of the monitor."""
-    configmap = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "configmap.yaml").read_text(encoding="utf-8"))
-    config = FileConfig.model_validate(yaml.safe_load(configmap["data"]["targets.yaml"]))
+def test_the_kits_rules_are_the_export_for_its_targets_yaml_with_absolute_runbooks() -> None:
+    """The cluster's rules are exported for the kit's targets YAML: its hardware rules, and with
+    its alerts.external_url every runbook_url is an absolute URL of the monitor. Split into the
+    rule of no engine and one per engine, nothing lost."""
+    config = load_config(SCRAPE / "targets.yaml")
     external = config.alerts.external_url
     assert external == "https://llm-latency.example.com"
-    resource = yaml.safe_load(COMMITTED.read_text(encoding="utf-8"))
-    assert resource["spec"]["groups"] == build_rules(config)["groups"]
-    alerts = [rule for group in resource["spec"]["groups"] for rule in group["rules"] if "alert" in rule]
+    files = [SCRAPE / "prometheusrule.yaml", *sorted((SCRAPE / "rules").glob("*/prometheusrule.yaml"))]
+    resources = [yaml.safe_load(path.read_text(encoding="utf-8")) for path in files]
+    assert [r["metadata"]["name"] for r in resources] == ["llm-latency-rules", "llm-latency-rules-sglang",
+                                                          "llm-latency-rules-tgi", "llm-latency-rules-trtllm",
+                                                          "llm-latency-rules-vllm"]
+    groups = [group for resource in resources for group in resource["spec"]["groups"]]
+    assert sorted(groups, key=lambda g: g["name"]) == sorted(build_rules(config)["groups"], key=lambda g: g["name"])
+    alerts = [rule for group in groups for rule in group["rules"] if "alert" in rule]
     # per engine, what its page lets be exported (regimes with critical twins, TTFT/ITL SLOs): vLLM 22,
     # SGLang 23 (with its decode worker's memory wait and transfer failures, and scheduler_cpu_bound), TGI 10,
     # trtllm-serve 10 (both with kv_transfer and speculation_ineffective); and target down
@@ -100,15 +106,42 @@ def test_the_committed_prometheusrule_has_the_rules_exported_for_the_configmap_w
         assert alert["annotations"]["runbook_url"] == f"{external}/runbooks/{ALERT_RUNBOOKS[alert['alert']]}"
 
 
-def test_the_committed_prometheusrule_is_fresh() -> None:
-    result = run("--check")
-    assert result.returncode == 0, result.stderr
-    assert COMMITTED.is_file() and "up to date" in result.stdout
+def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """The script's ``main`` in this process (the app is imported already): exit code, stderr."""
+    try:
+        code = generator().main(list(args))
+    except SystemExit as exc:  # argparse refusing the arguments
+        code = exc.code
+    return code, capsys.readouterr().err
 
 
-def test_check_mode_fails_on_a_stale_manifest(tmp_path: Path) -> None:
-    stale = tmp_path / "prometheusrule.yaml"
-    stale.write_text(COMMITTED.read_text().replace("llm-latency-vllm", "llm-latency-old"), encoding="utf-8")
-    result = run("--check", "--out", str(stale))
-    assert result.returncode == 1
-    assert "is stale" in result.stderr and "python3 deploy/generate_prometheusrule.py" in result.stderr
+def test_the_engines_chosen_keep_their_groups_and_those_of_no_engine(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    out, targets = tmp_path / "rule.yaml", str(SCRAPE / "targets.yaml")
+    assert main(capsys, "--config", targets, "--engines", "tgi, vllm", "--out", str(out))[0] == 0
+    resource = yaml.safe_load(out.read_text(encoding="utf-8"))
+    assert [g["name"] for g in resource["spec"]["groups"]] == ["llm-latency-vllm", "llm-latency-tgi",
+                                                               "llm-latency-targets"]
+    assert resource["metadata"]["labels"]["llm-latency/kube-prometheus-stack"] == "true"
+    assert out.read_text().startswith("# GENERATED by deploy/generate_prometheusrule.py from deploy/kubernetes/"
+                                      "components/scrape/targets.yaml (via `llm-latency rules export`)")
+    assert main(capsys, "--config", targets, "--engines", "tgi, vllm", "--out", str(out), "--check")[0] == 0
+    for bad in ("vllm,tensorrt", ","):
+        code, err = main(capsys, "--config", targets, "--engines", bad, "--out", str(out))
+        assert code == 2 and "give one or more of vllm, tgi, sglang, trtllm" in err
+
+
+def test_check_mode_fails_on_a_stale_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stale, targets = tmp_path / "prometheusrule.yaml", str(SCRAPE / "targets.yaml")
+    assert main(capsys, "--config", targets, "--out", str(stale))[0] == 0
+    stale.write_text(stale.read_text().replace("llm-latency-vllm", "llm-latency-old"), encoding="utf-8")
+    code, err = main(capsys, "--config", targets, "--out", str(stale), "--check")
+    assert code == 1
+    assert "is stale" in err and "python3 deploy/generate_prometheusrule.py --config " in err
+
+
+def test_an_out_without_rules_or_config_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = main(capsys, "--out", "x.yaml")
+    assert code == 2 and "--out, --engines and --source need --rules or --config" in err
+    code, err = main(capsys, "--config", str(SCRAPE / "targets.yaml"))
+    assert code == 2 and "--out FILE is needed" in err

@@ -54,8 +54,9 @@ def test_outside_engine_fires_on_a_large_gap_with_its_numbers() -> None:
     assert "probe run(s) 7, 9" in evidence(f, "compared period").note
     assert f.summary.startswith("Clients wait 0.31 s longer for the first token than the engine records (74% of")
     assert any("--api-server-count" in r for r in f.remedies) and any("proxy_buffering" in r for r in f.remedies)
-    # the weakest margin is the gap, 0.31 / 0.25 s (x1.24): a little above the 0.5 floor, scaled by 4 of 12 wanted
-    assert f.confidence == pytest.approx((0.5 + 0.25 * math.log2(1.24)) * (0.5 + 0.5 * 4 / 12), abs=0.001)
+    # the weakest margin is the gap, 0.31 / 0.25 s (x1.24: log2(1.24) / 2 = 0.155 of the way to 4x), above the
+    # share's (0.738 - 0.3) / 0.7 = 0.63 and the probes' log2(4 / 3) / 2 = 0.21; data: 4 probe requests of 12 wanted
+    assert f.confidence == pytest.approx(0.5 + 0.49 * (math.log2(1.24) / 2) * (4 / 12), abs=0.001) == 0.525
     tgi = outside_engine.evaluate(healthy_signals("tgi", probe_consistency=s.probe_consistency), T)
     assert any("--validation-workers" in r for r in tgi.remedies)
     trtllm = outside_engine.evaluate(healthy_signals("trtllm", probe_consistency=s.probe_consistency), T)

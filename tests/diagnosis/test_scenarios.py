@@ -1,9 +1,12 @@
 """Every emulator regime scenario gets its label as the primary finding; healthy ones
 stay quiet — for vLLM, TGI, SGLang and trtllm-serve pages, through parse -> store -> signals
--> rules. A regime whose signals an engine does not export is listed as not judged instead."""
+-> rules. A regime whose signals an engine does not export is listed as not judged instead.
+Every text of every diagnosis is in plain numbers (no "1.09e+04 tokens"), every confidence in
+its defined range."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,20 @@ UNJUDGED = {"trtllm": {"prefill_interference", "bandwidth_bound", "weights_offlo
 TIGHT = Thresholds(expected_ttft_seconds=2.0, expected_itl_seconds=0.05, expected_itl_floor_factor=2.0)
 
 
+#: a number in scientific notation, as ``:g`` or ``:.3g`` writes 10,912 ("1.09e+04") or 0.00001
+SCIENTIFIC = re.compile(r"\d(?:\.\d+)?[eE][+-]?\d")
+
+
+def assert_readable(diagnosis) -> None:
+    """Every text of a diagnosis people read is in plain numbers, and every finding's confidence is within its
+    defined range (0.5 on the threshold to 0.99, docs/diagnosis.md#confidence)."""
+    texts = [*diagnosis.notes, *(n["reason"] for n in diagnosis.not_judged)]
+    for f in diagnosis.findings:
+        texts += [f.summary, *f.remedies, *(e.text() for e in f.evidence)]
+        assert 0.5 <= f.confidence <= 0.99, (f.regime, f.confidence)
+    assert [t for t in texts if SCIENTIFIC.search(t)] == []
+
+
 def steady_diagnosis(tmp_path: Path, scenario: str, engine: str, tight: list | None = None):
     """``scenario`` on ``engine``'s page for 180 simulated seconds (seed 1, the scenario's hardware
     profile), diagnosed over the last 120; an SGLang P/D decode worker paired with its prefill worker's
@@ -35,7 +52,10 @@ def steady_diagnosis(tmp_path: Path, scenario: str, engine: str, tight: list | N
         target.run(180)
         if tight is not None:
             tight.append(target.diagnose(120, TIGHT))
-        return target.diagnose(120)
+            assert_readable(tight[-1])
+        diagnosis = target.diagnose(120)
+        assert_readable(diagnosis)
+        return diagnosis
     finally:
         target.close()
 
@@ -114,6 +134,7 @@ def test_legacy_vllm_page_reveals_cpu_offload_without_a_profile(tmp_path: Path) 
         target.close()
     assert diagnosis.verdict == "weights_offloaded"
     assert next(e for e in diagnosis.findings[0].evidence if e.name == "cpu_offload_gb").value == 4.0
+    assert_readable(diagnosis)
 
 
 def test_transition_is_detected_and_lifecycle_activates_then_resolves(tmp_path: Path) -> None:

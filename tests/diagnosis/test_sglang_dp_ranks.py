@@ -25,7 +25,7 @@ def test_sglang_dp_ranks_from_gauges_and_queue_histograms(tmp_path: Path) -> Non
     finding = next(f for f in d.findings if f.regime == "dp_imbalance")
     evidence = {e.name: e for e in finding.evidence}
     assert evidence["load of the busiest / least busy rank"].value == pytest.approx(65 / 6)
-    assert evidence["rank 0"].value == "running 40.0, waiting 25.0, KV usage 93%, mean queue time 0.0994 s"
-    assert evidence["rank 1"].value == "running 6.0, waiting 0.0, KV usage 20%, mean queue time 0.000994 s"
+    assert evidence["rank 0"].value == "running 40.0, waiting 25.0, KV usage 93%, mean queue time 99.4 ms"
+    assert evidence["rank 1"].value == "running 6.0, waiting 0.0, KV usage 20%, mean queue time 1.0 ms"
     # the whole engine's queue time is both ranks' requests together, not either rank's
     assert d.signals["queue_time"]["mean"] == pytest.approx((queued / 4 + queued / 400) / 2, rel=1e-9)

@@ -68,13 +68,13 @@ def test_prefill_interference_names_the_step_budget_in_evidence_and_first_remedy
     assert off_diag.verdict == big_diag.verdict == "prefill_interference"
     off_f, big_f = off_diag.findings[0], big_diag.findings[0]
     off_e = next(e for e in off_f.evidence if e.name == "engine step budget (inferred)")
-    assert off_e.value == f"whole prompts of ~{off.prompt_tokens:.0f} tokens in one step"
+    assert off_e.value == f"whole prompts of ~{off.prompt_tokens:,.0f} tokens in one step"
     assert f"confidence {off.confidence:.2f}" in off_e.note and "chunked prefill is off" in off_e.note
-    assert off_f.remedies[0].startswith(f"Steps of ~{off.step_tokens:.0f} tokens: whole prompts run in one step")
+    assert off_f.remedies[0].startswith(f"Steps of ~{off.step_tokens:,.0f} tokens: whole prompts run in one step")
     assert "--enable-chunked-prefill --max-num-batched-tokens 512" in off_f.remedies[0]
     big_e = next(e for e in big_f.evidence if e.name == "engine step budget (inferred)")
-    assert big_e.value == f"chunked, ~{big.budget_tokens:.0f} tokens per step"
-    assert big_f.remedies[0] == (f"Prefills are chunked at ~{big.budget_tokens:.0f} tokens per step: lower the budget "
+    assert big_e.value == f"chunked, ~{big.budget_tokens:,.0f} tokens per step"
+    assert big_f.remedies[0] == (f"Prefills are chunked at ~{big.budget_tokens:,.0f} tokens per step: lower the budget "
                                  "with --max-num-batched-tokens 512 (raise it again if TTFT/throughput suffer).")
     assert not any("--enable-chunked-prefill" in r for r in big_f.remedies)  # it is on already
 

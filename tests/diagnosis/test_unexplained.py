@@ -50,7 +50,7 @@ def test_slow_with_nothing_to_explain_it_is_unexplained_with_every_rule_accounte
     assert evidence(f, "queueing").note.startswith("needs queue time (a queue-time histogram, or the waiting gauge")
     # the condition each quiet rule failed, with its numbers
     assert evidence(f, "prefill_compute").note == ("conditions not met: mean prefill time = 40.0 ms (>= 500.0 ms); "
-                                                   "mean prompt length = 450 tokens (>= 2e+03 tokens)")
+                                                   "mean prompt length = 450 tokens (>= 2,000 tokens)")
     assert evidence(f, "rules with nothing to judge here").value == ("scheduler_cpu_bound, kv_transfer, "
                                                                      "frontend_bound, speculation_ineffective, "
                                                                      "lora_adapter_slots, dp_imbalance, "
@@ -153,8 +153,9 @@ def estimated(little: float, from_ttft: float, ttft: float = 10.0):
 def test_estimates_on_both_sides_of_the_thresholds_leave_queueing_not_judged() -> None:
     with pytest.raises(NotJudged) as raised:
         queueing.evaluate(estimated(9.0, 0.2), T)  # Little's law: queueing; TTFT minus prefill: 0.2 s, not
-    assert raised.value.reason == ("the two queue-time estimates disagree: Little's law gives 9 s, which meets the "
-                                   "thresholds (0.5 s and 50% of TTFT), TTFT minus the expected prefill 0.2 s, which "
+    assert raised.value.reason == ("the two queue-time estimates disagree: Little's law gives 9.00 s, which meets "
+                                   "the thresholds (0.5 s and 50% of TTFT), TTFT minus the expected prefill 200.0 ms, "
+                                   "which "
                                    "does not; a queue-time histogram decides")
     d = engine.diagnose(estimated(9.0, 0.2), T)
     assert d.verdict == "not_judged" and "disagree by 45.0x" in d.notes[0]

@@ -256,3 +256,114 @@ def test_engine_queries_return_data_for_one_chosen_pod_and_only_its(stack, query
                    for v in ([series["value"][1]] if "value" in series else [p[1] for p in series["values"]])]
         assert any(math.isfinite(v) for v in numbers), result
         assert {s["metric"].get("pod") for s in result} <= {f"{name}-0", None}
+
+
+# ----------------------------------------------------------------------------- a source with services
+
+SERVICE_NAME, REPLICA_NAME = "demo.svc.llm.chat", "demo.llm.chat-0"
+
+
+def service_dashboards(tmp_path: Path) -> dict[str, dict]:
+    """The dashboards of the demo's source with ``service_labels: [namespace, service]``: the
+    monitor names its services ``demo.svc.<namespace>.<service>`` (app/promsource/service.py)."""
+    config = yaml.safe_load(SOURCE_CONFIG.read_text())
+    config["sources"][0]["service_labels"] = ["namespace", "service"]
+    path = tmp_path / "services.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = generate("--config", str(path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    return load_dashboards(tmp_path / "out")
+
+
+def promql_regex(query: str, **values: str) -> re.Pattern[str]:
+    """The ``target=~"..."`` regex of a variable's query with ``values`` in place, as Prometheus
+    reads it (the string literal's escapes undone, anchored)."""
+    literal = re.search(r'target=~"((?:[^"\\]|\\.)*)"', query)
+    assert literal, query
+    return re.compile(substitute(literal.group(1), **values).encode().decode("unicode_escape"))
+
+
+def test_the_services_of_a_source_are_targets_of_its_dashboards(tmp_path: Path) -> None:
+    dashboards = service_dashboards(tmp_path)
+    for name, dashboard in dashboards.items():
+        assert sdk_losses(dashboard) == [], name
+        variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+        # the service label between the label both share and the replica's own: a pod is chosen last
+        assert list(variables)[:5] == ["datasource", "namespace", "service", "pod", "target"], name
+        assert variables["pod"]["query"]["query"].endswith(', namespace=~"$namespace", service=~"$service"}, pod)')
+    fleet = {v["name"]: v for v in dashboards["llm-latency-fleet.json"]["templating"]["list"]}
+    names = promql_regex(fleet["target"]["query"]["query"], namespace=".*", service=".*", pod=".*")
+    assert [n for n in (SERVICE_NAME, REPLICA_NAME, "edge.svc.llm.chat", "demo.llm") if names.fullmatch(n)] == \
+        [SERVICE_NAME, REPLICA_NAME]
+    chosen = promql_regex(fleet["target"]["query"]["query"], namespace="llm", service="search", pod="chat-0")
+    assert [n for n in (SERVICE_NAME, REPLICA_NAME, "demo.svc.llm.search") if chosen.fullmatch(n)] == \
+        [REPLICA_NAME, "demo.svc.llm.search"]
+    # engine panels select by the service label too; the drill-down's replica labels have an All: the service
+    every = {"namespace": ".*", "service": ".*", "pod": ".*", "__all": "$__all"}
+    engine = [q for q in all_queries(dashboards)
+              if any(n.startswith(("vllm:", "tgi_", "sglang:", "trtllm_")) or n == "up"
+                     for n in metric_names(substitute(q.expr, **every)))]
+    assert len(engine) >= 20
+    for query in engine:
+        for selector in ENGINE_SELECTOR.findall(query.expr):
+            assert selector.startswith('job="llm-engines", namespace=~"$namespace", service=~"$service", '
+                                       'pod=~"$pod"'), (query.id, selector)
+    target = {v["name"]: v for v in dashboards["llm-latency-target.json"]["templating"]["list"]}
+    assert (target["namespace"]["includeAll"], target["service"]["includeAll"], target["pod"]["includeAll"]) == \
+        (False, True, True)
+    assert target["pod"]["allValue"] == ".*" and "All: its service" in target["pod"]["description"]
+    assert target["target"]["query"]["query"].startswith("query_result(") and target["target"]["hide"] == 2
+    assert target["target"]["regex"] == '/target="([^"]+)"/'
+    # the SLO dashboard's capacity panels and every verdict panel read the monitor's series by $target
+    capacity = [q for q in all_queries(dashboards) if q.dashboard == "llm-latency-slo.json"
+                and "llm_latency_capacity_" in q.expr]
+    assert len(capacity) >= 3 and all('target=~"$target"' in q.expr for q in capacity)
+    links = set(re.findall(r"/d/llm-latency-target\?([^\"]*)", json.dumps(dashboards["llm-latency-fleet.json"])))
+    assert all("var-namespace=" in link and "&var-service=" in link and "&var-pod=" in link for link in links)
+
+
+def drill_down_expr(dashboards: dict[str, dict], pod_text: str, **values: str) -> str:
+    target = next(v for v in dashboards["llm-latency-target.json"]["templating"]["list"] if v["name"] == "target")
+    query = target["query"]["query"].replace("${pod:text}", pod_text)
+    return substitute(query.removeprefix("query_result(").removesuffix(")"), **values)
+
+
+@pytest.mark.prometheus
+def test_the_drill_down_chooses_the_replica_or_with_every_pod_its_service(tmp_path: Path) -> None:
+    """promtool evaluates the drill-down's target query (Grafana's text of "All" in place of
+    ``${pod:text}``) and the fleet table's label split over the monitor's verdict series of two
+    replicas and two services."""
+    promtool = require_binary("promtool", "evaluating the dashboards' PromQL")
+    dashboards = service_dashboards(tmp_path)
+    names = (REPLICA_NAME, "demo.llm.chat-1", SERVICE_NAME, "demo.svc.llm.search")
+    series = [{"series": f'llm_latency_diagnosis_verdict{{target="{n}",model="m",verdict="healthy"}}', "values": "1x4"}
+              for n in names]
+    summary = next(q for q in all_queries(dashboards) if q.dashboard == "llm-latency-fleet.json"
+                   and q.where == "Fleet summary" and "llm_latency_diagnosis_verdict" in q.expr)
+    split = substitute(summary.expr, target=".*", model=".*", __all="$__all")
+
+    def sample(name: str, **labels: str) -> dict:
+        text = ",".join(f'{k}="{v}"' for k, v in {"target": name, "model": "m", "verdict": "healthy", **labels}.items())
+        return {"labels": "{" + text + "}", "value": 1}
+
+    tests = [
+        # one pod chosen: its replica, not its service
+        (drill_down_expr(dashboards, "chat-0", namespace="llm", service="chat", pod="chat-0"),
+         [sample(REPLICA_NAME, __name__="llm_latency_diagnosis_verdict")]),
+        # every pod ("All", its value .*): the service the service label names
+        (drill_down_expr(dashboards, "All", namespace="llm", service="chat", pod=".*"),
+         [sample(SERVICE_NAME, __name__="llm_latency_diagnosis_verdict")]),
+        (f"count({drill_down_expr(dashboards, 'All', namespace='llm', service='.*', pod='.*')})",
+         [{"labels": "{}", "value": 2}]),
+        # a drill-down link carries a service's labels, and All ($__all) for the pod; a replica's, All for the service
+        (f'{split} and on(target) llm_latency_diagnosis_verdict{{target=~"{SERVICE_NAME}|{REPLICA_NAME}"}}',
+         [sample(REPLICA_NAME, namespace="llm", pod="chat-0", service="$__all"),
+          sample(SERVICE_NAME, namespace="llm", pod="$__all", service="chat")]),
+    ]
+    test = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s", "input_series": series,
+        "promql_expr_test": [{"expr": expr, "eval_time": "30s", "exp_samples": expected} for expr, expected in tests]}]}
+    (tmp_path / "drill.test.yaml").write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", "drill.test.yaml"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

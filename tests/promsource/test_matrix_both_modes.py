@@ -354,11 +354,27 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
                     "fleet": latency.summaries_dict(backend.fleet_summaries(session, [target], start, end)[target.id]),
                     "series": backend.quantile_series(session, target, "ttft", 0.99, WINDOW_S, 30.0, 60.0, end, None),
                 }
+                # the status page's charts: each line's windows at evenly spaced ends, in one read per line
+                history = backend.history(session, target, ("ttft", "itl", "queue_time", "prefill_time"),
+                                          end - WINDOW_S, end)
+                ends = [end - 90.0 + 15.0 * k for k in range(7)]
+                answers[name]["history"] = {
+                    "signals": sorted(history.signals),
+                    "windows": {s: [dataclasses.asdict(h) if h else None for h in history.windows(s, ends, 30.0)]
+                                for s in sorted(history.signals)},
+                    "merged": {s: dataclasses.asdict(h) if (h := history.merged(end - 45.0, end, s)) else None
+                               for s in sorted(history.signals)}}
+                answers[name]["first"] = history.first_sample(("ttft", "queue_time"))
         store, prometheus, in_memory = answers["store"], answers["prometheus"], answers["memory"]
-        for part in ("report", "histograms", "fleet", "series"):
+        for part in ("report", "histograms", "fleet", "series", "history"):
             assert _close(prometheus[part], store[part]), (part, prometheus[part], store[part])
             assert _close(in_memory[part], store[part]), (part, in_memory[part], store[part])
         assert store["report"]["ttft" if "ttft" in store["report"] else "queue_time"]["count"] > 0
+        windows = store["history"]["windows"]["queue_time"]
+        assert len(windows) == 7 and sum(w is not None and w["count"] > 0 for w in windows) >= 5, windows
+        # where the chart's span begins: the source sees the first sample on a step of span / 120
+        assert in_memory["first"] == store["first"] is not None
+        assert store["first"] <= prometheus["first"] <= store["first"] + max(15.0, WINDOW_S / 120)
 
         # a source that cannot answer: WindowError with the classified kind, failed in a batch
         down = SourceService()

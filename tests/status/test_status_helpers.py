@@ -17,6 +17,7 @@ from app.api.routes.status import (
     VerdictLine,
     build_chart,
     chart_times,
+    confidence_title,
     evidence_text,
     fmt_age,
     fmt_countdown,
@@ -28,8 +29,9 @@ from app.api.routes.status import (
     with_flags,
 )
 from app.core.quantiles import HistogramSnapshot
+from app.diagnosis.findings import CONFIDENCE_MEANING
 from app.diagnosis.rounds import RoundSummaries
-from app.latency import WindowSummary
+from app.latency import WindowSummary, request_set_notes
 from app.store.reads import LoadedHistograms
 from app.store.repository import SeriesRef
 
@@ -162,3 +164,35 @@ def test_a_rounds_cells_are_formatted_once_per_round() -> None:
     assert round_cells(first, 1) is cells  # the same round: formatted once
     later = round_cells(round_of(0.4), 1)  # a new round: formatted again from its summaries
     assert later is not cells and later[1].value == "0.4"
+
+
+def test_the_confidence_tooltip_names_the_weakest_condition() -> None:
+    finding = {"confidence": 0.5, "evidence": [
+        {"name": "mean queue time", "value": 4.0, "op": ">=", "threshold": 0.5, "unit": "s", "met": True,
+         "note": "from the histogram"},  # 8x past: margin 1
+        {"name": "mean waiting requests", "value": 1.0, "op": ">=", "threshold": 1.0, "unit": "", "met": True,
+         "note": ""},  # on its threshold: margin 0, the weakest
+        {"name": "TTFT p99", "value": 19.9, "op": "info", "threshold": None, "unit": "s", "met": True, "note": "",
+         "interval": [15.0, 20.0]}]}
+    assert confidence_title(finding) == (CONFIDENCE_MEANING + " Weakest condition here: mean waiting requests = 1 "
+                                         "(>= 1).")
+    assert confidence_title({"evidence": []}) == CONFIDENCE_MEANING
+    assert "0.5 to 0.99" in CONFIDENCE_MEANING and "Severity is separate" in CONFIDENCE_MEANING
+
+
+def test_a_note_only_where_a_part_is_above_its_whole() -> None:
+    """Queue p50 16.00 s above TTFT p50 14.69 s (the demo's queueing engine): one note naming both numbers and
+    the request sets; prefill below TTFT and TTFT below end-to-end: nothing."""
+    report = {"queue_time": {"p50": 16.0, "p90": 19.2, "p99": 19.92, "intervals": {"p99": [15.0, 20.0]}},
+              "ttft": {"p50": 14.69, "p90": 18.94, "p99": 19.95},
+              "prefill_time": {"p50": 0.15, "p99": 0.4}, "e2e": {"p50": 20.0, "p99": 30.0}}
+    (note,) = request_set_notes(report)
+    assert note.startswith("queue time p50 16.00 s > TTFT p50 14.69 s; queue time p90 19.20 s > TTFT p90 18.94 s: "
+                           "a request's queue time is part of its TTFT, but these percentiles are over different "
+                           "requests. Each histogram counts a request when that part ends: queue time the requests "
+                           "that left the queue in the window, TTFT those that got their first token in it")
+    assert "p99" not in note  # 19.92 < 19.95
+    assert request_set_notes({**report, "queue_time": {"p50": 14.0, "p90": 18.0, "p99": 19.0}}) == []
+    assert request_set_notes({"queue_time": {"p50": 2.0}, "ttft": {"p50": None, "derived": True}}) == []  # TGI
+    (e2e,) = request_set_notes({"ttft": {"p50": 3.0}, "e2e": {"p50": 2.5}}, ("p50",))
+    assert e2e.startswith("TTFT p50 3.00 s > end-to-end latency p50 2.50 s: ")

@@ -11,11 +11,15 @@ import html
 import re
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from app.api.routes.status import evidence_text, fmt_quantile, fmt_seconds
+from app.api.routes.status import DERIVED_TTFT_NOTE, evidence_text, fmt_quantile, fmt_seconds
+from app.diagnosis.findings import CONFIDENCE_MEANING, Evidence
+from app.diagnosis.rules.base import margin
+from app.latency import request_set_notes
 from app.sources.tgi import TTFT_DERIVATION
 from app.targets import repository as target_repository
 from tests.api.conftest import counted_statements, make_quiet_service
@@ -317,3 +321,35 @@ def test_index_runs_a_fixed_number_of_queries_whatever_the_fleet_size(quiet_serv
     assert "TTFT over the last 60 min: p50 min" in detail and "−60 min" in detail
     polyline = re.search(r'<polyline class="line p99" points="([^"]+)"', detail).group(1)
     assert len(polyline.split()) == 30  # 31 points; the first one has a single sample in its lookback
+
+
+def test_the_page_says_what_its_numbers_mean(service, fleet) -> None:
+    """The confidence's definition and this finding's weakest condition in its tooltip; q+p explained under the
+    fleet table; a note exactly where a part's percentile is above its whole's (queue time above TTFT)."""
+    c, end = service.client, fleet
+    page = c.get("/targets/busy", params={"end": end}).text
+    finding = next(d for d in c.get("/api/v1/diagnoses").json() if d["target"] == "busy")["findings"][0]
+    abbr = re.search(r'<abbr class="confidence" data-confidence="([^"]*)" title="([^"]*)">confidence (\d+) %</abbr>',
+                     page)
+    assert abbr and float(abbr.group(1)) == finding["confidence"] and int(abbr.group(3)) == round(
+        finding["confidence"] * 100)
+    title = html.unescape(abbr.group(2))
+    assert title.startswith(CONFIDENCE_MEANING + " Weakest condition here: ")
+    weakest = title.removeprefix(CONFIDENCE_MEANING + " Weakest condition here: ").rstrip(".")
+    conditions = [Evidence.from_dict(e) for e in finding["evidence"] if e["op"] != "info"]
+    assert weakest == replace(min(conditions, key=margin), note="").text()
+
+    index = c.get("/", params={"end": end}).text
+    legend = re.search(r'<p class="meta legend" data-legend="q\+p">(.*?)</p>', index, re.S)
+    assert legend and text_of(legend.group(1)) == f"q+p: {DERIVED_TTFT_NOTE}"
+
+    for name in ("busy", "calm", "docs"):
+        api = c.get(f"/api/v1/targets/{name}/latency", params={"window": "1m", "end": end}).json()
+        target_page = c.get(f"/targets/{name}", params={"end": end}).text
+        shown = [html.unescape(n) for n in re.findall(r'data-note="request-sets">([^<]*)</p>', target_page)]
+        assert shown == request_set_notes(api), name
+        inverted = api["queue_time"]["p50"] > api["ttft"]["p50"]
+        assert any(n.startswith("queue time p50 ") for n in shown) == inverted, name
+    # the queueing engine: requests leave the queue ~16 s after arriving, the ones counted in TTFT earlier
+    busy = c.get("/api/v1/targets/busy/latency", params={"window": "1m", "end": end}).json()
+    assert busy["queue_time"]["p50"] > busy["ttft"]["p50"]

@@ -19,12 +19,15 @@ the number of targets (one session; all histogram snapshots of the window in one
 renders only the rows that changed since the last read (:data:`FLEET_ROW_HTML`).
 
 Discovered targets (a Prometheus source, file/http discovery) name where they come from and
-their labels. A Prometheus source that cannot be read gets a banner naming it and its error
-(the classified text of :class:`app.windows.base.SourceStatus`, never the server's),
-and each of its targets says its verdict is the last one, from when. Gone targets (their
-series stopped) are not live: they are listed apart, collapsed. A source's targets get their
-percentiles from the source (one set of queries per source for the whole table), so they equal
-their ``/latency`` answer; the charts are the built-in store's and stay empty for them.
+their labels. A Prometheus source's targets are never scraped by the service: their health is
+the source's last round (:mod:`app.api.target_health`), and their pages speak of rounds and
+queries. A Prometheus source that cannot be read gets a banner naming it and its error
+(the classified text of :class:`app.windows.base.SourceStatus`, never the server's), and
+each of its targets is unknown and stale and says its verdict is the last one, from when.
+Gone targets (their series stopped) are not live: they are listed apart, collapsed. A
+source's targets get their percentiles from the source (one set of queries per source for the
+whole table), so they equal their ``/latency`` answer, and their charts from its server
+(:meth:`app.windows.base.WindowReader.history`).
 
 What a page computes for its request (a target's page always, the index for the targets the
 last round's summaries do not answer) runs under the request budget of the JSON API
@@ -39,7 +42,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -60,6 +63,16 @@ from app.api.common import (
 from app.api.deps import BudgetDep, MonitorDep, SessionDep
 from app.api.disaggregation import add_disaggregation
 from app.api.redaction import url_as_shown
+from app.api.target_health import (
+    Health,
+    discovered_by,
+    engine_origin,
+    replica_counts,
+    service_members,
+    stale_source,
+    target_health,
+)
+from app.api.window_notes import window_notes
 from app.attribution import reads as change_reads
 from app.attribution import repository as events_repository
 from app.attribution.events import ChangeEvent
@@ -68,16 +81,17 @@ from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
 from app.diagnosis import repository as diagnosis_repository
-from app.diagnosis.findings import Evidence
+from app.diagnosis.findings import CONFIDENCE_MEANING, Evidence
 from app.diagnosis.profile import prefill_seconds_per_token
 from app.diagnosis.rounds import RoundSummaries
+from app.diagnosis.rules.base import margin
 from app.probe import repository as probe_repository
 from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts, RoundMemo
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
 from app.store import repository
 from app.store.db import statement_budget
-from app.store.models import DISCOVERED_SOURCES, SOURCE_KIND, ScrapeView, Target, TargetView
+from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, Target, TargetView
 from app.summaries import answers
 from app.targets import repository as target_repository
 from app.window import TargetWindow
@@ -181,6 +195,10 @@ class LatencyCell:
     derivation: str | None   # how a derived TTFT was made (``q+p``), else None
 
 
+#: What ``q+p`` beside a TTFT cell means, said on the page itself
+DERIVED_TTFT_NOTE = ("TTFT derived from queue and prefill, for an engine that exports no TTFT histogram (TGI). "
+                     "Its mean is exact (mean queue + mean prefill); percentiles do not add, so each is shown as "
+                     "the range the true one lies in.")
 FLEET_CELLS = (("ttft", "p50"), ("ttft", "p99"), ("itl", "p50"), ("itl", "p99"))
 
 
@@ -206,6 +224,11 @@ def fmt_count(value: float | None, estimate: bool = True) -> str:
 
 def fmt_ts(ts: float | None) -> str:
     return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def fmt_clock(ts: float | None) -> str:
+    """The time of day of something that happens every few seconds (a source's round): ``12:00:05 UTC``."""
+    return "–" if ts is None else time.strftime("%H:%M:%S UTC", time.gmtime(ts))
 
 
 def iso_ts(ts: float | None) -> str:
@@ -247,6 +270,15 @@ def fmt_countdown(seconds: float) -> str:
     return f"in ~{round(seconds / 60)} min"
 
 
+def confidence_title(finding: dict) -> str:
+    """The confidence's tooltip: what it is, and which condition of this finding is the weakest."""
+    conditions = [e for e in map(Evidence.from_dict, finding.get("evidence") or []) if e.op != "info" and e.met]
+    margins = [(m, e) for e in conditions if (m := margin(e)) is not None]
+    weakest = min(margins, key=lambda pair: pair[0])[1] if margins else None
+    here = f" Weakest condition here: {replace(weakest, note='').text()}." if weakest is not None else ""
+    return CONFIDENCE_MEANING + here
+
+
 def evidence_text(item: dict) -> str:
     """``queue share of TTFT = 1.00 (>= 0.50)``, exactly as alerts and the CLI word it."""
     return Evidence.from_dict(item).text()
@@ -271,8 +303,10 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
                        value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion,
-                       count=fmt_count, driver=value_text)
-    env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE)
+                       count=fmt_count, confidence_title=confidence_title, driver=value_text)
+    env.filters.update(clock=fmt_clock)
+    env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE,
+                       derived_note=DERIVED_TTFT_NOTE)
     # every runbook the service serves: one per regime, per SLO signal, and target down
     env.globals.update(runbooks=sorted(set(ALERT_RUNBOOKS.values())), signal_titles=SIGNAL_TITLES)
     return env
@@ -345,8 +379,9 @@ def quantile_points(loaded: HistogramHistory, signal: str, qs: tuple[float, ...]
     has = loaded.signals
     parts = (signal,) if signal in has or signal != "ttft" else TTFT_PARTS
     out: dict[float, list[float | None]] = {q: [] for q in qs}
-    for t in times:
-        merged = [loaded.merged(t - lookback, t, part) for part in parts]
+    columns = [loaded.windows(part, times, lookback) for part in parts]  # one read per part
+    for k in range(len(times)):
+        merged = [column[k] for column in columns]
         for q in qs:
             total: float | None = 0.0
             for m in merged:
@@ -400,48 +435,6 @@ def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float
 
 # --------------------------------------------------------------------------- view models
 
-@dataclass(slots=True)
-class Health:
-    state: str           # "up" | "down" | "unknown"
-    label: str           # text of the badge
-    error_class: str | None = None
-    error: str | None = None
-    ts: float | None = None
-    age: float | None = None
-    stale: bool = False
-    duration: float | None = None
-
-
-def scrape_health(scrape: ScrapeView | None, interval: float, now: float) -> Health:
-    if scrape is None:
-        return Health("unknown", "no scrape yet")
-    age = now - scrape.ts
-    stale = age > 3 * interval + 30
-    if scrape.up:
-        label = "up" if scrape.error_class is None else f"up ({scrape.error_class})"
-        return Health("up", label, scrape.error_class, scrape.error, scrape.ts, age, stale, scrape.duration)
-    return Health("down", f"down: {scrape.error_class or 'error'}", scrape.error_class, scrape.error, scrape.ts, age,
-                  stale, scrape.duration)
-
-
-def failing_sources(monitor) -> dict[str, SourceStatus]:
-    """The Prometheus sources whose last round failed, by name (in memory: no query)."""
-    return {s.name: s for s in monitor.windows.statuses() if s.failing}
-
-
-def stale_source(target: TargetView, failing: dict[str, SourceStatus]) -> SourceStatus | None:
-    """The failing source a target is read from: its verdicts are the last ones, not current."""
-    return failing.get(target.origin or "") if target.source == SOURCE_KIND else None
-
-
-def discovered_by(target: TargetView) -> str | None:
-    """``Prometheus source prod``, ``file_sd targets.json``: where a discovered target comes from."""
-    if target.source not in DISCOVERED_SOURCES:
-        return None
-    kind = "Prometheus source" if target.source == SOURCE_KIND else target.source
-    return f"{kind} {target.origin}" if target.origin else kind
-
-
 def diagnosis_view(diagnosis: dict) -> dict:
     findings = diagnosis["findings"]
     primary = next((f for f in findings if f.get("primary")), findings[0] if findings else None)
@@ -466,13 +459,15 @@ def triage_level(health: Health, kinds: Iterable[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Badge:
-    """What the scrape badge shows of a target's :class:`Health` (not its age or time)."""
+    """What the health badge shows of a target's :class:`Health` (not its age; a source's target:
+    the time of its source's last round)."""
 
     state: str
     label: str
     error_class: str | None
     error: str | None
     stale: bool
+    round_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +547,7 @@ def fleet_row(target: TargetView, health: Health, verdicts: list[VerdictLine], c
     discovered = discovered_by(target)
     labels = tuple(sorted((target.labels or {}).items(), key=lambda kv: kv[0].lower())) if discovered else ()
     return FleetRow(target.name, target.origin, labels, discovered,
-                    Badge(health.state, health.label, health.error_class, health.error, health.stale),
+                    Badge(health.state, health.label, health.error_class, health.error, health.stale, health.round_at),
                     triage_level(health, (v.kind for v in verdicts)), tuple(verdicts),
                     None if stale is None else stale.name, None if verdicts or stale is not None else countdown,
                     cells)
@@ -641,6 +636,40 @@ def budget_views(monitor) -> list[dict[str, Any]]:
     return views
 
 
+#: the fleet table's health column, by (any target scraped, any read through a source)
+HEALTH_HEADERS = {(True, False): "Scrape", (False, True): "Source round", (True, True): "Scrape or round",
+                  (False, False): "Scrape"}
+
+
+# --------------------------------------------------------------------------- a target's page
+
+CHART_SIGNALS = ("ttft", "itl", "queue_time", "e2e")
+
+
+def target_charts(session, monitor, target: Target, stale: SourceStatus | None, end: float, seconds: float,
+                  events: Iterable[ChangeEvent] = ()) -> tuple[list[Chart], str | None]:
+    """The target's charts, from whichever backend holds its samples (a source's Prometheus computes
+    them: one query for what it exports, one per line), and a note when there are none: where to look."""
+    where = f"the Prometheus of source {target.origin}" if target.source in DISCOVERED_BY_SOURCES else None
+    if stale is not None:
+        return [], f"No charts while source {stale.name} is failing: they come back when it answers."
+    try:
+        loaded = monitor.windows.history(session, target, (*CHART_SIGNALS, *TTFT_PARTS), end - CHART_SPAN - seconds,
+                                         end)
+        first = loaded.first_sample((*CHART_SIGNALS, *TTFT_PARTS))
+        has = loaded.signals
+        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100,
+                              events=events)
+                  for signal in CHART_SIGNALS if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
+    except WindowError as exc:
+        return [], f"No charts: {exc.message}."
+    if charts:
+        return charts, None
+    span = fmt_span(CHART_SPAN)
+    return [], (f"No histogram series of this target in the last {span} on {where}." if where
+                else "No histogram data yet.")
+
+
 # --------------------------------------------------------------------------- routes
 
 @router.get("/ui/status.css")
@@ -661,8 +690,10 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     everything = target_repository.target_rows(session)
     targets = [t for t in everything if t.gone_at is None]
     gone = sorted((t for t in everything if t.gone_at is not None), key=lambda t: t.name)
-    failing = failing_sources(monitor)
+    statuses = {s.name: s for s in monitor.windows.statuses()}
+    failing = {name: s for name, s in statuses.items() if s.failing}
     latest = repository.latest_scrapes(session)
+    replicas = replica_counts(targets, latest)
     kept = round_summaries(monitor, seconds, end) if live and window is None else None
     shown_end = end if kept is None else kept.end  # the numbers' window is the round's
     unread = [t for t in targets if kept is None or t.id not in kept.by_target]
@@ -681,20 +712,23 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
             else:
                 cells = latency_cells(summaries.get(target.id, {}))
             interval = target.scrape_interval or monitor.settings.default_scrape_interval
-            health = scrape_health(latest.get(target.id), interval, end)
+            health = target_health(target, latest.get(target.id), statuses, replicas, interval, end)
             stale = stale_source(target, failing)
-            if stale is not None:
-                health.stale = True
             rows.append(fleet_row(target, health, verdicts.get(target.name, []), cells, stale, countdown))
     rows.sort(key=lambda r: (LEVELS.index(r.level), r.name))
     counts = {level: sum(r.level == level for r in rows) for level in LEVELS}
     down = sum(r.health.state == "down" for r in rows)
     row_html = FLEET_ROW_HTML.parts((row, row) for row in rows)
-    return html("index.html", rows=rows, row_html=row_html, counts=counts, down=down, levels=LEVELS,
-                level_text=LEVEL_TEXT, budgets=budget_views(monitor),
+    read = {t.source in DISCOVERED_BY_SOURCES for t in targets}  # True: read through a source
+    derived = any(c.derivation is not None for r in rows for c in r.cells)  # then the page says what q+p is
+    return html("index.html", rows=rows, row_html=row_html, derived=derived, counts=counts, down=down, levels=LEVELS,
+                level_text=LEVEL_TEXT, budgets=budget_views(monitor), window_notes=window_notes(monitor, targets),
                 gone=[(t, discovered_by(t)) for t in gone], failing_sources=sorted(failing.values(),
                                                                                   key=lambda s: s.name),
-                **page)
+                health_header=HEALTH_HEADERS[(False in read, True in read)],
+                sources=sorted(statuses.values(), key=lambda s: s.name),
+                base_url=str(request.base_url).rstrip("/"), **page)
+
 
 
 def round_summaries(monitor, seconds: float, now: float) -> RoundSummaries | None:
@@ -723,7 +757,10 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         return html("not_found.html", 404, name=name, targets=[t.name for t in target_repository.list_targets(session)],
                     **context)
     with bounded(budget), statement_budget(session, budget):  # every statement of the page
-        stale = stale_source(target, failing_sources(monitor))
+        statuses = {s.name: s for s in monitor.windows.statuses()}
+        by_source = target.source in DISCOVERED_BY_SOURCES
+        source = statuses.get(target.origin or "") if by_source else None
+        stale = source if source is not None and source.failing else None
         report = latency.report_from_window(TargetWindow(end - seconds, end))  # no numbers until read
         if stale is None:
             try:  # the same numbers as its /latency answer
@@ -733,15 +770,8 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
             except WindowError:
                 pass  # no numbers; its source's status says why
         infos = repository.target_infos(session, target.id)
-        chart_signals = ("ttft", "itl", "queue_time", "e2e")
-        loaded = monitor.windows.history(session, target, (*chart_signals, *TTFT_PARTS), end - CHART_SPAN - seconds,
-                                         end)
-        first = loaded.first_sample((*chart_signals, *TTFT_PARTS))
-        has = loaded.signals
         events = events_repository.events(session, [target.id], since=end - change_reads.EVENT_LOOKBACK, until=end)
-        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100,
-                              events=events)
-                  for signal in chart_signals if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
+        charts, chart_note = target_charts(session, monitor, target, stale, end, seconds, events)
         changes = None
         if stale is None:
             try:  # the same answer as its /changes with the baseline the page chose
@@ -764,14 +794,16 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
                      "queue_share": queue_mean / whole, "prefill_share": prefill_mean / whole}
         pd = report.get("disaggregation")  # the same split as its /latency answer
         history = [row for _, row in diagnosis_repository.finding_history(session, target.id, limit=50)]
-        health = scrape_health(latest[0] if latest else None, interval, end)
-        if stale is not None:
-            health.stale = True
+        members = service_members(session, target) if target.source == SERVICE_KIND else []
+        replicas = (sum(bool(m["up"]) for m in members), len(members))
+        health = target_health(target, latest[0] if latest else None, statuses, {target.id: replicas}, interval,
+                               end)
         diagnoses = [diagnosis_view(d) for d in current_diagnoses(session, monitor, target.id)]
         probe = latest_probe_levels(session).get(target.id)
     return html(
         "target.html", target=target, target_url=url_as_shown(target.url, token_holder=False),
-        engine=target.detected_engine or target.engine, discovered_by=discovered_by(target),
+        engine=target.detected_engine or target.engine, engine_origin=engine_origin(target),
+        discovered_by=discovered_by(target), by_source=by_source, source=source, members=members,
         stale_source=stale, failing_sources=[stale] if stale is not None else [],
         health=health, interval=interval,
         scrapes=latest, scrape_total=total, scrape_failed=failed, report=report,
@@ -779,8 +811,9 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         model_tables=[(m, [s for s in HISTOGRAM_SIGNALS if s in body], body) for m, body in models.items()]
         if len(models) > 1 else [],
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
-        rates=sorted(report["rates"].items()), charts=charts, split=split, pd=pd, pd_role=report.get("pd_role"),
-        diagnoses=diagnoses, changes=changes, events=list(reversed(events)),
+        rates=sorted(report["rates"].items()), charts=charts, chart_note=chart_note, split=split, pd=pd,
+        pd_role=report.get("pd_role"), diagnoses=diagnoses, request_notes=latency.request_set_notes(report),
+        changes=changes, events=list(reversed(events)),
         history=history, infos=infos,
         probe=probe,
         counter_signals=COUNTER_SIGNALS, **context)

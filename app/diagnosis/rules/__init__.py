@@ -18,6 +18,7 @@ import importlib
 import pkgutil
 from collections.abc import Iterable
 
+from app.core.thresholds import Thresholds
 from app.diagnosis.rules.base import Rule
 
 
@@ -33,6 +34,10 @@ def collect(package: str, path: Iterable[str]) -> tuple[Rule, ...]:
             raise ImportError(f"{package}.{module.name}: a regime module must end in RULE = Rule(...)")
         if rule.regime != module.name:
             raise ImportError(f"{package}.{module.name}: RULE.regime is {rule.regime!r}, must be the module's name")
+        field = Thresholds.model_fields.get(rule.min_scrapes)
+        if rule.min_scrapes and (field is None or field.annotation is not int):
+            raise ImportError(f"{package}.{module.name}: min_scrapes {rule.min_scrapes!r} is not a whole-number "
+                              "field of app.core.thresholds.Thresholds")
         if (rule.promql is None) == (not rule.no_promql):
             raise ImportError(f"{package}.{module.name}: give either promql or no_promql (why there is none)")
         rules.append(rule)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
@@ -23,10 +24,14 @@ from app.diagnosis.rules.base import (
     check,
     confidence,
     decided,
+    gpu_with_hbm,
     info,
+    kv_cache_fp8,
     probe_evidence,
     quantile_info,
+    quantize_weights,
     remedies,
+    unless,
 )
 from app.diagnosis.signals import Signals
 from app.promql.text import decode_floor_text, human_seconds, instance_selector, num
@@ -47,12 +52,12 @@ def _steady(s: Signals, t: Thresholds) -> tuple[bool | None, str]:
     if verdict is None and s.itl_ratio_bounds is not None:
         low, high = s.itl_ratio_bounds
         return None, (f"ITL p99/p50 is between {low:.2f} and {high:.2f} over the buckets that hold them; the "
-                      f"steady limit {t.steady_itl_ratio:g} is inside that range")
+                      f"steady limit {human.given(t.steady_itl_ratio)} is inside that range")
     steps = s.itl.count if s.itl is not None else 0.0
     if verdict and (s.scrapes < t.steady_min_scrapes or steps < t.steady_min_decode_steps):
         return None, (f"decode looks steady, but from {s.scrapes} scrape(s) and {steps:.0f} decode steps; "
                       f"steadiness needs at least {t.steady_min_scrapes} scrapes and "
-                      f"{t.steady_min_decode_steps:g} steps (thresholds steady_min_scrapes, "
+                      f"{human.given(t.steady_min_decode_steps)} steps (thresholds steady_min_scrapes, "
                       "steady_min_decode_steps)")
     return verdict, ""
 
@@ -71,7 +76,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         conditions.append(check("ITL / decode floor", s.itl_over_floor, "<=", t.floor_ratio_max, "ratio",
                                 f"floor {s.decode_floor_seconds * 1000:.1f} ms = weight bytes / HBM bandwidth "
                                 f"({s.hardware})"))
-    if steady is None and all(c.met for c in conditions[:-1] + conditions[3:]):
+    if steady is None and all(c.met for c in conditions[:2] + conditions[3:]):  # all but steadiness
         raise NotJudged(why)
     if not all(c.met for c in conditions):
         return None
@@ -84,31 +89,34 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     if s.decode_floor_seconds is None:
         evidence.append(info("hardware profile", "not configured",
                              note="add `hardware:` to the target to compare ITL with the bandwidth floor"))
+    # nothing the target's hardware profile (or the engine's configuration) says is done already
+    kv_done, hbm = kv_cache_fp8(s), gpu_with_hbm(s)
     vllm = [
-        "Quantize the weights: an AWQ/GPTQ INT4 checkpoint (~4x fewer bytes per step than BF16) or FP8 "
-        "(--quantization fp8 on Hopper/Ada).",
-        "Quantize the KV cache: --kv-cache-dtype fp8 (recent GPUs) — halves KV bytes read per step.",
+        *quantize_weights(s, "Quantize the weights", "an AWQ/GPTQ INT4 checkpoint (~4x fewer bytes per step than BF16)",
+                          "FP8 (--quantization fp8; FP8 tensor cores on Hopper/Ada)"),
+        *unless(kv_done, "Quantize the KV cache: --kv-cache-dtype fp8 (recent GPUs) — halves KV bytes read per step."),
         "Speculative decoding (--speculative-config with a draft model, EAGLE or n-gram): several tokens per "
         "weight read; good at low concurrency, costs throughput at high concurrency.",
-        "More bandwidth: --tensor-parallel-size 2+ over NVLink (each GPU reads a shard), or an HBM GPU "
-        "instead of GDDR.",
+        "More bandwidth: --tensor-parallel-size 2+ over NVLink (each GPU reads a shard)"
+        + ("." if hbm else ", or an HBM GPU instead of GDDR."),
     ]
     tgi = [
-        "Quantize the weights: --quantize awq / gptq / marlin (INT4) or fp8.",
-        "Quantize the KV cache: --kv-cache-dtype fp8_e4m3 / fp8_e5m2.",
+        *quantize_weights(s, "Quantize the weights", "--quantize awq / gptq / marlin (INT4)", "fp8"),
+        *unless(kv_done, "Quantize the KV cache: --kv-cache-dtype fp8_e4m3 / fp8_e5m2."),
         "Speculative decoding: --speculate N (Medusa/n-gram).",
-        "More bandwidth: --num-shard 2+ over NVLink, or an HBM GPU.",
+        "More bandwidth: --num-shard 2+ over NVLink" + ("." if hbm else ", or an HBM GPU."),
     ]
     sglang = [
-        "Quantize the weights (--quantization awq / gptq / fp8) and the KV cache (--kv-cache-dtype fp8_e5m2).",
+        *quantize_weights(s, "Quantize the weights", "--quantization awq / gptq (INT4)", "--quantization fp8"),
+        *unless(kv_done, "Quantize the KV cache: --kv-cache-dtype fp8_e5m2."),
         "Speculative decoding: --speculative-algorithm EAGLE.",
-        "More bandwidth: --tp-size 2+ over NVLink, or an HBM GPU.",
+        "More bandwidth: --tp-size 2+ over NVLink" + ("." if hbm else ", or an HBM GPU."),
     ]
     floor_note = (f", {s.itl_over_floor:.1f}x the {s.decode_floor_seconds * 1000:.0f} ms bandwidth floor"
                   if s.itl_over_floor is not None else "")
-    conf = confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps)
-    if s.decode_floor_seconds is None:
-        conf = round(conf * 0.7, 3)  # without the floor, "slow and steady" could also be a slow model server
+    # without the floor, "slow and steady" could also be a slow model server: half the confidence above 0.5
+    conf = confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps,
+                      reference=s.decode_floor_seconds is not None)
     return Finding(
         "bandwidth_bound", "warning" if s.decode_floor_seconds is not None else "info", conf,
         f"Decode takes {itl_small * 1000:.0f} ms per token at a small batch ({s.running_mean:.1f} running)"
@@ -129,8 +137,9 @@ def promql_profiled(x: Twin, target: ProfiledTarget) -> None:
                  f"{mean} / {num(floor)} <= {num(t.floor_ratio_max)}", x.gate),
           f"Decode is memory-bandwidth bound on {target.name}",
           f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
-          f"{human_seconds(t.slow_itl_seconds)}), at most {t.floor_ratio_max:g}x {decode_floor_text(target.hardware)}, "
-          f"steady (p99/p50 <= {t.steady_itl_ratio:g}) at a small batch (<= {t.low_batch_running:g} running).",
+          f"{human_seconds(t.slow_itl_seconds)}), at most {human.given(t.floor_ratio_max)}x "
+          f"{decode_floor_text(target.hardware)}, steady (p99/p50 <= {human.given(t.steady_itl_ratio)}) at a small "
+          f"batch (<= {human.given(t.low_batch_running)} running).",
           {"target": target.name})
 
 
@@ -144,13 +153,13 @@ def promql(x: Twin) -> None:
                  x.gate),
           f"Decode slow and steady at a small batch on {e.title}",
           f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w} (>= "
-          f"{human_seconds(t.slow_itl_seconds)}), steady (p99/p50 <= {t.steady_itl_ratio:g}) with at most "
-          f"{t.low_batch_running:g} running: probably memory-bandwidth bound. Add a `hardware:` profile to the "
-          f"target to compare with the decode floor.")
+          f"{human_seconds(t.slow_itl_seconds)}), steady (p99/p50 <= {human.given(t.steady_itl_ratio)}) with at "
+          f"most {human.given(t.low_batch_running)} running: probably memory-bandwidth bound. Add a `hardware:` "
+          f"profile to the target to compare with the decode floor.")
 
 
 RULE = Rule("bandwidth_bound", evaluate, precedence=50, colour="blue", promql=promql,
-            promql_profiled=promql_profiled, needs=(
+            promql_profiled=promql_profiled, min_scrapes="steady_min_scrapes", needs=(
     Need("per-step ITL histogram", ("itl",),
          "a per-step inter-token latency histogram (vLLM inter_token_latency_seconds, SGLang "
          "inter_token_latency_seconds, TGI tgi_batch_inference_duration{method=\"decode\"}); trtllm-serve "

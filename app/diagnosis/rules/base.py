@@ -17,6 +17,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
+from app.core import human
+from app.core.hardware import GPUS, WEIGHT_DTYPE_BYTES
 from app.core.quantiles import LatencySummary
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Evidence, Finding
@@ -162,6 +164,15 @@ class Rule:
     #: release does not export it), the rule is not run and the diagnosis lists the regime
     #: under ``not_judged`` with the reason - never "healthy" by omission
     needs: tuple[Need, ...] = ()
+    #: the :class:`Thresholds` field holding how many scrapes the window must hold for this rule to
+    #: be judged, where it needs more than every rule's ``min_scrapes`` (bandwidth_bound:
+    #: ``steady_min_scrapes``): ``check-config`` and the status page name the rule when the
+    #: diagnosis window at a target's scrape interval holds fewer (:mod:`app.diagnosis.sampling`)
+    min_scrapes: str = ""
+
+    def scrapes_needed(self, t: Thresholds) -> int:
+        """Scrapes a window must hold before this rule is judged (at least ``t.min_scrapes``)."""
+        return max(t.min_scrapes, int(getattr(t, self.min_scrapes))) if self.min_scrapes else t.min_scrapes
 
     def missing(self, s: Signals) -> list[Need]:
         """What this rule needs and the window does not have (empty: it can be judged)."""
@@ -242,10 +253,12 @@ def quantile_info(name: str, summary: LatencySummary | None, key: str, unit: str
 
 def undecided_reason(evidence: Evidence) -> str:
     """Why a quantile comparison could not be made, in words for the not-judged list."""
-    low, high = evidence.interval or [None, None]
-    span = f"{low:g} – {'+Inf' if high is None else f'{high:g}'}"
-    return (f"{evidence.name} lies in the bucket {span}{' s' if evidence.unit == 's' else ''}, and the threshold "
-            f"{evidence.threshold} is inside it: where in the bucket the true value falls decides")
+    unit = "s" if evidence.unit == "s" else evidence.unit
+    threshold = evidence.threshold
+    shown = (human.seconds(threshold) if unit == "s" else human.number(threshold, unit)) \
+        if isinstance(threshold, (int, float)) else str(threshold)
+    return (f"{evidence.name} lies in the bucket {human.interval(evidence.interval, unit)}, and the threshold "
+            f"{shown} is inside it: where in the bucket the true value falls decides")
 
 
 def check(name: str, value: float | None, op: str, threshold: float, unit: str = "", note: str = "") -> Evidence:
@@ -267,21 +280,52 @@ def info(name: str, value: float | str | None, unit: str = "", note: str = "") -
     return Evidence(name, value, "info", None, unit, True, note)
 
 
-def confidence(conditions: list[Evidence], observations: float, wanted: float) -> float:
-    """0.5 when the weakest condition is just met, rising with its margin (x2 -> 0.75,
-    x4 -> ~1), scaled down when the window holds few observations."""
-    margins = []
-    for e in conditions:
-        if not isinstance(e.value, (int, float)) or not isinstance(e.threshold, (int, float)):
-            continue
-        if e.op in (">=", ">"):
-            margins.append(e.value / e.threshold if e.threshold > 0 else 4.0)
-        else:
-            margins.append(e.threshold / e.value if e.value > 0 else 4.0)
-    weakest = max(min(margins, default=1.0), 1.0)
-    base = min(0.99, 0.5 + 0.25 * math.log2(weakest))
-    data = min(1.0, 0.5 + 0.5 * observations / max(wanted, 1.0))
-    return round(base * data, 3)
+#: A fired finding's confidence runs from the floor (the weakest condition on its threshold: a little
+#: noise would flip it) to the ceiling (every condition well past it, in a window with plenty of data).
+CONFIDENCE_FLOOR, CONFIDENCE_CEILING = 0.5, 0.99
+
+
+def margin(e: Evidence) -> float | None:
+    """How far a met condition is past its threshold, 0 (on it) to 1; None where it compares no two
+    numbers, or its threshold is 0 (any value past it counts alike). A condition decided on the
+    bucket that holds a quantile counts from the bucket's edge nearest the threshold.
+
+    * a share (a ratio or % compared upward with a threshold below 1): the part of the room between
+      the threshold and 100 % it covers, ``(value - threshold) / (1 - threshold)``;
+    * anything else: the ratio of value and threshold in doublings, ``log2(ratio) / 2``, so twice
+      past is 0.5 and four times past (or more) is 1."""
+    value, threshold = e.value, e.threshold
+    if (e.op not in (">=", ">", "<=") or isinstance(value, bool) or not isinstance(value, (int, float))
+            or not isinstance(threshold, (int, float)) or threshold == 0 or not math.isfinite(value)):
+        return None
+    if not e.met:
+        return 0.0
+    upward = e.op != "<="
+    if e.interval is not None:
+        edge = e.interval[0] if upward else e.interval[1]
+        value = edge if edge is not None else value
+    if upward and e.unit in ("%", "ratio") and 0 < threshold < 1:
+        return min(1.0, max(0.0, (value - threshold) / (1 - threshold)))
+    ratio = value / threshold if upward else (threshold / value if value > 0 else math.inf)
+    return min(1.0, max(0.0, math.log2(ratio) / 2)) if ratio > 0 else 0.0
+
+
+def confidence(conditions: list[Evidence], observations: float, wanted: float, reference: bool = True) -> float:
+    """How sure a finding is that its rule's pattern holds (``docs/diagnosis.md#confidence``):
+
+        0.5 + 0.49 x weakest margin x data x reference
+
+    the weakest :func:`margin` of the conditions that fired (0.5 when none compares two numbers);
+    data = observations / ``wanted`` (4x the rule's minimum), at most 1; reference 0.5 for a rule
+    judging without the reference it compares with (``bandwidth_bound`` without a hardware
+    profile, whose finding is then ``info``), else 1. So 0.5 is a finding on its threshold and
+    0.99 one whose every condition is at least 4x past it (a share: at 100 %) with enough data;
+    never below 0.5: a finding fires only when every condition is met."""
+    margins = [m for m in map(margin, conditions) if m is not None]
+    weakest = min(margins) if margins else 0.5
+    data = min(1.0, observations / wanted) if wanted > 0 else 1.0
+    span = CONFIDENCE_CEILING - CONFIDENCE_FLOOR
+    return round(CONFIDENCE_FLOOR + span * weakest * max(0.0, data) * (1.0 if reference else 0.5), 3)
 
 
 def estimates_disagree(s: Signals, t: Thresholds) -> bool:
@@ -301,7 +345,8 @@ def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
                         s.derived.get("queue_mean_estimated", "")))
     if s.queue_mean_from_ttft is not None and s.prefill_expected is not None:
         out.append(info("mean queue time as TTFT minus the expected prefill", s.queue_mean_from_ttft, "s",
-                        f"expected prefill {s.prefill_expected:.3g} s from {s.derived.get('prefill_expected', '')}"))
+                        f"expected prefill {human.seconds(s.prefill_expected)} from "
+                        f"{s.derived.get('prefill_expected', '')}"))
     ratio = s.queue_estimates_ratio
     if ratio is not None:
         disagree = estimates_disagree(s, t)
@@ -309,9 +354,10 @@ def queue_estimates(s: Signals, t: Thresholds) -> list[Evidence]:
         out.append(Evidence(name, ratio, ">=", t.queue_estimates_disagree, "ratio", True,
                             "they disagree: one of them measures more than the queue (abandoned requests inflate "
                             "Little's law; time outside the queue inflates TTFT minus prefill)")
-                   if disagree else info(name, ratio, "ratio", f"they agree within {t.queue_estimates_disagree:g}x"
+                   if disagree else info(name, ratio, "ratio",
+                                         f"they agree within {human.given(t.queue_estimates_disagree)}x"
                                          if ratio < t.queue_estimates_disagree else
-                                         f"both below {t.queue_seconds:g} s: no queue to disagree about"))
+                                         f"both below {human.given(t.queue_seconds)} s: no queue to disagree about"))
     return out
 
 
@@ -323,6 +369,43 @@ def probe_evidence(s: Signals, key: str, label: str) -> list[Evidence]:
         return []
     return [info(f"single-request {label} p50 (client probe)", value, "s",
                  f"probe run {b.run_id}, {b.prompt_tokens} prompt tokens, {b.age_seconds:.0f} s ago")]
+
+
+def weights_at_most(s: Signals, dtype: str) -> bool:
+    """The target's hardware profile stores the weights in at most ``dtype``'s bytes per parameter
+    (False without a profile)."""
+    return s.weight_dtype is not None and WEIGHT_DTYPE_BYTES[s.weight_dtype] <= WEIGHT_DTYPE_BYTES[dtype]
+
+
+def gpu_without_fp8(s: Signals) -> bool:
+    """The profile's GPU preset has no FP8 tensor cores (A100): FP8 compute cannot speed it up."""
+    return s.gpu in GPUS and GPUS[s.gpu].fp8_flops is None
+
+
+def gpu_with_hbm(s: Signals) -> bool:
+    """The profile's GPU preset reads HBM already: "an HBM GPU instead of GDDR" is no remedy for it."""
+    return s.gpu in GPUS and GPUS[s.gpu].hbm
+
+
+def kv_cache_fp8(s: Signals) -> bool:
+    """The engine's own configuration (vLLM ``cache_config_info``) says its KV cache is FP8 already."""
+    return s.config.get("cache_dtype", "").lower().startswith("fp8")
+
+
+def quantize_weights(s: Signals, lead: str, int4: str, fp8: str | None = None, fp8_compute: bool = False) -> list[str]:
+    """The weight-quantization remedy ``lead: int4 or fp8.``, naming only the formats smaller than the
+    weights of the target's hardware profile (none left: no remedy), and FP8 only where it can help
+    (``fp8_compute``: FP8 helps by its tensor cores, so not on a GPU without them)."""
+    options = [] if weights_at_most(s, "int4") else [int4]
+    if fp8 is not None and not weights_at_most(s, "fp8") and not (fp8_compute and gpu_without_fp8(s)):
+        options.append(fp8)
+    return [f"{lead}: {' or '.join(options)}."] if options else []
+
+
+def unless(done: bool, *remedy: str) -> list[str]:
+    """``remedy``, or none where the hardware profile or the engine's configuration says it is done
+    already (INT4 advice for INT4 weights contradicts what the user told us)."""
+    return [] if done else list(remedy)
 
 
 def remedies(engine: str, vllm: list[str], tgi: list[str], sglang: list[str],

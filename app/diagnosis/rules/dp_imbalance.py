@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
@@ -45,7 +46,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         evidence = conditions + [
             info(f"rank {r.target}", f"running {r.running_mean:.1f}, waiting {r.waiting_mean:.1f}"
                  + (f", KV usage {s.rank_kv_usage[r.target]:.0%}" if r.target in s.rank_kv_usage else "")
-                 + (f", mean queue time {r.queue_mean:.3g} s" if r.queue_mean is not None else ""))
+                 + (f", mean queue time {human.seconds(r.queue_mean)}" if r.queue_mean is not None else ""))
             for r in s.ranks]
         critical = ratio >= t.imbalance_critical_factor * t.imbalance_load_ratio
     else:
@@ -96,19 +97,19 @@ def promql(x: Twin) -> None:
 
     text = (f"{e.who()}: its busiest data-parallel rank ({e.rank_label} label) holds "
             f"{{{{ $value | printf \"%.1f\" }}}}x the requests (running + waiting) of the least busy one "
-            f"over the last {x.w} (>= {{min}}x), with at least {t.imbalance_waiting:g} request(s) waiting on "
-            f"the busiest and at most {t.imbalance_idle_waiting:g} on the least busy: route by load.")
+            f"over the last {x.w} (>= {{min}}x), with at least {human.given(t.imbalance_waiting)} request(s) waiting "
+            f"on the busiest and at most {human.given(t.imbalance_idle_waiting)} on the least busy: route by load.")
     summary = f"Data-parallel ranks unevenly loaded on {e.title}"
     for severity, min_ratio in (("warning", t.imbalance_load_ratio),
                                 ("critical", t.imbalance_critical_factor * t.imbalance_load_ratio)):
-        x.add(severity, ranked(min_ratio), summary, text.replace("{min}", f"{min_ratio:g}"))
+        x.add(severity, ranked(min_ratio), summary, text.replace("{min}", f"{human.given(min_ratio)}"))
     if "dp_token_imbalance" in r:
         own = x.and_(f"{r['dp_token_imbalance']} >= {num(t.dp_token_imbalance_ratio)}",
                      f"{r['waiting']} >= {num(t.imbalance_waiting)}", x.gate)
         x.add("warning", f"({own})\nunless on({e.labels}) ({r['rank_count']} >= 2)", summary,
               f"{e.who()}: the engine reports a token imbalance of {{{{ $value | printf \"%.1f\" }}}} between its "
-              f"data-parallel ranks over the last {x.w} (>= {t.dp_token_imbalance_ratio:g}) with at least "
-              f"{t.imbalance_waiting:g} request(s) waiting.",
+              f"data-parallel ranks over the last {x.w} (>= {human.given(t.dp_token_imbalance_ratio)}) with at least "
+              f"{human.given(t.imbalance_waiting)} request(s) waiting.",
               {"basis": "token_imbalance"})  # a label of its own: not a duplicate of the ranked warning
 
 

@@ -17,9 +17,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import (
+    Need,
+    Rule,
+    check,
+    confidence,
+    info,
+    kv_cache_fp8,
+    quantize_weights,
+    remedies,
+    unless,
+)
 from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
 
@@ -60,21 +71,23 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
                  s.pd_split.get("sources", {}).get("decode_prealloc", "")),
             info("requests whose KV is on its way (mean)", s.transfer_queue_mean),
         ]
+    kv_done = kv_cache_fp8(s)  # no KV quantization advice for an FP8 cache
     vllm = [
         "Admit fewer sequences at once: lower --max-num-seqs so the running set fits the cache without preemption.",
-        "Quantize the KV cache: --kv-cache-dtype fp8 doubles the tokens that fit.",
+        *unless(kv_done, "Quantize the KV cache: --kv-cache-dtype fp8 doubles the tokens that fit."),
         "Give the cache more memory: raise --gpu-memory-utilization (e.g. 0.90 -> 0.95) or use more GPUs "
         "(--tensor-parallel-size) so each holds less of the weights.",
         "Lower --max-model-len if requests never need the full context.",
     ]
     tgi = [
         "Lower --max-batch-total-tokens headroom pressure by limiting --max-total-tokens per request.",
-        "Quantize the KV cache (--kv-cache-dtype fp8_e4m3) or the weights (--quantize) to free memory.",
+        *unless(kv_done, "Quantize the KV cache (--kv-cache-dtype fp8_e4m3) to double the tokens that fit."),
+        *quantize_weights(s, "Quantize the weights to free memory for the cache", "--quantize awq / gptq", "fp8"),
         "Raise --cuda-memory-fraction or shard over more GPUs (--num-shard).",
     ]
     sglang = [
         "Lower --max-running-requests; raise --mem-fraction-static if weights leave room.",
-        "Quantize the KV cache: --kv-cache-dtype fp8_e5m2.",
+        *unless(kv_done, "Quantize the KV cache: --kv-cache-dtype fp8_e5m2."),
     ]
     if memory_wait:
         sglang = [
@@ -89,14 +102,17 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         "Give the KV cache more memory: raise --kv_cache_free_gpu_memory_fraction (kv_cache_config."
         "free_gpu_memory_fraction, default 0.9) if nothing else needs the GPU, or shard the weights over more GPUs "
         "(--tp_size).",
-        "Quantize the KV cache: --kv_cache_dtype fp8 (kv_cache_config.dtype) doubles the tokens that fit.",
+        *unless(kv_done, "Quantize the KV cache: --kv_cache_dtype fp8 (kv_cache_config.dtype) doubles the tokens "
+                         "that fit."),
         "Admit fewer requests at once: lower --max_batch_size, and keep scheduler_config.capacity_scheduler_policy "
         "at GUARANTEED_NO_EVICT (the default) so admitted requests are not paused for memory.",
         "Lower --max_seq_len if requests never need the full context.",
     ]
-    preempt = f", {s.preemptions_per_second:.2f} preemptions/s" if s.preemptions_per_second else ""
+    # the headline names the condition that fired: preemptions, or (without a preemption counter) waiting requests
+    evicted = (f"{s.preemptions_per_second:.2f} preemptions/s" if evicting.name == "preemptions"
+               else f"{s.waiting_mean:.1f} requests waiting")
     severity = "critical" if (s.preemptions_per_second or 0) >= t.kv_critical_preemptions_per_second else "warning"
-    summary = f"The KV cache is full ({s.kv_usage_max:.0%} used{preempt}); requests wait for memory."
+    summary = f"The KV cache is full ({s.kv_usage_max:.0%} used, {evicted}); requests wait for memory."
     if memory_wait:
         summary = (f"The decode worker's KV cache is full: {s.prealloc_queue_mean:.1f} requests wait on average for "
                    f"memory before their KV can be received"
@@ -120,7 +136,7 @@ def promql(x: Twin) -> None:
     if r["preemptions"] is None:
         x.add("warning", x.and_(f"{r['kv_max']} >= {num(t.kv_usage)}", f"{r['waiting']} >= {num(t.kv_waiting)}",
                                 x.gate), summary,
-              text.replace("{extra}", f" with at least {t.kv_waiting:g} request(s) waiting "
+              text.replace("{extra}", f" with at least {human.given(t.kv_waiting)} request(s) waiting "
                                       f"(TGI exports no preemption counter)"))
         return
     evicting = (f"({r['preemptions']} > {num(t.preemptions_per_second)})\n"
@@ -128,16 +144,17 @@ def promql(x: Twin) -> None:
                 f"unless on({e.labels}) {r['preemptions']})")
     conditions = [f"{r['kv_max']} >= {num(t.kv_usage)}", evicting, x.gate]
     x.add("warning", x.and_(*conditions), summary,
-          text.replace("{extra}", f" with more than {t.preemptions_per_second:g} preemptions/s (or, without a "
-                                  f"preemption counter, requests waiting)"))
+          text.replace("{extra}", f" with more than {human.given(t.preemptions_per_second)} preemptions/s (or, "
+                                  f"without a preemption counter, requests waiting)"))
     x.add("critical", x.and_(*conditions, f"{r['preemptions']} >= {num(t.kv_critical_preemptions_per_second)}"),
-          summary, text.replace("{extra}", f" with at least {t.kv_critical_preemptions_per_second:g} preemption(s)/s"))
+          summary, text.replace("{extra}", f" with at least {human.given(t.kv_critical_preemptions_per_second)} "
+                                           "preemption(s)/s"))
     if r.get("prealloc_queue") is not None:  # a P/D decode worker (SGLang) full before anything is evicted
         x.add("warning", x.and_(f"{r['prealloc_queue']} >= {num(t.kv_prealloc_waiting)}",
                                 f"{r['kv_alloc_mean']} >= {num(t.kv_alloc_seconds)}", x.gate),
               f"Decode worker's KV cache full: requests wait for memory before their transfer on {e.title}",
               f"{e.who()}: {{{{ $value | humanize }}}} requests waited on average over the last {x.w} for KV memory "
-              f"before their KV could be received (>= {t.kv_prealloc_waiting:g}), each at least "
+              f"before their KV could be received (>= {human.given(t.kv_prealloc_waiting)}), each at least "
               f"{human_seconds(t.kv_alloc_seconds)} on average: the decode pool's memory, not the link.",
               extra={"cause": "decode_memory"})
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
@@ -18,10 +19,13 @@ from app.diagnosis.rules.base import (
     Rule,
     check,
     confidence,
+    gpu_without_fp8,
     info,
     probe_evidence,
     quantile_info,
     remedies,
+    unless,
+    weights_at_most,
 )
 from app.diagnosis.signals import Signals
 from app.promql.text import human_seconds, human_share, num
@@ -52,6 +56,8 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("enable_prefix_caching", caching, note="from vllm:cache_config_info" if caching else ""),
     ]
     evidence += probe_evidence(s, "ttft", "TTFT")
+    # FP8 compute only where it is not there already and the profile's GPU has FP8 tensor cores
+    no_fp8 = weights_at_most(s, "fp8") or gpu_without_fp8(s)
     vllm = [
         "Shorten the inputs: fewer RAG chunks, truncated chat history, shorter system prompts.",
         ("Enable prefix caching (--enable-prefix-caching) if requests share a prefix (system prompt, documents)"
@@ -60,30 +66,30 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
          if hit_rate is not None else "Use prefix caching for shared prompt prefixes (--enable-prefix-caching)."),
         "More compute per request for long contexts: --tensor-parallel-size 2+ on NVLink-connected GPUs, "
         "or a faster GPU.",
-        "FP8 weights/activations (--quantization fp8 on Hopper/Ada) cut prefill FLOP time.",
+        *unless(no_fp8, "FP8 weights/activations (--quantization fp8 on Hopper/Ada) cut prefill FLOP time."),
     ]
     tgi = [
         "Shorten the inputs (fewer RAG chunks, truncated history).",
         "Prefix caching is on by default in TGI v3 (PREFIX_CACHING=1); keep shared prefixes at the start of prompts.",
-        "More compute: --num-shard 2+ on NVLink GPUs, or --quantize fp8.",
+        "More compute: --num-shard 2+ on NVLink GPUs" + ("." if no_fp8 else ", or --quantize fp8."),
     ]
     sglang = [
         "Shorten the inputs; keep the radix cache on (do not pass --disable-radix-cache) and shared prefixes first.",
-        "More compute: --tp-size 2+ on NVLink GPUs, or --quantization fp8.",
+        "More compute: --tp-size 2+ on NVLink GPUs" + ("." if no_fp8 else ", or --quantization fp8."),
     ]
     trtllm = [
         "Shorten the inputs: fewer RAG chunks, truncated chat history, shorter system prompts.",
         "Reuse shared prefixes: keep kv_cache_config.enable_block_reuse on (the default; --extra_llm_api_options "
         "YAML) and put the shared part of prompts (system prompt, documents) first.",
-        "More compute per request for long contexts: --tp_size 2+ on NVLink-connected GPUs, or a faster GPU; an "
-        "FP8-quantized checkpoint cuts prefill FLOP time on Hopper/Blackwell.",
+        "More compute per request for long contexts: --tp_size 2+ on NVLink-connected GPUs, or a faster GPU"
+        + ("." if no_fp8 else "; an FP8-quantized checkpoint cuts prefill FLOP time on Hopper/Blackwell."),
         "Give long prefills their own GPUs: disaggregated serving (trtllm-serve disaggregated -c <config> with "
         "context_servers and generation_servers).",
     ]
     severity = "critical" if (prefill_mean or 0) >= t.prefill_critical_factor * t.prefill_seconds else "warning"
     return Finding(
         "prefill_compute", severity, confidence(conditions, s.ttft.count if s.ttft else 0, 4 * t.min_requests),
-        f"Prefill of {prompt_mean:.0f}-token prompts takes {prefill_mean:.2f} s on average "
+        f"Prefill of {human.number(prompt_mean)}-token prompts takes {prefill_mean:.2f} s on average "
         f"({s.prefill_share:.0%} of TTFT) with little queueing.",
         evidence, remedies(s.engine, vllm, tgi, sglang, trtllm),
     )
@@ -99,7 +105,7 @@ def promql(x: Twin) -> None:
 
     text = (f"{e.who()}: prefill takes {{{{ $value | humanizeDuration }}}} per request on average over the "
             f"last {x.w} (>= {{min}}), at least {human_share(t.prefill_share)} of mean TTFT, with prompts of "
-            f"at least {t.long_prompt_tokens:g} tokens on average.")
+            f"at least {human.given(t.long_prompt_tokens)} tokens on average.")
     for severity, min_prefill in (("warning", t.prefill_seconds),
                                   ("critical", t.prefill_critical_factor * t.prefill_seconds)):
         x.add(severity, expr(min_prefill), f"Long prompts make the first token slow on {e.title}",

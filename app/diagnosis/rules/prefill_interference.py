@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
@@ -50,14 +51,14 @@ def _budget_remedies(budget: StepBudget | None) -> list[str]:
     if budget is None or budget.verdict == "unknown":
         return [enable, lower]
     if budget.verdict == "whole_prompts":
-        return [f"Steps of ~{budget.step_tokens:.0f} tokens: whole prompts run in one step, so chunked prefill "
-                "appears off (or --max-num-batched-tokens is at least that). Enable it with a small budget: "
+        return [f"Steps of ~{human.number(budget.step_tokens)} tokens: whole prompts run in one step, so chunked "
+                "prefill appears off (or --max-num-batched-tokens is at least that). Enable it with a small budget: "
                 "--enable-chunked-prefill --max-num-batched-tokens 512 (raise it again if TTFT/throughput suffer)."]
     if budget.budget_tokens > SMALL_BUDGET:
-        return [f"Prefills are chunked at ~{budget.budget_tokens:.0f} tokens per step: lower the budget with "
+        return [f"Prefills are chunked at ~{human.number(budget.budget_tokens)} tokens per step: lower the budget with "
                 "--max-num-batched-tokens 512 (raise it again if TTFT/throughput suffer)."]
-    return [f"Prefills are already chunked at ~{budget.budget_tokens:.0f} tokens per step, so the step budget is "
-            "not what stalls the decodes here."]
+    return [f"Prefills are already chunked at ~{human.number(budget.budget_tokens)} tokens per step, so the step "
+            "budget is not what stalls the decodes here."]
 
 
 def _all(*verdicts: bool | None) -> bool | None:
@@ -95,7 +96,7 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         if ratio_verdict is None and s.itl_ratio_bounds is not None and not stall.met:
             low, high = s.itl_ratio_bounds
             reasons.append(f"ITL p99/p50 is between {low:.2f} and {high:.2f} over the buckets that hold them; "
-                           f"the limit {t.itl_ratio:g} is inside that range")
+                           f"the limit {human.given(t.itl_ratio)} is inside that range")
         raise NotJudged("; ".join(reasons) or "a threshold lies inside a bucket")
     if not verdict:
         return None
@@ -129,15 +130,17 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     ]
     severity = ("critical" if (s.decode_stall_share or 0) >= t.interference_critical_stall_share
                 or (itl_p99 or 0) >= t.interference_critical_itl_p99_seconds else "warning")
-    stalled = f"{s.decode_stall_share:.0%} of decode time is stalled" if s.decode_stall_share is not None \
+    # the headline names the conditions that fired: the stall share, or the ITL tail; the mean
+    # prompt length, or the p90
+    stalled = f"{s.decode_stall_share:.0%} of decode time is stalled" if stall.met \
         else f"ITL p99 is {s.itl_ratio:.1f}x p50"
-    arriving = (f"{prompt_mean:.0f}-token prompts" if long_prompts is mean_long
-                else f"prompts of {long_prompts.value:.0f}+ tokens (p90)")
+    arriving = (f"{human.number(prompt_mean)}-token prompts" if long_prompts is mean_long
+                else f"long prompts (p90 {human.quantile(p90_long.value, p90_long.interval, 'tokens')})")
     return Finding(
         "prefill_interference", severity,
         confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps),
-        f"{stalled} (ITL p99 {itl_p99 * 1000:.0f} ms) while {arriving} arrive among "
-        f"{s.running_mean:.0f} running requests: decodes wait for prefills.",
+        f"{stalled} (ITL p99 {human.quantile(itl_p99, s.itl.interval('p99') if s.itl else None)}) while "
+        f"{arriving} arrive among {s.running_mean:.0f} running requests: decodes wait for prefills.",
         evidence, remedies(s.engine, vllm, tgi, sglang),
     )
 
@@ -155,10 +158,10 @@ def promql(x: Twin) -> None:
     stall_what = "prefill batches pausing decodes" if e.name == "tgi" else f"steps >= {human_seconds(STALL_SECONDS)}"
     text = (f"{e.who()}: ITL p99 is {{{{ $value | humanizeDuration }}}} over the last {x.w}: at least "
             f"{human_share(t.stall_share)} of decode time stalled ({stall_what}), or ITL p99/p50 >= "
-            f"{t.itl_ratio:g} with p99 >= {human_seconds(t.itl_p99_seconds)}; prompts average at least "
-            f"{t.interference_prompt_tokens:g} tokens (or one in ten has at least "
-            f"{t.interference_long_prompt_tokens:g}) among at least {t.interference_running:g} running "
-            f"requests{{extra}}.")
+            f"{human.given(t.itl_ratio)} with p99 >= {human_seconds(t.itl_p99_seconds)}; prompts average at least "
+            f"{human.given(t.interference_prompt_tokens)} tokens (or one in ten has at least "
+            f"{human.given(t.interference_long_prompt_tokens)}) among at least "
+            f"{human.given(t.interference_running)} running requests{{extra}}.")
     summary = f"Prefills stall running decodes on {e.title}"
     x.add("warning", x.and_(*conditions), summary, text.replace("{extra}", ""))
     escalated = (f"({r['stall_share']} >= {num(t.interference_critical_stall_share)})\n"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import (
@@ -55,9 +56,10 @@ def _cross_check(s: Signals, t: Thresholds, little_says: bool) -> None:
                                                or 0.0) >= t.queue_share
     if other_says != little_says:
         which = "meets" if little_says else "does not meet"
-        raise NotJudged(f"the two queue-time estimates disagree: Little's law gives {s.queue_mean_estimated:.3g} s, "
-                        f"which {which} the thresholds ({t.queue_seconds:g} s and {t.queue_share:.0%} of TTFT), "
-                        f"TTFT minus the expected prefill {other:.3g} s, which does"
+        raise NotJudged(f"the two queue-time estimates disagree: Little's law gives "
+                        f"{human.seconds(s.queue_mean_estimated)}, which {which} the thresholds "
+                        f"({human.given(t.queue_seconds)} s and {t.queue_share:.0%} of TTFT), "
+                        f"TTFT minus the expected prefill {human.seconds(other)}, which does"
                         f"{' not' if little_says else ''}; a queue-time histogram decides")
 
 
@@ -138,7 +140,7 @@ def promql(x: Twin) -> None:
 
     text = (f"{e.who()}: requests wait {{{{ $value | humanizeDuration }}}} for the scheduler on average over "
             f"the last {x.w} (mean queue time >= {{min}}), at least {human_share(t.queue_share)} of mean TTFT, "
-            f"with at least {t.queue_waiting:g} request(s) waiting on average.")
+            f"with at least {human.given(t.queue_waiting)} request(s) waiting on average.")
     for severity, min_queue in (("warning", t.queue_seconds), ("critical", t.queue_critical_factor * t.queue_seconds)):
         x.add(severity, expr(min_queue), f"Requests queue for the scheduler on {e.title}",
               text.replace("{min}", human_seconds(min_queue)))

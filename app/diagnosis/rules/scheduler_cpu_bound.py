@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import NotJudged, Rule, check, confidence, info, quantile_info
@@ -99,7 +100,7 @@ def promql(x: Twin) -> None:
 
     text = (f"{e.who()}: the GPU ran no forward pass for {{{{ $value | humanizePercentage }}}} of the time its "
             f"scheduler had work over the last {x.w} (at least {{min}}), while the scheduler process used at least "
-            f"{t.scheduler_cpu_share:g} CPU-seconds per second: the scheduler's CPU work sets the pace.")
+            f"{human.given(t.scheduler_cpu_share)} CPU-seconds per second: the scheduler's CPU work sets the pace.")
     for severity, idle in (("warning", t.scheduler_gpu_idle_share), ("critical", t.scheduler_critical_gpu_idle_share)):
         x.add(severity, expr(idle), f"The scheduler's CPU work sets the pace on {e.title}",
               text.replace("{min}", human_share(idle)))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
 from app.diagnosis.rules.base import Rule, check, confidence, info, remedies
@@ -71,10 +72,10 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
     ]
     tgi = ["Lower or remove --speculate (Medusa / n-gram): accepted tokens are too few to pay for the verify."]
     critical = s.spec_accept_length is not None and s.spec_accept_length <= t.spec_critical_accept_length
-    parts = []
-    if s.spec_accept_rate is not None:
-        parts.append(f"{s.spec_accept_rate:.0%} of draft tokens are accepted")
-    if s.spec_accept_length is not None:
+    parts = []  # the conditions that fired, not every number the engine exports
+    if rate.met:
+        parts.append(f"only {s.spec_accept_rate:.0%} of draft tokens are accepted")
+    if length.met:
         parts.append(f"a verification step emits {s.spec_accept_length:.2f} tokens on average")
     return Finding("speculation_ineffective", "critical" if critical else "warning",
                    confidence(conditions, steps, 4 * t.spec_min_drafts),
@@ -114,13 +115,13 @@ def promql(x: Twin) -> None:
     expr = x.and_(f"({low})", f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}")
     x.add("warning", expr, f"Speculative decoding is ineffective on {e.title}",
           f"{e.who()}: a verification step emitted {{{{ $value | printf \"%.2f\" }}}} tokens on average over the last "
-          f"{x.w} (at most {t.spec_accept_length:g}, or at most {human_share(t.spec_accept_rate)} of draft tokens "
-          f"accepted).")
+          f"{x.w} (at most {human.given(t.spec_accept_length)}, or at most {human_share(t.spec_accept_rate)} of draft "
+          f"tokens accepted).")
     x.add("critical", x.and_(f"{length} <= {num(t.spec_critical_accept_length)}",
                              f"{r['spec_drafts']} >= {num(t.spec_min_drafts)}"),
           f"Speculative drafts are almost never accepted on {e.title}",
           f"{e.who()}: a verification step emitted {{{{ $value | printf \"%.2f\" }}}} tokens on average over the last "
-          f"{x.w} (at most {t.spec_critical_accept_length:g}).")
+          f"{x.w} (at most {human.given(t.spec_critical_accept_length)}).")
 
 
 RULE = Rule("speculation_ineffective", evaluate, precedence=48, colour="light-blue", promql=promql,

@@ -36,7 +36,7 @@ def _decode_ceiling(s: Signals, t: Thresholds) -> tuple[float, str]:
     if s.decode_floor_seconds is not None and t.expected_itl_floor_factor * s.decode_floor_seconds < \
             t.expected_itl_seconds:
         return (t.expected_itl_floor_factor * s.decode_floor_seconds,
-                f"{t.expected_itl_floor_factor:g}x the decode floor {s.decode_floor_seconds * 1000:.1f} ms "
+                f"{human.given(t.expected_itl_floor_factor)}x the decode floor {s.decode_floor_seconds * 1000:.1f} ms "
                 f"({s.hardware})")
     return t.expected_itl_seconds, "expected_itl_seconds"
 
@@ -58,7 +58,8 @@ def latencies(s: Signals, t: Thresholds) -> tuple[list[Evidence], list[Evidence]
     if e2e is not None and output is not None:
         expected = t.expected_ttft_seconds + output * ceiling
         compared.append(check("end-to-end latency mean", e2e, ">", expected, "s",
-                              f"expected TTFT + mean output length {output:.0f} tokens ({s.output_mean_source}) "
+                              f"expected TTFT + mean output length {human.number(output)} tokens "
+                              f"({s.output_mean_source}) "
                               f"x {ceiling * 1000:.0f} ms per token"))
     elif e2e is not None:
         notes.append(info("end-to-end latency mean", e2e, "s", "not compared: the page gives no output length "

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis.findings import Finding
-from app.diagnosis.rules.base import Need, Rule, check, confidence, info, remedies
+from app.diagnosis.rules.base import Need, Rule, check, confidence, info, quantize_weights, remedies
 from app.diagnosis.signals import Signals
 from app.promql.text import decode_floor_text, human_seconds, instance_selector, num
 
@@ -51,21 +52,32 @@ def evaluate(s: Signals, t: Thresholds) -> Finding | None:
         info("engine sleep state", s.config.get("sleep_state")),
         info("running requests (mean)", s.running_mean),
     ]
+    # quantization advice only with formats smaller than the weights of the target's hardware profile
     vllm = [
-        "Make the model fit in GPU memory: drop --cpu-offload-gb and quantize instead (AWQ/GPTQ INT4 or "
-        "--quantization fp8).",
+        *quantize_weights(s, "Drop --cpu-offload-gb and quantize the weights so the model fits in GPU memory",
+                          "an AWQ/GPTQ INT4 checkpoint", "--quantization fp8"),
         "Shard across GPUs: --tensor-parallel-size 2+ so each GPU holds its part of the weights.",
         "Use a GPU with more memory.",
     ]
     if sleeping:
         vllm.insert(0, "The engine is in sleep mode with weights offloaded: wake it up (POST /wake_up).")
-    tgi = ["Make the model fit: --quantize (awq/gptq/fp8) or --num-shard 2+; avoid CPU offload."]
-    sglang = ["Make the model fit: --quantization, --tp-size 2+; avoid --cpu-offload-gb."]
-    ratio = f" = {s.itl_over_floor:.1f}x the {s.decode_floor_seconds * 1000:.0f} ms HBM floor" \
-        if s.itl_over_floor is not None else ""
+    tgi = [*quantize_weights(s, "Quantize the weights so the model fits without CPU offload",
+                             "--quantize awq / gptq", "fp8"),
+           "Shard across GPUs: --num-shard 2+; avoid CPU offload."]
+    sglang = [*quantize_weights(s, "Quantize the weights so the model fits without --cpu-offload-gb",
+                                "--quantization awq / gptq", "--quantization fp8"),
+              "Shard across GPUs: --tp-size 2+; avoid --cpu-offload-gb."]
+    # the headline names what fired: the floor ratio of the profile, else the engine's own configuration
+    if s.itl_over_floor is not None:
+        why = (f" = {s.itl_over_floor:.1f}x the {s.decode_floor_seconds * 1000:.0f} ms HBM floor: part of the "
+               "weights is read over PCIe")
+    elif sleeping:
+        why = ": the engine is asleep with its weights offloaded (sleep mode)"
+    else:
+        why = f": the engine offloads {human.number(offload_gb)} GB of weights to the CPU (cpu_offload_gb)"
     return Finding(
         "weights_offloaded", "critical", confidence(conditions, s.itl.count if s.itl else 0, 4 * t.min_decode_steps),
-        f"Decode takes {itl_small * 1000:.0f} ms per token{ratio}: part of the weights is read over PCIe.",
+        f"Decode takes {itl_small * 1000:.0f} ms per token{why}.",
         evidence, remedies(s.engine, vllm, tgi, sglang),
     )
 
@@ -81,7 +93,8 @@ def promql_profiled(x: Twin, target: ProfiledTarget) -> None:
                  f"{mean} / {num(floor)} >= {num(t.offload_floor_ratio)}", x.gate),
           f"Decode far above the bandwidth floor on {target.name}: weights offloaded?",
           f"{e.who()}: mean ITL is {{{{ $value | humanizeDuration }}}} over the last {x.w}, at least "
-          f"{t.offload_floor_ratio:g}x {decode_floor_text(target.hardware)}: part of the weights is read over PCIe.",
+          f"{human.given(t.offload_floor_ratio)}x {decode_floor_text(target.hardware)}: part of the weights is read "
+          "over PCIe.",
           {"target": target.name})
 
 
