@@ -260,6 +260,8 @@ def db_current() -> None:
 @main.command()
 @click.argument("url")
 @click.option("--window", default="60s", show_default=True, help="How long to watch the engine.")
+@click.option("--baseline", help="Watch this long first, then the window, and say what changed between the two "
+                                 "(e.g. 60s).")
 @click.option("--interval", default="5s", show_default=True, help="Scrape interval inside the window.")
 @click.option("--engine", type=click.Choice(["auto", "vllm", "tgi", "sglang", "trtllm"]), default="auto",
               show_default=True)
@@ -272,10 +274,11 @@ def db_current() -> None:
 @click.option("--threshold", "threshold_options", multiple=True, metavar="NAME=VALUE",
               help="A diagnosis threshold (app/core/thresholds.py), e.g. expected_ttft_seconds=60; repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None, hbm_bandwidth: float | None,
-             model_preset: str | None, params: float | None, weight_dtype: str, tensor_parallel: int,
-             threshold_options: tuple[str, ...], as_json: bool) -> None:
-    """Watch a live engine's /metrics for a window and say why it is slow.
+def diagnose(url: str, window: str, baseline: str | None, interval: str, engine: str, gpu: str | None,
+             hbm_bandwidth: float | None, model_preset: str | None, params: float | None, weight_dtype: str,
+             tensor_parallel: int, threshold_options: tuple[str, ...], as_json: bool) -> None:
+    """Watch a live engine's /metrics for a window and say why it is slow; with --baseline, watch
+    that long first and say what changed between the two (docs/changes.md).
 
     Exit status: 0 healthy (every regime judged, none found, latency in its expected range),
     1 a regime was found (``unexplained`` too: latency out of range and no rule explains it),
@@ -292,10 +295,14 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
     try:
         validate_target_url(url, [])
         window_s, interval_s = parse_duration(window), parse_duration(interval)
+        baseline_s = parse_duration(baseline) if baseline is not None else None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     if window_s < interval_s or interval_s <= 0:
         raise click.BadParameter(f"--window ({window}) must be at least one --interval ({interval})")
+    if baseline_s is not None and baseline_s < 3 * interval_s:
+        raise click.BadParameter(f"--baseline ({baseline}) must be at least three --interval ({interval}): its "
+                                 "parts give the noise", param_hint="'--baseline'")
     hardware = None
     if gpu or hbm_bandwidth or model_preset or params:
         try:
@@ -305,9 +312,9 @@ def diagnose(url: str, window: str, interval: str, engine: str, gpu: str | None,
             raise click.BadParameter(format_validation_error(exc), param_hint="hardware options") from None
     thresholds = parse_thresholds(threshold_options)
     if not as_json:
-        click.echo(f"watching {url} for {window_s:g} s ...", err=True)
+        click.echo(f"watching {url} for {window_s + (baseline_s or 0.0):g} s ...", err=True)
     result = oneshot.run(url, window_s, interval_s, engine, timeout=min(10.0, interval_s), hardware=hardware,
-                         thresholds=thresholds)
+                         thresholds=thresholds, baseline=baseline_s)
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if as_json
                else oneshot.format_text(result, runbook_base=load_settings().public_url))
     sys.exit(result.exit_code)

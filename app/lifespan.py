@@ -41,10 +41,15 @@ from app.alerts import repository as alert_repository
 from app.alerts import rounds as alert_rounds
 from app.alerts.config import AlertsConfig
 from app.alerts.delivery import DeliveryWorker
+from app.attribution import reads as events_reads
+from app.attribution import repository as events_repository
+from app.attribution import rounds as events_rounds
+from app.attribution.events import ChangeEvent
 from app.config import ConfigError, load_config
 from app.diagnosis import capacity
 from app.diagnosis import rounds as diagnosis_rounds
 from app.diagnosis.config import DiagnosisConfig
+from app.diagnosis.profile import prefill_seconds_per_token
 from app.probe import canary
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig
@@ -63,7 +68,7 @@ from app.store import db, retention
 from app.store.models import DISCOVERED_BY_SOURCES
 from app.targets import repository as target_repository
 from app.telemetry import Telemetry
-from app.windows import Windows
+from app.windows import WindowError, Windows
 from app.windows.prometheus import PrometheusWindows
 from app.windows.store import StoreWindows
 
@@ -297,6 +302,12 @@ class Monitor:
             self.telemetry.diagnosis.diagnoses, self.diagnosis_config.thresholds, self.telemetry.slo.statuses)
         return results
 
+    def detect_changes(self, now: float | None = None,
+                       sessions: sessionmaker[Session] | None = None) -> list[ChangeEvent]:
+        """The change events round (:mod:`app.attribution.rounds`) over the last ``changes_interval``."""
+        return events_rounds.detect_events(sessions or self.sessions, self.windows, self.settings.changes_interval,
+                                           now, telemetry=self.telemetry.changes)
+
     def _keep_round_summaries(self, kept: diagnosis_rounds.RoundSummaries) -> None:
         self.round_summaries = kept
 
@@ -314,7 +325,24 @@ class Monitor:
                                             generator_url=f"{generator}/api/v1/alerts",
                                             eval_interval=self.settings.alert_interval, telemetry=self.telemetry,
                                             now=now, windows=self.windows, slos=self.slos,
-                                            retention=self.settings.retention)
+                                            retention=self.settings.retention, what_changed=self.what_changed)
+
+    def what_changed(self, session: Session, target_name: str, now: float, since: float) -> str | None:
+        """A firing alert's ``what_changed`` annotation: its target's attribution in one sentence,
+        over the time since its condition began (and the diagnosis window before: the change that
+        made it true), 2 minutes to an hour, against the same time before it or before the last
+        change event in it; None when it cannot be read now."""
+        target = target_repository.get_target(session, target_name)
+        if target is None:
+            return None
+        window = min(3600.0, max(120.0, now - since + self.diagnosis_config.window))
+        try:
+            found = events_reads.what_changed(self.windows, session, target, now,
+                                              prefill_seconds_per_token(target.hardware), window=window,
+                                              lookback=window, fallbacks=("previous",))
+        except WindowError:
+            return None
+        return found.summary if found is not None else None
 
     def _prune_slo_increments(self, session: Session, before: float) -> int:
         """SLO increments are kept for their SLO's period, not the samples' retention."""
@@ -358,7 +386,8 @@ class Monitor:
         def prune_round(sessions: sessionmaker[Session]) -> object:
             return retention.prune(sessions, s.retention, raw_retention=s.raw_retention,
                                    also={"probe_runs": probe_repository.prune,  # features' own tables
-                                         "slo_increments": self._prune_slo_increments})
+                                         "slo_increments": self._prune_slo_increments,
+                                         "change_events": events_repository.prune})
 
         observe = self.telemetry.observe_round  # every round's duration and overruns in /metrics
         scheduling.watch_skips(self.scheduler, self.telemetry.round_skipped)
@@ -375,6 +404,9 @@ class Monitor:
         scheduling.add_round(self.scheduler, scheduling.ALERTS_JOB,
                              self._leader_only(lambda sessions: self.evaluate_alerts(sessions=sessions)),
                              s.alert_interval, observe, phases[scheduling.ALERTS_JOB])
+        scheduling.add_round(self.scheduler, scheduling.CHANGES_JOB,
+                             self._leader_only(lambda sessions: self.detect_changes(sessions=sessions)),
+                             s.changes_interval, observe, phases[scheduling.CHANGES_JOB])
         await self.delivery.start()
         self._delivery_task = asyncio.create_task(self._delivery_loop(), name="outbox")
         self._replica_threads_started = [

@@ -8,7 +8,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from app.api import docs, errors
 from app.api.coalesce import CoalesceReads
 from app.api.guards import LimitRequestBody, RequireTokenForWrites
-from app.api.routes import alerts, capacity, diagnoses, health, probes, runbooks, slos, status, targets
+from app.api.routes import alerts, capacity, changes, diagnoses, health, probes, runbooks, slos, status, targets
 from app.lifespan import Monitor, lifespan
 from app.settings import Settings
 
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(targets.router)
     app.include_router(diagnoses.router)
     app.include_router(capacity.router)  # GET /api/v1/capacity
+    app.include_router(changes.router)  # GET /api/v1/targets/{name}/changes, /events
     app.include_router(runbooks.router)  # GET/HEAD /runbooks, /runbooks/{name}
     app.include_router(alerts.router)
     app.include_router(slos.router)  # GET /api/v1/slos

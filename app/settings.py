@@ -96,6 +96,9 @@ class Settings(BaseSettings):
                                   "or write request of this replica); 0 computes every read.")
     public_url: str = Field("", description="External base URL used in links (runbooks, alerts).")
     alert_interval: Seconds = Field(15.0, gt=0, description="How often alert conditions are evaluated.")
+    changes_interval: Seconds = Field(30.0, ge=5, le=3600, description="How often each target's window since the "
+                                      "last round is read for change events (restarts, configuration, replicas, load "
+                                      "and workload steps); the change-point test's round.")
     delivery_interval: Seconds = Field(1.0, gt=0, description="How often the outbox is polled.")
     replica_heartbeat: Seconds = Field(5.0, gt=0, description="How often a replica renews its heartbeat and "
                                        "the leader lease, and recomputes which targets it scrapes.")

@@ -58,6 +58,9 @@ Capacity (app/diagnosis/capacity.py, after every diagnosis round; per target or 
 Probes (app/probe/telemetry.py): llm_latency_probe_{ttft,itl,e2e}_seconds{target,kind,concurrency,quantile}, ...
 Alerts (after every alerting round)
     llm_latency_alert_state{alertname,target,severity,state}   1 per pending/firing alert
+Change events (app/attribution/telemetry.py; after every events round)
+    llm_latency_change_event_last_timestamp_seconds{target,kind}   when the target's newest event of a kind
+                                                         happened (restart, config, replicas, regime, step)
 SLOs of the ``slos:`` section (app/slo/telemetry.py; after every alerting round; ``window`` = 5m, 1h, ..., the period)
     llm_latency_slo_objective{slo,signal}, llm_latency_slo_threshold_seconds{slo,signal}
     llm_latency_slo_sli{slo,window}                      share of good requests, matched targets together
@@ -81,6 +84,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.attribution.telemetry import ChangeEventsCollector
 from app.core.quantiles import LatencySummary
 from app.diagnosis.telemetry import CapacityCollector, DiagnosisCollector
 from app.probe.telemetry import ProbeCollector
@@ -279,7 +283,8 @@ class Telemetry:
         self.derived = DerivedLatencyCollector()
         self.diagnosis = DiagnosisCollector()
         self.capacity = CapacityCollector()
-        self.per_round: tuple[RenderedPerRound, ...] = (self.derived, self.diagnosis, self.capacity)
+        self.changes = ChangeEventsCollector()
+        self.per_round: tuple[RenderedPerRound, ...] = (self.derived, self.diagnosis, self.capacity, self.changes)
         self.probes = ProbeCollector()  # client-side probe and canary results (app/probe/telemetry.py)
         r.register(self.probes)
         self.slo = SloCollector()  # the slos: section's budgets and burn rates (app/slo/telemetry.py)
@@ -318,4 +323,5 @@ class Telemetry:
         self.derived.summaries = {k: v for k, v in self.derived.summaries.items() if k[0] != target}
         self.diagnosis.diagnoses = [d for d in self.diagnosis.diagnoses if d["target"] != target]
         self.capacity.assessments = [c for c in self.capacity.assessments if c.target != target]
+        self.changes.last = {k: v for k, v in self.changes.last.items() if k[0] != target}
         self.probes.forget_target(target)

@@ -86,6 +86,10 @@ class TargetWindow:
     # series its source sent that could not be read, and why: (signal, reason) -> series
     # (app.promsource.reader.BAD_SERIES_REASONS); the numbers above are without them
     dropped: dict[tuple[str, str], int] = field(default_factory=dict)
+    # counter resets in the window (an engine restart sets every counter back to zero): the most any
+    # one counter series of the target shows, summed over a service's replicas; None: not read (only a
+    # diagnosis read counts them)
+    restarts: int | None = None
 
     @property
     def seconds(self) -> float:
@@ -123,6 +127,8 @@ def merge_windows(replicas: dict[str, TargetWindow], start: float, end: float) -
                           scrapes=max((w.scrapes for w in windows), default=0), replicas=dict(replicas))
     for model in sorted({m for w in windows for m in w.models}):
         merged.models[model] = _merge_models([w.models[model] for w in windows if model in w.models])
+    counted = [w.restarts for w in windows if w.restarts is not None]
+    merged.restarts = sum(counted) if counted else None
     for window in windows:
         for what, count in window.dropped.items():
             merged.dropped[what] = merged.dropped.get(what, 0) + count

@@ -248,6 +248,44 @@ class Q:
                 f"* on (target) group_right llm_latency_diagnosis_verdict{{{SVC_T}}}")
 
     @staticmethod
+    def mean_change(signal: str) -> str:
+        """The monitor's mean of ``signal`` now less the same ``$change_baseline`` earlier (docs/changes.md:
+        means add, so the components' changes add up to TTFT's)."""
+        return f"{Q.mean(signal)} - {Q.mean(signal)} offset $change_baseline"
+
+    @staticmethod
+    def relative_change(expr: str) -> str:
+        """``expr`` now over the same ``$change_baseline`` earlier, less 1 (a driver's change)."""
+        return f"({expr}) / last_over_time(({expr})[5m:] offset $change_baseline) - 1"
+
+    @staticmethod
+    def absolute_change(expr: str) -> str:
+        """``expr`` now less the same ``$change_baseline`` earlier (a share's change, in points)."""
+        return f"({expr}) - last_over_time(({expr})[5m:] offset $change_baseline)"
+
+    @staticmethod
+    def change_events() -> str:
+        """Annotation: a target's newest change event of a kind moved, or its first one appeared
+        (app/attribution)."""
+        last = f"llm_latency_change_event_last_timestamp_seconds{{{SVC_T}}}"
+        return f"(changes({last}[2m]) > 0) or ({last} unless {last} offset 2m)"
+
+    @staticmethod
+    def engine_restarts() -> str:
+        """Annotation from the engines' metrics alone: their request counter went back to zero."""
+        e = ENGINE
+        return either(*(f"max by ({e.by}) (resets({m}{{{e.vllm}}}[2m])) > 0"
+                        for m in ("vllm:request_success_total", "sglang:num_requests_total",
+                                  "trtllm_request_success_total")),
+                      f"max by ({e.by}) (resets(tgi_request_success{{{e.tgi}}}[2m])) > 0")
+
+    @staticmethod
+    def config_changes() -> str:
+        """Annotation from the engines' metrics alone: two vLLM ``cache_config_info`` series of one
+        engine within two minutes (a label changed; the old series goes stale)."""
+        return f"count by ({ENGINE.by}) (count_over_time(vllm:cache_config_info{{{ENGINE.tgi}}}[2m])) > 1"
+
+    @staticmethod
     def time_attainment(signal: str, var: str) -> str:
         """Share of the dashboard range in which the monitor's p99 met the objective."""
         return (f"avg by (target) (avg_over_time(({Q.quantile(signal, '0.99')} <= bool ${var})"
@@ -952,17 +990,35 @@ def variables(multi_target: bool) -> list[dict]:
     ]
 
 
-def annotations() -> dict:
+def annotations(engine: bool = True) -> dict:
+    """The dashboards' annotations; ``engine``: with the two read from the engines' own metrics
+    (the SLO dashboard reads only the monitor's series)."""
+    # titleFormat/textFormat/tagKeys/step are Grafana's Prometheus annotation options; the
+    # Foundation SDK's AnnotationQuery model does not carry them (tests/grafana allows
+    # exactly these keys there).
+    engine_tags = ENGINE.by.replace(" ", "")
+    from_engines = [
+        {"name": "Engine restarts (engine metrics)", "datasource": DS, "enable": False, "hide": False,
+         "iconColor": "dark-red", "expr": Q.engine_restarts(), "step": "30s",
+         "titleFormat": f"{ENGINE.legend}: restart", "textFormat": "The engine's request counter went back to zero",
+         "tagKeys": engine_tags},
+        {"name": "Configuration changes (engine metrics)", "datasource": DS, "enable": False, "hide": False,
+         "iconColor": "dark-orange", "expr": Q.config_changes(), "step": "30s",
+         "titleFormat": f"{ENGINE.legend}: configuration", "textFormat": "A vllm:cache_config_info label changed",
+         "tagKeys": engine_tags},
+    ]
     return {"list": [
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
-        # titleFormat/textFormat/tagKeys/step are Grafana's Prometheus annotation options; the
-        # Foundation SDK's AnnotationQuery model does not carry them (tests/grafana allows
-        # exactly these keys there).
         {"name": "Regime changes", "datasource": DS, "enable": True, "hide": False, "iconColor": "orange",
          "expr": Q.regime_changes(), "step": "30s", "titleFormat": "{{target}}: {{verdict}}",
          "textFormat": "Diagnosis of {{target}} ({{model}}) changed to {{verdict}}",
          "tagKeys": "target,verdict"},
+        {"name": "Change events", "datasource": DS, "enable": True, "hide": False, "iconColor": "purple",
+         "expr": Q.change_events(), "step": "30s", "titleFormat": "{{target}}: {{kind}}",
+         "textFormat": "A {{kind}} change event on {{target}}: GET /api/v1/targets/{{target}}/events says what "
+                       "changed, /changes what it did to the latency", "tagKeys": "target,kind"},
+        *(from_engines if engine else []),
         {"name": "Firing alerts", "datasource": DS, "enable": False, "hide": False, "iconColor": "red",
          "expr": f'llm_latency_alert_state{{{SVC_T}, state="firing"}}', "step": "30s",
          "titleFormat": "{{alertname}}", "textFormat": "{{alertname}} firing for {{target}} ({{severity}})",
@@ -971,7 +1027,7 @@ def annotations() -> dict:
 
 
 def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, list[Panel]]],
-              multi_target: bool, extra_variables: list[dict] | None = None) -> dict:
+              multi_target: bool, extra_variables: list[dict] | None = None, engine_annotations: bool = True) -> dict:
     if ENGINE.source:
         description += (f" Engine panels: Prometheus source {ENGINE.source!r}, one target per "
                         f"{', '.join(ENGINE.labels)}.")
@@ -982,7 +1038,7 @@ def dashboard(uid: str, title: str, description: str, sections: list[tuple[str, 
         "links": [{"title": "LLM Latency dashboards", "type": "dashboards", "tags": TAGS, "asDropdown": True,
                    "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
                    "tooltip": "", "url": ""}],
-        "annotations": annotations(),
+        "annotations": annotations(engine_annotations),
         "templating": {"list": variables(multi_target) + (extra_variables or [])},
         "panels": layout(sections),
     }
@@ -1094,6 +1150,34 @@ def target() -> dict:
                    overrides=[by_ref(r, [DASHED]) for r in "DEF"]),
         slo_time_panel(12), slo_request_panel(12),
     ]
+    changed = [
+        timeseries("TTFT mean: change by component vs $change_baseline earlier",
+                   "The monitor's mean TTFT over its latency window now less the same $change_baseline earlier, "
+                   "split into its exact parts: queue, prefill and the rest (means add; docs/changes.md). "
+                   "GET /api/v1/targets/{name}/changes names the drivers.",
+                   [Target(Q.mean_change("queue_time"), "{{model}} queue"),
+                    Target(Q.mean_change("prefill_time"), "{{model}} prefill"),
+                    Target(f"({Q.mean_change('ttft')}) - ignoring (signal) ({Q.mean_change('queue_time')}) "
+                           f"- ignoring (signal) ({Q.mean_change('prefill_time')})", "{{model}} rest"),
+                    Target(Q.mean_change("ttft"), "{{model}} TTFT")], "s",
+                   overrides=[by_ref("D", [DASHED])], minimum=None),
+        timeseries("ITL, decode and end-to-end mean: change vs $change_baseline earlier",
+                   "The monitor's means now less the same $change_baseline earlier: ITL (per step), the decode "
+                   "time and end-to-end (= TTFT + decode + the rest).",
+                   [Target(Q.mean_change("itl"), "{{model}} ITL"),
+                    Target(Q.mean_change("decode_time"), "{{model}} decode"),
+                    Target(Q.mean_change("e2e"), "{{model}} end-to-end")], "s", minimum=None),
+        timeseries("Drivers: change vs $change_baseline earlier",
+                   "Each driver now over the same $change_baseline earlier, less 1: the request rate, the mean "
+                   "prompt and output length (token counters over finished requests), the running batch; the "
+                   "prefix-cache hit rate now less then (points: a share of 0 has no ratio).",
+                   [Target(Q.relative_change(Q.requests()), "request rate"),
+                    Target(Q.relative_change(f"({Q.prompt_tokens()}) / ({Q.requests()})"), "prompt length"),
+                    Target(Q.relative_change(f"({Q.generation_tokens()}) / ({Q.requests()})"), "output length"),
+                    Target(Q.relative_change(Q.running()), "running batch"),
+                    Target(Q.absolute_change(Q.prefix_hit_rate()), "prefix-cache hit rate (points)")], "percentunit",
+                   width=24, minimum=None),
+    ]
     throughput = [
         timeseries("Token throughput",
                    "Prompt and generated tokens per second (vLLM prompt/generation_tokens_total; TGI the sums of "
@@ -1107,16 +1191,19 @@ def target() -> dict:
     ]
     return dashboard(
         TARGET_UID, "LLM Latency / Target drill-down",
-        "One target in depth: the monitor's quantiles next to the engine's own buckets, the TTFT split, "
-        "batch and KV-cache state, findings with evidence and remedies, scrape health. "
+        "One target in depth: the monitor's quantiles next to the engine's own buckets, what changed since a "
+        "baseline, the TTFT split, batch and KV-cache state, findings with evidence and remedies, scrape health. "
         "Generated by grafana/generate.py -- do not edit by hand.",
         [("Now", status),
          ("Diagnosis", [regime_timeline(6), findings_table(12), evidence_table(12)]),
          ("Latency and SLOs", latency),
+         ("What changed", changed),
          ("Why is it slow", why_panels(per_target=True) + throughput),
          ("Client-side probes", probe_panels(per_target=True)),
          ("Alerts and scrape health", [alerts_table(12)] + scrape_panels(per_target=True))],
-        multi_target=False)
+        multi_target=False,
+        extra_variables=[custom_variable("change_baseline", "Compare with", ("1h", "1d", "7d"), "1d",
+                                         "The What changed row compares now with this long earlier.")])
 
 
 SLO = 'slo=~"$slo"'  # the slos: section's series, per SLO
@@ -1197,7 +1284,7 @@ def slos() -> dict:
         "gauges), and the capacity signal an autoscaler acts on. Generated by grafana/generate.py -- do not edit "
         "by hand.",
         [("Error budgets", budgets), ("Burn rates", burn), ("Capacity", capacity)],
-        multi_target=True, extra_variables=[slo_variable])
+        multi_target=True, extra_variables=[slo_variable], engine_annotations=False)
 
 
 DASHBOARDS = {"llm-latency-fleet.json": fleet, "llm-latency-target.json": target, "llm-latency-slo.json": slos}

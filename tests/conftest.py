@@ -62,12 +62,15 @@ SLOW_TESTS = frozenset({
     "tests/promsource/test_read_flood.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/slo/test_burn_emulated.py",
+    "tests/attribution/test_scenarios.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
     "tests/status/test_status_sources_browser.py",
     # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards
     "tests/deploy/test_kubernetes.py",
     "tests/deploy/test_generate_kubernetes.py",
     # more than about 4 s
+    "tests/attribution/test_changepoint.py::test_steady_load_raises_almost_no_false_alarm",
+    "tests/attribution/test_events.py::test_the_events_round_stores_regime_changes_and_steps",
     "tests/test_cli.py::test_serve_names_its_sqlite_file_and_a_restart_after_a_clean_stop_warns_of_nothing",
     "tests/test_cli.py::test_demo_on_a_taken_engine_port_exits_1_naming_it",
     "tests/test_cli.py::test_demo_serves_its_engines_on_pinned_ports",

@@ -23,6 +23,7 @@ Every evaluation:
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -46,6 +47,12 @@ from app.windows import Windows, default_windows
 from app.windows.base import HistogramsRead, WindowReader
 
 QUANTILE_KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
+#: The annotation that says what changed before an alert fired (docs/changes.md), set once, at firing.
+WHAT_CHANGED = "what_changed"
+#: What changed on a target up to ``now`` since its alert's condition began (``since``), in one
+#: sentence (None: nothing to say), read in the round's session: app.attribution's, handed in by
+#: the composition root. Arguments: session, target, now, since.
+WhatChanged = Callable[[Session, str, float, float], str | None]
 
 
 @dataclass(slots=True)
@@ -232,7 +239,7 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
              generator_url: str = "", eval_interval: float = 15.0,
              slo_reads: dict[float, HistogramsRead] | None = None,
              held_targets: frozenset[str] = frozenset(), slo_statuses: list[SloStatus] | None = None,
-             ) -> dict[str, int]:
+             what_changed: WhatChanged | None = None) -> dict[str, int]:
     """One alerting round inside the caller's transaction. Returns counts for telemetry.
 
     ``eval_interval`` is how often rounds run; with ``resend_interval`` it bounds how long
@@ -242,7 +249,9 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
     for them: their SLO alerts stay as they are (missing data neither fires nor resolves an
     alert). ``slo_statuses``: the ``slos:``
     section now (app/slo/status.py), for the burn-rate alerts; a target it could not evaluate
-    (an error) keeps its burn-rate alerts as they are, for the same reason."""
+    (an error) keeps its burn-rate alerts as they are, for the same reason. ``what_changed``:
+    when an alert of a target starts firing, its one-sentence attribution becomes the alert's
+    ``what_changed`` annotation, kept while it fires (computed once)."""
     failed: set[str] = set()  # targets whose SLO conditions could not be evaluated: held too
     if slo_reads is None:
         slo_reads = slo_histograms(session, config, now, default_windows())[0]
@@ -252,6 +261,15 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
                                     + target_down_conditions(session, config))}
     unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}
     held = held_targets | failed
+    said_of: dict[str, str | None] = {}  # a target's sentence, once per round whatever its alerts
+
+    def said(target: str, since: float) -> str | None:
+        if what_changed is None or not target:
+            return None
+        if target not in said_of:
+            said_of[target] = what_changed(session, target, now, since)
+        return said_of[target]
+
     rows = {row.fingerprint: row for row in alert_repository.open_alerts(session)
             if not (row.labels.get("slo") and row.labels.get("target") in held)
             and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
@@ -261,9 +279,13 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
         if row is None or row.state == "resolved":
             row = alert_repository.start_alert(session, row, fp, cond.labels, cond.annotations, gk, now, cond.value)
         else:
-            row.annotations, row.value, row.last_evaluated = cond.annotations, cond.value, now
+            kept = {WHAT_CHANGED: row.annotations[WHAT_CHANGED]} if WHAT_CHANGED in (row.annotations or {}) else {}
+            row.annotations, row.value, row.last_evaluated = {**cond.annotations, **kept}, cond.value, now
         if row.state == "pending" and now - row.active_since >= cond.for_:
             row.state, row.starts_at, row.ends_at = "firing", now, None
+            sentence = said(cond.labels.get("target", ""), row.active_since)
+            if sentence:
+                row.annotations = {**cond.annotations, WHAT_CHANGED: sentence}
     for fp, row in rows.items():
         if fp in conditions:
             continue

@@ -49,13 +49,15 @@ def load_receivers(sessions: sessionmaker[Session]) -> dict[str, ReceiverConfig]
 def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, generator_url: str,
                     eval_interval: float, telemetry: AlertTelemetry | None = None,
                     now: float | None = None, windows: WindowReader | None = None,
-                    slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0) -> dict[str, int]:
+                    slos: Sequence[SloObjective] = (), retention: float = 7 * 86400.0,
+                    what_changed: alerts_engine.WhatChanged | None = None) -> dict[str, int]:
     """One alerting round; returns the numbers of conditions and of notifications written.
     ``generator_url`` is this service's alerts page, the ``generatorURL`` of every alert;
     the open alerts and the notification count go to ``telemetry`` for ``/metrics``.
     ``slos`` (the ``slos:`` section): the round first records their increments
     (app/slo/record.py, reading back ``retention`` the first time), then their burn-rate
-    alerts read the same :class:`~app.slo.status.SloStatus` the API and ``/metrics`` show."""
+    alerts read the same :class:`~app.slo.status.SloStatus` the API and ``/metrics`` show.
+    ``what_changed``: an alert firing carries its target's attribution (``what_changed``)."""
     now = time.time() if now is None else now
     receivers = list(load_receivers(sessions).values())
     reads = windows if windows is not None else default_windows()
@@ -75,7 +77,7 @@ def evaluate_alerts(sessions: sessionmaker[Session], config: AlertsConfig, *, ge
         statuses = slo_statuses(session, slos, now, retention, source_sums, source_errors)
         result = alerts_engine.evaluate(session, config, receivers, now, generator_url=generator_url,
                                         eval_interval=eval_interval, slo_reads=slo_reads,
-                                        held_targets=held, slo_statuses=statuses)
+                                        held_targets=held, slo_statuses=statuses, what_changed=what_changed)
         open_alerts = [(row.alertname, row.labels.get("target", ""), row.labels.get("severity", ""), row.state)
                        for row in alert_repository.open_alerts(session)]
     if telemetry is not None:

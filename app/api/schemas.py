@@ -136,8 +136,9 @@ class SourceOut(BaseModel):
     gone: int = Field(description="Targets whose series stopped (kept for their history)")
     bad_series: dict[str, int] = Field(description="Series of its answers dropped since the start because they "
                                                    "cannot be what the query reads, by reason: bad_bound (a bucket's "
-                                                   "le is not a number), bad_count (a scrape count that is not a "
-                                                   "finite count), bad_label (a label the query sets, altered)")
+                                                   "le is not a number), bad_count (a count of scrapes or "
+                                                   "counter resets that is not a finite count), bad_label (a "
+                                                   "label the query sets, altered)")
     refused_answers: dict[str, str] = Field(description="Queries (by signal) whose last answer was refused as too "
                                                         "large (max_series, max_samples, max_response_bytes): the "
                                                         "windows lack that signal")

@@ -2,7 +2,10 @@
 
 Scrapes the engine at the start and the end of the window (and every ``interval`` in
 between, so gauges such as waiting requests are sampled), keeps the samples in a
-throw-away SQLite database, and runs the same signals and rules as the service.
+throw-away SQLite database, and runs the same signals and rules as the service. With a
+``baseline``, it watches that long first and says what changed between the two parts of its
+watch (:mod:`app.attribution`: the service's attribution, the configuration changes seen
+between scrapes as its events).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from app.attribution import explain, reads
+from app.attribution.events import ChangeEvent, config_changes, config_of
 from app.core import human
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
@@ -46,6 +51,7 @@ class OneShotResult:
     scrapes: list[ScrapeRecord]
     latency: dict
     diagnoses: list[Diagnosis]
+    changes: dict | None = None  # the attribution of the watch's last part against its first (baseline)
 
     @property
     def exit_code(self) -> int:
@@ -83,7 +89,8 @@ class OneShotResult:
         return {"url": self.url, "engine": self.engine, "exit_code": self.exit_code, "hint": self.hint,
                 "scrapes": len(self.scrapes), "failed_scrapes": sum(1 for s in self.scrapes if not s.up),
                 "last_error": (last.error_class, last.error) if last and last.error_class else None,
-                "latency": self.latency, "diagnoses": [d.to_dict() for d in self.diagnoses]}
+                "latency": self.latency, "diagnoses": [d.to_dict() for d in self.diagnoses],
+                **({"changes": self.changes} if self.changes is not None else {})}
 
 
 async def _scrape_window(url: str, engine: str, window: float, interval: float, timeout: float) -> list[ScrapeRecord]:
@@ -103,10 +110,26 @@ async def _scrape_window(url: str, engine: str, window: float, interval: float, 
     return records
 
 
+def _config_events(records: list[ScrapeRecord]) -> list[ChangeEvent]:
+    """Configuration labels that changed between two successive scrapes of the watch."""
+    events: list[ChangeEvent] = []
+    previous: dict[str, str] | None = None
+    for record in records:
+        if record.canonical is None:
+            continue
+        config = config_of(record.canonical.infos)
+        if previous is not None and config:
+            events += config_changes(previous, config, record.ts)
+        previous = config or previous
+    return events
+
+
 def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "auto", timeout: float = 10.0,
-        hardware: HardwareProfile | None = None, thresholds: Thresholds | None = None) -> OneShotResult:
+        hardware: HardwareProfile | None = None, thresholds: Thresholds | None = None,
+        baseline: float | None = None) -> OneShotResult:
+    """Watch ``url`` for ``window`` (after ``baseline`` more, when given) and diagnose the window."""
     thresholds = thresholds or Thresholds()
-    records = asyncio.run(_scrape_window(url, engine, window, interval, timeout))
+    records = asyncio.run(_scrape_window(url, engine, window + (baseline or 0.0), interval, timeout))
     detected = next((r.engine for r in reversed(records) if r.engine), None)
     if not any(r.up and r.canonical is not None for r in records):
         return OneShotResult(url, detected, records, {}, [])  # nothing to diagnose: the scrape problem says why
@@ -122,16 +145,24 @@ def run(url: str, window: float = 60.0, interval: float = 5.0, engine: str = "au
                 record.target_id = target.id
             SampleWriter(sql).write(records)
             end = records[-1].ts
-            start = records[0].ts
+            start = records[0].ts if not baseline else max(records[0].ts, end - window)
+            changes = None
             with sessions() as session:
                 seconds = max(end - start, 1e-3)
                 report = report_from_window(default_windows().window(session, target, end - seconds, end,
                                                                      HISTOGRAM_SIGNALS)) if len(records) > 1 else {}
                 diagnoses = diagnosis_engine.evaluate_target(
-                    session, target.id, url, detected or "vllm", end, max(end - start, 1e-3), thresholds, hardware)
+                    session, target.id, url, detected or "vllm", end, seconds, thresholds, hardware)
+                if baseline and len(records) > 2:
+                    first = records[0].ts
+                    chosen = reads.ComparedWindows("previous", start, end, first, start)
+                    before, after, parts = reads.read(default_windows(), session, target, chosen)
+                    changes = explain.attribute(
+                        before, after, parts, _config_events(records), "previous",
+                        hardware.prefill_seconds(1.0) if hardware else None).to_dict()
         finally:
             sql.dispose()
-    return OneShotResult(url, detected, records, report, diagnoses)
+    return OneShotResult(url, detected, records, report, diagnoses, changes)
 
 
 #: What a verdict that names no regime means, after it in the headline.
@@ -172,6 +203,16 @@ def format_text(result: OneShotResult, runbook_base: str = "") -> str:
         if any((r.get(b) or {}).get("count_estimate") for b in ("ttft", "itl", "queue_time", "e2e")):
             lines.append(f"  ≈: {human.ESTIMATE_NOTE}")
         lines.extend(f"  note: {note}" for note in request_set_notes(r, ("p50", "p99")))
+    if result.changes is not None:
+        lines.append(f"\nWhat changed: {result.changes['summary']}")
+        for driver in result.changes["drivers"][:5]:
+            if driver["significant"]:
+                shown = "  ".join(f"{signal} {human.seconds(seconds)}"
+                                  for signal, seconds in driver["explains"].items())
+                before, after = (explain.value_text(driver[k], driver["unit"]) for k in ("before", "after"))
+                lines.append(f"  - {driver['label']}: {before} -> {after} {driver['unit']}"
+                             + (f"  explains {shown}" if shown else "") + (f"  ({driver['note']})" if driver["note"]
+                                                                          else ""))
     for d in result.diagnoses:
         model = f" [{d.model}]" if d.model else ""
         lines.append(f"\nDiagnosis{model}: {d.verdict}{HEADLINE_NOTES.get(d.verdict, '')}")

@@ -88,6 +88,17 @@ class HardwareProfile(BaseModel):
         return f"{model} {self.weight_dtype} on {gpu}{tp}"
 
 
+def prefill_seconds_per_token(hardware: dict | None) -> float | None:
+    """The compute per prompt token of a stored hardware profile (a target's ``hardware``); None
+    without one, or for one this release no longer accepts."""
+    if not hardware:
+        return None
+    try:
+        return HardwareProfile(**hardware).prefill_seconds(1.0)
+    except ValueError:
+        return None
+
+
 class ProfiledTarget(Protocol):
     """A target with the hardware profile its decode floor comes from (a ``TargetConfig`` of the
     targets YAML, which sits above the diagnosis)."""

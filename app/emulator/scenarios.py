@@ -9,7 +9,10 @@ buckets start at 10 ms, so a ~12 ms ITL reads as p50 ~18 ms).
 
 Transitions: ``"healthy->queueing@60"`` runs ``healthy`` and switches to ``queueing`` at
 simulated t = 60 s (deployment, scheduler and traffic all switch; requests in flight
-continue). Chains work too: ``"healthy->kv_cache_pressure@60->healthy@180"``.
+continue). Chains work too: ``"healthy->kv_cache_pressure@60->healthy@180"``. A ``!`` after
+the time restarts the engine into the next phase, as a redeploy with new flags does:
+``"healthy->queueing@60!"`` (counters from zero, the queue and the prefix cache lost, requests
+in flight aborted).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ScenarioPlan:
 
     name: str
     phases: tuple[tuple[float, Scenario], ...]
+    restarts: frozenset[int] = frozenset()  # indices of the phases entered by a restart of the engine
 
 
 _REGISTRY: dict[str, Callable[[], Scenario]] = {}
@@ -72,24 +76,28 @@ def get(name: str) -> Scenario:
     return replace(sc, name=name, description=doc)
 
 
-_PHASE = re.compile(r"^(?P<name>[A-Za-z0-9_]+)@(?P<t>\d+(?:\.\d+)?)$")
+_PHASE = re.compile(r"^(?P<name>[A-Za-z0-9_]+)@(?P<t>\d+(?:\.\d+)?)(?P<restart>!)?$")
 
 
 def parse(spec: str) -> ScenarioPlan:
-    """``name`` or ``a->b@T1->c@T2`` (T in simulated seconds, increasing)."""
+    """``name`` or ``a->b@T1->c@T2`` (T in simulated seconds, increasing; ``c@T2!``: by a restart)."""
     parts = [p.strip() for p in spec.split("->")]
     if not parts or not parts[0]:
         raise ValueError(f"empty scenario in {spec!r}")
     phases = [(0.0, get(parts[0]))]
+    restarts = set()
     for p in parts[1:]:
         m = _PHASE.match(p)
         if not m:
-            raise ValueError(f"bad transition {p!r} in {spec!r}: expected NAME@SECONDS, e.g. queueing@60")
+            raise ValueError(f"bad transition {p!r} in {spec!r}: expected NAME@SECONDS, e.g. queueing@60 "
+                             f"(or queueing@60! for a restart)")
         t = float(m["t"])
         if t <= phases[-1][0]:
             raise ValueError(f"transition times must increase in {spec!r}")
+        if m["restart"]:
+            restarts.add(len(phases))
         phases.append((t, get(m["name"])))
-    return ScenarioPlan(spec, tuple(phases))
+    return ScenarioPlan(spec, tuple(phases), frozenset(restarts))
 
 
 def resolve(spec: str | Scenario | ScenarioPlan) -> ScenarioPlan:

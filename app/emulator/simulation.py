@@ -123,6 +123,7 @@ class Simulation:
         self.scenario: Scenario = first
         self.model_name = model_name or first.model_name
         self.engine = Engine(first.deployment, first.engine, self, prefill_pauses_decode=engine == "tgi")
+        self._process_metrics, self._mfu_metrics = process_metrics, mfu_metrics
         self.exporter = make_exporter(engine, self.model_name, first.deployment, first.engine,
                                       self.engine.num_gpu_blocks, process_metrics=process_metrics,
                                       mfu_metrics=mfu_metrics)
@@ -165,9 +166,27 @@ class Simulation:
         self._phase += 1
         sc = self.plan.phases[self._phase][1]
         self.scenario = sc
-        self.engine.configure(sc.deployment, sc.engine)
-        self.exporter.on_config(sc.deployment, sc.engine, self.engine.num_gpu_blocks)
+        if self._phase in self.plan.restarts:
+            self._restart(sc, t)
+        else:
+            self.engine.configure(sc.deployment, sc.engine)
+            self.exporter.on_config(sc.deployment, sc.engine, self.engine.num_gpu_blocks)
         self._start_phase(sc, t)
+
+    def _restart(self, sc: Scenario, t: float) -> None:
+        """The engine process restarted with the phase's deployment and flags: the requests in it are
+        aborted (their clients see the connection end), then a new engine and exporter start empty -
+        every counter from zero, no queue, nothing in the prefix cache."""
+        for s in self._streams:
+            s.active = False  # a closed-loop client whose request was aborted waits for the new phase
+        for req in [*self.engine.running, *self.engine.waiting]:
+            self.engine.finish(req, t, "abort")
+        self._prealloc.clear()
+        self._transferring = 0
+        self.engine = Engine(sc.deployment, sc.engine, self, prefill_pauses_decode=self.engine_flavor == "tgi")
+        self.exporter = make_exporter(self.engine_flavor, self.model_name, sc.deployment, sc.engine,
+                                      self.engine.num_gpu_blocks, process_metrics=self._process_metrics,
+                                      mfu_metrics=self._mfu_metrics)
 
     def _next_transition(self) -> float | None:
         if self._phase + 1 < len(self.plan.phases):
@@ -449,7 +468,8 @@ class Simulation:
             "phase": sc.name,
             "regime": sc.regime,
             "signature": sc.signature,
-            "phases": [{"start_s": t, "scenario": s.name} for t, s in self.plan.phases],
+            "phases": [{"start_s": t, "scenario": s.name, "restart": i in self.plan.restarts}
+                       for i, (t, s) in enumerate(self.plan.phases)],
             "engine": self.engine_flavor,
             "model_name": self.model_name,
             "seed": self.seed,

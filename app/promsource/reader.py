@@ -8,7 +8,7 @@ per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_qu
 Prometheus' own ``histogram_quantile`` answers over the same range.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
-bucket whose ``le`` is not a number, a scrape count that is not a finite count, a label the
+bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
 query sets that it did not set) is dropped and counted by reason (:data:`BAD_SERIES_REASONS`,
 :attr:`SourceReader.bad_series`), and the target's window names what it lacks
 (:attr:`app.window.TargetWindow.dropped`). No error of bad data leaves the reader.
@@ -99,7 +99,7 @@ FIRST_SEEN_STEP = 240.0
 #: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
 BAD_SERIES_REASONS = {
     "bad_bound": "a histogram bucket whose le label is not a number",
-    "bad_count": "a count of scrapes that is not a finite number >= 0",
+    "bad_count": "a count of scrapes or counter resets that is not a finite number >= 0",
     "bad_label": "a label the query sets itself that is not one it set",
 }
 
@@ -217,8 +217,8 @@ class SourceReader:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal.
 
-        ``diagnosis`` adds the successful scrapes, the per-rank loads and the ITL by running
-        batch size, which only the regime rules read."""
+        ``diagnosis`` adds the successful scrapes, the counter resets (restarts), the per-rank loads
+        and the ITL by running batch size, which the regime rules and the change attribution read."""
         q = self._queries(only, where)
         w = end - start
         jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
@@ -230,7 +230,7 @@ class SourceReader:
         jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
         jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
         if diagnosis:
-            jobs += [("scrapes", "", q.scrapes(w)), ("ranks", "", q.rank_gauges(w))]
+            jobs += [("scrapes", "", q.scrapes(w)), ("restarts", "", q.restarts(w)), ("ranks", "", q.rank_gauges(w))]
             if w >= 2 * step:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
@@ -299,6 +299,13 @@ class SourceReader:
                         window(key).scrapes = int(sample.value)
                     else:
                         self._drop(drops, key, "scrapes", "bad_count")
+            elif kind == "restarts":  # one series per target and counter family: the most of them
+                for sample in answer.data:
+                    key = _key(sample.labels, self.target_labels)
+                    if math.isfinite(sample.value) and sample.value >= 0:
+                        window(key).restarts = max(window(key).restarts or 0, round(sample.value))
+                    else:
+                        self._drop(drops, key, "restarts", "bad_count")
             elif kind == "tgi_kv":
                 tgi_kv = answer  # after the gauges: an engine's own KV gauge wins
             elif kind == "ranks":

@@ -47,10 +47,12 @@ DOWNSAMPLE_JOB = "downsample"
 SUMMARIES_JOB = "summaries"
 DIAGNOSIS_JOB = "diagnosis"  # the scheduler job of the diagnosis rounds (status page countdown)
 ALERTS_JOB = "alerts"
+CHANGES_JOB = "changes"  # the change events round (app.attribution.rounds)
 #: How far into its interval each round that reads every target's window first runs
-#: (:func:`add_round`'s ``phase``), so the three do not start together: at the defaults (15 s,
-#: 30 s, 15 s) the summaries at 0 s, the diagnosis at 5 s and the alerts at 7.5 s of each 15 s.
-PHASES = {SUMMARIES_JOB: 0.0, DIAGNOSIS_JOB: 1 / 6, ALERTS_JOB: 1 / 2}
+#: (:func:`add_round`'s ``phase``), so they do not start together: at the defaults (15 s,
+#: 30 s, 15 s, 30 s) the summaries at 0 s, the diagnosis at 5 s and the alerts at 7.5 s of each
+#: 15 s, the change events at 25 s of each 30 s.
+PHASES = {SUMMARIES_JOB: 0.0, DIAGNOSIS_JOB: 1 / 6, ALERTS_JOB: 1 / 2, CHANGES_JOB: 5 / 6}
 
 
 #: Targets whose part of a round failed, by round (``llm_latency_round_target_errors_total``).

@@ -35,6 +35,10 @@ Layout, and why:
   and alerting round, the good and total requests between consecutive stored snapshots,
   so a burn rate over any window up to the SLO's period is a SUM over few rows. Kept for
   the longest SLO period (they are tiny), so a 28-day budget outlives a 7-day retention.
+* ``change_events``: what happened to a target (restarts, configuration, replica set, load and
+  workload steps; app/attribution/events.py), one row per event; ``change_detectors``: what
+  each target's event detector remembers between rounds (its last configuration, replicas,
+  and its change-point tests' state), one JSON row per target.
 
 Timestamps are unix seconds as doubles: exact, cheap to compare, and identical on
 SQLite and PostgreSQL.
@@ -472,3 +476,32 @@ class SloIncrementRow(Base):
     ts_start: Mapped[float] = mapped_column(Float)
     good: Mapped[float] = mapped_column(Float)
     total: Mapped[float] = mapped_column(Float)
+
+
+class ChangeEventRow(Base):
+    """Something that happened to a target at ``ts`` (app/attribution/events.py): a restart, a
+    configuration label's new value, a replica gone or new, a load or workload step."""
+
+    __tablename__ = "change_events"
+    __table_args__ = (Index("ix_change_events_target_ts", "target_id", "ts"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"))
+    ts: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(12))
+    subject: Mapped[str] = mapped_column(String(256))
+    before: Mapped[str | None] = mapped_column(Text, nullable=True)
+    after: Mapped[str | None] = mapped_column(Text, nullable=True)
+    summary: Mapped[str] = mapped_column(Text)
+    detected_at: Mapped[float] = mapped_column(Float)
+
+
+class ChangeDetectorRow(Base):
+    """What the event detector of one target remembers between rounds, and the end of the
+    last window it read (the next round reads on from there)."""
+
+    __tablename__ = "change_detectors"
+
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id", ondelete="CASCADE"), primary_key=True)
+    read_until: Mapped[float] = mapped_column(Float)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)

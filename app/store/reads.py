@@ -89,6 +89,15 @@ class SeriesWindows(Protocol):
 
     def gauge(self, ref: SeriesRef, start: float, end: float) -> GaugeStats | None: ...
 
+    def resets(self, ref: SeriesRef, start: float, end: float) -> int: ...
+
+
+def restarts(stored: SeriesWindows, start: float, end: float) -> int:
+    """Engine restarts in the window: the most counter resets any one counter series shows (a
+    restart sets every counter of the process back to zero at once; data-parallel ranks and models
+    of one engine reset together, so their counts are not added)."""
+    return max((stored.resets(s, start, end) for s in stored.series if s.kind == "counter"), default=0)
+
 
 @dataclass(slots=True)
 class StoredWindows:
@@ -141,6 +150,10 @@ class StoredWindows:
         if chunk is None:
             return None
         return GaugeStats(chunk.last[0], chunk.total / chunk.n, chunk.peak)
+
+    def resets(self, ref: SeriesRef, start: float, end: float) -> int:
+        chunk = self._select(ref, to_millis(start), to_millis(end))
+        return 0 if chunk is None else len(chunk.resets)
 
 
 def load_windows(session: Session, target_ids: Sequence[int], signals: Sequence[str], start: float, end: float,
@@ -263,6 +276,7 @@ def store_window(session: Session, target_ids: Sequence[int], start: float, end:
             for model, one_model in window.models.items():
                 one_model.itl_intervals = itl_intervals(loaded, running, points, model, start, end)
         (target_id,) = target_ids
+        window.restarts = restarts(stored, start, end)
         window.scrapes = len(repository.scrape_times(session, target_id, start, end))
         window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))
                         for i in repository.target_infos(session, target_id)]
@@ -336,6 +350,7 @@ def store_windows(session: Session, target_ids: Sequence[int], start: float, end
                     LoadedHistograms(itl_of.get(target_id, []), itl.snapshots), running_of.get(target_id, []),
                     points, model, start, end)
         if diagnosis:
+            window.restarts = restarts(own, start, end)
             window.scrapes = scrapes.get(target_id, 0)
             window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels)) for i in infos.get(target_id, [])]
         out[target_id] = window

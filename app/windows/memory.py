@@ -23,7 +23,7 @@ from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store.models import TargetView
-from app.store.reads import LoadedHistograms, itl_intervals, model_window, series_points, summarize_signals
+from app.store.reads import LoadedHistograms, itl_intervals, model_window, restarts, series_points, summarize_signals
 from app.store.record import ScrapeRecord
 from app.store.repository import SeriesRef
 from app.window import GaugeStats, TargetWindow
@@ -64,6 +64,10 @@ class _Samples:
         if not values:
             return None
         return GaugeStats(values[-1], math.fsum(values) / len(values), max(values))
+
+    def resets(self, ref: SeriesRef, start: float, end: float) -> int:
+        values = [v for _, v in quantiles.select_range(self.target.points.get(ref.id, []), start, end)]
+        return sum(1 for a, b in zip(values, values[1:]) if b < a)
 
 
 class MemoryWindows:
@@ -130,6 +134,7 @@ class MemoryWindows:
                 for model, one_model in window.models.items():
                     one_model.itl_intervals = itl_intervals(loaded, running, points, model, start, end)
             window.scrapes = sum(1 for ts in target.scrapes if start <= ts <= end)
+            window.restarts = restarts(samples, start, end)
         window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels)) for i in target.infos.values()]
         return window
 

@@ -13,7 +13,7 @@ from tests.code_health.test_import_cycles import ROOT, Import, imports
 
 #: The packages of the features: they read metric windows through ``app.windows`` and never ask
 #: which backend holds a target.
-FEATURES = ("app.api", "app.diagnosis", "app.alerts", "app.slo")
+FEATURES = ("app.api", "app.diagnosis", "app.attribution", "app.alerts", "app.slo")
 #: The backends' own modules: the store's sample reads and a Prometheus source's client and reader.
 BACKENDS = ("app.promsource", "app.promql.client", "app.windows.store", "app.windows.prometheus",
             "app.store.reads", "app.store.levels")

@@ -168,10 +168,34 @@ def test_transition_reconfigures_the_cache():
     assert Page(sim.render_metrics()).value("vllm:num_preemptions_total") > 0
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_restart_transition_starts_the_engine_again_from_zero(engine: str) -> None:
+    """``queueing@60!``: the counters start again from zero, the requests in flight are aborted and the
+    queue is gone; the switch without ``!`` keeps every counter growing."""
+    restarted, switched = Simulation("healthy->queueing@60!", engine=engine), Simulation("healthy->queueing@60",
+                                                                                         engine=engine)
+    requests = "vllm:request_success_total" if engine == "vllm" else "sglang:num_requests_total"
+    for sim in (restarted, switched):
+        sim.run_for(59)
+    before = Page(restarted.render_metrics()).value(requests)
+    assert before == Page(switched.render_metrics()).value(requests) > 100  # ~3 req/s for 59 s
+    running = len(restarted.engine.running)
+    assert running > 0
+    for sim in (restarted, switched):
+        sim.run_for(2)
+    assert Page(restarted.render_metrics()).value(requests) < 30 < before  # from zero at t = 60
+    assert Page(switched.render_metrics()).value(requests) > before
+    assert restarted.state()["phases"] == [{"start_s": 0.0, "scenario": "healthy", "restart": False},
+                                           {"start_s": 60.0, "scenario": "queueing", "restart": True}]
+    assert restarted.state()["config"]["max_num_seqs"] == 8
+    assert scenarios.parse("healthy->queueing@60!->healthy@90").restarts == frozenset({1})
+
+
 @pytest.mark.parametrize("bad, message", [
     ("nope", "unknown scenario 'nope'; valid: healthy"),
     ("healthy->queueing", "expected NAME@SECONDS"),
     ("healthy->queueing@60->healthy@30", "must increase"),
+    ("healthy->queueing@60?", "queueing@60! for a restart"),
 ])
 def test_bad_scenario_specs(bad, message):
     with pytest.raises(ValueError, match=message):

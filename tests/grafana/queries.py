@@ -78,7 +78,7 @@ def variable_queries(dashboards: dict[str, dict] | None = None) -> list[tuple[st
 #: What Grafana would put in place of each variable: All (= the variables' allValue) for
 #: target and model, the default objectives, and the Prometheus data source's
 #: ``timeInterval``-based intervals at a short dashboard range.
-DEFAULTS = {"target": ".*", "model": ".*", "slo": ".*", "ttft_slo": "2.5", "itl_slo": "0.15",
+DEFAULTS = {"target": ".*", "model": ".*", "slo": ".*", "ttft_slo": "2.5", "itl_slo": "0.15", "change_baseline": "1d",
             "__rate_interval": "1m", "__range": "1m", "__interval": "15s"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$([A-Za-z_]\w*)")  # not label_replace's "$1"
 

@@ -145,6 +145,7 @@ def prepare(stack: Stack) -> None:
     verdicts = {d.target: d.verdict for d, _ in monitor.evaluate_diagnoses()}
     assert verdicts["vllm-queueing"] == "queueing", verdicts
     monitor.evaluate_alerts()
+    monitor.detect_changes()  # the findings that became active: regime change events (their annotation)
     wait_until(lambda: stack.hook.received, 30, "the SLO alert to be delivered")
     run_probe(stack, "tgi-bandwidth")
     # 3. Prometheus has scraped the new state a few times, and every engine a few times
@@ -155,6 +156,8 @@ def prepare(stack: Stack) -> None:
     wait_until(lambda: count_samples(prom, 'up{job="llm-engines"}') >= 5, 30, "five scrapes of every engine")
     wait_until(lambda: count_samples(prom, "llm_latency_probe_requests") >= 2, 30,
                "Prometheus to record the probe run")
+    wait_until(lambda: count_samples(prom, "llm_latency_change_event_last_timestamp_seconds") >= 2, 30,
+               "Prometheus to record the change events")
 
 
 def run_probe(stack: Stack, target: str) -> None:

@@ -87,9 +87,9 @@ def test_a_diagnosis_round_stays_within_the_query_budget() -> None:
     SourceReader(client, ["pod"]).windows(0.0, 60.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
     # 38 per-signal queries (histograms incl. tpot, kv_transfer_time, render_time and SGLang's decode-side
     # kv_wait_time, prealloc_time and kv_alloc_time; gauges incl. its transfer and prealloc queues; counters incl.
-    # spec_drafts_total and SGLang's four scheduler-time counters), TGI's raw KV samples, scrapes, configuration,
-    # per-rank loads, the ITL split: 43, and discovery's presence and up make a round 45
-    assert len(client.queries) == 43
+    # spec_drafts_total and SGLang's four scheduler-time counters), TGI's raw KV samples, scrapes, counter resets
+    # (restarts), configuration, per-rank loads, the ITL split: 44, and discovery's presence and up make a round 46
+    assert len(client.queries) == 44
     assert all(q for q in client.queries)  # a signal no engine exports is not queried (no empty query)
 
 

@@ -68,6 +68,8 @@ def kind_of(promql: str) -> str:
         return "presence"
     if "sum_over_time(up" in promql:
         return "scrapes"
+    if "resets(" in promql:
+        return "restarts"
     if "(up" in promql:
         return "up"
     if promql.startswith("{__name__=~"):
@@ -97,6 +99,8 @@ def replica(pod: str, kind: str) -> list[Sample]:
                         "sleep_state": "awake"}, 1.0) for _, metric in INFO_FAMILIES]
     if kind in ("up", "first_seen"):
         return [Sample(own, 1.0 if kind == "up" else START - 600.0)]
+    if kind == "restarts":
+        return [Sample(own, 0.0)]
     return [Sample(own, 20.0)]  # scrapes
 
 
@@ -151,7 +155,7 @@ def expected_reason(kind: str, label: tuple[str, str] | None, value: float | Non
         except ValueError:
             return "bad_bound"
         return "bad_bound" if math.isnan(bound) else None
-    if kind == "scrapes" and value is not None and not (math.isfinite(value) and value >= 0):
+    if kind in ("scrapes", "restarts") and value is not None and not (math.isfinite(value) and value >= 0):
         return "bad_count"
     return None
 
@@ -226,7 +230,7 @@ def test_quantile_series_and_slo_histograms_drop_bad_buckets() -> None:
 
 # --------------------------------------------------------------------------- any hostile answer
 
-KINDS = ("histogram", "stats", "counter", "scrapes", "presence", "up", "infos", "first_seen")
+KINDS = ("histogram", "stats", "counter", "scrapes", "restarts", "presence", "up", "infos", "first_seen")
 LABELS = st.one_of(
     st.none(),
     st.tuples(st.sampled_from(["le", FAMILY_LABEL, STAT_LABEL, MODEL_LABEL, "engine", "cpu_offload_gb",
@@ -249,7 +253,7 @@ def test_no_hostile_answer_escapes_and_the_other_target_is_untouched(injections:
     clean = reader().windows(START, END, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
     good = windows[("llm", "good")]
     assert report(good) == report(clean[("llm", "good")])
-    assert good.dropped == {} and good.scrapes == 20
+    assert good.dropped == {} and good.scrapes == 20 and good.restarts == 0
     # every series dropped is counted once by the reader and named in its target's window
     named = Counter()
     for (_, reason), n in windows[("llm", "bad")].dropped.items():
@@ -262,6 +266,6 @@ def test_no_hostile_answer_escapes_and_the_other_target_is_untouched(injections:
         if reason == "bad_bound":
             assert all(windows[("llm", "bad")].dropped.get((s, "bad_bound"), 0) >= 1 for s in histograms)
         elif reason == "bad_count":
-            assert windows[("llm", "bad")].dropped[("scrapes", "bad_count")] >= 1
+            assert windows[("llm", "bad")].dropped[(kind, "bad_count")] >= 1
     if not any(expected_reason(k, lb, v) for k, _, lb, v in injections):
         assert named.keys() <= {"bad_label"}  # only a family tag the query could not have set

@@ -21,14 +21,14 @@ TTFT_BOUNDS = (0.1, 0.5, 1.0, 2.5, math.inf)
 TABLES = {"targets", "series", "scrape_samples", "scrapes", "target_info", "findings", "diagnoses",
           "alerts", "silences", "receivers", "notifications", "delivery_attempts", "probe_runs", "probe_requests",
           "notification_log", "sample_levels", "level_progress",
-          "slo_increments"}
+          "slo_increments", "change_events", "change_detectors"}
 
 
 def test_migrations_upgrade_and_downgrade(database_url: str) -> None:
     db.upgrade(database_url)
     engine = db.make_engine(database_url)
     assert TABLES <= set(inspect(engine).get_table_names())
-    assert db.current_revision(engine) == db.head_revision() == "0013"
+    assert db.current_revision(engine) == db.head_revision() == "0014"
     db.downgrade(database_url, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     assert db.current_revision(engine) is None

@@ -1,8 +1,8 @@
 """The window interface's contract, on one scripted engine history: the built-in store and the
 in-memory backend answer every :class:`app.windows.base.WindowReader` method alike, exactly
 (the Prometheus source joins them in tests/promsource/test_matrix_both_modes.py, against a real
-Prometheus). Two emulated engines (vLLM queueing with data-parallel-free ranks, SGLang healthy)
-are scraped every 5 simulated seconds; one scrape fails."""
+Prometheus). Two emulated engines (vLLM queueing with data-parallel-free ranks, SGLang healthy,
+restarted at 150 s) are scraped every 5 simulated seconds; one scrape fails."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tests.support.databases import migrated_sqlite
 T0 = 1_800_000_000.0
 SCRAPE_S = 5.0
 RUN_S = 240.0
-ENGINES = {"q": ("queueing", "vllm"), "h": ("healthy", "sglang")}
+ENGINES = {"q": ("queueing", "vllm"), "h": ("healthy->healthy@150!", "sglang")}
 
 
 def _history(target_id: int, scenario: str, engine: str) -> list[ScrapeRecord]:
@@ -93,7 +93,8 @@ def _answers(backend: WindowReader, session: Any, end: float) -> dict[str, Any]:
         histograms = backend.histograms(session, [q, h], start, end, ["ttft", "itl", "queue_time"])
         out[f"window {start}"] = {"report": _plain(report_from_window(window)), "infos": _infos(window),
                                   "models": _plain(window.models), "overall": _plain(window.overall)}
-        out[f"diagnosis {start}"] = {tid: {"scrapes": w.scrapes, "infos": _infos(w), "models": _plain(w.models)}
+        out[f"diagnosis {start}"] = {tid: {"scrapes": w.scrapes, "restarts": w.restarts, "infos": _infos(w),
+                                           "models": _plain(w.models)}
                                      for tid, w in diagnosis.found.items()}
         out[f"histograms {start}"] = _plain(histograms.found)
         out[f"fleet {start}"] = {tid: summaries_dict(s) for tid, s in
@@ -124,6 +125,10 @@ def test_the_store_and_the_in_memory_backend_answer_alike(backends: Any) -> None
     assert report["ttft"]["count"] > 10 and report["queue_time"]["mean"] > 0.5
     assert report["gauges"]["waiting"]["max"] > 1
     assert {w["scrapes"] for w in store[f"diagnosis {T0}"].values()} == {48}
+    # the SGLang engine's restart at 150 s is in the windows that hold it, and only there
+    q, h = (store[f"diagnosis {T0}"][n] for n in sorted(store[f"diagnosis {T0}"]))
+    assert (q["restarts"], h["restarts"]) == (0, 1)
+    assert [w["restarts"] for w in store[f"diagnosis {end - 60.0}"].values()] == [0, 0]
     assert store["prefill_of"]["names"] == ["h"] and store["unpaired"] is None
     assert any(point["value"] is not None for series in store["series"] for point in series)
 

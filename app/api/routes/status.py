@@ -73,11 +73,16 @@ from app.api.target_health import (
     target_health,
 )
 from app.api.window_notes import window_notes
+from app.attribution import reads as change_reads
+from app.attribution import repository as events_repository
+from app.attribution.events import ChangeEvent
+from app.attribution.explain import value_text
 from app.core import human, quantiles
 from app.core.durations import format_duration, format_utc
 from app.core.limits import UnixTime
 from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import CONFIDENCE_MEANING, Evidence
+from app.diagnosis.profile import prefill_seconds_per_token
 from app.diagnosis.rounds import RoundSummaries
 from app.diagnosis.rules.base import margin
 from app.probe import repository as probe_repository
@@ -298,7 +303,7 @@ def _environment() -> Environment:
     env.filters.update(seconds=fmt_seconds, number=fmt_number, percent=fmt_percent, ts=fmt_ts, iso=iso_ts,
                        age=fmt_age, evidence=evidence_text, flags=with_flags, duration=format_duration, dv=data_value,
                        value=fmt_value, span=fmt_span, slo_percent=fmt_slo_percent, exhaustion=fmt_exhaustion,
-                       count=fmt_count, confidence_title=confidence_title)
+                       count=fmt_count, confidence_title=confidence_title, driver=value_text)
     env.filters.update(clock=fmt_clock)
     env.globals.update(quantile=fmt_quantile, bucket=fmt_bucket, estimate_note=human.ESTIMATE_NOTE,
                        derived_note=DERIVED_TTFT_NOTE)
@@ -339,6 +344,7 @@ class Chart:
     y_min: float | None = None
     y_max: float | None = None
     derived: bool = False
+    marks: list[tuple[float, str, str]] = field(default_factory=list)  # change events: (x, kind, summary)
 
     @property
     def empty(self) -> bool:
@@ -389,7 +395,8 @@ def quantile_points(loaded: HistogramHistory, signal: str, qs: tuple[float, ...]
 
 
 def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float, lookback: float,
-                first_sample: float | None, width: int = 300, height: int = 60) -> Chart:
+                first_sample: float | None, width: int = 300, height: int = 60,
+                events: Iterable[ChangeEvent] = ()) -> Chart:
     span, times = chart_times(end, first_sample)
     points = quantile_points(loaded, signal, (0.5, 0.99), times, lookback)
     lines = [Line("p50", "p50", points[0.5]), Line("p99", "p99", points[0.99])]
@@ -397,6 +404,8 @@ def build_chart(chart_id: str, signal: str, loaded: HistogramHistory, end: float
     chart = Chart(chart_id, signal, SHORT_TITLES.get(signal, SIGNAL_TITLES.get(signal, signal)), span, lines,
                   width=width, height=height,
                   derived=signal == "ttft" and "ttft" not in has and all(p in has for p in TTFT_PARTS))
+    chart.marks = [(round((e.ts - (end - span)) / span * width, 1), e.kind, f"{fmt_ts(e.ts)}: {e.summary}")
+                   for e in events if end - span <= e.ts <= end]
     defined = [v for ln in lines for v in ln.values if v is not None]
     if not defined:
         return chart
@@ -637,8 +646,8 @@ HEALTH_HEADERS = {(True, False): "Scrape", (False, True): "Source round", (True,
 CHART_SIGNALS = ("ttft", "itl", "queue_time", "e2e")
 
 
-def target_charts(session, monitor, target: Target, stale: SourceStatus | None, end: float, seconds: float
-                  ) -> tuple[list[Chart], str | None]:
+def target_charts(session, monitor, target: Target, stale: SourceStatus | None, end: float, seconds: float,
+                  events: Iterable[ChangeEvent] = ()) -> tuple[list[Chart], str | None]:
     """The target's charts, from whichever backend holds its samples (a source's Prometheus computes
     them: one query for what it exports, one per line), and a note when there are none: where to look."""
     where = f"the Prometheus of source {target.origin}" if target.source in DISCOVERED_BY_SOURCES else None
@@ -649,7 +658,8 @@ def target_charts(session, monitor, target: Target, stale: SourceStatus | None, 
                                          end)
         first = loaded.first_sample((*CHART_SIGNALS, *TTFT_PARTS))
         has = loaded.signals
-        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100)
+        charts = [build_chart(f"d-{signal}", signal, loaded, end, seconds, first, width=400, height=100,
+                              events=events)
                   for signal in CHART_SIGNALS if signal in has or (signal == "ttft" and set(TTFT_PARTS) <= has)]
     except WindowError as exc:
         return [], f"No charts: {exc.message}."
@@ -760,7 +770,17 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
             except WindowError:
                 pass  # no numbers; its source's status says why
         infos = repository.target_infos(session, target.id)
-        charts, chart_note = target_charts(session, monitor, target, stale, end, seconds)
+        events = events_repository.events(session, [target.id], since=end - change_reads.EVENT_LOOKBACK, until=end)
+        charts, chart_note = target_charts(session, monitor, target, stale, end, seconds, events)
+        changes = None
+        if stale is None:
+            try:  # the same answer as its /changes with the baseline the page chose
+                found = change_reads.what_changed(  # the page's window when it asks one of 2m or more
+                    monitor.windows, session, target, end, prefill_seconds_per_token(target.hardware),
+                    window=seconds if window is not None and seconds >= 120 else change_reads.DEFAULT_WINDOW)
+                changes = found.to_dict() if found is not None else None
+            except WindowError:
+                pass
         interval = target.scrape_interval or monitor.settings.default_scrape_interval
         latest = repository.scrape_log(session, target.id, 20)
         total, failed = repository.scrape_counts(session, target.id, end - seconds)
@@ -793,6 +813,7 @@ def target_page(name: str, request: Request, session: SessionDep, monitor: Monit
         gauges=[(g, report["gauges"][g]) for g in GAUGE_SIGNALS if g in report["gauges"]],
         rates=sorted(report["rates"].items()), charts=charts, chart_note=chart_note, split=split, pd=pd,
         pd_role=report.get("pd_role"), diagnoses=diagnoses, request_notes=latency.request_set_notes(report),
+        changes=changes, events=list(reversed(events)),
         history=history, infos=infos,
         probe=probe,
         counter_signals=COUNTER_SIGNALS, **context)
