@@ -338,6 +338,7 @@ class PrometheusClient:
         self.read_concurrency = max(1, max_concurrency // 2)  # rounds keep the rest
         self._reads = threading.BoundedSemaphore(self.read_concurrency)
         self._queries = 0
+        self._bytes = 0
         self._use_get = False  # set once a POST got 405 (a proxy that only lets GET through)
         self._executor: ThreadPoolExecutor | None = None
 
@@ -350,6 +351,13 @@ class PrometheusClient:
         """HTTP API calls made so far (every request sent, retries and fallbacks included)."""
         with self._lock:
             return self._queries
+
+    @property
+    def bytes_read(self) -> int:
+        """Answer bytes received so far (decompressed, as decoded): what the reads cost the link
+        and the server's encoder, for ``GET /api/v1/sources`` and the benchmarks."""
+        with self._lock:
+            return self._bytes
 
     # ---- API -------------------------------------------------------------------------------
     def query(self, promql: str, time: float) -> QueryResult[VectorSample]:
@@ -573,6 +581,8 @@ class PrometheusClient:
             raise PromAPIError("http_error", "the answer's compressed body is broken") from None
         except httpx.HTTPError:
             raise PromAPIError("http_error", "the connection broke before the answer was complete") from None
+        with self._lock:
+            self._bytes += size
         return b"".join(chunks)
 
     @staticmethod

@@ -28,9 +28,11 @@ import pytest
 
 from app import latency
 from app.api.disaggregation import add_disaggregation
+from app.core import quantiles
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.diagnosis.tails import buckets_needed
 from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
@@ -539,3 +541,101 @@ def test_same_verdict_from_victoria_metrics(vm_matrix: tuple[dict[str, Case], Pr
         if name in store_signals:
             assert store_signals[name]["count"] > 0
             assert _close(vm_signals[name]["count"], store_signals[name]["count"]), name
+
+
+def _means_first_agrees(client: PrometheusClient, cases: dict[str, Case], case: Case, shift: float = 0.0) -> int:
+    """The round's means-first read of every case (app/diagnosis/tails.py says whose buckets)
+    against one full read: the same verdict, findings (evidence included) and not-judged list
+    for ``case``, and each number of its signals the same; the histograms read means first keep
+    their mean and count and lose only their quantiles. Returns how many histograms of ``case``
+    were read means first."""
+    end, start = case.end, case.end - WINDOW_S
+    thresholds = Thresholds()
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    engines = {c.pod: c.engine for c in cases.values()}
+    full = reader.windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    lean = reader.round_windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS,
+                                lambda key, w: buckets_needed(w, key[1], engines[key[1]], thresholds))
+    key = ("llm", case.pod)
+    assert full.keys() == lean.keys()
+    diagnoses = []
+    for read in (full, lean):
+        window = dataclasses.replace(read[key], start=start, end=end)
+        with case.target.sessions() as session:
+            (diagnosis,) = diagnosis_engine.evaluate_target(
+                session, case.target.target_id, case.pod, case.engine, end, WINDOW_S, thresholds,
+                case.target.hardware, data=window)
+        diagnoses.append(diagnosis)
+    whole, means_first = diagnoses
+    assert means_first.verdict == whole.verdict
+    assert [f.to_dict() for f in means_first.findings] == [f.to_dict() for f in whole.findings]
+    assert means_first.not_judged == whole.not_judged and means_first.notes == whole.notes
+    thin = {s for m in lean[key].models.values() for s, h in m.histograms.items() if h.means_only}
+    for name, value in whole.signals.items():
+        if name in thin or name in ("kv_transfer", "render") and f"{name}_time" in thin:
+            assert value.keys() >= means_first.signals[name].keys() >= {"mean", "count"}
+            assert _close(means_first.signals[name]["mean"], value["mean"]) and \
+                _close(means_first.signals[name]["count"], value["count"]), name
+        elif name not in ("step_budget", "max_step_tokens", "large_step_fraction", "decode_stall_share",
+                          "itl_ratio", "itl_ratio_bounds", "pd_split") or "itl" not in thin:
+            assert _close(means_first.signals.get(name), value), (name, means_first.signals.get(name), value)
+    return len(thin)
+
+
+def test_a_round_reads_means_first_and_concludes_what_a_full_read_does(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """Every case of the matrix, from Prometheus 2.42: the round's read (``_sum``/``_count`` of
+    every histogram, buckets only where a distribution can matter) diagnoses as the full read."""
+    cases, client = matrix
+    thin = {pod: _means_first_agrees(client, cases, case) for pod, case in cases.items()}
+    # healthy: every histogram means first but the four a prefill interference would read (it runs
+    # >= 2 requests); prefill_compute: all but TTFT, whose p99 its finding shows
+    assert thin == {"bandwidth_bound-vllm": 7, "dp_imbalance-vllm": 6, "frontend_bound-vllm": 6, "healthy-tgi": 4,
+                    "healthy-vllm": 7, "healthy_bursty-vllm": 7, "kv_cache_pressure-vllm": 6, "kv_transfer-vllm": 7,
+                    "prefill_compute-vllm": 10, "prefill_interference-vllm": 7, "queueing-tgi": 4,
+                    "queueing-vllm": 6, "scheduler_cpu_bound-sglang": 4, "speculation_ineffective-vllm": 7,
+                    "weights_offloaded-vllm": 7}, thin
+
+
+def test_a_round_reads_means_first_from_victoria_metrics(
+        vm_matrix: tuple[dict[str, Case], PrometheusClient, float]) -> None:
+    """The same from VictoriaMetrics (its own numbers, the same conclusions both ways)."""
+    cases, client, shift = vm_matrix
+    thin = {pod: _means_first_agrees(client, cases, case, shift) for pod, case in cases.items()}
+    assert thin["healthy-vllm"] == 7 and thin["prefill_compute-vllm"] == 10
+
+
+def _tail_filter_is_exact(client: PrometheusClient, start: float, end: float) -> tuple[int, int]:
+    """An SLO read narrowed to the targets whose quantile may be above the threshold (3 buckets a
+    target first) leaves out only targets whose full read has that quantile at or below it, and
+    gives the others exactly the full read's histograms; for thresholds on every bucket bound and
+    between two. Returns (targets left out, targets kept) over every threshold."""
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    full = reader.histograms(["ttft", "itl"], start, end)  # also tells the reader the bucket layout
+    left_out = kept = 0
+    for signal, by_target in full.items():
+        bounds = sorted({b for per_model in by_target.values() for h in per_model.values() for b in h.bounds
+                         if b != math.inf})
+        for threshold in [*bounds, *((a + b) / 2 for a, b in zip(bounds, bounds[1:]))]:
+            for q in (0.5, 0.99):
+                narrowed = reader.histograms([signal], start, end, {signal: [(q, threshold)]})[signal]
+                assert narrowed.keys() <= by_target.keys()
+                for key, per_model in by_target.items():
+                    merged = quantiles.merge(per_model[m] for m in sorted(per_model))
+                    assert merged is not None
+                    value = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
+                    if key in narrowed:
+                        kept += 1
+                        assert narrowed[key] == per_model, (signal, threshold, key)
+                    else:
+                        left_out += 1
+                        assert not value > threshold, (signal, q, threshold, key, value)
+    return left_out, kept
+
+
+def test_an_slo_read_skips_the_buckets_of_targets_within_the_objective_exactly(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    cases, client = matrix
+    end = max(case.end for case in cases.values())
+    left_out, kept = _tail_filter_is_exact(client, end - WINDOW_S, end)
+    assert left_out > 1000 and kept > 1000, (left_out, kept)

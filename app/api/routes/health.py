@@ -57,7 +57,8 @@ def list_sources(monitor: MonitorDep) -> list[SourceOut]:
     return [SourceOut(name=s.name, kind=s.kind, url=s.url, target_labels=s.target_labels,
                       state="failing" if s.failing else source_state(s), last_success=s.last_success,
                       last_error=s.last_error, last_error_at=s.last_error_at,
-                      queries_last_round=s.queries_last_round, last_round_seconds=s.last_round_seconds,
+                      queries_last_round=s.queries_last_round, bytes_last_round=s.bytes_last_round,
+                      buckets_last_round=s.buckets_last_round, last_round_seconds=s.last_round_seconds,
                       targets=s.targets, services=s.services, down=s.down, gone=s.gone, bad_series=s.bad_series,
                       refused_answers=s.refused)
             for s in monitor.windows.statuses()]
