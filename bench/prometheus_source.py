@@ -646,7 +646,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                 interval_rows.append(irow)
                 print(f"# N={n} per interval: Prometheus +{irow.prom_cpu:.2f} s CPU (ingest {irow.ingest_cpu:.2f} s), "
                       f"service {irow.service_cpu:.2f} s CPU, rounds {[round(w, 2) for w in irow.round_walls]} s, "
-                      f"{irow.queries:.0f} queries, {irow.bytes_read / 1e6:.1f} MB; by job (queries, bytes) {irow.by_job}",
+                      f"{irow.queries:.0f} queries, {irow.bytes_read / 1e6:.1f} MB; by job (queries, bytes) "
+                      f"{irow.by_job}",
                       file=sys.stderr)
 
             name = target_name(SOURCE, (NAMESPACE, "engine-0"))
@@ -731,7 +732,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                     at_1000.service_cpu <= TARGET_SERVICE_CPU),
                    (f"N=1,000 wall per diagnosis round <= {TARGET_ROUND_WALL:g} s (median)",
                     statistics.median(at_1000.round_walls) <= TARGET_ROUND_WALL),
-                   (f"N=1,000 bytes read per interval <= {TARGET_BYTES / 1e6:g} MB", at_1000.bytes_read <= TARGET_BYTES)]
+                   (f"N=1,000 bytes read per interval <= {TARGET_BYTES / 1e6:g} MB",
+                    at_1000.bytes_read <= TARGET_BYTES)]
     print("\n## Targets\n")
     for what, ok in checks:
         print(f"- {what}: {'PASS' if ok else 'MISS'}")

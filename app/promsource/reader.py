@@ -391,9 +391,9 @@ class SourceReader:
                 continue
             asked = set(keys)
             for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
-                tw = windows.get(key)
-                if tw is None or key not in asked:
+                if key not in windows or key not in asked:
                     continue
+                tw = windows[key]
                 for name, read in per_model.items():
                     if name in tw.models:
                         tw.models[name].histograms[signal] = _histogram(read)
@@ -434,11 +434,14 @@ class SourceReader:
             return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
 
         answers = self.client.map(read, asked)
-        return {signal: {} if answer is None else
-                {key: {name: _histogram(b) for name, b in per_model.items()}
-                 for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()
-                 if narrowed.get(signal) is None or key in narrowed[signal]}
-                for signal, answer in zip(asked, answers, strict=True)}
+        out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {}
+        for signal, answer in zip(asked, answers, strict=True):
+            keep = narrowed.get(signal)
+            out[signal] = {} if answer is None else {
+                key: {name: _histogram(b) for name, b in per_model.items()}
+                for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()
+                if keep is None or key in keep}
+        return out
 
     def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]]
                 ) -> set[TargetKey] | None:
@@ -483,13 +486,13 @@ class SourceReader:
             if "le" not in sample.labels:
                 maybe.add(_key(sample.labels, self.target_labels))
                 continue
-            family = _family(sample.labels, len(families))
+            index = _family(sample.labels, len(families))
             le = sample.labels["le"]
-            if family is None or not _valid_le(le) or le in ("sum", "count"):
+            if index is None or not _valid_le(le) or le in ("sum", "count"):
                 continue
-            grouped[_key(sample.labels, self.target_labels)][family][_bound(le) / families[family].scale
-                                                                     if _bound(le) != math.inf else math.inf] = \
-                sample.value
+            bound = _bound(le)
+            grouped[_key(sample.labels, self.target_labels)][index][
+                bound / families[index].scale if bound != math.inf else math.inf] = sample.value
         for key, by_family in grouped.items():
             buckets = _first_family(by_family)
             total = buckets.get(math.inf)
