@@ -43,7 +43,7 @@ from app.promsource.queries import (
 )
 from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
-from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges, merge_windows
+from app.window import GaugeStats, ItlInterval, ModelWindow, TailProbe, TargetWindow, combine_gauges, merge_windows
 
 log = logging.getLogger(__name__)
 TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
@@ -348,27 +348,36 @@ class SourceReader:
         return out
 
     def round_windows(self, start: float, end: float, signals: Sequence[str],
-                      needs: Callable[[TargetKey, TargetWindow], Collection[str]],
+                      needs: Callable[[TargetKey, TargetWindow], Collection[str | TailProbe]],
                       groups: dict[TargetKey, list[TargetKey]] | None = None,
-                      group_needs: Callable[[TargetKey, TargetWindow], Collection[str]] | None = None
+                      group_needs: Callable[[TargetKey, TargetWindow], Collection[str | TailProbe]] | None = None
                       ) -> dict[TargetKey, TargetWindow]:
         """A diagnosis round's windows, means first: every target's window with each histogram's
         ``_sum`` and ``_count`` only, then the buckets of the histograms ``needs(key, window)``
         names for that target (and, for each of ``groups`` - a service: its members' keys - those
         ``group_needs`` names for the members' windows merged), one query per histogram for all
-        the targets that need it. Every number read is the one a full read gives; a histogram
+        the targets that need it; a :class:`~app.window.TailProbe` first asks :meth:`at_most`, for
+        the targets it names at once. Every number read is the one a full read gives; a histogram
         whose buckets nobody needed keeps ``means_only`` (its mean and count exact, no quantile)."""
         windows = self.windows(start, end, signals, diagnosis=True, buckets=())
         wanted: dict[str, set[TargetKey]] = defaultdict(set)
+        probes: dict[TailProbe, set[TargetKey]] = defaultdict(set)
+
+        def want(keys: list[TargetKey], needed: Collection[str | TailProbe]) -> None:
+            for need in needed:
+                (probes[need] if isinstance(need, TailProbe) else wanted[need]).update(keys)
+
         for key, tw in windows.items():
-            for signal in needs(key, tw):
-                wanted[signal].add(key)
+            want([key], needs(key, tw))
         if groups and group_needs is not None:
             for group, members in groups.items():
                 present = {"\x00".join(k): windows[k] for k in members if k in windows}
                 if present:
-                    for signal in group_needs(group, merge_windows(present, start, end)):
-                        wanted[signal].update(k for k in members if k in windows)
+                    want([k for k in members if k in windows], group_needs(group, merge_windows(present, start, end)))
+        for probe, probed in sorted(probes.items(), key=lambda item: repr(item[0])):
+            maybe = self.at_most(probe.signal, start, end, probe.limits, probed)
+            for signal in probe.then:
+                wanted[signal].update(probed if maybe is None else maybe & probed)
         jobs = sorted((s, sorted(keys)) for s, keys in wanted.items() if s in HISTOGRAM_FAMILIES and s in signals)
         self.buckets_read = {signal: len(keys) for signal, keys in jobs}
         if not jobs:
@@ -443,13 +452,13 @@ class SourceReader:
                 if keep is None or key in keep}
         return out
 
-    def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]]
-                ) -> set[TargetKey] | None:
+    def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
+                keys: Collection[TargetKey] | None = None) -> set[TargetKey] | None:
         """The targets whose ``signal`` quantile over ``[start, end]`` may be above its threshold
         for one of ``limits`` ((quantile, threshold) pairs), from 3 buckets a target: the largest
         bound at or below each threshold and ``+Inf`` (None: the bucket layout is not known yet,
         ask for every target; a family whose layout is not known yet keeps every target that has
-        it). Left out is only a target whose bucket at or below the threshold
+        it; ``keys``: only these targets). Left out is only a target whose bucket at or below the threshold
         holds ``quantile x +Inf``: its ``histogram_quantile`` then lies in that bucket or a lower
         one, at or below the threshold, exactly - Prometheus' monotonicity fix can only raise that
         bucket, and ``+Inf`` is the largest (each extrapolated ``increase`` grows with the counter's
@@ -461,6 +470,7 @@ class SourceReader:
             return None
         w = prom_duration(end - start)
         by = ", ".join(dict.fromkeys(self.target_labels))
+        matchers = self._queries(None, None, keys).matchers
         parts, unknown = [], []
         for i, (family, layout) in enumerate(zip(families, layouts, strict=True)):
             if layout is None:
@@ -472,12 +482,12 @@ class SourceReader:
                 below = [le for bound, le in bounds if bound <= threshold]
                 if below:
                     chosen.add(below[-1])
-            sel = self._queries(None, None).matchers + (("le", "=~", any_of(sorted(chosen))),)
+            sel = (*matchers, ("le", "=~", any_of(sorted(chosen))))
             selector = f"{family.name}_bucket{{{format_matchers([*family.matchers, *sel])}}}"
             parts.append(f'label_replace(sum by ({by}, le) (increase({selector}[{w}])), '
                          f'"{FAMILY_LABEL}", "{i}", "", "")')
         if unknown:  # the targets with a histogram of such a family (not tagged: never a bucket)
-            inner = format_matchers([("__name__", "=~", any_of(unknown)), *self.matchers])
+            inner = format_matchers([("__name__", "=~", any_of(unknown)), *matchers])
             parts.append(f"group by ({by}) ({{{inner}}})")
         answer = self.client.query(" or ".join(parts), end)
         maybe: set[TargetKey] = set()
@@ -503,7 +513,7 @@ class SourceReader:
                 if not below or not buckets[max(below)] >= q * total:
                     maybe.add(key)
                     break
-        return maybe
+        return maybe if keys is None else maybe & set(keys)
 
     def _layout(self, signal: str, family: int) -> set[str] | None:
         """The ``le`` values this source's ``signal`` histograms of one family have had in any

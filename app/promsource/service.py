@@ -34,12 +34,12 @@ from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store.models import SERVICE_KIND, SOURCE_KIND, Target, TargetView
 from app.store.record import ScrapeRecord
 from app.targets import repository as target_repository
-from app.window import TargetWindow, merge_windows
+from app.window import TailProbe, TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer")
 #: (target name, engine, its means-first window) -> the histograms whose buckets it needs
-BucketNeeds = Callable[[str, str, TargetWindow], Collection[str]]
+BucketNeeds = Callable[[str, str, TargetWindow], Collection[str | TailProbe]]
 _Value = TypeVar("_Value")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
@@ -236,10 +236,10 @@ class SourceService:
             for key, values in found.service.items():
                 groups.setdefault(tuple(values.get(name, "") for name in config.service_labels), []).append(key)
 
-        def replica(key: TargetKey, w: TargetWindow) -> Collection[str]:
+        def replica(key: TargetKey, w: TargetWindow) -> Collection[str | TailProbe]:
             return needs(target_name(config.name, key), found.engines.get(key) or "vllm", w)
 
-        def service(values: TargetKey, w: TargetWindow) -> Collection[str]:
+        def service(values: TargetKey, w: TargetWindow) -> Collection[str | TailProbe]:
             engine = sorted({found.engines.get(k) or "vllm" for k in groups[values]})[0]
             return needs(target_name(f"{config.name}.svc", values), engine, w)
 

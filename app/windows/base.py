@@ -21,11 +21,11 @@ from app.promsource.status import SourceStatus as SourceStatus  # features read 
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import TargetView
-from app.window import TargetWindow
+from app.window import TailProbe, TargetWindow
 
 #: (target name, engine, its means-first window) -> the histograms whose buckets its diagnosis needs
 #: (:func:`app.diagnosis.tails.buckets_needed`)
-BucketNeeds = Callable[[str, str, TargetWindow], Collection[str]]
+BucketNeeds = Callable[[str, str, TargetWindow], Collection[str | TailProbe]]
 #: What the fleet table shows of each target (:meth:`WindowReader.fleet_summaries`); the TTFT of an
 #: engine without a TTFT histogram (TGI) is derived from its queue and prefill time.
 FLEET_SIGNALS = ("ttft", "itl")
