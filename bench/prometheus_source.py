@@ -1,8 +1,10 @@
-"""Prometheus-source scale benchmark: one discovery + diagnosis round for N engines, and the
-7-day latency API, against a real Prometheus 2.42 measured in the same run.
+"""Prometheus-source scale benchmark: what the service's periodic work costs the source's
+Prometheus and the service per diagnosis interval at N engines, one discovery + diagnosis round,
+and the 7-day latency API, against a real Prometheus 2.42 measured in the same run.
 
-    python3 bench/prometheus_source.py --sizes 10,100,1000   # ~10 minutes on 2 cores
-    python3 bench/prometheus_source.py --quick               # N = 10 only, ~5 minutes
+    python3 bench/prometheus_source.py --sizes 100,1000,3000   # ~30 minutes on 2 cores
+    python3 bench/prometheus_source.py --quick                 # N = 10 only, ~5 minutes
+    python3 bench/prometheus_source.py --healthy-share 0.9     # 90 % of the engines healthy
 
 (About 2.5 minutes of either is writing the 7-day history and promtool turning it into
 blocks; ``--history-days 0.5`` shortens that while working on the bench itself.)
@@ -38,25 +40,30 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   that would also run during the round (summaries, alerts, diagnosis) get a one-hour
   interval. The round is ``monitor.evaluate_diagnoses(now)`` - discovery, target rows,
   every window, diagnosis and persistence - run twice per N: the first round inserts the
-  newly discovered targets, the second is a steady round. A third, "engines paused", is a
-  steady round evaluated at the moment the engines' page server was stopped (SIGSTOP, resumed
-  after the round): Prometheus then has the CPU to itself to answer, as on a cluster where
-  the engines and Prometheus do not share the monitor's two cores.
+  newly discovered targets, the second is a steady round.
+* **Per diagnosis interval.** Then, per N, Prometheus' process CPU (``/proc/<pid>/stat``) over
+  a quiet period of ``--intervals`` x 30 s with the service idle (its ingest: the baseline),
+  then the same length with the service's periodic work at its default cadence, driven here
+  so that each 30 s interval holds exactly one diagnosis round, two summary rounds and two
+  alert rounds (the default SLOs): Prometheus' CPU minus its ingest CPU over as long, this
+  process' CPU (the service), the wall of each diagnosis round, the queries and answer bytes
+  (decompressed) of the source's client, and VmRSS; then a least-squares fit ``a x N^b`` per
+  column and its projection to N = 10,000, printed as a projection.
 
 Measured per round: wall time, CPU time of this process (``time.process_time``: the round's
 threads included; Prometheus and the page server are other processes), HTTP API calls
 (``queries_last_round`` of ``GET /api/v1/sources``), VmRSS of this process after the round,
 targets discovered. Baseline, measured right after each round: **Prometheus alone** - the
 round's exact queries (recorded from the client) sent again by a bare ``httpx`` client at the
-same concurrency (8), bodies read but not decoded. ``round / Prometheus alone`` is what the
-monitor adds on top of Prometheus' own query time.
+same concurrency (8), bodies read but not decoded.
 
 The 7-day latency API: ``GET /api/v1/targets/<engine 0>/latency?window=7d`` through
 ``TestClient`` (median of 3) vs Prometheus answering ``histogram_quantile(0.99, sum by (le)
 (increase(vllm:time_to_first_token_seconds_bucket{pod="engine-0"}[7d])))`` (median of 3), and
 vs the endpoint's own queries replayed bare.
 
-Targets (issue 10): N = 1,000 round <= 5 s wall and <= 40 queries; 7-day latency <= 1 s.
+Targets at N = 1,000 per diagnosis interval (issue 41): Prometheus' extra CPU <= 1 s, the
+service's <= 1.5 s, wall per round <= 5 s, answer bytes <= 10 MB; 7-day latency <= 1 s.
 Exits 1 when one is missed (the last line says ``MISS``). Run it on a quiet machine: on two
 shared cores, Prometheus' ingestion of 1,000 engines competes with the round for CPU.
 """
@@ -200,6 +207,18 @@ def history_steps(days: float) -> int:
     return int(days * 86400 / SCRAPE_INTERVAL)  # 40,320 scrapes for 7 days
 
 
+def scenario_of(i: int, healthy_share: float) -> int:
+    """Engine ``i``'s scenario (index into SCENARIOS): ``i % 8`` (each scenario alike, two of eight
+    healthy), or with ``healthy_share`` that share of the engines healthy and the rest cycling
+    through the seven others (a fleet where most replicas need no distribution read)."""
+    if not healthy_share:
+        return i % len(SCENARIOS)
+    block = round(1 / (1 - healthy_share)) if healthy_share < 1 else 0
+    if not block or i % block:
+        return 0
+    return 1 + (i // block) % (len(SCENARIOS) - 1)
+
+
 def start_step(i: int, history_steps: int) -> int:
     """Engine 0 continues its backfilled history; the others start at staggered steps."""
     return history_steps if i == 0 else (i // len(SCENARIOS)) % STEPS
@@ -209,8 +228,9 @@ class EnginePages:
     """``/engines/<i>/metrics``: engine i's next replayed page (``bench/page_server.py``'s
     protocol calls :meth:`respond`)."""
 
-    def __init__(self, replays: list[Replay], history_steps: int) -> None:
+    def __init__(self, replays: list[Replay], history_steps: int, healthy_share: float = 0.0) -> None:
         self.replays = replays
+        self.healthy_share = healthy_share
         self.history_steps = history_steps
         self.steps: dict[int, int] = {}
         self.cache: dict[tuple[int, int], bytes] = {}
@@ -224,7 +244,7 @@ class EnginePages:
         n = self.steps.get(i, start_step(i, self.history_steps))
         self.steps[i] = n + 1
         self.requests += 1
-        key = (i % len(self.replays), n)
+        key = (scenario_of(i, self.healthy_share), n)
         body = self.cache.get(key)
         if body is None:
             if len(self.cache) > 256:
@@ -234,10 +254,11 @@ class EnginePages:
                 + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def serve_engines(conn: Any, replays: list[Replay], history_steps: int) -> None:  # child process
+def serve_engines(conn: Any, replays: list[Replay], history_steps: int,
+                  healthy_share: float = 0.0) -> None:  # child process
     from bench.page_server import Http
 
-    pages = EnginePages(replays, history_steps)
+    pages = EnginePages(replays, history_steps, healthy_share)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -594,7 +615,8 @@ def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, An
     return first, statistics.median(runs), result
 
 
-def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float, args_intervals: int) -> int:
+def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float, args_intervals: int,
+        healthy_share: float = 0.0) -> int:
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -673,7 +695,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     p99_api, p99_prom = report["ttft"]["p99"], float(answer[0]["value"][1])
     print(f"\n## What the service costs per {DIAGNOSIS_INTERVAL:g} s diagnosis interval (default settings: one "
           f"diagnosis round, {DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL:g} summary and alert rounds; Prometheus 2.42, "
-          f"15 s scrapes; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
+          f"15 s scrapes; engines healthy: {f'{healthy_share:.0%}' if healthy_share else '2 of 8 scenarios'}; "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
     print("| N engines | Prometheus ingest CPU (quiet) | Prometheus extra CPU | extra / ingest | service CPU "
           "| wall per diagnosis round | queries | bytes read | service RSS |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -746,6 +769,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,1000", help="numbers of engines, ascending")
     parser.add_argument("--quick", action="store_true", help="N = 10 only")
+    parser.add_argument("--healthy-share", type=float, default=0.0,
+                        help="share of healthy engines (default: the eight scenarios alike, 2 of 8 healthy)")
     parser.add_argument("--intervals", type=int, default=2,
                         help="diagnosis intervals measured per N (and as long a quiet period before)")
     parser.add_argument("--history-days", type=float, default=7.0,
@@ -761,7 +786,8 @@ def main() -> int:
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     replays = record_replays()  # recorded once: engine 0's live pages continue its history exactly
-    engines = ctx.Process(target=serve_engines, args=(child, replays, history_steps(args.history_days)),
+    engines = ctx.Process(target=serve_engines, args=(child, replays, history_steps(args.history_days),
+                                                      args.healthy_share),
                           daemon=True)
     engines.start()
     try:
@@ -769,7 +795,7 @@ def main() -> int:
             tmp = Path(tmp_name)
             port = parent.recv()
             print(f"# {len(SCENARIOS)} scenario replays served by pid {engines.pid} on port {port}", file=sys.stderr)
-            return run(tmp, port, sizes, replays, args.history_days, args.intervals)
+            return run(tmp, port, sizes, replays, args.history_days, args.intervals, args.healthy_share)
     finally:
         engines.terminate()
         engines.join(30)
