@@ -545,9 +545,10 @@ class IntervalRow:
     round_walls: list[float]  # wall of each diagnosis round
     queries: float  # per interval
     bytes_read: float  # per interval (decompressed answers)
+    wire_bytes: float  # per interval, as sent (gzip)
     rss: float  # MB, at the end
     overran: float  # seconds the work ran past its intervals (0 when it fits)
-    by_job: dict[str, tuple[float, float]]  # job -> (queries, bytes) per interval
+    by_job: dict[str, tuple[float, float, float]]  # job -> (queries, bytes, Prometheus extra CPU) per interval
 
 
 def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
@@ -560,16 +561,17 @@ def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int
     time.sleep(span)
     ingest_rate = (prom.cpu() - c0) / (time.monotonic() - q0)
     walls: list[float] = []
-    queries0, bytes0 = source_client.queries, source_client.bytes_read
+    queries0, bytes0, wire0 = source_client.queries, source_client.bytes_read, source_client.wire_bytes
     cpu0, prom0, t0 = time.process_time(), prom.cpu(), time.monotonic()
     ticks = int(DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL)
-    by_job: dict[str, list[float]] = {"diagnosis": [0.0, 0.0], "summaries": [0.0, 0.0], "alerts": [0.0, 0.0]}
+    by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in ("diagnosis", "summaries", "alerts")}
 
     def job(name: str, fn: Callable[[], Any]) -> None:
-        q, b = source_client.queries, source_client.bytes_read
+        q, b, c, t = source_client.queries, source_client.bytes_read, prom.cpu(), time.monotonic()
         fn()
         by_job[name][0] += source_client.queries - q
         by_job[name][1] += source_client.bytes_read - b
+        by_job[name][2] += prom.cpu() - c - ingest_rate * (time.monotonic() - t)
 
     for tick in range(intervals * ticks):
         time.sleep(max(0.0, t0 + tick * SUMMARY_INTERVAL - time.monotonic()))
@@ -586,7 +588,9 @@ def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int
     return IntervalRow(n, intervals, ingest_rate * DIAGNOSIS_INTERVAL, prom_cpu / intervals,
                        (time.process_time() - cpu0) / intervals, walls,
                        (source_client.queries - queries0) / intervals, (source_client.bytes_read - bytes0) / intervals,
-                       rss_mb(), elapsed - span, {k: (v[0] / intervals, v[1] / intervals) for k, v in by_job.items()})
+                       (source_client.wire_bytes - wire0) / intervals,
+                       rss_mb(), elapsed - span, {k: (v[0] / intervals, v[1] / intervals, v[2] / intervals)
+                                                  for k, v in by_job.items()})
 
 
 def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
@@ -698,12 +702,15 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
           f"15 s scrapes; engines healthy: {f'{healthy_share:.0%}' if healthy_share else '2 of 8 scenarios'}; "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
     print("| N engines | Prometheus ingest CPU (quiet) | Prometheus extra CPU | extra / ingest | service CPU "
-          "| wall per diagnosis round | queries | bytes read | service RSS |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| wall per diagnosis round | queries | bytes read (decoded) | on the wire (gzip) | service RSS |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in interval_rows:
         print(f"| {r.n:,} | {r.ingest_cpu:.2f} s | {r.prom_cpu:.2f} s | {r.prom_cpu / r.ingest_cpu:.2f}x | "
               f"{r.service_cpu:.2f} s | {statistics.median(r.round_walls):.2f} s | {r.queries:.0f} | "
-              f"{r.bytes_read / 1e6:.2f} MB | {r.rss:,.0f} MB |")
+              f"{r.bytes_read / 1e6:.2f} MB | {r.wire_bytes / 1e6:.2f} MB | {r.rss:,.0f} MB |")
+    print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU): " + "; ".join(
+        f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s"
+                                   for name, (q, b, c) in r.by_job.items()) for r in interval_rows))
     ns = [r.n for r in interval_rows]
     print(f"\nGrowth with N (least-squares fit of a * N^b over N = {', '.join(f'{n:,}' for n in ns)}) and a "
           f"**projection** to N = {PROJECT_TO:,} (extrapolated, not measured):\n")
@@ -711,7 +718,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                                ("service CPU per interval", [r.service_cpu for r in interval_rows], "s"),
                                ("wall per diagnosis round", [statistics.median(r.round_walls) for r in interval_rows],
                                 "s"),
-                               ("bytes read per interval", [r.bytes_read / 1e6 for r in interval_rows], "MB")):
+                               ("bytes read per interval", [r.bytes_read / 1e6 for r in interval_rows], "MB"),
+                               ("bytes on the wire per interval", [r.wire_bytes / 1e6 for r in interval_rows], "MB")):
         fit = fit_power(ns, values)
         if fit is not None:
             print(f"- {what}: ~ N^{fit[1]:.2f}; projected {fit[0] * PROJECT_TO ** fit[1]:,.2f} {unit} at "

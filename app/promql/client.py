@@ -339,6 +339,7 @@ class PrometheusClient:
         self._reads = threading.BoundedSemaphore(self.read_concurrency)
         self._queries = 0
         self._bytes = 0
+        self._wire = 0
         self._use_get = False  # set once a POST got 405 (a proxy that only lets GET through)
         self._executor: ThreadPoolExecutor | None = None
 
@@ -354,10 +355,16 @@ class PrometheusClient:
 
     @property
     def bytes_read(self) -> int:
-        """Answer bytes received so far (decompressed, as decoded): what the reads cost the link
-        and the server's encoder, for ``GET /api/v1/sources`` and the benchmarks."""
+        """Answer bytes received so far, decompressed (what the service decodes and the server
+        encodes), for ``GET /api/v1/sources`` and the benchmarks."""
         with self._lock:
             return self._bytes
+
+    @property
+    def wire_bytes(self) -> int:
+        """Answer bytes as they crossed the network (gzip where the server compresses)."""
+        with self._lock:
+            return self._wire
 
     # ---- API -------------------------------------------------------------------------------
     def query(self, promql: str, time: float) -> QueryResult[VectorSample]:
@@ -583,6 +590,7 @@ class PrometheusClient:
             raise PromAPIError("http_error", "the connection broke before the answer was complete") from None
         with self._lock:
             self._bytes += size
+            self._wire += response.num_bytes_downloaded
         return b"".join(chunks)
 
     @staticmethod

@@ -54,6 +54,8 @@ class PrometheusWindows:
         self.sources = sources
         # the last discovery's diagnosis windows: (start, end, signals) and target id -> window
         self._round: tuple[tuple[float, float, tuple[str, ...]], dict[int, TargetWindow]] | None = None
+        # the last fleet summaries asked: (start, end, target ids) -> their summaries
+        self._fleet: tuple[tuple[float, float, tuple[int, ...]], dict[int, dict[str, WindowSummary]]] | None = None
         self._lock = threading.Lock()
 
     def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
@@ -92,13 +94,22 @@ class PrometheusWindows:
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
-        """One set of queries per source; none for a source whose last round failed (its targets'
-        numbers are not current: the status page's banner says why)."""
+        """One set of queries per source, the histograms alone; none for a source whose last round
+        failed (its targets' numbers are not current: the status page's banner says why). The
+        answer for the same window and targets is kept: the status page asks for the last
+        round's window, so its refreshes and viewers within a round read the buckets once."""
         current = [t for t in targets if not self._failing(t)]
+        key = (start, end, tuple(sorted(t.id for t in current)))
+        with self._lock:
+            if self._fleet is not None and self._fleet[0] == key:
+                return self._fleet[1]
         found = self.sources.windows_and_failures(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS),
                                                   histograms_only=True)[0] if current else {}
-        return {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
-                            if s in FLEET_SIGNALS} for target_id, window in found.items()}
+        out = {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
+                           if s in FLEET_SIGNALS} for target_id, window in found.items()}
+        with self._lock:
+            self._fleet = (key, out)
+        return out
 
     def _failing(self, target: TargetView) -> bool:
         source = self.sources.get(target.origin)

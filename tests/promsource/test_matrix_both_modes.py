@@ -361,6 +361,14 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
             assert _close(prometheus[part], store[part]), (part, prometheus[part], store[part])
             assert _close(in_memory[part], store[part]), (part, in_memory[part], store[part])
         assert store["report"]["ttft" if "ttft" in store["report"] else "queue_time"]["count"] > 0
+        # the same window and targets again (the status page refreshed within a round): no query
+        with sessions() as session:
+            target = target_repository.get_target(session, f"m.llm.{case.pod}")
+            assert target is not None
+            queries = sources.sources["m"].client.queries
+            again = backends["prometheus"][0].fleet_summaries(session, [target], start, end)
+            assert sources.sources["m"].client.queries == queries
+            assert latency.summaries_dict(again[target.id]) == prometheus["fleet"]
 
         # a source that cannot answer: WindowError with the classified kind, failed in a batch
         down = SourceService()
