@@ -31,7 +31,7 @@ from app.api.disaggregation import add_disaggregation
 from app.core import quantiles
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
-from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
 from app.diagnosis.tails import buckets_needed
 from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
@@ -648,3 +648,41 @@ def test_an_slo_read_skips_the_buckets_of_targets_within_the_objective_exactly(
     end = max(case.end for case in cases.values())
     left_out, kept = _tail_filter_is_exact(client, end - WINDOW_S, end)
     assert left_out > 1000 and kept > 1000, (left_out, kept)
+
+
+def test_the_production_round_reads_means_first_and_judges_services_as_a_full_read(
+        matrix: tuple[dict[str, Case], PrometheusClient], tmp_path: Path) -> None:
+    """The round as the service runs it, replicas grouped into services: read means first (buckets
+    where a replica or a service needs them) it gives every replica and every service the verdict,
+    findings and not-judged list a full read gives, with fewer bytes."""
+    cases, client = matrix
+    end = cases["queueing-vllm"].end
+    thresholds = Thresholds()
+    rounds, read = {}, {}
+    for name, needs in (("full", None), ("means first", lambda target, engine, window: buckets_needed(
+            window, target, engine, thresholds))):
+        engine, sessions = _scratch_store(tmp_path / f"{name}.db")
+        service = SourceService()
+        service.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
+                                                  target_labels=["namespace", "pod"], service_labels=["service"])])
+        try:
+            (round_,) = service.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS, needs)
+            assert round_.ok
+            rounds[name] = {t.name: t for t in round_.targets}
+            (status,) = service.statuses()
+            read[name] = (status.bytes_last_round, status.buckets_last_round)
+        finally:
+            service.close()
+            engine.dispose()
+    full, lean = rounds["full"], rounds["means first"]
+    assert full.keys() == lean.keys() and {"m.svc.imbalanced", "m.svc.balanced"} <= full.keys()
+    for target, whole in full.items():
+        assert whole.window is not None and lean[target].window is not None
+        pairs = zip(from_window(whole.window, target, whole.engine), from_window(lean[target].window, target,
+                                                                                  whole.engine), strict=True)
+        for a, b in pairs:
+            expected, got = diagnosis_engine.diagnose(a, thresholds), diagnosis_engine.diagnose(b, thresholds)
+            assert got.verdict == expected.verdict, target
+            assert [f.to_dict() for f in got.findings] == [f.to_dict() for f in expected.findings], target
+            assert got.not_judged == expected.not_judged, target
+    assert read["full"][1] == {} and read["means first"][0] < read["full"][0] / 2, read
