@@ -39,6 +39,8 @@ from app.promsource.queries import (
     PRESENCE_FAMILIES,
     STAT_LABEL,
     SourceQueries,
+    _selector,
+    _tag,
     prom_duration,
 )
 from app.sources import tgi
@@ -431,13 +433,16 @@ class SourceReader:
         """Per signal: every target's histogram increase over ``[start, end]`` per model, one query
         per signal for all targets at once (what an SLO condition reads). ``above``: signal ->
         (quantile, threshold) pairs of which the caller keeps only the targets whose quantile is
-        above the threshold; those the buckets at the thresholds show at or below every one of
-        them are left out (:meth:`at_most`), and only the others' buckets are read."""
+        above the threshold and reads only those quantiles: the buckets around the thresholds
+        come first (:meth:`_around`); a target at or below every threshold is left out, one they
+        tell exactly keeps those buckets (all models summed, under model ``""``), and only the
+        others' buckets are read in full."""
         asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
-        narrowed = {s: self.at_most(s, start, end, above[s]) for s in asked if above and above.get(s)}
+        around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s)}
 
         def read(signal: str) -> Any:
-            keys = narrowed.get(signal)
+            found = around.get(signal)
+            keys = None if found is None else {key for key, (up, h) in found.items() if up and h is None}
             if keys is not None and not keys:
                 return None
             return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
@@ -445,25 +450,39 @@ class SourceReader:
         answers = self.client.map(read, asked)
         out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {}
         for signal, answer in zip(asked, answers, strict=True):
-            keep = narrowed.get(signal)
+            found = around.get(signal)
             out[signal] = {} if answer is None else {
                 key: {name: _histogram(b) for name, b in per_model.items()}
                 for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()
-                if keep is None or key in keep}
+                if found is None or (key in found and found[key][1] is None)}
+            for key, (up, h) in (found or {}).items():
+                if up and h is not None:
+                    out[signal][key] = {"": h}
         return out
 
     def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
                 keys: Collection[TargetKey] | None = None) -> set[TargetKey] | None:
         """The targets whose ``signal`` quantile over ``[start, end]`` may be above its threshold
-        for one of ``limits`` ((quantile, threshold) pairs), from 3 buckets a target: the largest
-        bound at or below each threshold and ``+Inf`` (None: the bucket layout is not known yet,
-        ask for every target; a family whose layout is not known yet keeps every target that has
-        it; ``keys``: only these targets). Left out is only a target whose bucket at or below the threshold
-        holds ``quantile x +Inf``: its ``histogram_quantile`` then lies in that bucket or a lower
-        one, at or below the threshold, exactly - Prometheus' monotonicity fix can only raise that
-        bucket, and ``+Inf`` is the largest (each extrapolated ``increase`` grows with the counter's
-        first value and its rise, both largest in ``+Inf``; one scrape gives a target's series the
-        same timestamps)."""
+        for one of ``limits`` ((quantile, threshold) pairs), from a few buckets a target
+        (:meth:`_around`; None: the bucket layout is not known yet, ask for every target)."""
+        around = self._around(signal, start, end, limits, keys)
+        return None if around is None else {key for key, (above, _) in around.items() if above}
+
+    def _around(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
+                keys: Collection[TargetKey] | None = None
+                ) -> dict[TargetKey, tuple[bool, WindowHistogram | None]] | None:
+        """Per target, from the buckets around each threshold - the largest bound ``L`` at or below
+        it, the smallest ``U`` at or above it - with ``+Inf``, ``_sum`` and ``_count`` (all models,
+        the engine's first family): whether a quantile may be above its threshold, and the
+        histogram of those buckets when it tells every quantile exactly (None: the other buckets
+        are needed). A quantile whose rank ``L`` holds is at or below ``L``; one whose rank lies
+        between ``L`` and ``U`` is the interpolation inside ``(L, U]`` that ``histogram_quantile``
+        makes; above ``U`` it needs the buckets above. Exact because one target's bucket
+        increases never decrease with the bound (one scrape gives its series the same timestamps,
+        and an extrapolated ``increase`` grows with the counter's first value and its rise, both
+        of which grow with the bound), so Prometheus' monotonicity fix changes nothing. ``keys``:
+        only these targets; a family whose layout is not known yet makes its targets "may be
+        above", with no histogram; None: no layout is known."""
         families = HISTOGRAM_FAMILIES[signal]
         layouts = [self._layout(signal, i) for i in range(len(families))]
         if all(layout is None for layout in layouts):
@@ -472,48 +491,68 @@ class SourceReader:
         by = ", ".join(dict.fromkeys(self.target_labels))
         matchers = self._queries(None, None, keys).matchers
         parts, unknown = [], []
+        around: dict[int, list[tuple[float | None, float]]] = {}  # family -> per limit (L, U), in seconds
         for i, (family, layout) in enumerate(zip(families, layouts, strict=True)):
             if layout is None:
                 unknown.append(f"{family.name}_count")
                 continue
             chosen = {"+Inf"}
-            bounds = sorted((_bound(le) / family.scale, le) for le in layout if _bound(le) != math.inf)
+            bounds = sorted((_bound(le) / family.scale, le) for le in layout)
+            around[i] = []
             for _, threshold in limits:
-                below = [le for bound, le in bounds if bound <= threshold]
-                if below:
-                    chosen.add(below[-1])
-            sel = (*matchers, ("le", "=~", any_of(sorted(chosen))))
-            selector = f"{family.name}_bucket{{{format_matchers([*family.matchers, *sel])}}}"
-            parts.append(f'label_replace(sum by ({by}, le) (increase({selector}[{w}])), '
-                         f'"{FAMILY_LABEL}", "{i}", "", "")')
+                below = [(bound, le) for bound, le in bounds if bound <= threshold]
+                upper = next((bound, le) for bound, le in bounds if bound >= threshold)  # +Inf at last
+                chosen.update([le for _, le in below[-1:]] + [upper[1]])
+                around[i].append((below[-1][0] if below else None, upper[0]))
+            sel = (*family.matchers, *matchers)
+            bucket = _selector(family.name + "_bucket", (*sel, ("le", "=~", any_of(sorted(chosen)))), [])
+            parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
+            for part in ("sum", "count"):
+                expr = f"sum by ({by}) (increase({_selector(f'{family.name}_{part}', sel, [])}[{w}]))"
+                parts.append(_tag(_tag(expr, "le", part), FAMILY_LABEL, str(i)))
         if unknown:  # the targets with a histogram of such a family (not tagged: never a bucket)
             inner = format_matchers([("__name__", "=~", any_of(unknown)), *matchers])
             parts.append(f"group by ({by}) ({{{inner}}})")
         answer = self.client.query(" or ".join(parts), end)
-        maybe: set[TargetKey] = set()
-        grouped: dict[TargetKey, dict[int, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
+        out: dict[TargetKey, tuple[bool, WindowHistogram | None]] = {}
         for sample in answer.data:
             if "le" not in sample.labels:
-                maybe.add(_key(sample.labels, self.target_labels))
-                continue
+                out[_key(sample.labels, self.target_labels)] = (True, None)
+        chosen_family: dict[TargetKey, int] = {}
+        for sample in answer.data:
             index = _family(sample.labels, len(families))
-            le = sample.labels["le"]
-            if index is None or not _valid_le(le) or le in ("sum", "count"):
+            if "le" in sample.labels and index is not None:
+                key = _key(sample.labels, self.target_labels)
+                chosen_family[key] = min(index, chosen_family.get(key, index))
+        found = [sample for sample in answer.data if "le" in sample.labels]
+        for key, per_model in self._pick(found, "le", signal, None, histogram=True).items():
+            if key in out or (keys is not None and key not in keys) or "" not in per_model:
                 continue
-            bound = _bound(le)
-            grouped[_key(sample.labels, self.target_labels)][index][
-                bound / families[index].scale if bound != math.inf else math.inf] = sample.value
-        for key, by_family in grouped.items():
-            buckets = _first_family(by_family)
-            total = buckets.get(math.inf)
-            if total is None or not total > 0:
+            h = _histogram(per_model[""])
+            total = h.increases[-1] if h.bounds and h.bounds[-1] == math.inf else math.nan
+            if not total > 0:
                 continue  # no observation in the window: no quantile
-            for q, threshold in limits:
-                below = [b for b in buckets if b <= threshold]
-                if not below or not buckets[max(below)] >= q * total:
-                    maybe.add(key)
-                    break
-        return maybe if keys is None else maybe & set(keys)
+            out[key] = self._judge(h, total, limits, around[chosen_family[key]])
+        return out
+
+    @staticmethod
+    def _judge(h: WindowHistogram, total: float, limits: Sequence[tuple[float, float]],
+               around: list[tuple[float | None, float]]) -> tuple[bool, WindowHistogram | None]:
+        """:meth:`_around` for one target: ``h`` holds its buckets ``L`` and ``U`` of each limit."""
+        at = {bound: value for bound, value in zip(h.bounds, h.increases, strict=True)}
+        above = False
+        for (q, threshold), (low, up) in zip(limits, around, strict=True):
+            rank = q * total
+            if (low is not None and low not in at) or up not in at:
+                return True, None  # this target's layout differs: read its buckets
+            if low is not None and at[low] >= rank:
+                continue  # at or below L, at or below the threshold
+            if up == math.inf:
+                continue  # in +Inf: histogram_quantile gives L, at or below the threshold
+            if at[up] < rank or low == up:
+                return True, None  # above U: the buckets above tell where
+            above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
+        return above, h
 
     def _layout(self, signal: str, family: int) -> set[str] | None:
         """The ``le`` values this source's ``signal`` histograms of one family have had in any
