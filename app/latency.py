@@ -260,9 +260,10 @@ def _little(report: dict, gauge: str) -> float | None:
     second (those that got their first token in the window)."""
     waiting = ((report.get("gauges") or {}).get(gauge) or {}).get("mean")
     firsts, seconds = (report.get("ttft") or {}).get("count"), report.get("window_seconds")
-    if waiting is None or not firsts or not seconds:
+    rate = firsts / seconds if firsts and seconds else 0.0  # a subnormal count over the window: 0
+    if waiting is None or not rate:
         return None
-    return waiting / (firsts / seconds)
+    return waiting / rate
 
 
 def _timed(report: dict, worker: str, signal: str, what: str, gauge: str | None) -> tuple[float | None, str]:

@@ -112,7 +112,9 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
     view's answer over the same window, derived from the same windows: each scraped target's
     samples are read once per round. The fleet sums the targets this service scrapes; a
     Prometheus source's replicas get their gauges only, from one set of queries per source for
-    the time signals (their server holds the fleet's own numbers)."""
+    the time signals, means first: their mean and count gauges (their server holds the fleet's
+    own numbers, and each replica's quantiles: ``histogram_quantile`` over it, or the exported
+    recording rules)."""
     reader = windows if windows is not None else default_windows()
     began = time.monotonic()
     end = time.time() if end is None else end
@@ -131,7 +133,9 @@ def refresh_summaries(sessions: sessionmaker[Session], window: float, collector:
         del found
         if replicas:
             names = {t.id: t.name for t in replicas}
-            for target_id, target_window in reader.windows(session, replicas, start, end, TIME_SIGNALS).found.items():
+            # means first: their quantiles are their Prometheus' own, and asked of it when shown
+            for target_id, target_window in reader.windows(session, replicas, start, end, TIME_SIGNALS,
+                                                           histograms_only=True, buckets=()).found.items():
                 _time_summaries(names[target_id], target_window, summaries)
     collector.summaries = summaries
     if keep is not None and body is not None:

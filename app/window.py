@@ -47,6 +47,18 @@ class GaugeStats:
 
 
 @dataclass(frozen=True, slots=True)
+class TailProbe:
+    """Buckets needed only if a tail may be there: read the histograms ``then`` of a target when
+    its ``signal`` quantile ``q`` may be above ``threshold`` for one of ``limits`` ((q, threshold)
+    pairs), which a few buckets a target decide (a source's means-first read,
+    :meth:`app.promsource.reader.SourceReader.at_most`)."""
+
+    signal: str
+    limits: tuple[tuple[float, float], ...]
+    then: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class ItlInterval:
     """Decode steps between two consecutive samples and the running batch around them:
     the raw material of the "ITL by batch size" split (single request vs. under load)."""

@@ -117,7 +117,9 @@ def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: 
         same = [slo for slo in config.slos if slo.window == length]
         chosen = [t for t in targets if any(slo.covers(t.name) for slo in same)]
         signals = sorted({s for slo in same for s in slo_signals(slo.signal)})
-        out[length] = windows.histograms(session, chosen, now - length, now, signals)
+        # a target whose quantile is at or below the threshold fires nothing: a source may skip its buckets
+        above = {signal: [(slo.quantile, slo.threshold) for slo in same if slo.signal == signal] for signal in signals}
+        out[length] = windows.histograms(session, chosen, now - length, now, signals, above)
         held.update(t.name for t in chosen if t.id in out[length].failed)
     return out, frozenset(held)
 

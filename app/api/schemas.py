@@ -129,6 +129,10 @@ class SourceOut(BaseModel):
     last_error: str | None = Field(description="Classified error of the last failed round (kind: message)")
     last_error_at: float | None
     queries_last_round: int
+    bytes_last_round: int = Field(description="Answer bytes (decompressed) its last round read")
+    buckets_last_round: dict[str, int] = Field(
+        description="Means first: per histogram, the targets whose buckets the last round read (the others: "
+                    "_sum and _count alone, as the diagnosis needed no distribution of them)")
     last_round_seconds: float | None
     targets: int = Field(description="Live targets (replicas) it reported last round")
     services: int = Field(description="Services its service_labels grouped those into")

@@ -317,6 +317,9 @@ class WindowHistogram:
     increases: tuple[float, ...]  # per-bucket (cumulative) increase, extrapolated per bucket series
     sum: float  # increase of _sum
     count: float  # increase of _count
+    #: only ``_sum`` and ``_count`` were read (a source's means-first read): no buckets, so no
+    #: quantile; the mean and the count are exact all the same
+    means_only: bool = False
 
 
 def window_histogram(
@@ -389,6 +392,11 @@ def merge(histograms: Iterable[WindowHistogram | None]) -> WindowHistogram | Non
     present = [h for h in histograms if h is not None]
     if not present:
         return None
+    if any(h.means_only for h in present):
+        # the buckets of some members alone would misstate the whole's distribution: keep the
+        # sum and count, which add exactly
+        return WindowHistogram((), (), _total(h.sum for h in present),
+                               _total(h.count for h in present), means_only=True)
     first = present[0]
     if all(h.bounds == first.bounds for h in present) and all(map(operator.lt, first.bounds, first.bounds[1:])):
         # Same ascending layout everywhere (the usual case): bucket by bucket, in input order,
@@ -417,6 +425,14 @@ def merge(histograms: Iterable[WindowHistogram | None]) -> WindowHistogram | Non
         sum=total_sum if total_sum is not None else 0.0,
         count=total_count if total_count is not None else 0.0,
     )
+
+
+def _total(values: Iterable[float]) -> float:
+    """Values added in input order, like Go's aggregation (first value, then ``+=``)."""
+    total: float | None = None
+    for v in values:
+        total = v if total is None else total + v
+    return 0.0 if total is None else total
 
 
 def _coalesce(buckets: list[list[float]]) -> list[list[float]]:

@@ -22,6 +22,7 @@ from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.findings import Diagnosis
 from app.diagnosis.profile import HardwareProfile
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.diagnosis.tails import buckets_needed
 from app.diagnosis.telemetry import DiagnosisCollector
 from app.latency import WindowSummary
 from app.probe import repository as probe_repository
@@ -68,7 +69,8 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
     began = time.monotonic()
     now = time.time() if now is None else now
     reads = windows if windows is not None else default_windows()
-    reads.discover(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS)
+    reads.discover(sessions, now, config.window, DIAGNOSIS_HISTOGRAMS,
+                   lambda name, engine, window: buckets_needed(window, name, engine, config.thresholds_for(name)))
     results: list[RoundResult] = []
     evaluated: list[tuple[int, Diagnosis]] = []
     summaries: dict[int, dict[str, WindowSummary]] = {}
@@ -88,7 +90,9 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                     continue  # no numbers now (see above)
                 with target_boundary(DIAGNOSIS_JOB, target.name):  # a failing target keeps its last verdict
                     overall = found[target.id].overall.histograms
-                    summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
+                    if not any(h is not None and h.means_only for h in map(overall.get, PAGE_SIGNALS)):
+                        # read means first (a source): the status page computes its quantiles when asked
+                        summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
                     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
                     engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
                     baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \

@@ -322,6 +322,8 @@ def _stall_share(engine: str, itl: WindowHistogram | None, prefill: WindowHistog
         if prefill is None or math.isnan(prefill.sum):
             return None
         return prefill.sum / (prefill.sum + itl.sum)
+    if itl.means_only:
+        return None  # read means first: no buckets to find the stalls in
     stalled = 0.0
     previous_bound, previous_count = 0.0, 0.0
     for bound, cumulative in zip(itl.bounds, itl.increases):

@@ -351,6 +351,8 @@ class PrometheusClient:
         self.read_concurrency = max(1, max_concurrency // 2)  # rounds keep the rest
         self._reads = threading.BoundedSemaphore(self.read_concurrency)
         self._queries = 0
+        self._bytes = 0
+        self._wire = 0
         self._use_get = False  # set once a POST got 405 (a proxy that only lets GET through)
         self._executor: ThreadPoolExecutor | None = None
 
@@ -363,6 +365,19 @@ class PrometheusClient:
         """HTTP API calls made so far (every request sent, retries and fallbacks included)."""
         with self._lock:
             return self._queries
+
+    @property
+    def bytes_read(self) -> int:
+        """Answer bytes received so far, decompressed (what the service decodes and the server
+        encodes), for ``GET /api/v1/sources`` and the benchmarks."""
+        with self._lock:
+            return self._bytes
+
+    @property
+    def wire_bytes(self) -> int:
+        """Answer bytes as they crossed the network (gzip where the server compresses)."""
+        with self._lock:
+            return self._wire
 
     # ---- API -------------------------------------------------------------------------------
     def query(self, promql: str, time: float) -> QueryResult[VectorSample]:
@@ -617,6 +632,9 @@ class PrometheusClient:
             raise PromAPIError("http_error", "the answer's compressed body is broken") from None
         except httpx.HTTPError:
             raise PromAPIError("http_error", "the connection broke before the answer was complete") from None
+        with self._lock:
+            self._bytes += size
+            self._wire += response.num_bytes_downloaded
         return b"".join(chunks)
 
     @staticmethod

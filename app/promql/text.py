@@ -198,6 +198,12 @@ def parse_selector(text: str) -> list[tuple[str, str, str]]:
     return matchers
 
 
+def any_of(values: Sequence[str]) -> str:
+    """An RE2 pattern matching exactly these values (for ``label=~"..."``): each value's
+    metacharacters escaped, the values joined with ``|``."""
+    return "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", v) for v in sorted(set(values)))
+
+
 def format_matchers(matchers: list[tuple[str, str, str]]) -> str:
     """Matchers back to PromQL (no braces): ``a="x",b=~"y|z"``; values JSON-quoted, which is a
     valid PromQL double-quoted string."""

@@ -122,17 +122,22 @@ class SourceQueries:
     matchers: tuple[tuple[str, str, str], ...] = ()
     service_labels: tuple[str, ...] = ()
 
-    def histogram(self, signal: str, window: float) -> str:
+    def histogram(self, signal: str, window: float, buckets: bool = True) -> str:
+        """Per target and model, the ``increase`` of every bucket (``buckets``: else none, the
+        means-first read: a bucket query touches ~20 series per target, ``_sum``/``_count`` 2),
+        of ``_sum`` and of ``_count`` over ``window``."""
         w = prom_duration(window)
         parts = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
             sel = list(self.matchers)
             by = _by(*self.target_labels, MODEL_LABEL)
-            buckets = f"sum by ({by}, le) (increase({_selector(f.name + '_bucket', f.matchers, sel)}[{w}]))"
             total = _tag(f"sum by ({by}) (increase({_selector(f.name + '_sum', f.matchers, sel)}[{w}]))", "le", "sum")
             count = _tag(f"sum by ({by}) (increase({_selector(f.name + '_count', f.matchers, sel)}[{w}]))",
                          "le", "count")
-            parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (buckets, total, count)]
+            if buckets:
+                parts.append(_tag(f"sum by ({by}, le) (increase({_selector(f.name + '_bucket', f.matchers, sel)}"
+                                  f"[{w}]))", FAMILY_LABEL, str(i)))
+            parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (total, count)]
         return " or ".join(parts)
 
     def first_seen(self, signal: str, span: float, step: float) -> str:

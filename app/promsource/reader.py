@@ -20,7 +20,7 @@ import logging
 import math
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from app.core import quantiles
 from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError
-from app.promql.text import parse_selector
+from app.promql.text import any_of, format_matchers, parse_selector
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -39,10 +39,13 @@ from app.promsource.queries import (
     PRESENCE_FAMILIES,
     STAT_LABEL,
     SourceQueries,
+    _selector,
+    _tag,
+    prom_duration,
 )
 from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
-from app.window import GaugeStats, ItlInterval, ModelWindow, TargetWindow, combine_gauges
+from app.window import GaugeStats, ItlInterval, ModelWindow, TailProbe, TargetWindow, combine_gauges, merge_windows
 
 log = logging.getLogger(__name__)
 TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
@@ -152,7 +155,11 @@ def _rescaled(buckets: dict[str, float], scale: float) -> dict[str, float]:
     return out
 
 
-def _histogram(buckets: dict[str, float]) -> WindowHistogram:
+def _histogram(buckets: dict[str, float], means_only: bool = False) -> WindowHistogram:
+    """One answer's series of a target and model -> its window histogram (``means_only``: the
+    query asked for ``_sum`` and ``_count`` alone)."""
+    if means_only:
+        return WindowHistogram((), (), buckets.get("sum", math.nan), buckets.get("count", math.nan), means_only=True)
     bounds = sorted((_bound(le), v) for le, v in buckets.items() if le not in ("sum", "count"))
     count = buckets.get("count")
     if count is None:
@@ -174,6 +181,8 @@ class SourceReader:
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
         #: the engines' scrape interval where known (0: unknown): the ITL split's steps span two of them
         self.scrape_interval = 0.0
+        self.buckets_read: dict[str, int] = {}  # the last round's bucket reads: histogram -> targets
+        self._layouts: dict[tuple[str, int], set[str]] = {}  # (signal, family) -> le values seen
         self._lock = threading.Lock()
 
     def _refuse(self, query: str, why: str) -> None:
@@ -187,9 +196,15 @@ class SourceReader:
         if drops is not None:
             drops.setdefault(key, Counter())[(signal, reason)] += 1
 
-    def _queries(self, only: TargetKey | None, where: dict[str, str] | None = None) -> SourceQueries:
+    def _queries(self, only: TargetKey | None, where: dict[str, str] | None = None,
+                 keys: Collection[TargetKey] | None = None) -> SourceQueries:
+        """The queries of this source, narrowed to one target (``only``), to the targets with
+        these label values (``where``) or to a set of targets (``keys``: one ``=~`` matcher per
+        target label, a superset that the answers' keys are filtered to)."""
         extra = () if only is None else tuple((name, "=", value) for name, value in zip(self.target_labels, only))
         extra += tuple((name, "=", value) for name, value in (where or {}).items())
+        if keys is not None:
+            extra += tuple((name, "=~", any_of([key[i] for key in keys])) for i, name in enumerate(self.target_labels))
         return SourceQueries(self.target_labels, (*self.matchers, *extra), self.service_labels)
 
     # ------------------------------------------------------------------ discovery
@@ -213,23 +228,33 @@ class SourceReader:
     # ------------------------------------------------------------------ windows
     def windows(self, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS, *,
                 only: TargetKey | None = None, where: dict[str, str] | None = None,
-                diagnosis: bool = False) -> dict[TargetKey, TargetWindow]:
+                diagnosis: bool = False, histograms_only: bool = False, buckets: Collection[str] | None = None,
+                keys: Collection[TargetKey] | None = None) -> dict[TargetKey, TargetWindow]:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal.
 
         ``diagnosis`` adds the successful scrapes, the counter resets (restarts), the per-rank loads
-        and the ITL by running batch size, which the regime rules and the change attribution read."""
-        q = self._queries(only, where)
+        and the ITL by running batch size, which the regime rules and the change attribution read;
+        ``histograms_only`` asks for the histograms of ``signals`` alone (the summary round's
+        per-replica quantiles). ``buckets``: the histogram signals whose buckets are read (None:
+        all); the others are read means first, ``_sum`` and ``_count`` alone
+        (:attr:`WindowHistogram.means_only`). ``keys``: only these targets (an empty collection
+        reads nothing)."""
+        if keys is not None and not keys:
+            return {}
+        q = self._queries(only, where, keys)
         w = end - start
-        jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w)) for s in signals
+        thin = {s for s in signals if buckets is not None and s not in buckets}
+        jobs: list[tuple[str, str, str]] = [("histogram", s, q.histogram(s, w, s not in thin)) for s in signals
                                             if s in HISTOGRAM_FAMILIES]
-        # a signal no engine's adapter maps yet has no query (and costs none)
-        jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
-        jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
         step = max(15.0, w / 20, 2 * self.scrape_interval)  # an increase needs two samples in its step
-        jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
-        jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
-        if diagnosis:
+        if not histograms_only:
+            # a signal no engine's adapter maps yet has no query (and costs none)
+            jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
+            jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
+            jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
+            jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
+        if diagnosis and not histograms_only:
             jobs += [("scrapes", "", q.scrapes(w)), ("restarts", "", q.restarts(w)), ("ranks", "", q.rank_gauges(w))]
             if w >= 2 * step:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
@@ -280,8 +305,8 @@ class SourceReader:
                 continue  # refused as too large: the windows lack it
             if kind == "histogram":
                 for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
-                    for name, buckets in per_model.items():
-                        model(key, name).histograms[signal] = _histogram(buckets)
+                    for name, read in per_model.items():
+                        model(key, name).histograms[signal] = _histogram(read, signal in thin)
             elif kind == "gauge":
                 for key, per_model in self._pick(answer.data, STAT_LABEL, signal, drops).items():
                     for name, stats in per_model.items():
@@ -330,11 +355,82 @@ class SourceReader:
                         model(key, name).itl_intervals = intervals_of_model
         for key, counts in drops.items():
             window(key).dropped = dict(sorted(counts.items()))
+        if keys is not None:  # the matchers select a superset when there are several target labels
+            wanted = set(keys)
+            out = {key: tw for key, tw in out.items() if key in wanted}
         out = dict(sorted(out.items()))  # answers arrive in any order; windows and models do not
         for tw in out.values():
             tw.models = dict(sorted(tw.models.items()))
             tw.overall = _overall(tw.models)
         return out
+
+    def round_windows(self, start: float, end: float, signals: Sequence[str],
+                      needs: Callable[[TargetKey, TargetWindow], Collection[str | TailProbe]],
+                      groups: dict[TargetKey, list[TargetKey]] | None = None,
+                      group_needs: Callable[[TargetKey, TargetWindow], Collection[str | TailProbe]] | None = None
+                      ) -> dict[TargetKey, TargetWindow]:
+        """A diagnosis round's windows, means first: every target's window with each histogram's
+        ``_sum`` and ``_count`` only, then the buckets of the histograms ``needs(key, window)``
+        names for that target (and, for each of ``groups`` - a service: its members' keys - those
+        ``group_needs`` names for the members' windows merged), one query per histogram for all
+        the targets that need it; a :class:`~app.window.TailProbe` first asks :meth:`at_most`, for
+        the targets it names at once. Every number read is the one a full read gives; a histogram
+        whose buckets nobody needed keeps ``means_only`` (its mean and count exact, no quantile)."""
+        windows = self.windows(start, end, signals, diagnosis=True, buckets=())
+        wanted: dict[str, set[TargetKey]] = defaultdict(set)
+        probes: dict[TailProbe, set[TargetKey]] = defaultdict(set)
+
+        def want(keys: list[TargetKey], needed: Collection[str | TailProbe]) -> None:
+            for need in needed:
+                (probes[need] if isinstance(need, TailProbe) else wanted[need]).update(keys)
+
+        for key, tw in windows.items():
+            want([key], needs(key, tw))
+        if groups and group_needs is not None:
+            for group, members in groups.items():
+                present = {"\x00".join(k): windows[k] for k in members if k in windows}
+                if present:
+                    want([k for k in members if k in windows], group_needs(group, merge_windows(present, start, end)))
+        for probe, probed in sorted(probes.items(), key=lambda item: repr(item[0])):
+            maybe = self.at_most(probe.signal, start, end, probe.limits, probed)
+            for signal in probe.then:
+                wanted[signal].update(probed if maybe is None else maybe & probed)
+        jobs = sorted((s, sorted(keys)) for s, keys in wanted.items() if s in HISTOGRAM_FAMILIES and s in signals)
+        self.buckets_read = {signal: len(keys) for signal, keys in jobs}
+        if not jobs:
+            return windows
+
+        def run(job: tuple[str, list[TargetKey]]) -> Any:
+            signal, keys = job
+            try:
+                return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
+            except PromAPIError as exc:
+                if exc.kind != "too_large":
+                    raise
+                self._refuse(signal, exc.message)  # its targets keep the means
+                return None
+
+        drops: Drops = {}
+        touched: set[TargetKey] = set()
+        for (signal, keys), answer in zip(jobs, self.client.map(run, jobs), strict=True):
+            if answer is None:
+                continue
+            asked = set(keys)
+            for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
+                if key not in windows or key not in asked:
+                    continue
+                tw = windows[key]
+                for name, read in per_model.items():
+                    if name in tw.models:
+                        tw.models[name].histograms[signal] = _histogram(read)
+                touched.add(key)
+        for key in touched:
+            windows[key].overall = _overall(windows[key].models)
+        for key, counts in drops.items():
+            if key in windows:
+                merged = Counter(windows[key].dropped) + counts
+                windows[key].dropped = dict(sorted(merged.items()))
+        return windows
 
     def histograms_over(self, signal: str, windows: Sequence[float], end: float
                         ) -> list[dict[TargetKey, dict[str, WindowHistogram]]]:
@@ -346,16 +442,139 @@ class SourceReader:
                  for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
                 for answer in answers]
 
-    def histograms(self, signals: Sequence[str], start: float, end: float
+    def histograms(self, signals: Sequence[str], start: float, end: float,
+                   above: Mapping[str, Sequence[tuple[float, float]]] | None = None
                    ) -> dict[str, dict[TargetKey, dict[str, WindowHistogram]]]:
         """Per signal: every target's histogram increase over ``[start, end]`` per model, one query
-        per signal for all targets at once (what an SLO condition reads)."""
-        q = self._queries(None, None)
+        per signal for all targets at once (what an SLO condition reads). ``above``: signal ->
+        (quantile, threshold) pairs of which the caller keeps only the targets whose quantile is
+        above the threshold and reads only those quantiles: the buckets around the thresholds
+        come first (:meth:`_around`); a target at or below every threshold is left out, one they
+        tell exactly keeps those buckets (all models summed, under model ``""``), and only the
+        others' buckets are read in full."""
         asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
-        answers = self.client.map(lambda s: self.client.query(q.histogram(s, end - start), end), asked)
-        return {signal: {key: {name: _histogram(b) for name, b in per_model.items()}
-                         for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
-                for signal, answer in zip(asked, answers, strict=True)}
+        around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s)}
+
+        def read(signal: str) -> Any:
+            found = around.get(signal)
+            keys = None if found is None else {key for key, (up, h) in found.items() if up and h is None}
+            if keys is not None and not keys:
+                return None
+            return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
+
+        answers = self.client.map(read, asked)
+        out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {}
+        for signal, answer in zip(asked, answers, strict=True):
+            found = around.get(signal)
+            out[signal] = {} if answer is None else {
+                key: {name: _histogram(b) for name, b in per_model.items()}
+                for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()
+                if found is None or (key in found and found[key][1] is None)}
+            for key, (up, h) in (found or {}).items():
+                if up and h is not None:
+                    out[signal][key] = {"": h}
+        return out
+
+    def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
+                keys: Collection[TargetKey] | None = None) -> set[TargetKey] | None:
+        """The targets whose ``signal`` quantile over ``[start, end]`` may be above its threshold
+        for one of ``limits`` ((quantile, threshold) pairs), from a few buckets a target
+        (:meth:`_around`; None: the bucket layout is not known yet, ask for every target)."""
+        around = self._around(signal, start, end, limits, keys)
+        return None if around is None else {key for key, (above, _) in around.items() if above}
+
+    def _around(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
+                keys: Collection[TargetKey] | None = None
+                ) -> dict[TargetKey, tuple[bool, WindowHistogram | None]] | None:
+        """Per target, from the buckets around each threshold - the largest bound ``L`` at or below
+        it, the smallest ``U`` at or above it - with ``+Inf``, ``_sum`` and ``_count`` (all models,
+        the engine's first family): whether a quantile may be above its threshold, and the
+        histogram of those buckets when it tells every quantile exactly (None: the other buckets
+        are needed). A quantile whose rank ``L`` holds is at or below ``L``; one whose rank lies
+        between ``L`` and ``U`` is the interpolation inside ``(L, U]`` that ``histogram_quantile``
+        makes; above ``U`` it needs the buckets above. Exact because one target's bucket
+        increases never decrease with the bound (one scrape gives its series the same timestamps,
+        and an extrapolated ``increase`` grows with the counter's first value and its rise, both
+        of which grow with the bound), so Prometheus' monotonicity fix changes nothing. ``keys``:
+        only these targets; a family whose layout is not known yet makes its targets "may be
+        above", with no histogram; None: no layout is known."""
+        families = HISTOGRAM_FAMILIES[signal]
+        layouts = [self._layout(signal, i) for i in range(len(families))]
+        if all(layout is None for layout in layouts):
+            return None
+        w = prom_duration(end - start)
+        by = ", ".join(dict.fromkeys(self.target_labels))
+        matchers = self._queries(None, None, keys).matchers
+        parts, unknown = [], []
+        around: dict[int, list[tuple[float | None, float]]] = {}  # family -> per limit (L, U), in seconds
+        for i, (family, layout) in enumerate(zip(families, layouts, strict=True)):
+            if layout is None:
+                unknown.append(f"{family.name}_count")
+                continue
+            chosen = {"+Inf"}
+            bounds = sorted((_bound(le) / family.scale, le) for le in layout)
+            around[i] = []
+            for _, threshold in limits:
+                below = [(bound, le) for bound, le in bounds if bound <= threshold]
+                upper = next((bound, le) for bound, le in bounds if bound >= threshold)  # +Inf at last
+                chosen.update([le for _, le in below[-1:]] + [upper[1]])
+                around[i].append((below[-1][0] if below else None, upper[0]))
+            sel = (*family.matchers, *matchers)
+            bucket = _selector(family.name + "_bucket", (*sel, ("le", "=~", any_of(sorted(chosen)))), [])
+            parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
+            for part in ("sum", "count"):
+                expr = f"sum by ({by}) (increase({_selector(f'{family.name}_{part}', sel, [])}[{w}]))"
+                parts.append(_tag(_tag(expr, "le", part), FAMILY_LABEL, str(i)))
+        if unknown:  # the targets with a histogram of such a family (not tagged: never a bucket)
+            inner = format_matchers([("__name__", "=~", any_of(unknown)), *matchers])
+            parts.append(f"group by ({by}) ({{{inner}}})")
+        answer = self.client.query(" or ".join(parts), end)
+        out: dict[TargetKey, tuple[bool, WindowHistogram | None]] = {}
+        for sample in answer.data:
+            if "le" not in sample.labels:
+                out[_key(sample.labels, self.target_labels)] = (True, None)
+        chosen_family: dict[TargetKey, int] = {}
+        for sample in answer.data:
+            index = _family(sample.labels, len(families))
+            if "le" in sample.labels and index is not None:
+                key = _key(sample.labels, self.target_labels)
+                chosen_family[key] = min(index, chosen_family.get(key, index))
+        found = [sample for sample in answer.data if "le" in sample.labels]
+        for key, per_model in self._pick(found, "le", signal, None, histogram=True).items():
+            if key in out or (keys is not None and key not in keys) or "" not in per_model:
+                continue
+            h = _histogram(per_model[""])
+            total = h.increases[-1] if h.bounds and h.bounds[-1] == math.inf else math.nan
+            if not total > 0:
+                continue  # no observation in the window: no quantile
+            out[key] = self._judge(h, total, limits, around[chosen_family[key]])
+        return out
+
+    @staticmethod
+    def _judge(h: WindowHistogram, total: float, limits: Sequence[tuple[float, float]],
+               around: list[tuple[float | None, float]]) -> tuple[bool, WindowHistogram | None]:
+        """:meth:`_around` for one target: ``h`` holds its buckets ``L`` and ``U`` of each limit."""
+        at = {bound: value for bound, value in zip(h.bounds, h.increases, strict=True)}
+        above = False
+        for (q, threshold), (low, up) in zip(limits, around, strict=True):
+            rank = q * total
+            if (low is not None and low not in at) or up not in at:
+                return True, None  # this target's layout differs: read its buckets
+            if low is not None and at[low] >= rank:
+                continue  # at or below L, at or below the threshold
+            if up == math.inf:
+                continue  # in +Inf: histogram_quantile gives L, at or below the threshold
+            if at[up] < rank or low == up:
+                return True, None  # above U: the buckets above tell where
+            above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
+        return above, h
+
+    def _layout(self, signal: str, family: int) -> set[str] | None:
+        """The ``le`` values this source's ``signal`` histograms of one family have had in any
+        bucket answer (None before the first)."""
+        with self._lock:
+            found = self._layouts.get((signal, family))
+            return None if found is None else set(found)
 
     def first_seen(self, signal: str, span: float, end: float) -> dict[TargetKey, float]:
         """Per target, when its ``signal`` histogram first has a sample in the ``span`` before
@@ -461,6 +680,16 @@ class SourceReader:
             subs[labels.get(sub_label, "") if sub_label else ""] = sample.value
         if not histogram:
             return {key: _first_family(by_family) for key, by_family in grouped.items()}
+        seen: dict[int, set[str]] = defaultdict(set)
+        for by_family in grouped.values():
+            for family, per_model in by_family.items():
+                for subs in per_model.values():
+                    seen[family].update(subs)
+        with self._lock:
+            for family, les in seen.items():
+                les.difference_update(("sum", "count"))
+                if les:
+                    self._layouts.setdefault((signal, family), set()).update(les)
         return {key: {name: _rescaled(buckets, families[min(by_family)].scale)
                       for name, buckets in _first_family(by_family).items()} for key, by_family in grouped.items()}
 

@@ -16,7 +16,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -35,10 +35,12 @@ from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
 from app.store.models import SERVICE_KIND, SOURCE_KIND, Target, TargetView
 from app.store.record import ScrapeRecord
 from app.targets import repository as target_repository
-from app.window import TargetWindow, merge_windows
+from app.window import TailProbe, TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer")
+#: (target name, engine, its means-first window) -> the histograms whose buckets it needs
+BucketNeeds = Callable[[str, str, TargetWindow], Collection[str | TailProbe]]
 _Value = TypeVar("_Value")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
@@ -216,21 +218,28 @@ class SourceService:
             self.sources.clear()
 
     # ------------------------------------------------------------------ the round
-    def round(self, sessions: sessionmaker[Session], now: float, window: float,
-              signals: Sequence[str]) -> list[SourceRound]:
-        """Discover and read every source once; update targets; a failing source changes nothing."""
-        return [self._round_one(source, sessions, now, window, signals) for source in list(self.sources.values())]
+    def round(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+              needs: BucketNeeds | None = None) -> list[SourceRound]:
+        """Discover and read every source once; update targets; a failing source changes nothing.
+        ``needs(target name, engine, window)``: the histograms whose buckets a target's means-first
+        window needs (:meth:`SourceReader.round_windows`); None reads every bucket."""
+        return [self._round_one(source, sessions, now, window, signals, needs)
+                for source in list(self.sources.values())]
 
     def _round_one(self, source: PrometheusSource, sessions: sessionmaker[Session], now: float, window: float,
-                   signals: Sequence[str]) -> SourceRound:
+                   signals: Sequence[str], needs: BucketNeeds | None = None) -> SourceRound:
         status = source.status
-        started, queries_before = time.monotonic(), source.client.queries
+        started, queries_before, bytes_before = time.monotonic(), source.client.queries, source.client.bytes_read
         try:
             found = source.reader.discover(now)
             source.learn_interval(found, now)
             window = source.fit_window(window)
             source.reader.scrape_interval = source.interval.seconds or 0.0
-            windows = source.reader.windows(now - window, now, signals, diagnosis=True)
+            self._window = window
+            if needs is None:
+                windows = source.reader.windows(now - window, now, signals, diagnosis=True)
+            else:
+                windows = self._means_first(source, found, now, window, signals, needs)
         except PromAPIError as exc:
             status.last_error, status.last_error_at = f"{exc.kind}: {exc.message}", now
             status.last_round_ok = False
@@ -242,12 +251,34 @@ class SourceService:
         with sessions.begin() as session:
             result.targets = self._sync(source, session, found, windows, now)
         status.last_success, status.queries_last_round = now, source.client.queries - queries_before
+        status.bytes_last_round = source.client.bytes_read - bytes_before
+        status.buckets_last_round = dict(source.reader.buckets_read) if needs is not None else {}
         status.last_round_ok = True
         status.last_round_seconds = time.monotonic() - started
         status.targets = sum(1 for t in result.targets if t.kind == SOURCE_KIND)
         live_keys = set(source.keys.values())
         status.down = sum(1 for key, up in found.up.items() if up == 0 and key in live_keys)
         return result
+
+    @staticmethod
+    def _means_first(source: PrometheusSource, found: SourceTargets, now: float, window: float,
+                     signals: Sequence[str], needs: BucketNeeds) -> dict[TargetKey, TargetWindow]:
+        """The round's windows read means first, with the buckets ``needs`` names per replica
+        and per service (named as :meth:`_sync` and :meth:`_sync_services` name them)."""
+        config = source.config
+        groups: dict[TargetKey, list[TargetKey]] = {}
+        if config.service_labels:
+            for key, values in found.service.items():
+                groups.setdefault(tuple(values.get(name, "") for name in config.service_labels), []).append(key)
+
+        def replica(key: TargetKey, w: TargetWindow) -> Collection[str | TailProbe]:
+            return needs(target_name(config.name, key), found.engines.get(key) or "vllm", w)
+
+        def service(values: TargetKey, w: TargetWindow) -> Collection[str | TailProbe]:
+            engine = sorted({found.engines.get(k) or "vllm" for k in groups[values]})[0]
+            return needs(target_name(f"{config.name}.svc", values), engine, w)
+
+        return source.reader.round_windows(now - window, now, signals, replica, groups, service)
 
     def _sync(self, source: PrometheusSource, session: Session, found: SourceTargets,
               windows: dict[TargetKey, TargetWindow], now: float) -> list[SourceTarget]:
@@ -386,16 +417,18 @@ class SourceService:
         return self.windows_and_failures(targets, start, end, signals)[0]
 
     def windows_and_failures(self, targets: Sequence[TargetView], start: float, end: float,
-                             signals: Sequence[str], diagnosis: bool = False
-                             ) -> tuple[dict[int, TargetWindow], set[int]]:
+                             signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                             buckets: Sequence[str] | None = None) -> tuple[dict[int, TargetWindow], set[int]]:
         """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
         numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
-        return self._per_source(targets, lambda source: source.reader.windows(start, end, signals,
-                                                                              diagnosis=diagnosis),
+        return self._per_source(targets, lambda source: source.reader.windows(
+                                    start, end, signals, diagnosis=diagnosis, histograms_only=histograms_only,
+                                    buckets=buckets),
                                 lambda source, target, windows: with_labelled_role(
                                     source.config, target.labels, windows.get(source.key_of(target))), "windows")
 
-    def histograms_of(self, targets: Sequence[TargetView], start: float, end: float, signals: Sequence[str]
+    def histograms_of(self, targets: Sequence[TargetView], start: float, end: float, signals: Sequence[str],
+                      above: Mapping[str, Sequence[tuple[float, float]]] | None = None
                       ) -> tuple[dict[int, dict[str, WindowHistogram | None]], set[int]]:
         """Per replica of ``targets`` (ids), its histograms of ``signals`` over ``[start, end]``, all
         its models summed by ``le`` (one query per signal and source), and the ids whose source
@@ -410,7 +443,7 @@ class SourceService:
             return found or None
 
         return self._per_source([t for t in targets if t.source == SOURCE_KIND],
-                                lambda source: source.reader.histograms(signals, start, end), pick, "histograms")
+                                lambda source: source.reader.histograms(signals, start, end, above), pick, "histograms")
 
     def histograms_over(self, targets: Sequence[TargetView], signal: str, windows: Sequence[float], end: float
                         ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:

@@ -20,6 +20,8 @@ class SourceStatus:
     last_error: str | None = None
     last_error_at: float | None = None
     queries_last_round: int = 0
+    bytes_last_round: int = 0  # answer bytes (decompressed) the last round read
+    buckets_last_round: dict[str, int] = field(default_factory=dict)  # histogram -> targets whose buckets it read
     last_round_seconds: float | None = None
     targets: int = 0
     services: int = 0

@@ -8,7 +8,7 @@ and never which backend answers - as PromQL asks Prometheus' ``storage.Queryable
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -17,7 +17,15 @@ from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import DISCOVERED_BY_SOURCES, SERVICE_KIND, TargetView
 from app.window import TargetWindow
-from app.windows.base import HistogramHistory, HistogramsRead, SourceStatus, WindowError, WindowReader, WindowsRead
+from app.windows.base import (
+    BucketNeeds,
+    HistogramHistory,
+    HistogramsRead,
+    SourceStatus,
+    WindowError,
+    WindowReader,
+    WindowsRead,
+)
 from app.windows.store import StoreWindows
 
 
@@ -48,19 +56,21 @@ class Windows:
         return [(reader, mine) for reader, mine in parts if mine]
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+                signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                buckets: Sequence[str] | None = None) -> WindowsRead:
         out = WindowsRead()
         for reader, mine in self._split(targets):
-            read = reader.windows(session, mine, start, end, signals, diagnosis)
+            read = reader.windows(session, mine, start, end, signals, diagnosis, histograms_only, buckets)
             out.found.update(read.found)
             out.failed |= read.failed
         return out
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                   signals: Sequence[str]) -> HistogramsRead:
+                   signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None
+                   ) -> HistogramsRead:
         out = HistogramsRead()
         for reader, mine in self._split(targets):
-            read = reader.histograms(session, mine, start, end, signals)
+            read = reader.histograms(session, mine, start, end, signals, above)
             out.found.update(read.found)
             out.failed |= read.failed
         return out
@@ -72,9 +82,10 @@ class Windows:
             out.update(reader.fleet_summaries(session, mine, start, end))
         return out
 
-    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+                 needs: BucketNeeds | None = None) -> None:
         for reader in (self.store, self.sources):
-            reader.discover(sessions, now, window, signals)
+            reader.discover(sessions, now, window, signals, needs)
 
     def quantile_series(self, session: Session, target: TargetView, signal: str, q: float | None, span: float,
                         step: float, lookback: float, end: float, model: str | None) -> list[dict]:

@@ -9,7 +9,7 @@ backend that holds it; none of them asks which backend that is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,8 +21,11 @@ from app.promsource.status import SourceStatus as SourceStatus  # features read 
 from app.slo.config import SloObjective
 from app.slo.status import SloErrors, SloSums
 from app.store.models import TargetView
-from app.window import TargetWindow
+from app.window import TailProbe, TargetWindow
 
+#: (target name, engine, its means-first window) -> the histograms whose buckets its diagnosis needs
+#: (:func:`app.diagnosis.tails.buckets_needed`)
+BucketNeeds = Callable[[str, str, TargetWindow], Collection[str | TailProbe]]
 #: What the fleet table shows of each target (:meth:`WindowReader.fleet_summaries`); the TTFT of an
 #: engine without a TTFT histogram (TGI) is derived from its queue and prefill time.
 FLEET_SIGNALS = ("ttft", "itl")
@@ -95,24 +98,35 @@ class WindowReader(Protocol):
         ...
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+                signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                buckets: Sequence[str] | None = None) -> WindowsRead:
         """Each target's window, read together (a fixed number of reads, whatever the count).
         ``diagnosis`` adds what only the regime rules read: successful scrapes, the engine's
-        configuration, per-rank loads, the ITL by running batch size."""
+        configuration, per-rank loads, the ITL by running batch size. ``histograms_only``: the
+        histograms of ``signals`` per model and nothing else (a backend that reads another server
+        then asks it for no gauge, rate or configuration). ``buckets``: the histograms whose
+        buckets the caller needs (None: all); such a backend reads the others' ``_sum`` and
+        ``_count`` alone (:attr:`~app.core.quantiles.WindowHistogram.means_only`)."""
         ...
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                   signals: Sequence[str]) -> HistogramsRead:
+                   signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None
+                   ) -> HistogramsRead:
         """Each target's histograms of ``signals`` and nothing else (what an SLO condition reads),
-        read together."""
+        read together. ``above``: signal -> (quantile, threshold) pairs; the caller needs only the
+        targets whose quantile may be above a threshold, and a backend that reads another server
+        may leave out (from ``found``) those it knows are at or below every one."""
         ...
 
-    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+                 needs: BucketNeeds | None = None) -> None:
         """Bring the targets table in step with the targets the backend holds now (a new one gets
         a row, one that went away is marked gone, one that does not answer is down). A backend
         may read its targets' diagnosis windows over ``[now - window, now]`` on the way, to answer
         :meth:`windows` for exactly that range from them; one whose targets are configured does
-        nothing."""
+        nothing. ``needs(target name, engine, window)``: the histograms whose buckets the caller
+        needs of a means-first window (a backend that reads another server then reads each
+        histogram's ``_sum`` and ``_count`` for every target, and buckets only for those)."""
         ...
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float

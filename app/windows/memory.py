@@ -11,7 +11,7 @@ contract as the store and a Prometheus source (``tests/windows/test_contract.py`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -27,7 +27,15 @@ from app.store.reads import LoadedHistograms, itl_intervals, model_window, resta
 from app.store.record import ScrapeRecord
 from app.store.repository import SeriesRef
 from app.window import GaugeStats, TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramHistory, HistogramsRead, SourceStatus, WindowsRead
+from app.windows.base import (
+    FLEET_SIGNALS,
+    TTFT_PARTS,
+    BucketNeeds,
+    HistogramHistory,
+    HistogramsRead,
+    SourceStatus,
+    WindowsRead,
+)
 
 
 @dataclass(slots=True)
@@ -144,11 +152,13 @@ class MemoryWindows:
         return self._window(target.id, start, end, signals, diagnosis)
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+                signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                buckets: Sequence[str] | None = None) -> WindowsRead:
         return WindowsRead({t.id: self._window(t.id, start, end, signals, diagnosis) for t in targets})
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                   signals: Sequence[str]) -> HistogramsRead:
+                   signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None
+                   ) -> HistogramsRead:
         out: dict[int, dict[str, WindowHistogram | None]] = {}
         for t in targets:
             samples = self._samples(t.id, signals)
@@ -156,7 +166,8 @@ class MemoryWindows:
             out[t.id] = {signal: h for signal, h in found.items() if h is not None}
         return HistogramsRead(out)
 
-    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+                 needs: BucketNeeds | None = None) -> None:
         """Nothing: its targets are those given to :meth:`add`."""
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float

@@ -8,7 +8,7 @@ source's errors into :class:`~app.windows.base.WindowError`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,6 +26,7 @@ from app.window import TargetWindow
 from app.windows.base import (
     FLEET_SIGNALS,
     TTFT_PARTS,
+    BucketNeeds,
     HistogramHistory,
     HistogramsRead,
     SourceStatus,
@@ -92,13 +93,16 @@ class PrometheusWindows:
         self.sources = sources
         # the last discovery's diagnosis windows: (start, end, signals) and target id -> window
         self._round: tuple[tuple[float, float, tuple[str, ...]], dict[int, TargetWindow]] | None = None
+        # the last fleet summaries asked: (start, end, target ids) -> their summaries
+        self._fleet: tuple[tuple[float, float, tuple[int, ...]], dict[int, dict[str, WindowSummary]]] | None = None
         self._lock = threading.Lock()
 
-    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+                 needs: BucketNeeds | None = None) -> None:
         """Each source's round: its targets now and all their diagnosis windows, one set of queries
         per source (:meth:`app.promsource.service.SourceService.round`). A target that is down, or
         whose source failed, has no window: it keeps its last verdict."""
-        found = {target.id: target.window for source_round in self.sources.round(sessions, now, window, signals)
+        found = {target.id: target.window for source_round in self.sources.round(sessions, now, window, signals, needs)
                  for target in source_round.targets if target.window is not None}
         with self._lock:
             self._round = ((now - window, now, tuple(signals)), found)
@@ -109,7 +113,8 @@ class PrometheusWindows:
             return self.sources.window(target, start, end, signals, diagnosis)
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+                signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                buckets: Sequence[str] | None = None) -> WindowsRead:
         """The last discovery's windows when asked for exactly its diagnosis range (each handed
         out once, so they are not held past the round); else one set of queries per source."""
         with self._lock:
@@ -117,21 +122,33 @@ class PrometheusWindows:
             if kept is not None and diagnosis and kept[0] == (start, end, tuple(signals)):
                 found = {t.id: kept[1].pop(t.id) for t in targets if t.id in kept[1]}
                 return WindowsRead(found, {t.id for t in targets} - found.keys())
-        return WindowsRead(*self.sources.windows_and_failures(targets, start, end, signals, diagnosis))
+        return WindowsRead(*self.sources.windows_and_failures(targets, start, end, signals, diagnosis,
+                                                              histograms_only, buckets))
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                   signals: Sequence[str]) -> HistogramsRead:
+                   signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None
+                   ) -> HistogramsRead:
         """One query per signal and source, for all its replicas (an aggregate's members are read)."""
-        return HistogramsRead(*self.sources.histograms_of(targets, start, end, signals))
+        return HistogramsRead(*self.sources.histograms_of(targets, start, end, signals, above))
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
-        """One set of queries per source; none for a source whose last round failed (its targets'
-        numbers are not current: the status page's banner says why)."""
+        """One set of queries per source, the histograms alone; none for a source whose last round
+        failed (its targets' numbers are not current: the status page's banner says why). The
+        answer for the same window and targets is kept: the status page asks for the last
+        round's window, so its refreshes and viewers within a round read the buckets once."""
         current = [t for t in targets if not self._failing(t)]
-        found = self.sources.windows_of(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS)) if current else {}
-        return {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
-                            if s in FLEET_SIGNALS} for target_id, window in found.items()}
+        key = (start, end, tuple(sorted(t.id for t in current)))
+        with self._lock:
+            if self._fleet is not None and self._fleet[0] == key:
+                return self._fleet[1]
+        found = self.sources.windows_and_failures(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS),
+                                                  histograms_only=True)[0] if current else {}
+        out = {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
+                           if s in FLEET_SIGNALS} for target_id, window in found.items()}
+        with self._lock:
+            self._fleet = (key, out)
+        return out
 
     def _failing(self, target: TargetView) -> bool:
         source = self.sources.get(target.origin)

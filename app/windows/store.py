@@ -6,7 +6,7 @@ through :mod:`app.latency`), in a fixed number of set-based queries for many tar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,7 +20,15 @@ from app.store.models import TargetView
 from app.store.reads import LoadedHistograms
 from app.targets import repository as target_repository
 from app.window import TargetWindow
-from app.windows.base import FLEET_SIGNALS, TTFT_PARTS, HistogramHistory, HistogramsRead, SourceStatus, WindowsRead
+from app.windows.base import (
+    FLEET_SIGNALS,
+    TTFT_PARTS,
+    BucketNeeds,
+    HistogramHistory,
+    HistogramsRead,
+    SourceStatus,
+    WindowsRead,
+)
 
 
 class StoreWindows:
@@ -35,18 +43,22 @@ class StoreWindows:
         return window
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                signals: Sequence[str], diagnosis: bool = False) -> WindowsRead:
+                signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
+                buckets: Sequence[str] | None = None) -> WindowsRead:
+        """``histograms_only`` and ``buckets`` change nothing here: the store's reads cost no other server."""
         return WindowsRead(reads.store_windows(session, [t.id for t in targets], start, end, signals,
                                                  diagnosis=diagnosis))
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
-                   signals: Sequence[str]) -> HistogramsRead:
+                   signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None
+                   ) -> HistogramsRead:
         read = reads.store_histograms(session, [t.id for t in targets], start, end, signals)
         # a signal without an increase in the window is absent, as in a source's answer
         return HistogramsRead({target_id: {s: h for s, h in found.items() if h is not None}
                                for target_id, found in read.items()})
 
-    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str]) -> None:
+    def discover(self, sessions: sessionmaker[Session], now: float, window: float, signals: Sequence[str],
+                 needs: BucketNeeds | None = None) -> None:
         """Nothing: the store's targets are those configured and discovered by the scraper."""
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float

@@ -86,7 +86,9 @@ sources:
                 assert {"prod.llm.a", "prod.llm.z"} <= slo
                 monitor.refresh_summaries()
                 metrics = c.get("/metrics").text
-                for target in ("direct", "prod.llm.a", "prod.llm.z"):
-                    assert any(line.startswith("llm_latency_quantile_seconds{") and f'target="{target}"' in line
+                # a scraped target's quantiles; a source's replicas their means (read means first)
+                for target, family in (("direct", "quantile_seconds"), ("prod.llm.a", "mean_seconds"),
+                                       ("prod.llm.z", "mean_seconds")):
+                    assert any(line.startswith(f"llm_latency_{family}{{") and f'target="{target}"' in line
                                for line in metrics.splitlines()), target
                 assert 'llm_latency_round_target_errors_total{round="diagnosis"}' not in metrics

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from app import latency
@@ -245,6 +245,7 @@ INJECTIONS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 20), LABE
 
 @settings(max_examples=300, deadline=None)
 @given(INJECTIONS)
+@example([("histogram", 6, None, 5e-324)])  # a subnormal TTFT count: its rate over the window is 0, no division
 def test_no_hostile_answer_escapes_and_the_other_target_is_untouched(injections: list[Injection]) -> None:
     r = reader(injections)
     everything_downstream(r)  # raises nothing

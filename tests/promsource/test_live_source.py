@@ -9,7 +9,9 @@ import math
 import time
 from pathlib import Path
 
+from app.diagnosis.tails import TAIL_SIGNALS
 from app.emulator.server import EmulatorFleet, TargetSpec
+from app.summaries import refresh_summaries
 from tests.api.conftest import make_service
 from tests.support.pages import StaticPageServer
 from tests.support.prometheus import FileSD, running_prometheus
@@ -84,14 +86,30 @@ def test_source_discovers_replicas_and_survives_an_outage(migrated_url: str, tmp
 
                 (source,) = c.get("/api/v1/sources").json()
                 assert source["state"] == "ok" and source["targets"] == 3 and source["url"] == prom.url
-                assert 0 < source["queries_last_round"] <= 47  # a diagnosis round's 44 (with the restarts), discovery's 2, the scrape interval's 1 (every 10 min)
+                # a diagnosis round's 44 (with the restarts), discovery's 2, the scrape interval's 1 (every
+                # 10 min), and one per histogram whose buckets a replica needs
+                means_first = source["queries_last_round"] - len(source["buckets_last_round"])
+                assert 0 < means_first <= 47 and len(source["buckets_last_round"]) <= len(TAIL_SIGNALS)
+                assert set(source["buckets_last_round"]) <= TAIL_SIGNALS and source["bytes_last_round"] > 10_000
                 assert c.get("/readyz").json()["sources"] == {"prod": "ok"}
-                # /metrics: each replica's up as its Prometheus saw it, and its quantile gauges.
-                monitor.refresh_summaries()
+                # /metrics: each replica's up as its Prometheus saw it, and its mean and count gauges, read
+                # means first (its quantiles are its Prometheus' own: no bucket is read for them).
+                source_client = monitor.sources.sources["prod"].client
+                before, at = source_client.bytes_read, time.time()
+                refresh_summaries(monitor.sessions, monitor.settings.latency_window, monitor.telemetry.derived, end=at,
+                                  windows=monitor.windows)
                 metrics = c.get("/metrics").text
                 assert 'llm_latency_target_up{target="prod.llm.a"} 1.0' in metrics
-                assert any(line.startswith('llm_latency_quantile_seconds{') and 'target="prod.llm.b"' in line
-                           and 'signal="ttft"' in line and 'quantile="0.99"' in line for line in metrics.splitlines())
+                lines = [line for line in metrics.splitlines()
+                         if 'target="prod.llm.b"' in line and 'signal="ttft"' in line]
+                assert [line.split("{")[0] for line in lines] == ["llm_latency_mean_seconds",
+                                                                  "llm_latency_observations"]
+                w = f"[{monitor.settings.latency_window:g}s]"
+                mean = prom.query(f'sum(increase(vllm:time_to_first_token_seconds_sum{{pod="b"}}{w})) / '
+                                  f'sum(increase(vllm:time_to_first_token_seconds_count{{pod="b"}}{w}))', time=at)
+                assert math.isclose(float(lines[0].rsplit(" ", 1)[1]), float(mean["result"][0]["value"][1]),
+                                    rel_tol=1e-9)
+                assert source_client.bytes_read - before < 30_000  # _sum and _count of 3 replicas: no bucket
                 # A discovered target belongs to its discovery.
                 assert c.delete("/api/v1/targets/prod.llm.a").status_code == 409
 

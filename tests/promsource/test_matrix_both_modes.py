@@ -28,9 +28,11 @@ import pytest
 
 from app import latency
 from app.api.disaggregation import add_disaggregation
+from app.core import quantiles
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
-from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
+from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
+from app.diagnosis.tails import buckets_needed
 from app.promql.client import PrometheusClient
 from app.promsource.config import PrometheusSourceConfig
 from app.promsource.reader import SourceReader
@@ -375,6 +377,14 @@ def test_both_backends_answer_the_window_interface_alike(matrix: tuple[dict[str,
         # where the chart's span begins: the source sees the first sample on a step of span / 120
         assert in_memory["first"] == store["first"] is not None
         assert store["first"] <= prometheus["first"] <= store["first"] + max(15.0, WINDOW_S / 120)
+        # the same window and targets again (the status page refreshed within a round): no query
+        with sessions() as session:
+            target = target_repository.get_target(session, f"m.llm.{case.pod}")
+            assert target is not None
+            queries = sources.sources["m"].client.queries
+            again = backends["prometheus"][0].fleet_summaries(session, [target], start, end)
+            assert sources.sources["m"].client.queries == queries
+            assert latency.summaries_dict(again[target.id]) == prometheus["fleet"]
 
         # a source that cannot answer: WindowError with the classified kind, failed in a batch
         down = SourceService()
@@ -555,3 +565,145 @@ def test_same_verdict_from_victoria_metrics(vm_matrix: tuple[dict[str, Case], Pr
         if name in store_signals:
             assert store_signals[name]["count"] > 0
             assert _close(vm_signals[name]["count"], store_signals[name]["count"]), name
+
+
+def _means_first_agrees(client: PrometheusClient, cases: dict[str, Case], case: Case, shift: float = 0.0) -> int:
+    """The round's means-first read of every case (app/diagnosis/tails.py says whose buckets)
+    against one full read: the same verdict, findings (evidence included) and not-judged list
+    for ``case``, and each number of its signals the same; the histograms read means first keep
+    their mean and count and lose only their quantiles. Returns how many histograms of ``case``
+    were read means first."""
+    end, start = case.end, case.end - WINDOW_S
+    thresholds = Thresholds()
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    engines = {c.pod: c.engine for c in cases.values()}
+    full = reader.windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    lean = reader.round_windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS,
+                                lambda key, w: buckets_needed(w, key[1], engines[key[1]], thresholds))
+    key = ("llm", case.pod)
+    assert full.keys() == lean.keys()
+    diagnoses = []
+    for read in (full, lean):
+        window = dataclasses.replace(read[key], start=start, end=end)
+        with case.target.sessions() as session:
+            (diagnosis,) = diagnosis_engine.evaluate_target(
+                session, case.target.target_id, case.pod, case.engine, end, WINDOW_S, thresholds,
+                case.target.hardware, data=window)
+        diagnoses.append(diagnosis)
+    whole, means_first = diagnoses
+    assert means_first.verdict == whole.verdict
+    assert [f.to_dict() for f in means_first.findings] == [f.to_dict() for f in whole.findings]
+    assert means_first.not_judged == whole.not_judged and means_first.notes == whole.notes
+    thin = {s for m in lean[key].models.values() for s, h in m.histograms.items() if h.means_only}
+    for name, value in whole.signals.items():
+        if name in thin or name in ("kv_transfer", "render") and f"{name}_time" in thin:
+            assert value.keys() >= means_first.signals[name].keys() >= {"mean", "count"}
+            assert _close(means_first.signals[name]["mean"], value["mean"]) and \
+                _close(means_first.signals[name]["count"], value["count"]), name
+        elif name not in ("step_budget", "max_step_tokens", "large_step_fraction", "decode_stall_share",
+                          "itl_ratio", "itl_ratio_bounds", "pd_split") or "itl" not in thin:
+            assert _close(means_first.signals.get(name), value), (name, means_first.signals.get(name), value)
+    return len(thin)
+
+
+def test_a_round_reads_means_first_and_concludes_what_a_full_read_does(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """Every case of the matrix, from Prometheus 2.42: the round's read (``_sum``/``_count`` of
+    every histogram, buckets only where a distribution can matter) diagnoses as the full read."""
+    cases, client = matrix
+    thin = {pod: _means_first_agrees(client, cases, case) for pod, case in cases.items()}
+    # healthy: every histogram means first (11 on vLLM's page); prefill_compute and queueing all but
+    # TTFT, whose p99 their findings show; prefill_interference, bandwidth_bound and the regimes whose
+    # ITL has stalls or a slow p99 also the ITL, prompt, step and prefill buckets
+    assert thin == {"bandwidth_bound-vllm": 7, "dp_imbalance-vllm": 10, "frontend_bound-vllm": 10, "healthy-tgi": 4,
+                    "healthy-vllm": 11, "healthy_bursty-vllm": 11, "kv_cache_pressure-vllm": 6,
+                    "kv_transfer-vllm": 11, "prefill_compute-vllm": 10, "prefill_interference-vllm": 7,
+                    "queueing-tgi": 4, "queueing-vllm": 10, "scheduler_cpu_bound-sglang": 7,
+                    "speculation_ineffective-vllm": 11, "weights_offloaded-vllm": 7}, thin
+
+
+def test_a_round_reads_means_first_from_victoria_metrics(
+        vm_matrix: tuple[dict[str, Case], PrometheusClient, float]) -> None:
+    """The same from VictoriaMetrics (its own numbers, the same conclusions both ways)."""
+    cases, client, shift = vm_matrix
+    thin = {pod: _means_first_agrees(client, cases, case, shift) for pod, case in cases.items()}
+    assert thin["healthy-vllm"] == 11 and thin["prefill_compute-vllm"] == 10
+
+
+def _tail_filter_is_exact(client: PrometheusClient, start: float, end: float) -> tuple[int, int, int]:
+    """An SLO read narrowed to the targets whose quantile may be above the threshold (the buckets
+    around the threshold first) leaves out only targets whose full read has that quantile at or
+    below it, and gives the others the full read's quantile, its bucket, count and sum exactly -
+    from the few buckets where they tell it, else from all; for thresholds on every bucket bound
+    and between two. Returns (targets left out, told by the few buckets, read in full)."""
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    full = reader.histograms(["ttft", "itl"], start, end)  # also tells the reader the bucket layout
+    left_out = few = whole = 0
+    for signal, by_target in full.items():
+        bounds = sorted({b for per_model in by_target.values() for h in per_model.values() for b in h.bounds
+                         if b != math.inf})
+        for threshold in [*bounds, *((a + b) / 2 for a, b in zip(bounds, bounds[1:]))]:
+            for q in (0.5, 0.99):
+                narrowed = reader.histograms([signal], start, end, {signal: [(q, threshold)]})[signal]
+                assert narrowed.keys() <= by_target.keys()
+                for key, per_model in by_target.items():
+                    merged = quantiles.merge(per_model[m] for m in sorted(per_model))
+                    assert merged is not None
+                    value = quantiles.bucket_quantile(q, merged.bounds, merged.increases)
+                    if key not in narrowed:
+                        left_out += 1
+                        assert not value[0] > threshold, (signal, q, threshold, key, value)
+                        continue
+                    got = quantiles.merge(narrowed[key][m] for m in sorted(narrowed[key]))
+                    assert got is not None and value[0] > threshold
+                    assert quantiles.bucket_quantile(q, got.bounds, got.increases) == value, (signal, q, threshold)
+                    assert _close((got.count, got.sum), (merged.count, merged.sum))
+                    few, whole = (few + 1, whole) if got.bounds != merged.bounds else (few, whole + 1)
+    return left_out, few, whole
+
+
+def test_an_slo_read_skips_the_buckets_of_targets_within_the_objective_exactly(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    cases, client = matrix
+    end = max(case.end for case in cases.values())
+    left_out, few, whole = _tail_filter_is_exact(client, end - WINDOW_S, end)
+    assert (left_out, few, whole) == (3936, 208, 1828), (left_out, few, whole)
+
+
+def test_the_production_round_reads_means_first_and_judges_services_as_a_full_read(
+        matrix: tuple[dict[str, Case], PrometheusClient], tmp_path: Path) -> None:
+    """The round as the service runs it, replicas grouped into services: read means first (buckets
+    where a replica or a service needs them) it gives every replica and every service the verdict,
+    findings and not-judged list a full read gives, with fewer bytes."""
+    cases, client = matrix
+    end = cases["queueing-vllm"].end
+    thresholds = Thresholds()
+    rounds, read = {}, {}
+    for name, needs in (("full", None), ("means first", lambda target, engine, window: buckets_needed(
+            window, target, engine, thresholds))):
+        engine, sessions = _scratch_store(tmp_path / f"{name}.db")
+        service = SourceService()
+        service.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
+                                                  target_labels=["namespace", "pod"], service_labels=["service"])])
+        try:
+            (round_,) = service.round(sessions, end, WINDOW_S, DIAGNOSIS_HISTOGRAMS, needs)
+            assert round_.ok
+            rounds[name] = {t.name: t for t in round_.targets}
+            (status,) = service.statuses()
+            read[name] = (status.bytes_last_round, status.buckets_last_round)
+        finally:
+            service.close()
+            engine.dispose()
+    full, lean = rounds["full"], rounds["means first"]
+    assert full.keys() == lean.keys() and {"m.svc.imbalanced", "m.svc.balanced"} <= full.keys()
+    for target, whole in full.items():
+        assert whole.window is not None and lean[target].window is not None
+        pairs = zip(from_window(whole.window, target, whole.engine), from_window(lean[target].window, target,
+                                                                                  whole.engine), strict=True)
+        for a, b in pairs:
+            expected, got = diagnosis_engine.diagnose(a, thresholds), diagnosis_engine.diagnose(b, thresholds)
+            assert got.verdict == expected.verdict, target
+            assert [f.to_dict() for f in got.findings] == [f.to_dict() for f in expected.findings], target
+            assert got.not_judged == expected.not_judged, target
+    # a first round knows no bucket layout yet, so every stall probe reads its ITL buckets: 57 % of the bytes
+    assert read["full"][1] == {} and read["means first"][0] < 0.6 * read["full"][0], read

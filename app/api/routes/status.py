@@ -705,7 +705,7 @@ def index(request: Request, session: SessionDep, monitor: MonitorDep, budget: Bu
     statements = statement_budget(session, budget) if unread else nullcontext()
     with bounded(budget), statements:
         # one set of reads per backend (none for a failing source: its banner says why its rows have none)
-        summaries = monitor.windows.fleet_summaries(session, unread, end - seconds, end)
+        summaries = monitor.windows.fleet_summaries(session, unread, shown_end - seconds, shown_end)
         for target in targets:
             if kept is not None and target.id in kept.by_target:
                 cells = round_cells(kept, target.id)
