@@ -119,10 +119,14 @@ def test_the_source_learns_30s_and_diagnoses_over_four_scrapes(prometheus: Prome
                 "replicas only, in no service.") in page
 
         # the interval is asked again only after ten minutes: the next round sends one request fewer
-        first = source["queries_last_round"]
+        # (not counting the bucket reads, one per histogram some replica's findings need this round)
+        def means_first(status: dict) -> int:
+            return status["queries_last_round"] - len(status["buckets_last_round"])
+
+        first = means_first(source)
         monitor.evaluate_diagnoses(now=time.time())
         (again,) = c.get("/api/v1/sources").json()
-        assert again["queries_last_round"] == first - 1 and again["scrape_interval"] == 30.0
+        assert means_first(again) == first - 1 and again["scrape_interval"] == 30.0
 
 
 def test_a_window_too_short_for_a_rule_is_named_in_the_api(prometheus: PrometheusHandle, migrated_url: str,
