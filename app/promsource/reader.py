@@ -179,10 +179,10 @@ class SourceReader:
         self.matchers = tuple(parse_selector(selector))
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
-        #: the engines' scrape interval where known (0: unknown): the ITL split's steps span two of them
-        self.scrape_interval = 0.0
         self.buckets_read: dict[str, int] = {}  # the last round's bucket reads: histogram -> targets
         self._layouts: dict[tuple[str, int], set[str]] = {}  # (signal, family) -> le values seen
+        #: the engines' scrape interval where known (0: unknown): the ITL split's steps span two of them
+        self.scrape_interval = 0.0
         self._lock = threading.Lock()
 
     def _refuse(self, query: str, why: str) -> None:
@@ -236,8 +236,8 @@ class SourceReader:
         ``diagnosis`` adds the successful scrapes, the counter resets (restarts), the per-rank loads
         and the ITL by running batch size, which the regime rules and the change attribution read;
         ``histograms_only`` asks for the histograms of ``signals`` alone (the summary round's
-        per-replica quantiles). ``buckets``: the histogram signals whose buckets are read (None:
-        all); the others are read means first, ``_sum`` and ``_count`` alone
+        per-replica means). ``buckets``: the histogram signals whose buckets are read (None: all);
+        the others are read means first, ``_sum`` and ``_count`` alone
         (:attr:`WindowHistogram.means_only`). ``keys``: only these targets (an empty collection
         reads nothing)."""
         if keys is not None and not keys:

@@ -235,7 +235,6 @@ class SourceService:
             source.learn_interval(found, now)
             window = source.fit_window(window)
             source.reader.scrape_interval = source.interval.seconds or 0.0
-            self._window = window
             if needs is None:
                 windows = source.reader.windows(now - window, now, signals, diagnosis=True)
             else:
@@ -269,7 +268,9 @@ class SourceService:
         groups: dict[TargetKey, list[TargetKey]] = {}
         if config.service_labels:
             for key, values in found.service.items():
-                groups.setdefault(tuple(values.get(name, "") for name in config.service_labels), []).append(key)
+                group = tuple(values.get(name, "") for name in config.service_labels)
+                if "" not in group:  # a pod lacking a service label is in no service (_sync_services)
+                    groups.setdefault(group, []).append(key)
 
         def replica(key: TargetKey, w: TargetWindow) -> Collection[str | TailProbe]:
             return needs(target_name(config.name, key), found.engines.get(key) or "vllm", w)
