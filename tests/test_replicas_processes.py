@@ -118,8 +118,13 @@ def test_kill_9_of_the_leader_loses_no_notification_and_keeps_alerts_firing(clus
     time.sleep(ALLOWED)
     report = notification_report(c)
     late_key = next(d.key for d in c.receiver.deliveries() if "down-late" in d.targets)
-    assert report == {"written": 3, "delivered": 3, "lost": 0, "unknown_keys": 0, "duplicated": 0,
-                      "resent_same_key": 1, "resolved_sent": 0}, report
+    # three notifications of the down targets (the first two, then down-late's); an up target whose
+    # scrape times out on a loaded machine may add its own firing and resolved ones, delivered too
+    down_keys = {d.key for d in c.receiver.deliveries() if any(t.startswith("down-") for t in d.targets)}
+    assert len(down_keys) == 3, report
+    assert report["written"] == report["delivered"] >= 3, report
+    assert {k: v for k, v in report.items() if k not in ("written", "delivered")} == {
+        "lost": 0, "unknown_keys": 0, "duplicated": 0, "resent_same_key": 1, "resolved_sent": 0}, report
     assert c.receiver.keys()[late_key] == 2  # the retry carried the same Idempotency-Key
     after = c.alerts()
     assert all(after[fp][0] == "firing" and after[fp][1] == starts for fp, starts in firing.items())  # not re-fired
