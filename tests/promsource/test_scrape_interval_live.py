@@ -118,15 +118,25 @@ def test_the_source_learns_30s_and_diagnoses_over_four_scrapes(prometheus: Prome
         assert ("<strong>Note · source prod:</strong> 2 pods lack a value of service_labels (service: 2): diagnosed as "
                 "replicas only, in no service.") in page
 
-        # the interval is asked again only after ten minutes: the next round sends one request fewer
-        # (not counting the bucket reads, one per histogram some replica's findings need this round)
-        def means_first(status: dict) -> int:
-            return status["queries_last_round"] - len(status["buckets_last_round"])
+        # the interval is asked again only after ten minutes: the next round does not ask the server
+        source_handle = monitor.sources.get("prod")
+        asked_at = source_handle.interval_asked
+        calls: list[float] = []
+        original = source_handle.client.active_targets
 
-        first = means_first(source)
-        monitor.evaluate_diagnoses(now=time.time())
+        def counted(calls: list[float] = calls, original: Any = original) -> list:
+            calls.append(time.time())
+            return original()
+
+        source_handle.client.active_targets = counted  # type: ignore[method-assign]
+        monitor.evaluate_diagnoses(now=now + 30.0)
+        assert calls == [] and source_handle.interval_asked == asked_at == now
+        # ten minutes after the last answer (moved back, not waited for), the round asks again
+        source_handle.interval_asked = now - intervals.REFRESH
+        monitor.evaluate_diagnoses(now=now + 30.0)
+        assert len(calls) == 1 and source_handle.interval_asked == now + 30.0
         (again,) = c.get("/api/v1/sources").json()
-        assert means_first(again) == first - 1 and again["scrape_interval"] == 30.0
+        assert again["scrape_interval"] == 30.0
 
 
 def test_a_window_too_short_for_a_rule_is_named_in_the_api(prometheus: PrometheusHandle, migrated_url: str,
