@@ -549,14 +549,16 @@ class IntervalRow:
     rss: float  # MB, at the end
     overran: float  # seconds the work ran past its intervals (0 when it fits)
     by_job: dict[str, tuple[float, float, float]]  # job -> (queries, bytes, Prometheus extra CPU) per interval
+    calls: dict[str, list[tuple[str, tuple, float]]]  # job -> the queries it sent in the first interval
 
 
-def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
     """``intervals`` diagnosis intervals of the service's periodic work at the default cadence
     (diagnosis every DIAGNOSIS_INTERVAL, summaries and alerts every SUMMARY_INTERVAL), driven
     here in the scheduler's order so that each interval holds exactly one of each; Prometheus'
     process CPU over them minus its ingest CPU over an equally long quiet period just before."""
     span = intervals * DIAGNOSIS_INTERVAL
+    source_client = recorder.client
     c0, q0 = prom.cpu(), time.monotonic()
     time.sleep(span)
     ingest_rate = (prom.cpu() - c0) / (time.monotonic() - q0)
@@ -565,10 +567,14 @@ def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int
     cpu0, prom0, t0 = time.process_time(), prom.cpu(), time.monotonic()
     ticks = int(DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL)
     by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in ("diagnosis", "summaries", "alerts")}
+    calls: dict[str, list[tuple[str, tuple, float]]] = {name: [] for name in by_job}
 
     def job(name: str, fn: Callable[[], Any]) -> None:
         q, b, c, t = source_client.queries, source_client.bytes_read, prom.cpu(), time.monotonic()
+        recorder.take()
         fn()
+        if time.monotonic() - t0 < DIAGNOSIS_INTERVAL:
+            calls[name] += recorder.take()
         by_job[name][0] += source_client.queries - q
         by_job[name][1] += source_client.bytes_read - b
         by_job[name][2] += prom.cpu() - c - ingest_rate * (time.monotonic() - t)
@@ -590,7 +596,7 @@ def measure_intervals(monitor: Any, source_client: Any, prom: Prometheus, n: int
                        (source_client.queries - queries0) / intervals, (source_client.bytes_read - bytes0) / intervals,
                        (source_client.wire_bytes - wire0) / intervals,
                        rss_mb(), elapsed - span, {k: (v[0] / intervals, v[1] / intervals, v[2] / intervals)
-                                                  for k, v in by_job.items()})
+                                                  for k, v in by_job.items()}, calls)
 
 
 def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
@@ -667,8 +673,10 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                           f"{row.discovered} targets, verdicts {dict(row.verdicts)}", file=sys.stderr)
                     time.sleep(2.0)
                 recorder.take()
-                irow = measure_intervals(monitor, recorder.client, prom, n, args_intervals)
+                irow = measure_intervals(monitor, recorder, prom, n, args_intervals)
                 recorder.take()
+                if n == max(sizes):
+                    job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
                 print(f"# N={n} per interval: Prometheus +{irow.prom_cpu:.2f} s CPU (ingest {irow.ingest_cpu:.2f} s), "
                       f"service {irow.service_cpu:.2f} s CPU, rounds {[round(w, 2) for w in irow.round_walls]} s, "
@@ -738,6 +746,12 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     print("|---:|---:|---|")
     for seconds, size, head in last.costs[:8]:
         print(f"| {seconds:.3f} | {size:,} | `{head}` |")
+    print(f"\nThe N={max(sizes):,} interval's queries per job, sent one at a time (the slowest four of each):\n")
+    print("| job | seconds | response bytes | query |")
+    print("|---|---:|---:|---|")
+    for job, costs in job_costs.items():
+        for seconds, size, head in costs[:4]:
+            print(f"| {job} | {seconds:.3f} | {size:,} | `{head}` |")
     print(f"\nPrometheus at the end: {series:,.0f} head series, {prom_rss:,.0f} MB RSS. Verdicts at the "
           f"largest N: {dict(rows[-1].verdicts)}")
     print(f"\n## Latency API, {days:g}-day window (engine-0: {days:g} days of 15 s history + live)\n")

@@ -23,7 +23,7 @@ Every evaluation:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -53,6 +53,12 @@ WHAT_CHANGED = "what_changed"
 #: sentence (None: nothing to say), read in the round's session: app.attribution's, handed in by
 #: the composition root. Arguments: session, target, now, since.
 WhatChanged = Callable[[Session, str, float, float], str | None]
+#: How many targets' attributions a round computes for the alerts it fires. One attribution reads
+#: eight windows of its target (app/attribution/reads.py), inside the round's transaction: a
+#: storm of hundreds of alerts firing at once would hold the round (and the database) for
+#: minutes. The most severe first; the others say where their attribution is.
+EXPLAINED_PER_ROUND = 3
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 @dataclass(slots=True)
@@ -263,18 +269,10 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
                                     + target_down_conditions(session, config))}
     unevaluated = {(s.name, p.target) for s in slo_statuses or [] for p in s.targets if p.error is not None}
     held = held_targets | failed
-    said_of: dict[str, str | None] = {}  # a target's sentence, once per round whatever its alerts
-
-    def said(target: str, since: float) -> str | None:
-        if what_changed is None or not target:
-            return None
-        if target not in said_of:
-            said_of[target] = what_changed(session, target, now, since)
-        return said_of[target]
-
     rows = {row.fingerprint: row for row in alert_repository.open_alerts(session)
             if not (row.labels.get("slo") and row.labels.get("target") in held)
             and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
+    fired: list[tuple[AlertRow, Condition]] = []  # the alerts that start firing in this round
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
         row = rows.get(fp) or alert_repository.get_alert(session, fp)
@@ -285,9 +283,9 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
             row.annotations, row.value, row.last_evaluated = {**cond.annotations, **kept}, cond.value, now
         if row.state == "pending" and now - row.active_since >= cond.for_:
             row.state, row.starts_at, row.ends_at = "firing", now, None
-            sentence = said(cond.labels.get("target", ""), row.active_since)
-            if sentence:
-                row.annotations = {**cond.annotations, WHAT_CHANGED: sentence}
+            fired.append((row, cond))
+    if what_changed is not None:
+        explain_fired(session, fired, now, what_changed)
     for fp, row in rows.items():
         if fp in conditions:
             continue
@@ -301,6 +299,33 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
     valid_for = 4 * max(eval_interval, config.resend_interval)
     created = plan_notifications(session, config, receivers, now, generator_url, valid_for)
     return {"conditions": len(conditions), "notifications": created}
+
+
+def explain_fired(session: Session, fired: Sequence[tuple[AlertRow, Condition]], now: float,
+                  what_changed: WhatChanged) -> None:
+    """Set the ``what_changed`` annotation of the alerts that start firing now: one attribution
+    per target (its alerts share it), for at most :data:`EXPLAINED_PER_ROUND` targets, the most
+    severe alerts' first; the alerts of the others say that it was not computed and where it is."""
+    targets: dict[str, float] = {}  # target -> since (its earliest condition), most severe first
+    for row, cond in sorted(fired, key=lambda f: (_SEVERITY_ORDER.get(f[1].labels.get("severity", ""), 3),
+                                                  f[1].labels.get("target", ""))):
+        target = cond.labels.get("target", "")
+        if target:
+            targets[target] = min(targets.get(target, row.active_since), row.active_since)
+    explained = list(targets)[:EXPLAINED_PER_ROUND]
+    said = {target: what_changed(session, target, now, targets[target]) for target in explained}
+    for row, cond in fired:
+        target = cond.labels.get("target", "")
+        if target in said:
+            sentence = said[target]
+        elif target:
+            sentence = (f"not computed: alerts of {len(targets)} targets started firing in the same round and "
+                        f"{EXPLAINED_PER_ROUND} are explained at firing; GET /api/v1/targets/{target}/changes "
+                        "explains this one")
+        else:
+            sentence = None
+        if sentence:
+            row.annotations = {**cond.annotations, WHAT_CHANGED: sentence}
 
 
 def plan_notifications(session: Session, config: AlertsConfig, receivers: list[ReceiverConfig], now: float,
