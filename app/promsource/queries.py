@@ -14,6 +14,7 @@ A histogram's ``_sum`` and ``_count`` ride in the same answer as its buckets, ta
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from app.promql.text import format_matchers, millis_duration
@@ -122,10 +123,12 @@ class SourceQueries:
     matchers: tuple[tuple[str, str, str], ...] = ()
     service_labels: tuple[str, ...] = ()
 
-    def histogram(self, signal: str, window: float, buckets: bool = True) -> str:
+    def histogram(self, signal: str, window: float, buckets: bool = True, les: Mapping[int, str] | None = None
+                  ) -> str:
         """Per target and model, the ``increase`` of every bucket (``buckets``: else none, the
         means-first read: a bucket query touches ~20 series per target, ``_sum``/``_count`` 2),
-        of ``_sum`` and of ``_count`` over ``window``."""
+        of ``_sum`` and of ``_count`` over ``window``. ``les``: per candidate family, a regex of
+        the ``le`` values to read (the others' buckets all)."""
         w = prom_duration(window)
         parts = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
@@ -135,8 +138,9 @@ class SourceQueries:
             count = _tag(f"sum by ({by}) (increase({_selector(f.name + '_count', f.matchers, sel)}[{w}]))",
                          "le", "count")
             if buckets:
-                parts.append(_tag(f"sum by ({by}, le) (increase({_selector(f.name + '_bucket', f.matchers, sel)}"
-                                  f"[{w}]))", FAMILY_LABEL, str(i)))
+                only = (("le", "=~", les[i]),) if les and i in les else ()
+                bucket = _selector(f.name + "_bucket", (*f.matchers, *only), sel)
+                parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
             parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (total, count)]
         return " or ".join(parts)
 

@@ -43,6 +43,7 @@ from app.promsource.queries import (
     _tag,
     prom_duration,
 )
+from app.slo.buckets import bound_index
 from app.sources import tgi
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
 from app.window import GaugeStats, ItlInterval, ModelWindow, TailProbe, TargetWindow, combine_gauges, merge_windows
@@ -432,12 +433,16 @@ class SourceReader:
                 windows[key].dropped = dict(sorted(merged.items()))
         return windows
 
-    def histograms_over(self, signal: str, windows: Sequence[float], end: float
+    def histograms_over(self, signal: str, windows: Sequence[float], end: float, threshold: float | None = None
                         ) -> list[dict[TargetKey, dict[str, WindowHistogram]]]:
         """Per window ending at ``end``: every target's ``signal`` histogram increase per model,
-        one query per window for all targets (the SLOs' exact SLI, app/promsource/slo.py)."""
+        one query per window for all targets (the SLOs' exact SLI, app/promsource/slo.py).
+        ``threshold``: only the bucket at it is needed (with ``_sum`` and ``_count``), one series
+        of ~20 a target, where an engine's layout seen before has that bound; the others read
+        every bucket (their answer shows the bounds there are)."""
         q = self._queries(None, None)
-        answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w), end), list(windows))
+        les = None if threshold is None else self._les_at(signal, threshold)
+        answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w, les=les), end), list(windows))
         return [{key: {name: _histogram(b) for name, b in per_model.items()}
                  for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
                 for answer in answers]
@@ -568,6 +573,17 @@ class SourceReader:
                 return True, None  # above U: the buckets above tell where
             above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
         return above, h
+
+    def _les_at(self, signal: str, threshold: float) -> dict[int, str]:
+        """Per candidate family whose layout is known and has a bucket at ``threshold`` (in
+        seconds, matched as the SLO matches it), a regex of its ``le`` values there."""
+        out = {}
+        for i, family in enumerate(HISTOGRAM_FAMILIES[signal]):
+            layout = self._layout(signal, i) or set()
+            at = sorted(le for le in layout if bound_index([_bound(le) / family.scale], threshold) is not None)
+            if at:
+                out[i] = any_of(at)
+        return out
 
     def _layout(self, signal: str, family: int) -> set[str] | None:
         """The ``le`` values this source's ``signal`` histograms of one family have had in any

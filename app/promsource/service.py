@@ -446,13 +446,13 @@ class SourceService:
         return self._per_source([t for t in targets if t.source == SOURCE_KIND],
                                 lambda source: source.reader.histograms(signals, start, end, above), pick, "histograms")
 
-    def histograms_over(self, targets: Sequence[TargetView], signal: str, windows: Sequence[float], end: float
-                        ) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:
+    def histograms_over(self, targets: Sequence[TargetView], signal: str, windows: Sequence[float], end: float,
+                        threshold: float | None = None) -> tuple[dict[int, list[dict[str, WindowHistogram]]], set[int]]:
         """Per replica of ``targets`` (ids), its ``signal`` histogram per model over each of
-        ``windows`` ending at ``end`` (one query per source and window), and the ids whose
-        source could not answer."""
+        ``windows`` ending at ``end`` (one query per source and window; ``threshold``: the bucket
+        at it is the only one needed), and the ids whose source could not answer."""
         return self._per_source([t for t in targets if t.source == SOURCE_KIND],
-                                lambda source: source.reader.histograms_over(signal, windows, end),
+                                lambda source: source.reader.histograms_over(signal, windows, end, threshold),
                                 lambda source, target, answers: [a.get(source.key_of(target), {}) for a in answers],
                                 "SLO histograms")
 

@@ -2,7 +2,8 @@
 
 Per SLO and window, one query for every replica of a source (the source's histogram query,
 app/promsource/queries.py: ``sum by (<target labels>, model, le) (increase(x_bucket[w]))``
-with ``_count``), then good = the increase of the bucket at the threshold and total = the
+with ``_count``; once an engine's bucket layout is known, its bucket at the threshold alone,
+one series of ~20), then good = the increase of the bucket at the threshold and total = the
 increase of the count, summed over the replica's models. A replica whose histogram has no
 bucket at the threshold gets that error and is not evaluated.
 
@@ -48,7 +49,7 @@ def source_sums(sessions: sessionmaker[Session], sources: SourceService, slos: S
         if not chosen:
             continue
         windows = list(slo.windows())
-        found, failed = sources.histograms_over(chosen, slo.signal, windows, now)
+        found, failed = sources.histograms_over(chosen, slo.signal, windows, now, slo.threshold)
         ids = tuple(sorted(t.id for t in chosen))
         asked_at, (period_found, period_failed, first_seen) = sources.reused(
             ("slo period", slo.name, slo.signal, slo.period, ids), now, period_reuse(slo.period),
@@ -89,7 +90,7 @@ def period_reuse(period: float) -> float:
 def _period(sources: SourceService, chosen: Sequence[Target], slo: SloObjective, now: float
             ) -> tuple[dict[int, dict[str, WindowHistogram]], set[int], dict[int, float]]:
     """The period's histograms and where each replica's data begins, and who could not answer."""
-    found, failed = sources.histograms_over(chosen, slo.signal, [slo.period], now)
+    found, failed = sources.histograms_over(chosen, slo.signal, [slo.period], now, slo.threshold)
     first_seen, unknown = sources.first_seen(chosen, slo.signal, slo.period, now)
     return {k: v[0] for k, v in found.items()}, failed | unknown, first_seen
 

@@ -117,6 +117,26 @@ def test_builtin_exported_rules_and_source_agree(tmp_path: Path) -> None:
                         assert 1500 - FIRST_SEEN_STEP <= both.period.covered <= 1500
                         assert both.note is not None and "of the 28d period" in both.note, both.note
                         assert "what its server still holds" in both.note
+                    # a reader that has not seen the layout reads every bucket; once seen, the bucket at the
+                    # threshold alone: the same good and total, from a fraction of the bytes
+                    fresh = SourceService()
+                    fresh.configure([PrometheusSourceConfig(name="m", url=prom.url, selector='{namespace="llm"}',
+                                                            target_labels=["namespace", "pod"])])
+                    try:
+                        reader, fresh_client = fresh.get("m").reader, fresh.get("m").client  # type: ignore[union-attr]
+                        reads = []
+                        for _ in range(2):
+                            b0 = fresh_client.bytes_read
+                            answer = reader.histograms_over("ttft", slo.windows(), end, slo.threshold)
+                            reads.append((fresh_client.bytes_read - b0, [
+                                {key: {model: (h.increases[h.bounds.index(slo.threshold)], h.count)
+                                       for model, h in per_model.items()} for key, per_model in window.items()}
+                                for window in answer]))
+                        (full_bytes, full), (narrow_bytes, narrow) = reads
+                        assert narrow == full and len(full[0]) == 2
+                        assert narrow_bytes * 3 < full_bytes, (narrow_bytes, full_bytes)
+                    finally:
+                        fresh.close()
                     # the period (and where the data begins) is asked once per 5 min, the windows every round
                     before = service.get("m").client.queries  # type: ignore[union-attr]
                     again, _ = source_sums(h.sessions, service, h.slos, end + 30)
