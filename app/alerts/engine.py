@@ -40,8 +40,9 @@ from app.diagnosis import repository as diagnosis_repository
 from app.diagnosis.findings import Evidence
 from app.runtime.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
+from app.sources import exports_histogram
 from app.store import repository
-from app.store.models import AlertRow, NotificationLogRow
+from app.store.models import AlertRow, NotificationLogRow, Target
 from app.targets import repository as target_repository
 from app.windows import Windows, default_windows
 from app.windows.base import HistogramsRead, WindowReader
@@ -103,9 +104,16 @@ def diagnosis_conditions(session: Session, config: AlertsConfig) -> list[Conditi
     return out
 
 
-def slo_signals(signal: str) -> tuple[str, ...]:
-    """What an SLO on ``signal`` reads: the signal, and for TTFT queue + prefill (TGI's derived TTFT)."""
-    return (signal, "queue_time", "prefill_time") if signal == "ttft" else (signal,)
+def slo_signals(signal: str, engine: str | None = None) -> tuple[str, ...]:
+    """What an SLO on ``signal`` reads: the signal, and for TTFT queue + prefill (TGI's derived
+    TTFT) unless ``engine`` is known to export a TTFT histogram."""
+    if signal == "ttft" and exports_histogram(engine, "ttft") is not True:
+        return (signal, "queue_time", "prefill_time")
+    return (signal,)
+
+
+def _engine(target: Target) -> str | None:
+    return target.engine if target.engine != "auto" else target.detected_engine
 
 
 def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: WindowReader
@@ -122,11 +130,19 @@ def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: 
     for length in sorted({slo.window for slo in config.slos}):
         same = [slo for slo in config.slos if slo.window == length]
         chosen = [t for t in targets if any(slo.covers(t.name) for slo in same)]
-        signals = sorted({s for slo in same for s in slo_signals(slo.signal)})
+        signals = sorted({slo.signal for slo in same})
         # a target whose quantile is at or below the threshold fires nothing: a source may skip its buckets
         above = {signal: [(slo.quantile, slo.threshold) for slo in same if slo.signal == signal] for signal in signals}
-        out[length] = windows.histograms(session, chosen, now - length, now, signals, above)
-        held.update(t.name for t in chosen if t.id in out[length].failed)
+        read = out[length] = windows.histograms(session, chosen, now - length, now, signals, above)
+        # queue and prefill only for a TTFT objective's targets whose engine may lack a TTFT histogram
+        derived = [t for t in chosen if any(slo.covers(t.name) and len(slo_signals(slo.signal, _engine(t))) > 1
+                                            for slo in same)]
+        if derived:
+            more = windows.histograms(session, derived, now - length, now, ["queue_time", "prefill_time"])
+            for target_id, found in more.found.items():
+                read.found[target_id] = {**(read.found.get(target_id) or {}), **found}
+            read.failed |= more.failed
+        held.update(t.name for t in chosen if t.id in read.failed)
     return out, frozenset(held)
 
 
@@ -144,7 +160,8 @@ def slo_conditions(session: Session, config: AlertsConfig, by_length: dict[float
                 histograms = read.found.get(target.id) if read is not None else None
                 if histograms is None:
                     continue  # no numbers this round (an aggregate; or its backend failed: held)
-                summaries = latency.summarize_histograms({s: histograms.get(s) for s in slo_signals(slo.signal)})
+                summaries = latency.summarize_histograms({s: histograms.get(s)
+                                                          for s in slo_signals(slo.signal, _engine(target))})
                 summary = summaries.get(slo.signal)
                 if summary is None:
                     continue
