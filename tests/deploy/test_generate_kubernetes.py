@@ -94,6 +94,12 @@ def test_scrape_mode_rules_fit_the_clusters_scrape_interval(kit: Path) -> None:
     assert result.returncode == 0, result.stderr
     fifteen = vllm.read_text(encoding="utf-8")
     assert fifteen.count("[1m]") == 66 and "[2m]" not in fifteen
+    # the files name the command that made them, the interval with it; --check holds them to it
+    assert "# Regenerate after changing it or the rules: python3 deploy/generate_kubernetes.py --scrape-interval 15s" \
+        in fifteen and "--scrape-interval" not in shipped
+    assert run("--kit", str(kit), "--scrape-interval", "15s", "--check").returncode == 0
+    stale = run("--kit", str(kit), "--check")
+    assert stale.returncode == 1 and "stale" in stale.stderr
     # the source component follows its own targets.yaml (scrape_interval: 30s), not the option
     source = kit / "components" / "source" / "rules" / "vllm" / "prometheusrule.yaml"
     assert "[1m]" not in source.read_text(encoding="utf-8")
