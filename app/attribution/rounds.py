@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 #: the change-point test's settings (app.attribution.changepoint)
 SETTINGS = CusumSettings()
-#: what the round reads of each window: request counts and lengths (plus every gauge and counter)
+#: what the round reads of each window: request counts and mean lengths (plus every gauge and counter)
 ROUND_SIGNALS = ("ttft", "e2e", "prompt_tokens", "generation_tokens")
 
 
@@ -56,7 +56,8 @@ def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interv
         targets = [t for t in target_repository.target_rows(session) if t.gone_at is None]
         if not targets:
             return []
-        read = windows.windows(session, targets, now - interval, now, ROUND_SIGNALS, diagnosis=True)
+        # means, counts and rates only: no bucket (a source reads each histogram's _sum/_count alone)
+        read = windows.windows(session, targets, now - interval, now, ROUND_SIGNALS, diagnosis=True, buckets=())
         rows = repository.detectors(session, [t.id for t in targets])
         since = {t.id: rows[t.id].read_until if t.id in rows else now - interval for t in targets}
         regimes = _regime_events(session, since, now)
