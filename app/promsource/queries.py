@@ -23,6 +23,7 @@ from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
 
 FAMILY_LABEL = "llm_latency_family"
+JOB_LABEL = "llm_latency_query"  # which query of a combined request a series answers
 STAT_LABEL = "llm_latency_stat"
 MODEL_LABEL = "model_name"  # vLLM, SGLang 0.4+ and trtllm-serve; TGI serves one unnamed model (SGLang 0.3: ``name``)
 ENGINE_PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "tgi": "tgi_", "trtllm": "trtllm_"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from app.promsource.queries import (
     FAMILY_LABEL,
     HISTOGRAM_FAMILIES,
     INFO_FAMILIES,
+    JOB_LABEL,
     MODEL_LABEL,
     STAT_LABEL,
 )
@@ -79,6 +81,14 @@ def kind_of(promql: str) -> str:
     return "counter"
 
 
+def split_combined(promql: str) -> list[tuple[str, str]] | None:
+    """A combined request's (branch query, tag) pairs (one target's instant queries in one
+    request, app/promsource/reader.py), else None."""
+    if JOB_LABEL not in promql:
+        return None
+    return re.findall(rf'label_replace\((.*?), "{JOB_LABEL}", "(\d+)", "", ""\)(?: or |$)', promql)
+
+
 def replica(pod: str, kind: str) -> list[Sample]:
     """One healthy vLLM replica's part of an answer of ``kind``."""
     own = {"namespace": "llm", "pod": pod}
@@ -125,6 +135,10 @@ class ScriptedPrometheus:
         return data
 
     def query(self, promql: str, time: float) -> Answer:
+        parts = split_combined(promql)
+        if parts is not None:
+            return Answer([Sample({**s.labels, JOB_LABEL: tag}, s.value)
+                           for branch, tag in parts for s in self.query(branch, time).data])
         return Answer(self._answer(kind_of(promql)))
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> Answer:

@@ -707,3 +707,24 @@ def test_the_production_round_reads_means_first_and_judges_services_as_a_full_re
             assert got.not_judged == expected.not_judged, target
     # a first round knows no bucket layout yet, so every stall probe reads its ITL buckets: 57 % of the bytes
     assert read["full"][1] == {} and read["means first"][0] < 0.6 * read["full"][0], read
+
+
+def test_one_target_is_read_in_a_few_requests_as_the_fleet_read_reads_it(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """A read of one target (a status page, the latency API, an attribution's windows) sends its
+    instant queries in one request, tagged by query and split back: every case's window equals
+    its window in the read of every target, from 2 requests (3 with the ITL by batch size)
+    instead of one per query."""
+    cases, client = matrix
+    reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    end = max(case.end for case in cases.values())
+    fleet_queries = client.queries
+    fleet = reader.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    fleet_queries = client.queries - fleet_queries
+    assert fleet_queries > 30
+    for case in cases.values():
+        key = ("llm", case.pod)
+        before = client.queries
+        (one,) = reader.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True, only=key).values()
+        assert client.queries - before == 3  # the instant queries, the TGI KV samples, the ITL by batch size
+        assert one == fleet[key], case.pod

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.promsource.queries import JOB_LABEL
 from app.store import db
 from tests.api.conftest import Service, make_service
 from tests.promapi.local_api import Answer, LocalAPI, Received
-from tests.promsource.test_hostile_answers import ScriptedPrometheus, kind_of
+from tests.promsource.test_hostile_answers import Sample, ScriptedPrometheus, kind_of, split_combined
 
 SCRIPTED = ScriptedPrometheus()
 
@@ -32,7 +33,9 @@ def _api(request: Received) -> Answer:
                 "result": [{"metric": s.labels, "values": [[t, repr(v)] for t, v in s.points]} for s in series]}
     else:
         at = float(request.params.get("time", ["0"])[0])
-        samples = SCRIPTED.query(promql, at).data if kind_of(promql) != "infos" else []
+        parts = split_combined(promql) or [(promql, None)]  # no configuration answered
+        samples = [s if tag is None else Sample({**s.labels, JOB_LABEL: tag}, s.value) for branch, tag in parts
+                   if kind_of(branch) != "infos" for s in SCRIPTED.query(branch, at).data]
         data = {"resultType": "vector",
                 "result": [{"metric": s.labels, "value": [at, repr(s.value)]} for s in samples]}
     return Answer(body=json.dumps({"status": "success", "data": data}).encode())
