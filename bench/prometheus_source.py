@@ -612,6 +612,13 @@ def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
     return math.exp(my - b * mx), b
 
 
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds, result) of one call."""
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+
 def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, Any]:
     """(first call's seconds, median of the next ``times`` calls, last result)."""
     t0 = time.perf_counter()
@@ -688,17 +695,19 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
             span = prom_duration(days * 86400)
             end = time.time()
             recorder.take()
-            api_first, api_median, body = median_time(lambda: client.get(
+            api_first, body = timed(lambda: client.get(
                 f"/api/v1/targets/{name}/latency", params={"window": span, "end": end}))
-            api_calls = recorder.take()
-            api_queries = len(api_calls) // 4
+            api_calls = recorder.take()  # the first call's (its repeats are answered from the memo)
+            api_queries = len(api_calls)
+            _, api_median, _ = median_time(lambda: client.get(
+                f"/api/v1/targets/{name}/latency", params={"window": span, "end": end}))
             if body.status_code != 200:
                 raise RuntimeError(f"latency API answered {body.status_code}: {body.text[:300]}")
             report = body.json()
             promql = ('histogram_quantile(0.99, sum by (le) (increase('
                       f'vllm:time_to_first_token_seconds_bucket{{namespace="{NAMESPACE}",pod="engine-0"}}[{span}])))')
             prom_first, prom_median, answer = median_time(lambda: prom.query(promql, end))
-            bare = replay_bare(prom.url, api_calls[-api_queries:])
+            bare = replay_bare(prom.url, api_calls)
             prom_rss = rss_mb(prom.process.pid if prom.process else 0)
             series = httpx.get(f"{prom.url}/api/v1/status/tsdb", timeout=30).json()["data"]["headStats"]["numSeries"]
     finally:

@@ -200,15 +200,16 @@ class SourceQueries:
         return f"sum by ({_by(*self.target_labels)}) (sum_over_time({sel}[{prom_duration(window)}]))"
 
     def restarts(self, window: float) -> str:
-        """Per target and counter family, the most resets one of its series shows in the window:
-        engine restarts (a restart sets every counter of the process back to zero; ranks and models
-        reset together). Each family is its own branch, tagged: ``resets()`` drops the metric name,
-        so families with the same labels would collide in one vector."""
+        """Per target, the most resets one of its counter series shows in the window: engine
+        restarts (a restart sets every counter of the process back to zero; ranks and models reset
+        together). Each family is its own branch, tagged: ``resets()`` drops the metric name, so
+        families with the same labels would collide in one vector; the outer ``max`` answers one
+        series a target, not one per family."""
         by = _by(*self.target_labels)
         names = sorted({f.name for families in COUNTER_FAMILIES.values() for f in families if not f.matchers})
-        return " or ".join(
+        return f"max by ({by}) (" + " or ".join(
             _tag(f"max by ({by}) (resets({_selector(name, (), list(self.matchers))}[{prom_duration(window)}]))",
-                 FAMILY_LABEL, str(i)) for i, name in enumerate(names))
+                 FAMILY_LABEL, str(i)) for i, name in enumerate(names)) + ")"
 
     def infos(self) -> str:
         names = "|".join(metric for _, metric in INFO_FAMILIES)
