@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 SETTINGS = CusumSettings()
 #: what the round reads of each window: request counts and mean lengths (plus every gauge and counter)
 ROUND_SIGNALS = ("ttft", "e2e", "prompt_tokens", "generation_tokens")
+#: the gauges and counters its facts read (app.attribution.measures.facts_of): the load, the
+#: finished requests and tokens, the prefix cache, and the KV transfers that tell a decode worker
+ROUND_SCALARS = ("running", "waiting", "requests_total", "prompt_tokens_total", "generation_tokens_total",
+                 "prefix_cache_queries_total", "prefix_cache_hits_total", "kv_transfers_total")
 
 
 def _regime_events(session: Session, since: dict[int, float], now: float) -> dict[int, list[ChangeEvent]]:
@@ -56,8 +60,10 @@ def detect_events(sessions: sessionmaker[Session], windows: WindowReader, interv
         targets = [t for t in target_repository.target_rows(session) if t.gone_at is None]
         if not targets:
             return []
-        # means, counts and rates only: no bucket (a source reads each histogram's _sum/_count alone)
-        read = windows.windows(session, targets, now - interval, now, ROUND_SIGNALS, diagnosis=True, buckets=())
+        # means, counts and the rates and gauges its facts read only: no bucket, no other gauge (a
+        # source reads each histogram's _sum/_count alone, and those gauges and counters)
+        read = windows.windows(session, targets, now - interval, now, ROUND_SIGNALS, diagnosis=True, buckets=(),
+                               scalars=ROUND_SCALARS)
         rows = repository.detectors(session, [t.id for t in targets])
         since = {t.id: rows[t.id].read_until if t.id in rows else now - interval for t in targets}
         regimes = _regime_events(session, since, now)

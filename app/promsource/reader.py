@@ -231,7 +231,8 @@ class SourceReader:
     def windows(self, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS, *,
                 only: TargetKey | None = None, where: dict[str, str] | None = None,
                 diagnosis: bool = False, histograms_only: bool = False, buckets: Collection[str] | None = None,
-                keys: Collection[TargetKey] | None = None) -> dict[TargetKey, TargetWindow]:
+                keys: Collection[TargetKey] | None = None, scalars: Collection[str] | None = None
+                ) -> dict[TargetKey, TargetWindow]:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal (for ``only`` or
         ``where``, the instant ones in one request: :meth:`_combined`).
@@ -242,7 +243,8 @@ class SourceReader:
         per-replica means). ``buckets``: the histogram signals whose buckets are read (None: all);
         the others are read means first, ``_sum`` and ``_count`` alone
         (:attr:`WindowHistogram.means_only`). ``keys``: only these targets (an empty collection
-        reads nothing)."""
+        reads nothing). ``scalars``: the gauge and counter signals to read (None: all, and the
+        per-rank loads); the ITL by running batch size is read with ``itl`` in ``signals``."""
         if keys is not None and not keys:
             return {}
         q = self._queries(only, where, keys)
@@ -253,13 +255,18 @@ class SourceReader:
         step = max(15.0, w / 20, 2 * self.scrape_interval)  # an increase needs two samples in its step
         if not histograms_only:
             # a signal no engine's adapter maps yet has no query (and costs none)
-            jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS if GAUGE_FAMILIES.get(s)]
-            jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS if COUNTER_FAMILIES.get(s)]
-            jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
+            jobs += [("gauge", s, q.gauge(s, w)) for s in GAUGE_SIGNALS
+                     if GAUGE_FAMILIES.get(s) and (scalars is None or s in scalars)]
+            jobs += [("counter", s, q.counter(s, w)) for s in COUNTER_SIGNALS
+                     if COUNTER_FAMILIES.get(s) and (scalars is None or s in scalars)]
+            if scalars is None or "kv_usage" in scalars:
+                jobs.append(("tgi_kv", "kv_usage", q.tgi_kv_samples(w)))
             jobs.append(("infos", "", q.infos()))  # the configuration: the latency API shows the P/D role too
         if diagnosis and not histograms_only:
-            jobs += [("scrapes", "", q.scrapes(w)), ("restarts", "", q.restarts(w)), ("ranks", "", q.rank_gauges(w))]
-            if w >= 2 * step:
+            jobs += [("scrapes", "", q.scrapes(w)), ("restarts", "", q.restarts(w))]
+            if scalars is None:
+                jobs.append(("ranks", "", q.rank_gauges(w)))
+            if w >= 2 * step and "itl" in signals:
                 jobs.append(("itl_intervals", "", q.itl_intervals(step)))
 
         def run(job: tuple[str, str, str]) -> Any:

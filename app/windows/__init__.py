@@ -8,7 +8,7 @@ and never which backend answers - as PromQL asks Prometheus' ``storage.Queryable
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -57,10 +57,10 @@ class Windows:
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                buckets: Sequence[str] | None = None) -> WindowsRead:
+                buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None) -> WindowsRead:
         out = WindowsRead()
         for reader, mine in self._split(targets):
-            read = reader.windows(session, mine, start, end, signals, diagnosis, histograms_only, buckets)
+            read = reader.windows(session, mine, start, end, signals, diagnosis, histograms_only, buckets, scalars)
             out.found.update(read.found)
             out.failed |= read.failed
         return out

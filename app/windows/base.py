@@ -99,14 +99,16 @@ class WindowReader(Protocol):
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                buckets: Sequence[str] | None = None) -> WindowsRead:
+                buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None) -> WindowsRead:
         """Each target's window, read together (a fixed number of reads, whatever the count).
         ``diagnosis`` adds what only the regime rules read: successful scrapes, the engine's
         configuration, per-rank loads, the ITL by running batch size. ``histograms_only``: the
         histograms of ``signals`` per model and nothing else (a backend that reads another server
         then asks it for no gauge, rate or configuration). ``buckets``: the histograms whose
         buckets the caller needs (None: all); such a backend reads the others' ``_sum`` and
-        ``_count`` alone (:attr:`~app.core.quantiles.WindowHistogram.means_only`)."""
+        ``_count`` alone (:attr:`~app.core.quantiles.WindowHistogram.means_only`). ``scalars``: the
+        gauge and counter signals the caller needs (None: all, with the per-rank loads); such a
+        backend asks for no other. The ITL by running batch size comes with ``itl`` in ``signals``."""
         ...
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,

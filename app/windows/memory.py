@@ -11,7 +11,7 @@ contract as the store and a Prometheus source (``tests/windows/test_contract.py`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -153,7 +153,7 @@ class MemoryWindows:
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                buckets: Sequence[str] | None = None) -> WindowsRead:
+                buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None) -> WindowsRead:
         return WindowsRead({t.id: self._window(t.id, start, end, signals, diagnosis) for t in targets})
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,

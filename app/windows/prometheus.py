@@ -8,7 +8,7 @@ source's errors into :class:`~app.windows.base.WindowError`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -114,7 +114,7 @@ class PrometheusWindows:
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                buckets: Sequence[str] | None = None) -> WindowsRead:
+                buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None) -> WindowsRead:
         """The last discovery's windows when asked for exactly its diagnosis range (each handed
         out once, so they are not held past the round); else one set of queries per source."""
         with self._lock:
@@ -123,7 +123,7 @@ class PrometheusWindows:
                 found = {t.id: kept[1].pop(t.id) for t in targets if t.id in kept[1]}
                 return WindowsRead(found, {t.id for t in targets} - found.keys())
         return WindowsRead(*self.sources.windows_and_failures(targets, start, end, signals, diagnosis,
-                                                              histograms_only, buckets))
+                                                              histograms_only, buckets, scalars))
 
     def histograms(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                    signals: Sequence[str], above: Mapping[str, Sequence[tuple[float, float]]] | None = None

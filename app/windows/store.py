@@ -6,7 +6,7 @@ through :mod:`app.latency`), in a fixed number of set-based queries for many tar
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,8 +44,9 @@ class StoreWindows:
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                buckets: Sequence[str] | None = None) -> WindowsRead:
-        """``histograms_only`` and ``buckets`` change nothing here: the store's reads cost no other server."""
+                buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None) -> WindowsRead:
+        """``histograms_only``, ``buckets`` and ``scalars`` change nothing here: the store's reads cost no
+        other server."""
         return WindowsRead(reads.store_windows(session, [t.id for t in targets], start, end, signals,
                                                  diagnosis=diagnosis))
 
