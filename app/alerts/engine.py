@@ -42,7 +42,7 @@ from app.runtime.scheduling import ALERTS_JOB, target_boundary
 from app.slo.status import SloStatus
 from app.sources import exports_histogram
 from app.store import repository
-from app.store.models import AlertRow, NotificationLogRow, Target
+from app.store.models import AlertRow, NotificationLogRow, known_engine
 from app.targets import repository as target_repository
 from app.windows import Windows, default_windows
 from app.windows.base import HistogramsRead, WindowReader
@@ -112,10 +112,6 @@ def slo_signals(signal: str, engine: str | None = None) -> tuple[str, ...]:
     return (signal,)
 
 
-def _engine(target: Target) -> str | None:
-    return target.engine if target.engine != "auto" else target.detected_engine
-
-
 def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: WindowReader
                    ) -> tuple[dict[float, HistogramsRead], frozenset[str]]:
     """SLO window length -> every target an SLO of that length covers -> its histograms over
@@ -135,7 +131,7 @@ def slo_histograms(session: Session, config: AlertsConfig, now: float, windows: 
         above = {signal: [(slo.quantile, slo.threshold) for slo in same if slo.signal == signal] for signal in signals}
         read = out[length] = windows.histograms(session, chosen, now - length, now, signals, above)
         # queue and prefill only for a TTFT objective's targets whose engine may lack a TTFT histogram
-        derived = [t for t in chosen if any(slo.covers(t.name) and len(slo_signals(slo.signal, _engine(t))) > 1
+        derived = [t for t in chosen if any(slo.covers(t.name) and len(slo_signals(slo.signal, known_engine(t))) > 1
                                             for slo in same)]
         if derived:
             more = windows.histograms(session, derived, now - length, now, ["queue_time", "prefill_time"])
@@ -161,7 +157,7 @@ def slo_conditions(session: Session, config: AlertsConfig, by_length: dict[float
                 if histograms is None:
                     continue  # no numbers this round (an aggregate; or its backend failed: held)
                 summaries = latency.summarize_histograms({s: histograms.get(s)
-                                                          for s in slo_signals(slo.signal, _engine(target))})
+                                                          for s in slo_signals(slo.signal, known_engine(target))})
                 summary = summaries.get(slo.signal)
                 if summary is None:
                     continue

@@ -28,7 +28,7 @@ from app.latency import WindowSummary
 from app.probe import repository as probe_repository
 from app.probe.canary import latest_single_request_baseline
 from app.runtime.scheduling import DIAGNOSIS_JOB, target_boundary
-from app.store.models import DiagnosisRow, FindingRow
+from app.store.models import DiagnosisRow, FindingRow, known_engine
 from app.targets import repository as target_repository
 from app.windows import default_windows
 from app.windows.base import WindowReader
@@ -94,7 +94,7 @@ def evaluate_diagnoses(sessions: sessionmaker[Session], config: DiagnosisConfig,
                         # read means first (a source): the status page computes its quantiles when asked
                         summaries[target.id] = latency.summarize_histograms({s: overall.get(s) for s in PAGE_SIGNALS})
                     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
-                    engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+                    engine = known_engine(target) or "vllm"
                     baseline = latest_single_request_baseline(session, target.id, now - PROBE_BASELINE_MAX_AGE) \
                         if target.id in probed else None
                     # over the decode side's own window (a source's may be longer: whole scrape intervals)

@@ -382,9 +382,10 @@ class SourceReader:
         query in one request (each branch tagged with its job, then split back), the range and
         raw-sample ones alone - a few requests instead of ~40, for the same series. Where the
         combined answer is refused as too large, each query is asked alone."""
-        single = [i for i, (kind, _, _) in enumerate(jobs) if kind not in ("itl_intervals", "tgi_kv")]
+        alone = ("itl_intervals", "tgi_kv")
+        single = [i for i, (kind, _, _) in enumerate(jobs) if kind not in alone]
+        others = [i for i, (kind, _, _) in enumerate(jobs) if kind in alone]
         text = " or ".join(_tag(jobs[i][2], JOB_LABEL, str(n)) for n, i in enumerate(single))
-        others = [i for i in range(len(jobs)) if i not in set(single)]
         answer = None
         if single:
             try:

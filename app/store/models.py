@@ -133,6 +133,12 @@ class TargetView(Protocol):
     def updated_at(self) -> float: ...
 
 
+def known_engine(target: TargetView) -> str | None:
+    """The target's engine: detected from its metrics, else configured (None: ``auto`` and not
+    detected yet)."""
+    return target.detected_engine or (target.engine if target.engine != "auto" else None)
+
+
 class Series(Base):
     """One series of a target. Its identity holds the bounds by their digest (``bounds_key``,
     :func:`app.store.repository.bounds_key`): an index entry of the bounds themselves would

@@ -29,7 +29,7 @@ from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS
 from app.runtime.budget import bounded
 from app.runtime.kept import KeptParts
 from app.store.db import statement_budget
-from app.store.models import FindingRow
+from app.store.models import FindingRow, known_engine
 
 router = APIRouter(prefix="/api/v1", tags=["diagnosis"])
 
@@ -94,7 +94,7 @@ def target_diagnosis(name: str, session: SessionDep, monitor: MonitorDep, budget
         return current_diagnoses(session, monitor, target.id)
     seconds, end = time_range(window or "5m", start, end)
     hardware = HardwareProfile.model_validate(target.hardware) if target.hardware else None
-    engine = target.detected_engine or (target.engine if target.engine != "auto" else "vllm")
+    engine = known_engine(target) or "vllm"
     with bounded(budget), statement_budget(session, budget):
         data = monitor.windows.window(session, target, end - seconds, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
         diagnoses = diagnosis_engine.evaluate_target(session, target.id, name, engine, end, seconds,
