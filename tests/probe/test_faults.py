@@ -35,7 +35,9 @@ def test_a_well_behaved_stream_is_timed_and_counted(fake):
         assert r.tokens == 6 and len(r.itl) == 5 and r.finish_reason == "length"
         assert r.usage == {"prompt_tokens": 8, "completion_tokens": 6, "total_tokens": 14}
         assert 0 < r.ttft < r.e2e < 1.0
-        assert sum(r.itl) / len(r.itl) >= 0.0015  # the server sleeps 2 ms between tokens
+        # the server sleeps 2 ms between tokens; a loaded machine may deliver two tokens in one read
+        # (one short gap after a long one), so the bound is on the time to the last token
+        assert r.ttft + sum(r.itl) >= 5 * 0.002 * 0.95
     assert level.itl.count == 15 and level.ttft.count == 3
 
 
