@@ -49,6 +49,11 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+def dump(document: dict) -> str:
+    """YAML text as the generated files write it (multi-line strings as literal blocks, no folding)."""
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+
+
 def _project_on_path() -> None:
     """The project importable when run as a script from a checkout (ahead of an installed copy)."""
     if str(DEPLOY.parent) not in sys.path:
@@ -124,7 +129,7 @@ def render_groups(groups: list[dict], source: str, command: str, name: str = NAM
               f"# Regenerate after changing it or the rules: {command}\n"
               "# kube-prometheus-stack selects PrometheusRules by its release label: the kit's settings add it\n"
               "# (llm-latency/kube-prometheus-stack marks this resource; deploy/kubernetes/kustomization.yaml).\n")
-    return header + yaml.dump(resource, Dumper=_Dumper, sort_keys=False, width=1000, allow_unicode=True)
+    return header + dump(resource)
 
 
 def render(text: str, source: str, command: str = "python3 deploy/generate_prometheusrule.py",

@@ -66,8 +66,10 @@ SLOW_TESTS = frozenset({
     "tests/attribution/test_scenarios.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",
     "tests/status/test_status_sources_browser.py",
-    # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards
+    # the Kubernetes kit: kubectl kustomize builds ~20 variants; the generator exports rules and dashboards;
+    # the Helm chart: helm lint and helm template of the same variants, compared with the kit's builds
     "tests/deploy/test_kubernetes.py",
+    "tests/deploy/test_helm.py",
     "tests/deploy/test_generate_kubernetes.py",
     # more than about 4 s
     "tests/attribution/test_changepoint.py::test_steady_load_raises_almost_no_false_alarm",
