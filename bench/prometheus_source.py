@@ -49,6 +49,11 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   process' CPU (the service), the wall of each diagnosis round, the queries and answer bytes
   (decompressed) of the source's client, and VmRSS; then a least-squares fit ``a x N^b`` per
   column and its projection to N = 10,000, printed as a projection.
+* **The floor of a read-once design.** What Prometheus spends to read, once, every series the
+  means-first round reads (an instant snapshot of all of them; or one evaluation of a per-pod
+  ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
+  tails the diagnosis judges or shows (read once; or their p99 per pod computed by Prometheus):
+  no design that reads each of those series once per interval can cost Prometheus less.
 
 Measured per round: wall time, CPU time of this process (``time.process_time``: the round's
 threads included; Prometheus and the page server are other processes), HTTP API calls
@@ -599,6 +604,72 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
                                                   for k, v in by_job.items()}, calls)
 
 
+@dataclass
+class FloorRow:
+    """What reading each series the means-first round needs costs Prometheus, once: the least
+    any read-once design pays per interval (instant snapshots read each series once; recording
+    rules evaluate each series once per evaluation)."""
+
+    n: int
+    series: int  # the series read (histograms' _sum/_count, gauges, counters of the engines)
+    snapshot_cpu: float  # Prometheus CPU of one instant read of all of them
+    snapshot_bytes: int  # its answer, decoded
+    rules_cpu: float  # Prometheus CPU of one evaluation of per-pod rate[1m] rules over all of them
+    bucket_series: int  # the bucket series of the histograms the tail rules and evidence read
+    bucket_cpu: float  # Prometheus CPU of one instant read of those, every pod
+    bucket_bytes: int
+    quantile_cpu: float  # Prometheus CPU of their p99 per pod over 1m (histogram_quantile on the server)
+    quantile_bytes: int
+
+
+def means_names() -> list[str]:
+    """The metric names the means-first round reads (no buckets, no infos), that the engines export."""
+    from app.promsource.queries import COUNTER_FAMILIES, GAUGE_FAMILIES, HISTOGRAM_FAMILIES
+
+    names = {f"{f.name}{suffix}" for fs in HISTOGRAM_FAMILIES.values() for f in fs for suffix in ("_sum", "_count")}
+    names |= {f.name for table in (GAUGE_FAMILIES, COUNTER_FAMILIES) for fs in table.values() for f in fs}
+    return sorted(names)
+
+
+def measure_floor(prom: Prometheus, n: int, ingest_rate: float, repeats: int = 5) -> FloorRow:
+    """Prometheus' CPU for reading every means-first series once (an instant vector, grouped by
+    pod, model and name as the service would keep it), and for evaluating one per-pod ``rate[1m]``
+    rule per name once - each repeated ``repeats`` times, minus ingest over as long."""
+    from app.diagnosis.tails import TAIL_SIGNALS
+    from app.promsource.queries import HISTOGRAM_FAMILIES
+
+    names = [name for name in means_names() if prom.query(f'count({name}{{job="engines"}})')]
+    by = "namespace, pod, model_name"
+    regex = "|".join(re.escape(name) for name in names)
+    snapshot = f'sum by ({by}, __name__) ({{__name__=~"{regex}", job="engines"}})'
+    series = int(prom.scalar(f'count({{__name__=~"{regex}", job="engines"}})'))
+
+    def cost(queries: list[str]) -> tuple[float, int]:
+        size = 0
+        c0, t0 = prom.cpu(), time.monotonic()
+        with httpx.Client(timeout=120) as client:
+            for _ in range(repeats):
+                for q in queries:
+                    r = client.post(f"{prom.url}/api/v1/query", data={"query": q})
+                    if r.status_code != 200:
+                        raise RuntimeError(f"floor query failed: HTTP {r.status_code}: {r.text[:200]}")
+                    size += len(r.content)
+        return (prom.cpu() - c0 - ingest_rate * (time.monotonic() - t0)) / repeats, size // repeats
+
+    snapshot_cpu, snapshot_bytes = cost([snapshot])
+    rules_cpu, _ = cost([f'sum by ({by}) (rate({name}{{job="engines"}}[1m]))' for name in names])
+    bucket_names = [f"{f.name}_bucket" for signal in sorted(TAIL_SIGNALS)
+                    for f in HISTOGRAM_FAMILIES.get(signal, ()) if f.engine == "vllm"]
+    buckets = "|".join(re.escape(name) for name in bucket_names)
+    bucket_series = int(prom.scalar(f'count({{__name__=~"{buckets}", job="engines"}})'))
+    bucket_cpu, bucket_bytes = cost([f'sum by ({by}, le, __name__) ({{__name__=~"{buckets}", job="engines"}})'])
+    quantile_cpu, quantile_bytes = cost([
+        f'histogram_quantile(0.99, sum by ({by}, le) (increase({name}{{job="engines"}}[1m])))'
+        for name in bucket_names])
+    return FloorRow(n, series, snapshot_cpu, snapshot_bytes, rules_cpu, bucket_series, bucket_cpu, bucket_bytes,
+                    quantile_cpu, quantile_bytes)
+
+
 def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
     """Least-squares fit of ``value = a * N^b`` on log-log axes: (a, b); None with fewer than two
     positive points."""
@@ -654,6 +725,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     prom.start()
     rows: list[RoundRow] = []
     interval_rows: list[IntervalRow] = []
+    floors: list[FloorRow] = []
     try:
         print(f"# Prometheus pid {prom.process.pid if prom.process else '?'} at {prom.url}", file=sys.stderr)
         (tmp / "targets.yaml").write_text(config_yaml(prom.url))
@@ -682,6 +754,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                 recorder.take()
                 irow = measure_intervals(monitor, recorder, prom, n, args_intervals)
                 recorder.take()
+                floors.append(measure_floor(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
                 if n == max(sizes):
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
@@ -725,6 +798,19 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {r.ingest_cpu:.2f} s | {r.prom_cpu:.2f} s | {r.prom_cpu / r.ingest_cpu:.2f}x | "
               f"{r.service_cpu:.2f} s | {statistics.median(r.round_walls):.2f} s | {r.queries:.0f} | "
               f"{r.bytes_read / 1e6:.2f} MB | {r.wire_bytes / 1e6:.2f} MB | {r.rss:,.0f} MB |")
+    print("\nThe floor of any read-once design - every series the means-first round reads, read by Prometheus "
+          "once (no buckets): an instant snapshot of all of them, or one evaluation of a per-pod rate[1m] recording "
+          "rule per metric name; and the bucket series of the histograms whose tails the diagnosis judges or shows "
+          "(ITL, TTFT, prefill, prompt, ...), every pod's, read once - or their p99 per pod over 1m computed by "
+          "Prometheus (histogram_quantile):\n")
+    print("| N engines | means series | snapshot: Prometheus CPU | snapshot: bytes decoded | rules: Prometheus CPU "
+          "| bucket series | buckets once: Prometheus CPU | buckets once: bytes decoded | p99 on the server: "
+          "Prometheus CPU | p99 on the server: bytes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for f in floors:
+        print(f"| {f.n:,} | {f.series:,} | {f.snapshot_cpu:.2f} s | {f.snapshot_bytes / 1e6:.2f} MB | "
+              f"{f.rules_cpu:.2f} s | {f.bucket_series:,} | {f.bucket_cpu:.2f} s | {f.bucket_bytes / 1e6:.2f} MB | "
+              f"{f.quantile_cpu:.2f} s | {f.quantile_bytes / 1e6:.2f} MB |")
     print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU): " + "; ".join(
         f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s"
                                    for name, (q, b, c) in r.by_job.items()) for r in interval_rows))
