@@ -157,13 +157,13 @@ def capacity(before: Facts, after: Facts) -> Driver | None:
 
 
 def replicas(before: Facts, after: Facts) -> Driver | None:
-    """A service's replicas that served requests (None for one engine)."""
+    """A service's replicas up (scraped) in each window (None for one engine)."""
     if not before.replicas and not after.replicas:
         return None
     gone, new = sorted(set(before.replicas) - set(after.replicas)), sorted(set(after.replicas) - set(before.replicas))
     note = "; ".join(part for part in (f"gone: {', '.join(gone)}" if gone else "",
                                        f"new: {', '.join(new)}" if new else "") if part)
-    return Driver("replicas", "replicas serving", "replicas", float(len(before.replicas)), float(len(after.replicas)),
+    return Driver("replicas", "replicas up", "replicas", float(len(before.replicas)), float(len(after.replicas)),
                   0.0, len(before.replicas) != len(after.replicas), note=note)
 
 

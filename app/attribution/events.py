@@ -4,8 +4,9 @@
 * ``config``: a label of an info metric (vLLM ``cache_config_info``: ``enable_prefix_caching``,
   ``block_size``, ``gpu_memory_utilization``, ``num_gpu_blocks``...; a version label where the
   engine exports one) has another value than the round before;
-* ``replicas``: a service's replica served no request in the round's window after it had, or
-  one began to;
+* ``replicas``: a service's replica is no longer scraped (its pod gone, or its scrapes failing), or
+  a new one is: idle or busy alike (traffic is the ``step`` events'; see
+  :func:`app.attribution.measures.facts_of`);
 * ``regime``: a diagnosis finding became active or resolved (read from the findings table);
 * ``step``: the request rate, the mean prompt or output length or the prefix-cache hit rate
   stepped, by the change-point test of :mod:`app.attribution.changepoint`.
@@ -132,11 +133,11 @@ def detect(memory: Memory, facts: Facts, infos: Sequence[CanonicalInfo], is_serv
         now = sorted(facts.replicas)
         if memory.replicas is not None:
             for name in sorted(set(memory.replicas) - set(now)):
-                events.append(ChangeEvent("replicas", t, name, "serving", "gone",
-                                          f"replica {name} served no request ({len(now)} serving)"))
+                events.append(ChangeEvent("replicas", t, name, "up", "gone",
+                                          f"replica {name} is gone: no longer scraped ({len(now)} up)"))
             for name in sorted(set(now) - set(memory.replicas)):
-                events.append(ChangeEvent("replicas", t, name, "absent", "serving",
-                                          f"replica {name} began serving ({len(now)} serving)"))
+                events.append(ChangeEvent("replicas", t, name, "absent", "up",
+                                          f"replica {name} joined ({len(now)} up)"))
         memory.replicas = now
     if facts.restarts:  # the window of a restart holds its downtime: no step is judged from it
         return events

@@ -40,7 +40,7 @@ class Facts:
     waiting_last: float | None = None
     intervals: tuple[ItlInterval, ...] = ()  # ITL between scrapes next to the running batch
     restarts: int | None = None            # counter resets in the window (None: not read)
-    replicas: tuple[str, ...] = ()         # a service's replicas that served requests in the window
+    replicas: tuple[str, ...] = ()         # a service's replicas up in the window (scraped), busy or idle
     scrapes: int = 0
     decode_worker: bool = False            # a P/D decode worker: its queue is the decode side's
 
@@ -107,9 +107,13 @@ def _token_mean(summaries: dict[str, WindowSummary], histogram: str, m: ModelWin
     return tokens / rate if tokens is not None and rate else None
 
 
-def _served(window: TargetWindow) -> bool:
-    m = window.overall
-    return any(h is not None and h.count > 0 for h in m.histograms.values()) or bool(m.rates.get("requests_total"))
+def _up(replicas: dict[str, TargetWindow]) -> tuple[str, ...]:
+    """A service's replicas scraped in at least half the scrapes its most-scraped replica had in
+    the window: part of the service whether or not a request came (at low traffic a replica often
+    serves none in a 30 s round, which is no change of the set); a replica whose pod went away
+    has only the scrape at the window's start (range selectors include it) or none."""
+    most = max((w.scrapes for w in replicas.values()), default=0)
+    return tuple(sorted(name for name, w in replicas.items() if w.scrapes > 0 and 2 * w.scrapes >= most))
 
 
 def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
@@ -133,5 +137,5 @@ def facts_of(window: TargetWindow, model: str | None = None) -> Facts:
         hit_rate, running.mean if running else None, running.max if running else None,
         waiting.mean if waiting else None, running.last if running else None, waiting.last if waiting else None,
         intervals, window.restarts,
-        tuple(sorted(name for name, w in window.replicas.items() if _served(w))), window.scrapes,
+        _up(window.replicas), window.scrapes,
         role is not None and role.role == "decode")

@@ -3,6 +3,7 @@ the diagnosis round's findings, and the events' table."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -60,10 +61,10 @@ def test_a_service_replica_gone_and_back() -> None:
     memory = Memory()
     assert detect(memory, facts(replicas=("a", "b")), [], True, SETTINGS) == []
     (gone,) = detect(memory, facts(30, 60, replicas=("a",)), [], True, SETTINGS)
-    assert (gone.kind, gone.subject, gone.before, gone.after) == ("replicas", "b", "serving", "gone")
-    assert gone.summary == "replica b served no request (1 serving)"
+    assert (gone.kind, gone.subject, gone.before, gone.after) == ("replicas", "b", "up", "gone")
+    assert gone.summary == "replica b is gone: no longer scraped (1 up)"
     (back,) = detect(memory, facts(60, 90, replicas=("a", "b")), [], True, SETTINGS)
-    assert (back.subject, back.after) == ("b", "serving")
+    assert (back.subject, back.after, back.summary) == ("b", "up", "replica b joined (2 up)")
     assert detect(memory, facts(90, 120, replicas=("a",)), [], False, SETTINGS) == []  # not a service
 
 
@@ -128,3 +129,29 @@ def test_settings_floors_per_series() -> None:
     memory = Memory()
     detect(memory, facts(rate=3.0), [], False, replace(SETTINGS, reference=1))
     assert memory.steps["request_rate"]["spread"] >= 0.01 and memory.steps["prompt_length"]["spread"] >= 1.0
+
+
+def test_an_idle_replica_of_a_quiet_service_is_no_replica_change() -> None:
+    """At 0.02 req/s a replica serves no request in most 30 s rounds: it stays in the set while it
+    is scraped; the set changes when a replica is no longer scraped (its pod gone)."""
+    from app.attribution.measures import facts_of
+    from app.core.quantiles import WindowHistogram
+    from app.window import ModelWindow, TargetWindow, merge_windows
+
+    def replica(t: float, scrapes: int, requests: float) -> TargetWindow:
+        ttft = WindowHistogram((0.1, math.inf), (requests, requests), 0.05 * requests, requests)
+        return TargetWindow(t, t + 30, ModelWindow(histograms={"ttft": ttft}), {"": ModelWindow(
+            histograms={"ttft": ttft})}, scrapes=scrapes)
+
+    memory, events = Memory(), []
+    for i in range(40):
+        t = i * 30.0
+        busy, quiet = replica(t, 3, 3.0), replica(t, 3, float(i % 3 == 0))  # 1 request every third round
+        rows = {"svc.a": busy, "svc.b": quiet}
+        if i >= 30:  # its pod deleted: the scrape at the window's start (range selectors include it), then none
+            rows["svc.b"] = replica(t, 1 if i == 30 else 0, 0.0)
+        found = facts_of(merge_windows(rows, t, t + 30))
+        assert found.replicas == (("svc.a", "svc.b") if i < 30 else ("svc.a",))
+        events += detect(memory, found, [], True, SETTINGS)
+    replicas = [(e.ts, e.subject, e.before, e.after) for e in events if e.kind == "replicas"]
+    assert replicas == [(930.0, "svc.b", "up", "gone")]
