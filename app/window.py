@@ -17,6 +17,7 @@ Conventions shared by both producers:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.core import quantiles
@@ -130,13 +131,32 @@ def _merge_models(models: list[ModelWindow]) -> ModelWindow:
     return merged
 
 
+def shared_infos(windows: Sequence[TargetWindow]) -> list[CanonicalInfo]:
+    """The configuration all of ``windows`` report: per info series (name, model, rank) every
+    one has, the labels whose values they all share. A service is judged on what holds for all
+    its replicas (``cpu_offload_gb="0"`` everywhere: no weights offloaded); a label they differ
+    in (``num_gpu_blocks``) says nothing of the service."""
+    out = []
+    for info in windows[0].infos if windows else ():
+        same = [next((o for o in w.infos if (o.name, o.model, o.rank) == (info.name, info.model, info.rank)), None)
+                for w in windows[1:]]
+        if any(o is None for o in same):
+            continue
+        labels = {k: v for k, v in info.labels.items() if all(o is not None and o.labels.get(k) == v for o in same)}
+        if labels:
+            out.append(CanonicalInfo(info.name, info.model, info.rank, labels))
+    return out
+
+
 def merge_windows(replicas: dict[str, TargetWindow], start: float, end: float) -> TargetWindow:
     """A service: its replicas summed by ``le`` (gauges summed, KV usage averaged, rates
-    summed), keeping each replica's own window for the comparison between them."""
+    summed), with the configuration they all share, keeping each replica's own window for the
+    comparison between them."""
     names = sorted(replicas)
     windows = [replicas[n] for n in names]
     merged = TargetWindow(start, end, overall=_merge_models([w.overall for w in windows]),
-                          scrapes=max((w.scrapes for w in windows), default=0), replicas=dict(replicas))
+                          scrapes=max((w.scrapes for w in windows), default=0), infos=shared_infos(windows),
+                          replicas=dict(replicas))
     for model in sorted({m for w in windows for m in w.models}):
         merged.models[model] = _merge_models([w.models[model] for w in windows if model in w.models])
     counted = [w.restarts for w in windows if w.restarts is not None]

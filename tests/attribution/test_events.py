@@ -10,10 +10,13 @@ from pathlib import Path
 from app.attribution import repository, rounds
 from app.attribution.changepoint import CusumSettings
 from app.attribution.events import Memory, config_of, detect
+from app.attribution.measures import facts_of
+from app.core.quantiles import WindowHistogram
 from app.diagnosis.config import DiagnosisConfig
 from app.diagnosis.rounds import evaluate_diagnoses
 from app.sources.base import CanonicalInfo
 from app.store.models import ChangeEventRow
+from app.window import ModelWindow, TargetWindow, merge_windows
 from app.windows.store import StoreWindows
 from tests.attribution.factories import facts
 from tests.diagnosis.harness import T0, OfflineTarget
@@ -134,10 +137,6 @@ def test_settings_floors_per_series() -> None:
 def test_an_idle_replica_of_a_quiet_service_is_no_replica_change() -> None:
     """At 0.02 req/s a replica serves no request in most 30 s rounds: it stays in the set while it
     is scraped; the set changes when a replica is no longer scraped (its pod gone)."""
-    from app.attribution.measures import facts_of
-    from app.core.quantiles import WindowHistogram
-    from app.window import ModelWindow, TargetWindow, merge_windows
-
     def replica(t: float, scrapes: int, requests: float) -> TargetWindow:
         ttft = WindowHistogram((0.1, math.inf), (requests, requests), 0.05 * requests, requests)
         return TargetWindow(t, t + 30, ModelWindow(histograms={"ttft": ttft}), {"": ModelWindow(
@@ -155,3 +154,27 @@ def test_an_idle_replica_of_a_quiet_service_is_no_replica_change() -> None:
         events += detect(memory, found, [], True, SETTINGS)
     replicas = [(e.ts, e.subject, e.before, e.after) for e in events if e.kind == "replicas"]
     assert replicas == [(930.0, "svc.b", "up", "gone")]
+
+
+def test_a_service_has_the_configuration_all_its_replicas_share() -> None:
+    """A label every replica reports alike is the service's; one they differ in (num_gpu_blocks) or
+    an info one replica lacks says nothing of it: a rollout half done changes no service label."""
+    def replica(**labels: str) -> TargetWindow:
+        base = {"block_size": "16", "enable_prefix_caching": "True", "num_gpu_blocks": "2000"}
+        return TargetWindow(0, 30, scrapes=3, infos=[CanonicalInfo("cache_config", "", "", {**base, **labels})])
+
+    both = merge_windows({"a": replica(), "b": replica(num_gpu_blocks="1990")}, 0, 30)
+    assert [(i.name, i.labels) for i in both.infos] == [
+        ("cache_config", {"block_size": "16", "enable_prefix_caching": "True"})]
+    memory = Memory()
+    assert detect(memory, facts_of(both), both.infos, True, SETTINGS) == []
+    half = merge_windows({"a": replica(enable_prefix_caching="False"), "b": replica()}, 30, 60)
+    assert half.infos[0].labels == {"block_size": "16", "num_gpu_blocks": "2000"}
+    assert detect(memory, facts_of(half), half.infos, True, SETTINGS) == []  # half rolled out: no change
+    done = merge_windows({"a": replica(enable_prefix_caching="False"),
+                          "b": replica(enable_prefix_caching="False", num_gpu_blocks="1990")}, 60, 90)
+    (changed,) = detect(memory, facts_of(done), done.infos, True, SETTINGS)
+    assert (changed.kind, changed.subject, changed.before, changed.after) == (
+        "config", "cache_config.enable_prefix_caching", "True", "False")
+    lacking = TargetWindow(0, 30, scrapes=3)
+    assert merge_windows({"a": replica(), "b": lacking}, 0, 30).infos == []

@@ -295,6 +295,16 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
                 (d,) = diagnosis_engine.evaluate_target(session, by_name[name].id, name, "vllm", end, WINDOW_S,
                                                         Thresholds(), data=by_name[name].window)
                 verdicts[name] = d
+        # the configuration both replicas report is the service's (a label they differ in is not), so
+        # the rules that need it judge the service as they judge its replicas
+        for name in ("m.svc.imbalanced", "m.svc.balanced"):
+            window = by_name[name].window
+            assert window is not None
+            first, second = (next(i for i in w.infos if i.name == "cache_config") for w in window.replicas.values())
+            (shared,) = [i for i in window.infos if i.name == "cache_config"]
+            assert shared.labels == {k: v for k, v in first.labels.items() if second.labels.get(k) == v}
+            assert {"block_size", "enable_prefix_caching"} <= set(shared.labels)
+            assert "weights_offloaded" not in {n["regime"] for n in verdicts[name].not_judged}
         imbalance = verdicts["m.svc.imbalanced"]
         assert imbalance.verdict == "replica_imbalance", [(f.regime, f.summary) for f in imbalance.findings]
         finding = imbalance.findings[0]
