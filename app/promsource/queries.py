@@ -124,12 +124,12 @@ class SourceQueries:
     matchers: tuple[tuple[str, str, str], ...] = ()
     service_labels: tuple[str, ...] = ()
 
-    def histogram(self, signal: str, window: float, buckets: bool = True, les: Mapping[int, str] | None = None
-                  ) -> str:
+    def histogram(self, signal: str, window: float, buckets: bool = True, les: Mapping[int, str] | None = None,
+                  skip_les: Mapping[int, str] | None = None) -> str:
         """Per target and model, the ``increase`` of every bucket (``buckets``: else none, the
         means-first read: a bucket query touches ~20 series per target, ``_sum``/``_count`` 2),
         of ``_sum`` and of ``_count`` over ``window``. ``les``: per candidate family, a regex of
-        the ``le`` values to read (the others' buckets all)."""
+        the ``le`` values to read; ``skip_les``: of those not to read (the others' buckets all)."""
         w = prom_duration(window)
         parts = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
@@ -139,7 +139,8 @@ class SourceQueries:
             count = _tag(f"sum by ({by}) (increase({_selector(f.name + '_count', f.matchers, sel)}[{w}]))",
                          "le", "count")
             if buckets:
-                only = (("le", "=~", les[i]),) if les and i in les else ()
+                only: tuple[tuple[str, str, str], ...] = (("le", "=~", les[i]),) if les and i in les else ()
+                only += (("le", "!~", skip_les[i]),) if skip_les and i in skip_les else ()
                 bucket = _selector(f.name + "_bucket", (*f.matchers, *only), sel)
                 parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
             parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (total, count)]

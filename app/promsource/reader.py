@@ -170,6 +170,15 @@ def _histogram(buckets: dict[str, float], means_only: bool = False) -> WindowHis
                            count)
 
 
+@dataclass(frozen=True, slots=True)
+class Around:
+    """What a target's buckets around the thresholds tell (:meth:`SourceReader._around`)."""
+
+    above: bool  # one of its quantiles may be above its threshold
+    histogram: WindowHistogram | None = None  # those buckets, where they tell every quantile exactly
+    upward: bool = False  # its buckets L and U are the layout's and a quantile lies above U
+
+
 class SourceReader:
     """Reads windows and the current target set of one source through a query client."""
 
@@ -498,28 +507,38 @@ class SourceReader:
         above the threshold and reads only those quantiles: the buckets around the thresholds
         come first (:meth:`_around`); a target at or below every threshold is left out, one they
         tell exactly keeps those buckets (all models summed, under model ``""``), and only the
-        others' buckets are read in full."""
+        others' buckets are read: from ``L`` up where the target's ``L`` and ``U`` are its
+        family's and a quantile lies above ``U`` (:meth:`_les_below`: the histograms then hold
+        the buckets from ``L`` up, exact for those quantiles), in full where its layout differs."""
         asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
         around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s)}
 
-        def read(signal: str) -> Any:
+        # per signal, the reads: (targets (None: all), le values not read), one query each
+        jobs: list[tuple[str, set[TargetKey] | None, dict[int, str] | None]] = []
+        for signal in asked:
             found = around.get(signal)
-            keys = None if found is None else {key for key, (up, h) in found.items() if up and h is None}
-            if keys is not None and not keys:
-                return None
-            return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
+            if found is None:
+                jobs.append((signal, None, None))
+                continue
+            upward = {key for key, a in found.items() if a.above and a.histogram is None and a.upward}
+            rest = {key for key, a in found.items() if a.above and a.histogram is None and not a.upward}
+            assert above is not None
+            jobs += [(signal, keys, skip) for keys, skip in ((upward, self._les_below(signal, above[signal])),
+                                                            (rest, None)) if keys]
 
-        answers = self.client.map(read, asked)
-        out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {}
-        for signal, answer in zip(asked, answers, strict=True):
-            found = around.get(signal)
-            out[signal] = {} if answer is None else {
-                key: {name: _histogram(b) for name, b in per_model.items()}
-                for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()
-                if found is None or (key in found and found[key][1] is None)}
-            for key, (up, h) in (found or {}).items():
-                if up and h is not None:
-                    out[signal][key] = {"": h}
+        def read(job: tuple[str, set[TargetKey] | None, dict[int, str] | None]) -> Any:
+            signal, keys, skip = job
+            return self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
+                                     end)
+
+        out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {signal: {} for signal in asked}
+        for (signal, keys, _), answer in zip(jobs, self.client.map(read, jobs), strict=True):
+            picked = self._pick(answer.data, "le", signal, None, histogram=True)
+            out[signal].update({key: {name: _histogram(b) for name, b in per_model.items()}
+                                for key, per_model in picked.items() if keys is None or key in keys})
+        for signal, found in around.items():
+            out[signal].update({key: {"": a.histogram} for key, a in (found or {}).items()
+                                if a.above and a.histogram is not None})
         return out
 
     def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
@@ -528,11 +547,10 @@ class SourceReader:
         for one of ``limits`` ((quantile, threshold) pairs), from a few buckets a target
         (:meth:`_around`; None: the bucket layout is not known yet, ask for every target)."""
         around = self._around(signal, start, end, limits, keys)
-        return None if around is None else {key for key, (above, _) in around.items() if above}
+        return None if around is None else {key for key, a in around.items() if a.above}
 
     def _around(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
-                keys: Collection[TargetKey] | None = None
-                ) -> dict[TargetKey, tuple[bool, WindowHistogram | None]] | None:
+                keys: Collection[TargetKey] | None = None) -> dict[TargetKey, Around] | None:
         """Per target, from the buckets around each threshold - the largest bound ``L`` at or below
         it, the smallest ``U`` at or above it - with ``+Inf``, ``_sum`` and ``_count`` (all models,
         the engine's first family): whether a quantile may be above its threshold, and the
@@ -576,10 +594,10 @@ class SourceReader:
             inner = format_matchers([("__name__", "=~", any_of(unknown)), *matchers])
             parts.append(f"group by ({by}) ({{{inner}}})")
         answer = self.client.query(" or ".join(parts), end)
-        out: dict[TargetKey, tuple[bool, WindowHistogram | None]] = {}
+        out: dict[TargetKey, Around] = {}
         for sample in answer.data:
             if "le" not in sample.labels:
-                out[_key(sample.labels, self.target_labels)] = (True, None)
+                out[_key(sample.labels, self.target_labels)] = Around(True)
         chosen_family: dict[TargetKey, int] = {}
         for sample in answer.data:
             index = _family(sample.labels, len(families))
@@ -599,22 +617,22 @@ class SourceReader:
 
     @staticmethod
     def _judge(h: WindowHistogram, total: float, limits: Sequence[tuple[float, float]],
-               around: list[tuple[float | None, float]]) -> tuple[bool, WindowHistogram | None]:
+               around: list[tuple[float | None, float]]) -> Around:
         """:meth:`_around` for one target: ``h`` holds its buckets ``L`` and ``U`` of each limit."""
         at = {bound: value for bound, value in zip(h.bounds, h.increases, strict=True)}
+        if any((low is not None and low not in at) or up not in at for low, up in around):
+            return Around(True)  # this target's layout differs: read its buckets
         above = False
         for (q, threshold), (low, up) in zip(limits, around, strict=True):
             rank = q * total
-            if (low is not None and low not in at) or up not in at:
-                return True, None  # this target's layout differs: read its buckets
             if low is not None and at[low] >= rank:
                 continue  # at or below L, at or below the threshold
             if up == math.inf:
                 continue  # in +Inf: histogram_quantile gives L, at or below the threshold
             if at[up] < rank or low == up:
-                return True, None  # above U: the buckets above tell where
+                return Around(True, upward=True)  # above U: its buckets from L up tell where
             above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
-        return above, h
+        return Around(above, h)
 
     def _les_at(self, signal: str, threshold: float) -> dict[int, str]:
         """Per candidate family whose layout is known and has a bucket at ``threshold`` (in
@@ -625,6 +643,25 @@ class SourceReader:
             at = sorted(le for le in layout if bound_index([_bound(le) / family.scale], threshold) is not None)
             if at:
                 out[i] = any_of(at)
+        return out
+
+    def _les_below(self, signal: str, limits: Sequence[tuple[float, float]]) -> dict[int, str]:
+        """Per candidate family whose layout is known, a regex of its ``le`` values below the
+        largest bound ``L`` at or below the lowest threshold of ``limits``: the buckets a target
+        whose buckets ``L`` and ``U`` are this layout's (:meth:`_around`, ``upward``) does not
+        need. A quantile of it at or below ``L`` stays at or below every threshold, whatever the
+        buckets below say; one above ``L`` lies in a bucket whose lower bound is read too (every
+        bound from ``L`` up is: one the layout has not seen yet is not skipped), so
+        ``histogram_quantile`` gives it exactly as over every bucket (one target's increases never
+        decrease with the bound). A family without such ``L`` skips none."""
+        lowest = min(threshold for _, threshold in limits)
+        out = {}
+        for i, family in enumerate(HISTOGRAM_FAMILIES[signal]):
+            bounds = sorted((_bound(le) / family.scale, le) for le in self._layout(signal, i) or ())
+            below = [bound for bound, _ in bounds if bound <= lowest]
+            skipped = [le for bound, le in bounds if below and bound < below[-1]]
+            if skipped:
+                out[i] = any_of(skipped)
         return out
 
     def _layout(self, signal: str, family: int) -> set[str] | None:
