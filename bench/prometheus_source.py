@@ -286,12 +286,10 @@ def free_port() -> int:
 
 def names_read() -> set[str]:
     """Every metric name the source's queries select (histogram series, gauges, counters, infos)."""
-    from app.promsource.queries import COUNTER_FAMILIES, GAUGE_FAMILIES, HISTOGRAM_FAMILIES, INFO_FAMILIES
+    from app.promsource.queries import HISTOGRAM_FAMILIES, INFO_FAMILIES
 
-    names = {f"{f.name}{suffix}" for fs in HISTOGRAM_FAMILIES.values() for f in fs
-             for suffix in ("_bucket", "_sum", "_count")}
-    names |= {f.name for table in (GAUGE_FAMILIES, COUNTER_FAMILIES) for fs in table.values() for f in fs}
-    return names | {metric for _, metric in INFO_FAMILIES}
+    buckets = {f"{f.name}_bucket" for fs in HISTOGRAM_FAMILIES.values() for f in fs}
+    return set(means_names()) | buckets | {metric for _, metric in INFO_FAMILIES}
 
 
 def write_history(replay: Replay, labels: dict[str, str], end: float, path: Path, steps: int) -> int:

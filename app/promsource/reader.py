@@ -577,7 +577,7 @@ class SourceReader:
                 unknown.append(f"{family.name}_count")
                 continue
             chosen = {"+Inf"}
-            bounds = sorted((_bound(le) / family.scale, le) for le in layout)
+            bounds = self._bounds(signal, i)
             around[i] = []
             for _, threshold in limits:
                 below = [(bound, le) for bound, le in bounds if bound <= threshold]
@@ -638,9 +638,8 @@ class SourceReader:
         """Per candidate family whose layout is known and has a bucket at ``threshold`` (in
         seconds, matched as the SLO matches it), a regex of its ``le`` values there."""
         out = {}
-        for i, family in enumerate(HISTOGRAM_FAMILIES[signal]):
-            layout = self._layout(signal, i) or set()
-            at = sorted(le for le in layout if bound_index([_bound(le) / family.scale], threshold) is not None)
+        for i in range(len(HISTOGRAM_FAMILIES[signal])):
+            at = sorted(le for bound, le in self._bounds(signal, i) if bound_index([bound], threshold) is not None)
             if at:
                 out[i] = any_of(at)
         return out
@@ -656,13 +655,19 @@ class SourceReader:
         decrease with the bound). A family without such ``L`` skips none."""
         lowest = min(threshold for _, threshold in limits)
         out = {}
-        for i, family in enumerate(HISTOGRAM_FAMILIES[signal]):
-            bounds = sorted((_bound(le) / family.scale, le) for le in self._layout(signal, i) or ())
+        for i in range(len(HISTOGRAM_FAMILIES[signal])):
+            bounds = self._bounds(signal, i)
             below = [bound for bound, _ in bounds if bound <= lowest]
             skipped = [le for bound, le in bounds if below and bound < below[-1]]
             if skipped:
                 out[i] = any_of(skipped)
         return out
+
+    def _bounds(self, signal: str, family: int) -> list[tuple[float, str]]:
+        """One family's known layout (:meth:`_layout`) as (bound in seconds, ``le``), ascending;
+        empty before its first bucket answer."""
+        scale = HISTOGRAM_FAMILIES[signal][family].scale
+        return sorted((_bound(le) / scale, le) for le in self._layout(signal, family) or ())
 
     def _layout(self, signal: str, family: int) -> set[str] | None:
         """The ``le`` values this source's ``signal`` histograms of one family have had in any
