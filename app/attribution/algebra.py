@@ -190,6 +190,16 @@ def e2e_split(before: Facts, after: Facts) -> Split | None:
     return _split("e2e", eb, ea, parts, "the rest (requests counted in one histogram only)", notes, extra)
 
 
+#: the signals :func:`splits` splits: facts with none of their means leave nothing to split
+SPLIT_SIGNALS = ("ttft", "itl", "e2e", "tpot")
+
+
+def splittable(facts: Facts) -> bool:
+    """Whether ``facts`` can be one side of a split: :func:`splits` of facts with none of
+    :data:`SPLIT_SIGNALS`' means is empty whatever the other side."""
+    return any(facts.mean(signal) is not None for signal in SPLIT_SIGNALS)
+
+
 def splits(before: Facts, after: Facts) -> dict[str, Split]:
     """Every signal that can be split, by name (ITL where there is one, else TPOT)."""
     out = {}

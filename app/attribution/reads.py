@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.attribution import drivers, explain
+from app.attribution import algebra, drivers, explain
 from app.attribution import repository as events_repository
 from app.attribution.events import ChangeEvent
 from app.attribution.explain import Attribution
@@ -79,17 +79,20 @@ def choose(spec: str | float | int, window: float, end: float,
     return ComparedWindows(f"offset:{format_duration(spec)}", end - window, end, end - window - spec, end - spec)
 
 
-def read(reader: WindowReader, session: Session, target: TargetView, chosen: ComparedWindows,
-         model: str | None = None) -> tuple[Facts, Facts, list[Facts]]:
-    """(baseline, current, the baseline's sub-windows) as facts."""
-    def facts(start: float, end: float) -> Facts:
-        return facts_of(reader.window(session, target, start, end, ATTRIBUTION_HISTOGRAMS, diagnosis=True), model)
+def _facts(reader: WindowReader, session: Session, target: TargetView, start: float, end: float,
+           model: str | None) -> Facts:
+    return facts_of(reader.window(session, target, start, end, ATTRIBUTION_HISTOGRAMS, diagnosis=True), model)
 
-    before = facts(chosen.baseline_start, chosen.baseline_end)
-    after = facts(chosen.start, chosen.end)
+
+def read(reader: WindowReader, session: Session, target: TargetView, chosen: ComparedWindows,
+         model: str | None = None, before: Facts | None = None) -> tuple[Facts, Facts, list[Facts]]:
+    """(baseline, current, the baseline's sub-windows) as facts (``before``: the baseline, read already)."""
+    if before is None:
+        before = _facts(reader, session, target, chosen.baseline_start, chosen.baseline_end, model)
+    after = _facts(reader, session, target, chosen.start, chosen.end, model)
     width = (chosen.baseline_end - chosen.baseline_start) / drivers.PARTS
-    parts = [facts(chosen.baseline_start + i * width, chosen.baseline_start + (i + 1) * width)
-             for i in range(drivers.PARTS)]
+    parts = [_facts(reader, session, target, chosen.baseline_start + i * width,
+                    chosen.baseline_start + (i + 1) * width, model) for i in range(drivers.PARTS)]
     return before, after, parts
 
 
@@ -99,9 +102,18 @@ def attribution(reader: WindowReader, session: Session, target: TargetView, wind
     """The attribution of ``target``'s last ``window`` before ``end`` against ``baseline``
     (ValueError for a baseline that cannot be read; WindowError from the backend);
     ``prefill_per_token``: the compute per prompt token of the target's hardware profile."""
-    chosen = choose(parse_baseline(baseline), window, end,
-                    lambda event_id: events_repository.event(session, target.id, event_id))
+    chosen = _chosen(session, target, window, end, baseline)
     before, after, parts = read(reader, session, target, chosen, model)
+    return _attribute(session, target, chosen, before, after, parts, prefill_per_token)
+
+
+def _chosen(session: Session, target: TargetView, window: float, end: float, baseline: str) -> ComparedWindows:
+    return choose(parse_baseline(baseline), window, end,
+                  lambda event_id: events_repository.event(session, target.id, event_id))
+
+
+def _attribute(session: Session, target: TargetView, chosen: ComparedWindows, before: Facts, after: Facts,
+               parts: list[Facts], prefill_per_token: float | None) -> Attribution:
     between = events_repository.events(session, [target.id], since=chosen.baseline_start, until=chosen.end)
     return explain.attribute(before, after, parts, between, chosen.kind, prefill_per_token)
 
@@ -130,9 +142,15 @@ def what_changed(reader: WindowReader, session: Session, target: TargetView, end
     read."""
     for baseline in dict.fromkeys((event_baseline(session, target.id, end, lookback) or fallbacks[0], *fallbacks)):
         try:
-            found = attribution(reader, session, target, window, end, baseline, None, prefill_per_token)
+            chosen = _chosen(session, target, window, end, baseline)
         except ValueError:
             continue
+        # a baseline with nothing to split (no history that long ago) explains nothing: one read, not eight
+        before = _facts(reader, session, target, chosen.baseline_start, chosen.baseline_end, None)
+        if not algebra.splittable(before):
+            continue
+        found = _attribute(session, target, chosen, *read(reader, session, target, chosen, None, before),
+                           prefill_per_token)
         if found.signals:
             return found
     return None

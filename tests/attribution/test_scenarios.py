@@ -112,3 +112,38 @@ def test_steady_load_has_no_event_and_nothing_changed(tmp_path: Path, plan: Scen
     a = run.attribution
     assert a is not None and not a.changed and a.summary.startswith("Nothing changed"), a.summary
     assert a.drivers == [], [(d.name, d.before, d.after, d.noise) for d in a.drivers]
+
+
+class _Counted(StoreWindows):
+    """The built-in store's windows, counting the windows read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[tuple[float, float]] = []
+
+    def window(self, session, target, start, end, signals, diagnosis=False):  # type: ignore[no-untyped-def]
+        self.read.append((start, end))
+        return super().window(session, target, start, end, signals, diagnosis)
+
+
+def test_a_baseline_without_history_costs_one_read(tmp_path: Path) -> None:
+    """The status page's and an alert's attribution tries a day earlier first: on a target younger
+    than that, the baseline is read once and found empty (not eight windows), and the answer is
+    the window before's, as read alone."""
+    target = OfflineTarget(tmp_path, STEADY, seed=3)  # type: ignore[arg-type]
+    try:
+        target.run(2 * WINDOW + 60.0)
+        end = round(T0 + target.sim.clock, 3)
+        with target.sessions() as session:
+            view = target_repository.get_target(session, "t")
+            assert view is not None
+            counted = _Counted()
+            found = reads.what_changed(counted, session, view, end, lookback=1.0)
+            alone = reads.attribution(StoreWindows(), session, view, WINDOW, end, "previous")
+    finally:
+        target.close()
+    assert found is not None and found.baseline_kind == "previous"
+    assert len(counted.read) == 1 + 8  # a day earlier: the baseline alone; the window before: all eight
+    assert counted.read[0] == (end - WINDOW - 86400.0, end - 86400.0)
+    assert found.summary == alone.summary and found.lead == alone.lead
+    assert {n: s.split.change for n, s in found.signals.items()} == {n: s.split.change for n, s in alone.signals.items()}
