@@ -54,6 +54,7 @@ from app.probe import canary
 from app.probe import repository as probe_repository
 from app.probe.canary import CanaryConfig
 from app.probe.jobs import ProbeJobs
+from app.promsource.mirror import SHARED_LAG
 from app.promsource.service import SourceService
 from app.replicas import membership as replicas
 from app.runtime import malloc, scheduling
@@ -106,7 +107,7 @@ class Monitor:
                                        settings.secret,
                                        on_attempt=self._delivery_attempted)
         self._delivery_task: asyncio.Task[None] | None = None
-        self.sources = SourceService(on_view=self._source_view)
+        self.sources = SourceService(on_view=self._source_view, mirror_lag=SHARED_LAG)
         self.telemetry.sources.bad_series = lambda: [(s.name, s.bad_series) for s in self.sources.statuses()]
         self.windows = Windows(StoreWindows(), PrometheusWindows(self.sources))  # every read of a window
         self.discovery = DiscoveryService(self.sessions, settings.allowed_target_hosts, self.reload_targets)

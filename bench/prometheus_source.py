@@ -102,6 +102,7 @@ if str(ROOT) not in sys.path:  # allow `python bench/prometheus_source.py`
 
 import httpx  # noqa: E402
 
+from app.promsource.mirror import means_names  # noqa: E402
 from bench.ingest import rss_mb  # noqa: E402
 
 PROMETHEUS = "/usr/bin/prometheus"
@@ -618,15 +619,6 @@ class FloorRow:
     bucket_bytes: int
     quantile_cpu: float  # Prometheus CPU of their p99 per pod over 1m (histogram_quantile on the server)
     quantile_bytes: int
-
-
-def means_names() -> list[str]:
-    """The metric names the means-first round reads (no buckets, no infos), that the engines export."""
-    from app.promsource.queries import COUNTER_FAMILIES, GAUGE_FAMILIES, HISTOGRAM_FAMILIES
-
-    names = {f"{f.name}{suffix}" for fs in HISTOGRAM_FAMILIES.values() for f in fs for suffix in ("_sum", "_count")}
-    names |= {f.name for table in (GAUGE_FAMILIES, COUNTER_FAMILIES) for fs in table.values() for f in fs}
-    return sorted(names)
 
 
 def measure_floor(prom: Prometheus, n: int, ingest_rate: float, repeats: int = 5) -> FloorRow:

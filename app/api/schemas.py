@@ -148,6 +148,10 @@ class SourceOut(BaseModel):
                                                         "windows lack that signal")
     scrape_interval: float | None = Field(None, description="Seconds between two scrapes of its engines by its "
                                                             "Prometheus; null while unknown")
+    held_series: int = Field(0, description="Series whose raw samples it keeps (histograms' _sum/_count, gauges, "
+                                            "counters, up), each read once: the rounds' means are computed from them")
+    held_refreshed_at: float | None = Field(None, description="Unix time those samples were last read up to")
+    held_note: str = Field("", description="Why no samples are kept (an answer too large): its rounds query instead")
     scrape_interval_from: str | None = Field(None, description="config (the source's scrape_interval) or server "
                                                                "(its /api/v1/targets)")
     scrape_interval_note: str = Field("", description="How the interval was learned, or why it is unknown")

@@ -45,6 +45,7 @@ __all__ = [
     "to_millis",
     "select_range",
     "increase",
+    "counter_over",
     "extrapolate",
     "rate",
     "window_histogram",
@@ -283,6 +284,13 @@ def increase(points: Sequence[Point], range_start: float, range_end: float) -> f
     returns no result for the series).
     """
     return _counter_over_range(points, range_start, range_end, is_rate=False)
+
+
+def counter_over(ts_ms: Sequence[int], values: Sequence[float], start_ms: int, end_ms: int, *,
+                 is_rate: bool = False) -> float | None:
+    """:func:`increase` (``is_rate``: :func:`rate`) of one series' samples already selected for
+    ``[start_ms, end_ms]``: sorted, unique integer-millisecond timestamps."""
+    return _extrapolated_rate(ts_ms, values, start_ms, end_ms, is_counter=True, is_rate=is_rate)
 
 
 def rate(points: Sequence[Point], range_start: float, range_end: float) -> float | None:

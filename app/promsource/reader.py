@@ -16,6 +16,7 @@ query sets that it did not set) is dropped and counted by reason (:data:`BAD_SER
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
@@ -29,6 +30,13 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector
+from app.promsource.answers import bound as _bound
+from app.promsource.answers import family as _family
+from app.promsource.answers import first_family as _first_family
+from app.promsource.answers import histogram as _histogram
+from app.promsource.answers import rescaled as _rescaled
+from app.promsource.answers import valid_le as _valid_le
+from app.promsource.mirror import MIRRORED, Held, SampleMirror, Wanted, wanted_by
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -101,6 +109,7 @@ class SourceTargets:
 FIRST_SEEN_STEP = 240.0
 
 
+
 #: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
 BAD_SERIES_REASONS = {
     "bad_bound": "a histogram bucket whose le label is not a number",
@@ -111,63 +120,6 @@ BAD_SERIES_REASONS = {
 
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
     return tuple([labels.get(name, "") for name in target_labels])
-
-
-def _bound(le: str) -> float:
-    return math.inf if le in ("+Inf", "Inf", "+inf", "inf") else float(le)
-
-
-def _valid_le(le: str) -> bool:
-    """A bucket's ``le`` (or the ``sum``/``count`` tag the query gives those series): a number, not NaN."""
-    if le in ("sum", "count"):
-        return True
-    try:
-        return not math.isnan(_bound(le))
-    except ValueError:
-        return False
-
-
-def _family(labels: dict[str, str], families: int | None = None) -> int | None:
-    """The candidate-family index the query tagged a series with; None when the label is not
-    one it set (``families``: how many candidates the query had, when known)."""
-    text = labels.get(FAMILY_LABEL, "0")
-    if not (text.isascii() and text.isdigit() and len(text) <= 4):
-        return None
-    index = int(text)
-    return index if families is None or index < families else None
-
-
-def _first_family(by_family: dict[int, Any]) -> Any:
-    return by_family[min(by_family)]
-
-
-def _rescaled(buckets: dict[str, float], scale: float) -> dict[str, float]:
-    """A histogram answer in another unit (SGLang's milliseconds) -> seconds: bounds and sum
-    divided by ``scale`` (division, so 5 ms is the double nearest 0.005 s); counts unchanged."""
-    if scale == 1.0:
-        return buckets
-    out = {}
-    for le, value in buckets.items():
-        if le == "sum":
-            out[le] = value / scale
-        elif le == "count" or _bound(le) == math.inf:
-            out[le] = value
-        else:
-            out[repr(_bound(le) / scale)] = value
-    return out
-
-
-def _histogram(buckets: dict[str, float], means_only: bool = False) -> WindowHistogram:
-    """One answer's series of a target and model -> its window histogram (``means_only``: the
-    query asked for ``_sum`` and ``_count`` alone)."""
-    if means_only:
-        return WindowHistogram((), (), buckets.get("sum", math.nan), buckets.get("count", math.nan), means_only=True)
-    bounds = sorted((_bound(le), v) for le, v in buckets.items() if le not in ("sum", "count"))
-    count = buckets.get("count")
-    if count is None:
-        count = bounds[-1][1] if bounds and bounds[-1][0] == math.inf else math.nan
-    return WindowHistogram(tuple(b for b, _ in bounds), tuple(v for _, v in bounds), buckets.get("sum", math.nan),
-                           count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,11 +135,15 @@ class SourceReader:
     """Reads windows and the current target set of one source through a query client."""
 
     def __init__(self, client: QueryClient, target_labels: Sequence[str], selector: str = "",
-                 service_labels: Sequence[str] = ()) -> None:
+                 service_labels: Sequence[str] = (), mirror_lag: float | None = None) -> None:
+        """``mirror_lag``: the :class:`~app.promsource.mirror.SampleMirror`'s lag (None: no mirror,
+        every window is queried)."""
         self.client = client
         self.target_labels = tuple(target_labels)
         self.service_labels = tuple(service_labels)
         self.matchers = tuple(parse_selector(selector))
+        self.mirror = None if mirror_lag is None else \
+            SampleMirror(client, self.matchers, self.target_labels, mirror_lag)
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
         self.buckets_read: dict[str, int] = {}  # the last round's bucket reads: histogram -> targets
@@ -297,8 +253,16 @@ class SourceReader:
                     self.refused.pop(signal or kind, None)
             return answer
 
-        answers = self._combined(jobs, run, end) if only is not None or where is not None else \
-            self.client.map_as_completed(run, jobs)
+        mirrored = self._mirrored(start, end, only, where, keys)
+        here = {i for i, (kind, signal, _) in enumerate(jobs) if mirrored is not None and
+                (kind in MIRRORED or (kind == "histogram" and signal in thin))}
+        positions = [i for i in range(len(jobs)) if i not in here]  # of the jobs queried
+        asked = [jobs[i] for i in positions]
+        queried = self._combined(asked, run, end) if only is not None or where is not None else \
+            self.client.map_as_completed(run, asked)
+        answers = itertools.chain(((i, QueryResult(mirrored[0].answer(jobs[i][:2], start, end, mirrored[1], step), []))
+                                   for i in sorted(here) if mirrored is not None),
+                                  ((positions[n], answer) for n, answer in queried))
         out: dict[TargetKey, TargetWindow] = {}
 
         def window(key: TargetKey) -> TargetWindow:
@@ -384,6 +348,15 @@ class SourceReader:
             tw.models = dict(sorted(tw.models.items()))
             tw.overall = _overall(tw.models)
         return out
+
+    def _mirrored(self, start: float, end: float, only: TargetKey | None, where: dict[str, str] | None,
+                  keys: Collection[TargetKey] | None) -> tuple[Held, Wanted] | None:
+        """The mirror's samples for a window read and which of its series the read takes (None:
+        every job is queried). A read of one target or service uses the samples held and never
+        refreshes them: a full read for one target would cost more than its queries."""
+        held = None if self.mirror is None else \
+            self.mirror.view(start, end, refresh=only is None and where is None)
+        return None if held is None else (held, wanted_by(self.target_labels, only, where, keys))
 
     def _combined(self, jobs: list[tuple[str, str, str]], run: Callable[[tuple[str, str, str]], Any], end: float
                   ) -> Iterable[tuple[int, Any]]:

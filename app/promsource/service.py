@@ -128,14 +128,15 @@ class SourceRound:
 class PrometheusSource:
     """One configured source: a client, a reader and the source's status."""
 
-    def __init__(self, config: PrometheusSourceConfig) -> None:
+    def __init__(self, config: PrometheusSourceConfig, mirror_lag: float | None = 0.0) -> None:
         self.config = config
         self.client = PrometheusClient(
             config.url, headers=dict(config.headers), bearer_token=config.bearer_token(),
             basic_auth=config.basic_credentials(), ca_file=config.tls.ca_file,
             insecure_skip_verify=config.tls.insecure_skip_verify, timeout=config.query_timeout,
             max_concurrency=config.max_concurrency, max_series=config.max_series, max_samples=config.max_samples)
-        self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels)
+        self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels,
+                                   mirror_lag)
         self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
         self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
         self.interval = intervals.configured(config.scrape_interval) if config.scrape_interval is not None \
@@ -184,9 +185,12 @@ class PrometheusSource:
 class SourceService:
     """All configured sources; thread-safe for the round thread and API threads."""
 
-    def __init__(self, on_view: Callable[[str, bool, float], None] | None = None) -> None:
-        """``on_view(target, up, ts)`` is told each live replica's ``up`` every round (self-metrics)."""
+    def __init__(self, on_view: Callable[[str, bool, float], None] | None = None,
+                 mirror_lag: float | None = 0.0) -> None:
+        """``on_view(target, up, ts)`` is told each live replica's ``up`` every round (self-metrics);
+        ``mirror_lag``: each source's :class:`~app.promsource.mirror.SampleMirror` lag (None: none)."""
         self.on_view = on_view
+        self.mirror_lag = mirror_lag
         self.sources: dict[str, PrometheusSource] = {}
         self._lock = threading.Lock()
         self._reused: dict[Hashable, tuple[float, object]] = {}
@@ -200,7 +204,7 @@ class SourceService:
                     self.sources.pop(name).close()
             for name, config in wanted.items():
                 if name not in self.sources:
-                    self.sources[name] = PrometheusSource(config)
+                    self.sources[name] = PrometheusSource(config, self.mirror_lag)
 
     def get(self, name: str | None) -> PrometheusSource | None:
         return None if name is None else self.sources.get(name)
@@ -209,6 +213,11 @@ class SourceService:
         for source in list(self.sources.values()):
             source.status.bad_series = dict(sorted(source.reader.bad_series.items()))
             source.status.refused = dict(sorted(source.reader.refused.items()))
+            mirror = source.reader.mirror
+            source.status.held_series = 0 if mirror is None else mirror.series_held()
+            source.status.held_refreshed_at = None if mirror is None else mirror.time
+            source.status.held_note = "off: every window is queried" if mirror is None else \
+                f"off: {mirror.refused}; its rounds query instead" if mirror.refused else ""
         return [s.status for s in self.sources.values()]
 
     def close(self) -> None:

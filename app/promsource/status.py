@@ -39,6 +39,11 @@ class SourceStatus:
     # live replicas that lack a value of one of service_labels (in no service), and per label how many
     unlabelled: int = 0
     unlabelled_by_label: dict[str, int] = field(default_factory=dict)
+    # the raw samples kept of its means series (app.promsource.mirror): how many series, when last
+    # read, and why none are kept when its rounds query instead
+    held_series: int = 0
+    held_refreshed_at: float | None = None
+    held_note: str = ""
 
     last_round_ok: bool | None = None  # None until the first round
 

@@ -100,6 +100,28 @@ def _agrees(reader: SourceReader, prom: PrometheusClient, end: float) -> dict[st
     return thin
 
 
+def _mirror_agrees(mirrored: SourceReader, reader: SourceReader, end: float) -> int:
+    """The means-first windows from the mirror's raw samples equal the queried ones to 1e-9
+    (sums, counts, gauges, rates, scrapes, restarts); returns the restarts of replica r."""
+    lean = mirrored.windows(end - WINDOW, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=())
+    full = reader.windows(end - WINDOW, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=())
+    assert lean.keys() == full.keys() == {("llm", "r"), ("llm", "h")}
+    for key, window in full.items():
+        got = lean[key]
+        assert (got.scrapes, got.restarts) == (window.scrapes, window.restarts), key
+        for model, m in window.models.items():
+            mine = got.models[model]
+            assert mine.histograms.keys() == m.histograms.keys() and mine.rates.keys() == m.rates.keys()
+            pairs = [(mine.histograms[s].sum, h.sum) for s, h in m.histograms.items()]
+            pairs += [(mine.histograms[s].count, h.count) for s, h in m.histograms.items()]
+            pairs += [(mine.rates[s], v) for s, v in m.rates.items()]
+            pairs += [(getattr(mine.gauges[s], stat), getattr(g, stat)) for s, g in m.gauges.items()
+                      for stat in ("last", "mean", "max")]
+            for a, b in pairs:
+                assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (key, a, b)
+    return lean[("llm", "r")].restarts or 0
+
+
 def test_a_restart_between_rounds_reads_as_prometheus_counts_it(tmp_path: Path) -> None:
     specs = [TargetSpec("r", "queueing", time_scale=10.0, warmup_s=60, seed=2),
              TargetSpec("h", "healthy", time_scale=10.0, warmup_s=60, seed=1)]
@@ -113,7 +135,10 @@ def test_a_restart_between_rounds_reads_as_prometheus_counts_it(tmp_path: Path) 
                 client = PrometheusClient(prom.url, timeout=30)
                 try:
                     reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
-                    before = _agrees(reader, client, time.time() - 1.0)
+                    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0)
+                    first = time.time() - 1.0
+                    before = _agrees(reader, client, first)
+                    _mirror_agrees(mirrored, reader, first)
                     restarting.restart()
                     restarted = time.time()
                     time.sleep(WINDOW / 2)
@@ -122,6 +147,8 @@ def test_a_restart_between_rounds_reads_as_prometheus_counts_it(tmp_path: Path) 
                     resets = client.query('resets(vllm:time_to_first_token_seconds_count{pod="r"}[20s])', end)
                     assert [s.value for s in resets.data] == [1.0] and end - WINDOW < restarted < end
                     after = _agrees(reader, client, end)
+                    # the mirror read the samples since its first refresh only, the reset among them
+                    assert _mirror_agrees(mirrored, reader, end) == 1
                 finally:
                     client.close()
     # the healthy replica needs no distribution: every histogram of vLLM's page means first

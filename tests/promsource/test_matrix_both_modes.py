@@ -41,7 +41,7 @@ from app.sources.base import HISTOGRAM_SIGNALS
 from app.store import db, reads
 from app.store.record import ScrapeRecord
 from app.targets import repository as target_repository
-from app.window import merge_windows
+from app.window import TargetWindow, merge_windows
 from app.windows import WindowError, Windows
 from app.windows.memory import MemoryWindows
 from app.windows.prometheus import PrometheusWindows
@@ -283,6 +283,8 @@ def test_services_are_diagnosed_whole_and_replica_imbalance_is_found(
         assert {"m.svc.imbalanced", "m.svc.balanced", "m.llm.queueing-vllm"} <= set(by_name)
         (status,) = service.statuses()
         assert status.targets == len(CASES) and status.services == len(CASES) - 2
+        # the round's means came from the raw samples kept (one series per replica and metric name)
+        assert status.held_series > 30 * len(CASES) and status.held_note == "" and status.held_refreshed_at
         imbalanced = by_name["m.svc.imbalanced"].window
         assert imbalanced is not None and set(imbalanced.replicas) == {"m.llm.queueing-vllm", "m.llm.healthy-vllm"}
         # The service's histograms are its replicas' summed by le: the request counts add up.
@@ -704,7 +706,8 @@ def test_the_production_round_reads_means_first_and_judges_services_as_a_full_re
         matrix: tuple[dict[str, Case], PrometheusClient], tmp_path: Path) -> None:
     """The round as the service runs it, replicas grouped into services: read means first (buckets
     where a replica or a service needs them) it gives every replica and every service the verdict,
-    findings and not-judged list a full read gives, with fewer bytes."""
+    findings and not-judged list a full read gives, with fewer bytes (read by queries: the
+    mirror of raw samples is tests/promsource/test_mirror.py's)."""
     cases, client = matrix
     end = cases["queueing-vllm"].end
     thresholds = Thresholds()
@@ -712,7 +715,7 @@ def test_the_production_round_reads_means_first_and_judges_services_as_a_full_re
     for name, needs in (("full", None), ("means first", lambda target, engine, window: buckets_needed(
             window, target, engine, thresholds))):
         engine, sessions = _scratch_store(tmp_path / f"{name}.db")
-        service = SourceService()
+        service = SourceService(mirror_lag=None)
         service.configure([PrometheusSourceConfig(name="m", url=client.url, selector='{namespace="llm"}',
                                                   target_labels=["namespace", "pod"], service_labels=["service"])])
         try:
@@ -720,6 +723,7 @@ def test_the_production_round_reads_means_first_and_judges_services_as_a_full_re
             assert round_.ok
             rounds[name] = {t.name: t for t in round_.targets}
             (status,) = service.statuses()
+            assert status.held_series == 0 and status.held_note == "off: every window is queried"
             read[name] = (status.bytes_last_round, status.buckets_last_round)
         finally:
             service.close()
@@ -744,7 +748,7 @@ def test_one_target_is_read_in_a_few_requests_as_the_fleet_read_reads_it(
     """A read of one target (a status page, the latency API, an attribution's windows) sends its
     instant queries in one request, tagged by query and split back: every case's window equals
     its window in the read of every target, from 2 requests (3 with the ITL by batch size)
-    instead of one per query."""
+    instead of one per query (all queried: no mirror)."""
     cases, client = matrix
     reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
     end = max(case.end for case in cases.values())
@@ -758,3 +762,61 @@ def test_one_target_is_read_in_a_few_requests_as_the_fleet_read_reads_it(
         (one,) = reader.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True, only=key).values()
         assert client.queries - before == 3  # the instant queries, the TGI KV samples, the ITL by batch size
         assert one == fleet[key], case.pod
+
+
+def _numbers(window: TargetWindow) -> dict[tuple[str, ...], float]:
+    """Every number a means-first window holds, by where it is (model, kind, signal, what)."""
+    out: dict[tuple[str, ...], float] = {("scrapes",): float(window.scrapes or 0),
+                                         ("restarts",): float(window.restarts or 0)}
+    for model, m in window.models.items():
+        for signal, h in m.histograms.items():
+            out[(model, "histogram", signal, "sum")], out[(model, "histogram", signal, "count")] = h.sum, h.count
+        for signal, g in m.gauges.items():
+            for stat in ("last", "mean", "max"):
+                out[(model, "gauge", signal, stat)] = getattr(g, stat)
+        for signal, value in m.rates.items():
+            out[(model, "rate", signal)] = value
+        for rank, means in m.ranks.items():
+            for signal, value in means.items():
+                out[(model, "rank", rank, signal)] = value
+        for n, interval in enumerate(m.itl_intervals):
+            for what in ("itl_sum", "itl_count", "running"):
+                out[(model, "itl by batch", str(n), what)] = getattr(interval, what)
+    return out
+
+
+def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
+        matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """The means-first read computed from the raw samples held (app/promsource/mirror.py) equals
+    the one Prometheus computes, for every case's replica, to 1e-9: at a refresh, at an earlier
+    end inside what is held, and for a subset of targets; a window longer than what is held
+    is queried, and an end past the lag refreshes."""
+    cases, client = matrix
+    queried = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0)
+    mirror = mirrored.mirror
+    assert mirror is not None
+    end = max(case.end for case in cases.values())
+    some = {("llm", case.pod) for case in list(cases.values())[:3]}
+    for at, keys in ((end - 30.0, None), (end - 45.0, None), (end - 30.0, some)):
+        before = (client.queries, mirror.refreshes)
+        lean = mirrored.windows(at - WINDOW_S, at, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=(), keys=keys)
+        asked = client.queries - before[0]
+        full = queried.windows(at - WINDOW_S, at, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=(), keys=keys)
+        assert lean.keys() == full.keys() and len(full) == len(keys or cases)
+        compared = 0
+        for key, window in full.items():
+            expected, got = _numbers(window), _numbers(lean[key])
+            assert expected.keys() == got.keys(), key
+            for where, value in expected.items():
+                assert math.isclose(got[where], value, rel_tol=1e-9, abs_tol=1e-12), (key, where, got[where], value)
+                compared += 1
+            assert lean[key].infos == window.infos
+        assert compared > 30 * len(full)
+        # the first read refreshes once (one query for every held series), an earlier end none;
+        # the configuration (info series) is still queried
+        assert mirror.refreshes == 1 and asked == (2 if at == end - 30.0 and keys is None else 1), asked
+    assert mirror.time is not None and mirror.time >= end - 30.0
+    assert not mirror.covers(end - 1000.0, end - 30.0)  # longer than what is held: queried
+    refreshes = mirror.refreshes
+    assert mirror.covers(end - WINDOW_S, end) and mirror.refreshes == refreshes + 1  # past the lag

@@ -1,0 +1,69 @@
+"""How a source's answers read: bucket bounds, the family tag its queries set, histograms.
+
+The reader (:mod:`app.promsource.reader`) turns each answer's series into windows with these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.core.quantiles import WindowHistogram
+from app.promsource.queries import FAMILY_LABEL
+
+
+def bound(le: str) -> float:
+    return math.inf if le in ("+Inf", "Inf", "+inf", "inf") else float(le)
+
+
+def valid_le(le: str) -> bool:
+    """A bucket's ``le`` (or the ``sum``/``count`` tag the query gives those series): a number, not NaN."""
+    if le in ("sum", "count"):
+        return True
+    try:
+        return not math.isnan(bound(le))
+    except ValueError:
+        return False
+
+
+def family(labels: dict[str, str], families: int | None = None) -> int | None:
+    """The candidate-family index the query tagged a series with; None when the label is not
+    one it set (``families``: how many candidates the query had, when known)."""
+    text = labels.get(FAMILY_LABEL, "0")
+    if not (text.isascii() and text.isdigit() and len(text) <= 4):
+        return None
+    index = int(text)
+    return index if families is None or index < families else None
+
+
+def first_family(by_family: dict[int, Any]) -> Any:
+    return by_family[min(by_family)]
+
+
+def rescaled(buckets: dict[str, float], scale: float) -> dict[str, float]:
+    """A histogram answer in another unit (SGLang's milliseconds) -> seconds: bounds and sum
+    divided by ``scale`` (division, so 5 ms is the double nearest 0.005 s); counts unchanged."""
+    if scale == 1.0:
+        return buckets
+    out = {}
+    for le, value in buckets.items():
+        if le == "sum":
+            out[le] = value / scale
+        elif le == "count" or bound(le) == math.inf:
+            out[le] = value
+        else:
+            out[repr(bound(le) / scale)] = value
+    return out
+
+
+def histogram(buckets: dict[str, float], means_only: bool = False) -> WindowHistogram:
+    """One answer's series of a target and model -> its window histogram (``means_only``: the
+    query asked for ``_sum`` and ``_count`` alone)."""
+    if means_only:
+        return WindowHistogram((), (), buckets.get("sum", math.nan), buckets.get("count", math.nan), means_only=True)
+    bounds = sorted((bound(le), v) for le, v in buckets.items() if le not in ("sum", "count"))
+    count = buckets.get("count")
+    if count is None:
+        count = bounds[-1][1] if bounds and bounds[-1][0] == math.inf else math.nan
+    return WindowHistogram(tuple(b for b, _ in bounds), tuple(v for _, v in bounds), buckets.get("sum", math.nan),
+                           count)

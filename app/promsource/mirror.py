@@ -1,0 +1,393 @@
+"""A source's means series, each sample read once: the raw samples since the last read.
+
+Every round of a source reads the same series over overlapping windows (the diagnosis' 60 s
+every 30 s, the summaries' 5 minutes every 15 s, the change events' 30 s), and what a query
+costs Prometheus grows with the series it touches and the functions it applies, not with
+the samples. A :class:`SampleMirror` keeps the raw samples of the series those rounds read
+that are not buckets - each histogram's ``_sum`` and ``_count``, the gauges, the counters and
+``up`` - for the longest such window; a refresh asks for those series' samples since the last
+refresh only (one plain range selector, ``{__name__=~"..."}[Δ]``), and the rounds' windows are
+computed here from them, grouped as :class:`app.promsource.queries.SourceQueries`' queries
+group them, with the same per-series maths as Prometheus 2.42 (:mod:`app.core.quantiles`:
+``increase``/``rate`` = ``extrapolatedRate``; the ``*_over_time`` functions), so the reader
+regroups them unchanged and the numbers are the server's over the same samples
+(``tests/promsource/test_mirror.py``).
+
+A window ending at most ``lag`` seconds after the last refresh is computed from it (the
+rounds of one moment share one read); a scrape Prometheus ingested in those seconds is
+then not in the window - the window is the server's answer of up to ``lag`` seconds before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+from app.core import quantiles
+from app.promql.client import PromAPIError, RangeSeries, VectorSample
+from app.promql.text import any_of, format_matchers
+from app.promsource.queries import (
+    COUNTER_FAMILIES,
+    FAMILY_LABEL,
+    GAUGE_FAMILIES,
+    HISTOGRAM_FAMILIES,
+    MODEL_LABEL,
+    STAT_LABEL,
+    Family,
+    prom_duration,
+)
+from app.sources import tgi
+from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
+
+log = logging.getLogger(__name__)
+
+#: the longest window a mirror serves (the summaries' 5 minutes), and the scrapes before it
+RETENTION = 360.0
+#: how far before the last refresh a refresh reads again: a scrape whose samples Prometheus
+#: committed after that refresh, stamped before it (a scrape that took up to this long)
+OVERLAP = 15.0
+#: the default ``lag`` of a running service: the rounds of one moment (diagnosis, summaries,
+#: alerts, change events) share a refresh
+SHARED_LAG = 10.0
+
+Labels = dict[str, str]
+Wanted = Callable[[Labels], bool]
+#: the jobs of a window read (app.promsource.reader) a mirror answers, with the means-only histograms
+MIRRORED = frozenset({"gauge", "counter", "scrapes", "restarts", "ranks", "itl_intervals", "tgi_kv"})
+
+
+def means_names() -> list[str]:
+    """Every metric name a mirror reads: the histograms' ``_sum``/``_count``, the gauges, the counters."""
+    names = {f.name + part for families in HISTOGRAM_FAMILIES.values() for f in families for part in ("_sum", "_count")}
+    names |= {f.name for families in (*GAUGE_FAMILIES.values(), *COUNTER_FAMILIES.values()) for f in families}
+    names |= {f.positive for families in GAUGE_FAMILIES.values() for f in families if f.positive}
+    return sorted(names | {tgi.KV_USED, tgi.KV_CAPACITY})
+
+
+@dataclass(slots=True)
+class _Held:
+    """One series' samples in time order: integer milliseconds and values."""
+
+    labels: Labels  # without __name__
+    ts: array = field(default_factory=lambda: array("q"))
+    values: array = field(default_factory=lambda: array("d"))
+
+    def span(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        """The indexes of the samples in the closed range ``[start_ms, end_ms]`` (a 2.x range selector)."""
+        return bisect_left(self.ts, start_ms), bisect_right(self.ts, end_ms)
+
+
+class SampleMirror:
+    """The raw samples of one source's means series over the last :data:`RETENTION` seconds."""
+
+    def __init__(self, client: object, matchers: Sequence[tuple[str, str, str]], target_labels: Sequence[str],
+                 lag: float = 0.0, retention: float = RETENTION) -> None:
+        self.client = client
+        self.target_labels = tuple(target_labels)
+        self.lag, self.retention = lag, retention
+        inner = format_matchers([("__name__", "=~", any_of([*means_names(), "up"])), *matchers])
+        self.selector = "{" + inner + "}"
+        self.time: float | None = None  # the evaluation time of the last refresh
+        self.held_from = math.inf  # samples at or after this time are all held
+        self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
+        self.refreshes = 0
+        self._series: dict[str, dict[tuple[tuple[str, str], ...], _Held]] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reading
+    def series_held(self) -> int:
+        return sum(len(by_key) for by_key in self._series.values())
+
+    def covers(self, start: float, end: float, refresh: bool = True) -> bool:
+        return self.view(start, end, refresh) is not None
+
+    def view(self, start: float, end: float, refresh: bool = True) -> Held | None:
+        """The samples that answer ``[start, end]``, refreshing first (``refresh``) when ``end`` is
+        more than ``lag`` after the last refresh; None for a window longer than the retention or
+        one that starts before the samples held, and once refused as too large."""
+        if self.refused or end - start > self.retention - OVERLAP:
+            return None
+        with self._lock:
+            if refresh and (self.time is None or end > self.time + self.lag):
+                try:
+                    self._refresh(max(time.time(), end))
+                except PromAPIError as exc:
+                    if exc.kind != "too_large":
+                        raise
+                    self.refused = exc.message
+                    log.warning("the source's raw samples are too many to keep (%s): its rounds query instead",
+                                exc.message)
+                    return None
+            if self.time is None or not (self.held_from <= start and end <= self.time + self.lag):
+                return None
+            return Held(self._series, self.target_labels)
+
+    def _refresh(self, now: float) -> None:
+        """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
+        first time or after a gap) into a new set of held series, the old one left as it was."""
+        since = now - self.retention if self.time is None or now - self.time > self.retention - OVERLAP \
+            else self.time - OVERLAP
+        answer = self.client.query_samples(f"{self.selector}[{prom_duration(now - since)}]", now)  # type: ignore[attr-defined]
+        fresh = self.time is None or since < self.time - OVERLAP
+        series = {} if fresh else {name: dict(by_key) for name, by_key in self._series.items()}
+        for read in answer.data:
+            labels = dict(read.labels)
+            name = labels.pop("__name__", "")
+            by_key = series.setdefault(name, {})
+            held = by_key.get(key := tuple(sorted(labels.items())))
+            last = held.ts[-1] if held is not None and len(held.ts) else -1
+            ts, values = array("q"), array("d")
+            for t, v in read.points:
+                ms = quantiles.to_millis(t)
+                if ms > last:
+                    ts.append(ms)
+                    values.append(v)
+                    last = ms
+            if ts:
+                by_key[key] = _Held(labels, ts, values) if held is None else \
+                    _Held(held.labels, held.ts + ts, held.values + values)
+        held_from = since if fresh else max(self.held_from, now - self.retention)
+        self._series = _trimmed(series, quantiles.to_millis(held_from))
+        self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
+
+class Held:
+    """The samples a mirror held at one refresh (never changed after: a later refresh makes a new
+    one), answering a window read's jobs as their queries would."""
+
+    def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...]
+                 ) -> None:
+        self.series, self.target_labels = series, target_labels
+
+    def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
+        return [h for h in self.series.get(name, {}).values()
+                if all(h.labels.get(label, "") == value for label, _, value in family.matchers) and wanted(h.labels)]
+
+    def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float
+               ) -> list[VectorSample] | list[RangeSeries]:
+        """The answer of a window read's job (kind, signal), shaped as its query's (``step``: the
+        ITL-by-batch split's)."""
+        kind, signal = job
+        if kind == "ranks":
+            return self.ranks(start, end, wanted)
+        if kind == "itl_intervals":
+            return self.itl_intervals(start, end, step, wanted)
+        if kind == "tgi_kv":
+            return self.tgi_kv(start, end, wanted)
+        if kind == "histogram":
+            return self.histogram_means(signal, start, end, wanted)
+        if kind == "gauge":
+            return self.gauge(signal, start, end, wanted)
+        if kind == "counter":
+            return self.counter(signal, start, end, wanted)
+        return self.scrapes(start, end, wanted) if kind == "scrapes" else self.restarts(start, end, wanted)
+
+    def histogram_means(self, signal: str, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.histogram` with ``buckets=False``: per target and model the
+        ``increase`` of ``_sum`` (``le="sum"``) and of ``_count`` (``le="count"``)."""
+        start_ms, end_ms = _range(start, end)
+        out = []
+        for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
+            for part in ("sum", "count"):
+                per = [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)]
+                out += self._grouped(per, sum, {"le": part, FAMILY_LABEL: str(i)}, True)
+        return out
+
+    def gauge(self, signal: str, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.gauge`: per target and model, the sum (an averaged gauge: the mean)
+        of each series' last, mean and max over the window."""
+        start_ms, end_ms = _range(start, end)
+        combine = _mean if signal in AVERAGED_GAUGES else sum
+        out = []
+        for i, f in enumerate(GAUGE_FAMILIES[signal]):
+            held = self._select(f, f.name, wanted)
+            if f.positive:  # `and (min_over_time(positive[w]) > 0)`: same labels, above 0 all along
+                above = {tuple(sorted(h.labels.items())) for h in self._select(Family(f.engine, f.positive),
+                                                                               f.positive, wanted)
+                         if (m := _over(h, start_ms, end_ms, min)) is not None and m > 0}
+                held = [h for h in held if tuple(sorted(h.labels.items())) in above]
+            for stat, fn in (("last", _last), ("avg", _mean), ("max", _max)):
+                per = [(h, _over(h, start_ms, end_ms, fn)) for h in held]
+                out += self._grouped(per, combine, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, True)
+        return out
+
+    def counter(self, signal: str, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.counter`: per target and model, the sum of each series' ``rate``."""
+        start_ms, end_ms = _range(start, end)
+        out = []
+        for i, f in enumerate(COUNTER_FAMILIES[signal]):
+            per = [(h, _increase(h, start_ms, end_ms, True)) for h in self._select(f, f.name, wanted)]
+            out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, True)
+        return out
+
+    def scrapes(self, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.scrapes`: per target, the sum of ``up`` over the window."""
+        start_ms, end_ms = _range(start, end)
+        per = [(h, _over(h, start_ms, end_ms, _sum)) for h in self._select(Family("", "up"), "up", wanted)]
+        return self._grouped(per, sum, {}, False)
+
+    def restarts(self, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.restarts`: per target, the most resets one counter series shows."""
+        start_ms, end_ms = _range(start, end)
+        names = sorted({f.name for families in COUNTER_FAMILIES.values() for f in families if not f.matchers})
+        per = [(h, _over(h, start_ms, end_ms, _resets)) for name in names
+               for h in self._select(Family("", name), name, wanted)]
+        return self._grouped(per, max, {}, False)
+
+    def ranks(self, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`SourceQueries.rank_gauges`: per target, model and rank, the sum of each series'
+        mean of every :data:`RANK_GAUGES` gauge, and each :data:`RANK_MEANS` histogram's mean."""
+        start_ms, end_ms = _range(start, end)
+        out = []
+        for signal in RANK_GAUGES:
+            for i, f in enumerate(GAUGE_FAMILIES.get(signal, [])):
+                if f.engine != "tgi":
+                    per = [(h, _over(h, start_ms, end_ms, _mean)) for h in self._select(f, f.name, wanted)]
+                    out += self._grouped(per, sum, {STAT_LABEL: signal, FAMILY_LABEL: str(i)}, (MODEL_LABEL, _rank(f)))
+        for signal in RANK_MEANS:
+            for i, f in enumerate(HISTOGRAM_FAMILIES.get(signal, [])):
+                if f.engine == "tgi":
+                    continue
+                sums, counts = ({frozenset(v.labels.items()): v.value for v in self._grouped(
+                    [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)],
+                    sum, {}, (MODEL_LABEL, _rank(f)))} for part in ("sum", "count"))
+                tags = {STAT_LABEL: signal, FAMILY_LABEL: str(i)}
+                out += [VectorSample({**dict(labels), **tags}, _divide(total, counts[labels]))
+                        for labels, total in sums.items() if labels in counts]
+        return out
+
+    def itl_intervals(self, start: float, end: float, step: float, wanted: Wanted) -> list[RangeSeries]:
+        """:meth:`SourceQueries.itl_intervals` as the range query from ``start + step`` to ``end``
+        every ``step`` asks it: per target, model and rank, the ITL ``_sum`` and ``_count``
+        increases and the mean running batch of each step."""
+        first_ms, end_ms, step_ms = quantiles.to_millis(start + step), quantiles.to_millis(end), round(step * 1000)
+        points: dict[frozenset[tuple[str, str]], list[tuple[float, float]]] = {}
+        for t_ms in range(first_ms, end_ms + 1, step_ms):
+            for i, f in enumerate(HISTOGRAM_FAMILIES["itl"]):
+                if f.engine == "tgi":
+                    continue
+                running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
+                by = (MODEL_LABEL, _rank(f))
+                parts = [("sum", [(h, _increase(h, t_ms - step_ms, t_ms, False))
+                                  for h in self._select(f, f.name + "_sum", wanted)]),
+                         ("count", [(h, _increase(h, t_ms - step_ms, t_ms, False))
+                                    for h in self._select(f, f.name + "_count", wanted)]),
+                         ("running", [(h, _over(h, t_ms - step_ms, t_ms, _mean))
+                                      for h in self._select(running, running.name, wanted)])]
+                for stat, per in parts:
+                    for v in self._grouped(per, sum, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, by):
+                        points.setdefault(frozenset(v.labels.items()), []).append((t_ms / 1000.0, v.value))
+        return [RangeSeries(dict(labels), series) for labels, series in points.items()]
+
+    def tgi_kv(self, start: float, end: float, wanted: Wanted) -> list[RangeSeries]:
+        """:meth:`SourceQueries.tgi_kv_samples`: TGI's used and capacity gauges' raw samples."""
+        start_ms, end_ms = _range(start, end)
+        out = []
+        for name in (tgi.KV_USED, tgi.KV_CAPACITY):
+            for h in self._select(Family("tgi", name), name, wanted):
+                a, b = h.span(start_ms, end_ms)
+                if b > a:
+                    out.append(RangeSeries({"__name__": name, **h.labels},
+                                           [(t / 1000.0, v) for t, v in zip(h.ts[a:b], h.values[a:b], strict=True)]))
+        return out
+
+    def _grouped(self, per: list[tuple[_Held, float | None]], combine: Callable[[list[float]], float],
+                 tags: Labels, extra: bool | tuple[str, ...]) -> list[VectorSample]:
+        """``combine by (<target labels>, <extra>)`` (``extra`` True: the model), then the tags:
+        what the query answers."""
+        more = (MODEL_LABEL,) if extra is True else () if extra is False else extra
+        by = tuple(dict.fromkeys((*self.target_labels, *more)))
+        groups: dict[tuple[str, ...], list[float]] = {}
+        for held, value in per:
+            if value is not None:
+                groups.setdefault(tuple(held.labels.get(label, "") for label in by), []).append(value)
+        return [VectorSample({**{label: v for label, v in zip(by, key, strict=True) if v}, **tags}, combine(values))
+                for key, values in groups.items()]
+
+
+def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest_ms: int
+             ) -> dict[str, dict[tuple[tuple[str, str], ...], _Held]]:
+    """``series`` without the samples before ``oldest_ms`` (a series left with none is dropped)."""
+    out = {}
+    for name, by_key in series.items():
+        kept = {}
+        for key, held in by_key.items():
+            cut = bisect_left(held.ts, oldest_ms)
+            if cut < len(held.ts):
+                kept[key] = held if cut == 0 else _Held(held.labels, held.ts[cut:], held.values[cut:])
+        if kept:
+            out[name] = kept
+    return out
+
+
+def wanted_by(target_labels: Sequence[str], only: tuple[str, ...] | None, where: dict[str, str] | None,
+              keys: Collection[tuple[str, ...]] | None) -> Wanted:
+    """The held series of one target (``only``), of the targets with these label values
+    (``where``), of a set of targets (``keys``), or all."""
+    names = tuple(target_labels)
+    if only is not None:
+        return lambda labels: tuple([labels.get(n, "") for n in names]) == only
+    if where is not None:
+        return lambda labels: all(labels.get(k, "") == v for k, v in where.items())
+    if keys is not None:
+        chosen = set(keys)
+        return lambda labels: tuple([labels.get(n, "") for n in names]) in chosen
+    return lambda labels: True
+
+
+def _range(start: float, end: float) -> tuple[int, int]:
+    """The milliseconds a query at ``end`` over ``[end - start]`` selects (as the reader asks it)."""
+    end_ms = quantiles.to_millis(end)
+    return end_ms - max(0, round((end - start) * 1000)), end_ms
+
+
+def _rank(family: Family) -> str:
+    """The label of a family's data-parallel rank (vLLM's ``engine``, else ``dp_rank``), as the queries name it."""
+    return "engine" if family.engine == "vllm" else "dp_rank"
+
+
+def _divide(a: float, b: float) -> float:
+    """PromQL's ``a / b`` (no error for a zero: NaN or an infinity)."""
+    if b == 0.0:
+        return math.nan if a == 0.0 or math.isnan(a) else math.copysign(math.inf, a)
+    return a / b
+
+
+def _increase(held: _Held, start_ms: int, end_ms: int, is_rate: bool) -> float | None:
+    a, b = held.span(start_ms, end_ms)
+    return quantiles.counter_over(held.ts[a:b], held.values[a:b], start_ms, end_ms, is_rate=is_rate)
+
+
+def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]], float]) -> float | None:
+    a, b = held.span(start_ms, end_ms)
+    return fn(held.values[a:b]) if b > a else None
+
+
+def _last(values: Sequence[float]) -> float:
+    return values[-1]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def _sum(values: Sequence[float]) -> float:
+    return math.fsum(values)
+
+
+def _max(values: Sequence[float]) -> float:
+    """``max_over_time``: a NaN is passed over unless all are NaN."""
+    best = values[0]
+    for v in values:
+        if v > best or math.isnan(best):
+            best = v
+    return best
+
+
+def _resets(values: Sequence[float]) -> float:
+    return float(sum(1 for a, b in zip(values, values[1:]) if b < a))
