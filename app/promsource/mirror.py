@@ -52,9 +52,11 @@ RETENTION = 360.0
 #: how far before the last refresh a refresh reads again: a scrape whose samples Prometheus
 #: committed after that refresh, stamped before it (a scrape that took up to this long)
 OVERLAP = 15.0
+#: how often the samples older than the retention are cut (seconds)
+TRIM_EVERY = 60.0
 #: the default ``lag`` of a running service: the rounds of one moment (diagnosis, summaries,
 #: alerts, change events) share a refresh
-SHARED_LAG = 10.0
+SHARED_LAG = 20.0
 
 Labels = dict[str, str]
 Wanted = Callable[[Labels], bool]
@@ -77,6 +79,14 @@ class _Held:
     labels: Labels  # without __name__
     ts: array = field(default_factory=lambda: array("q"))
     values: array = field(default_factory=lambda: array("d"))
+    #: grouping labels -> this series' values of them (shared by the series' copies: labels never change)
+    keys: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+
+    def key(self, by: tuple[str, ...]) -> tuple[str, ...]:
+        found = self.keys.get(by)
+        if found is None:
+            found = self.keys[by] = tuple([self.labels.get(label, "") for label in by])
+        return found
 
     def span(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """The indexes of the samples in the closed range ``[start_ms, end_ms]`` (a 2.x range selector)."""
@@ -98,6 +108,7 @@ class SampleMirror:
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
         self.refreshes = 0
         self._series: dict[str, dict[tuple[tuple[str, str], ...], _Held]] = {}
+        self._trimmed_at = -math.inf
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ reading
@@ -151,9 +162,11 @@ class SampleMirror:
                     last = ms
             if ts:
                 by_key[key] = _Held(labels, ts, values) if held is None else \
-                    _Held(held.labels, held.ts + ts, held.values + values)
+                    _Held(held.labels, held.ts + ts, held.values + values, held.keys)
         held_from = since if fresh else max(self.held_from, now - self.retention)
-        self._series = _trimmed(series, quantiles.to_millis(held_from))
+        if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
+            series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
+        self._series = series
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
 
 class Held:
@@ -303,11 +316,17 @@ class Held:
         more = (MODEL_LABEL,) if extra is True else () if extra is False else extra
         by = tuple(dict.fromkeys((*self.target_labels, *more)))
         groups: dict[tuple[str, ...], list[float]] = {}
-        for held, value in per:
-            if value is not None:
-                groups.setdefault(tuple(held.labels.get(label, "") for label in by), []).append(value)
-        return [VectorSample({**{label: v for label, v in zip(by, key, strict=True) if v}, **tags}, combine(values))
-                for key, values in groups.items()]
+        for held, found in per:
+            if found is not None:
+                groups.setdefault(held.key(by), []).append(found)
+        out = []
+        for key, values in groups.items():
+            labels = dict(tags)
+            for label, text in zip(by, key, strict=True):
+                if text:
+                    labels[label] = text
+            out.append(VectorSample(labels, combine(values)))
+        return out
 
 
 def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest_ms: int
@@ -319,7 +338,7 @@ def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest
         for key, held in by_key.items():
             cut = bisect_left(held.ts, oldest_ms)
             if cut < len(held.ts):
-                kept[key] = held if cut == 0 else _Held(held.labels, held.ts[cut:], held.values[cut:])
+                kept[key] = held if cut == 0 else _Held(held.labels, held.ts[cut:], held.values[cut:], held.keys)
         if kept:
             out[name] = kept
     return out
