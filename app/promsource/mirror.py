@@ -13,9 +13,9 @@ group them, with the same per-series maths as Prometheus 2.42 (:mod:`app.core.qu
 regroups them unchanged and the numbers are the server's over the same samples
 (``tests/promsource/test_mirror.py``).
 
-A window ending at most ``lag`` seconds after the last refresh is computed from it (the
-rounds of one moment share one read); a scrape Prometheus ingested in those seconds is
-then not in the window - the window is the server's answer of up to ``lag`` seconds before.
+A window ending at most ``lag`` seconds after the last refresh is computed from it as it was at
+the refresh (the same length, ending then): the rounds of one moment share one read, and a
+window is the server's answer of up to ``lag`` seconds before, never one cut short of its end.
 """
 
 from __future__ import annotations
@@ -135,9 +135,11 @@ class SampleMirror:
                     log.warning("the source's raw samples are too many to keep (%s): its rounds query instead",
                                 exc.message)
                     return None
-            if self.time is None or not (self.held_from <= start and end <= self.time + self.lag):
+            if self.time is None or not end <= self.time + self.lag:
                 return None
-            return Held(self._series, self.target_labels)
+            if self.held_from > min(end, self.time) - (end - start):
+                return None
+            return Held(self._series, self.target_labels, min(end, self.time))
 
     def _refresh(self, now: float) -> None:
         """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
@@ -173,9 +175,11 @@ class Held:
     """The samples a mirror held at one refresh (never changed after: a later refresh makes a new
     one), answering a window read's jobs as their queries would."""
 
-    def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...]
-                 ) -> None:
-        self.series, self.target_labels = series, target_labels
+    def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...],
+                 at: float) -> None:
+        """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
+        is earlier (a window within the lag is the server's answer at the refresh, not short of it)."""
+        self.series, self.target_labels, self.at = series, target_labels, at
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
         return [h for h in self.series.get(name, {}).values()

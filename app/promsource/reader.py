@@ -260,7 +260,8 @@ class SourceReader:
         asked = [jobs[i] for i in positions]
         queried = self._combined(asked, run, end) if only is not None or where is not None else \
             self.client.map_as_completed(run, asked)
-        answers = itertools.chain(((i, QueryResult(mirrored[0].answer(jobs[i][:2], start, end, mirrored[1], step), []))
+        at = end if mirrored is None else mirrored[0].at  # a window within the mirror's lag ends at its refresh
+        answers = itertools.chain(((i, QueryResult(mirrored[0].answer(jobs[i][:2], at - w, at, mirrored[1], step), []))
                                    for i in sorted(here) if mirrored is not None),
                                   ((positions[n], answer) for n, answer in queried))
         out: dict[TargetKey, TargetWindow] = {}

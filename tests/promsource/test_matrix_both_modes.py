@@ -820,3 +820,12 @@ def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
     assert not mirror.covers(end - 1000.0, end - 30.0)  # longer than what is held: queried
     refreshes = mirror.refreshes
     assert mirror.covers(end - WINDOW_S, end) and mirror.refreshes == refreshes + 1  # past the lag
+    # within the lag: no refresh, and the window is the one that ends at the refresh (not cut short)
+    mirror.lag = 20.0
+    lean = mirrored.windows(end + 10.0 - WINDOW_S, end + 10.0, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=())
+    full = queried.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True, buckets=())
+    assert mirror.refreshes == refreshes + 1 and lean.keys() == full.keys()
+    for key, window in full.items():
+        expected, got = _numbers(window), _numbers(lean[key])
+        assert expected.keys() == got.keys() and all(
+            math.isclose(got[k], v, rel_tol=1e-9, abs_tol=1e-12) for k, v in expected.items()), key
