@@ -27,7 +27,7 @@ import time
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple, TypeVar
 
 from app.core import quantiles
 from app.promql.client import PromAPIError, RangeSeries, VectorSample
@@ -52,14 +52,17 @@ RETENTION = 360.0
 #: how far before the last refresh a refresh reads again: a scrape whose samples Prometheus
 #: committed after that refresh, stamped before it (a scrape that took up to this long)
 OVERLAP = 15.0
+#: the longest range one read asks for: a first read of the retention comes in pieces
+PIECE = 120.0
 #: how often the samples older than the retention are cut (seconds)
 TRIM_EVERY = 60.0
 #: the default ``lag`` of a running service: the rounds of one moment (diagnosis, summaries,
 #: alerts, change events) share a refresh
 SHARED_LAG = 20.0
 
+_T = TypeVar("_T")
 Labels = dict[str, str]
-Wanted = Callable[[Labels], bool]
+Wanted = Callable[["_Held"], bool]
 #: the jobs of a window read (app.promsource.reader) a mirror answers, with the means-only histograms
 MIRRORED = frozenset({"gauge", "counter", "scrapes", "restarts", "ranks", "itl_intervals", "tgi_kv"})
 
@@ -72,21 +75,28 @@ def means_names() -> list[str]:
     return sorted(names | {tgi.KV_USED, tgi.KV_CAPACITY})
 
 
-@dataclass(slots=True)
-class _Held:
-    """One series' samples in time order: integer milliseconds and values."""
+class _Held(NamedTuple):
+    """One series' samples in time order (integer milliseconds and values), its labels and the
+    label values it is grouped by (worked out once: a round groups every series several times)."""
 
-    labels: Labels  # without __name__
-    ts: array = field(default_factory=lambda: array("q"))
-    values: array = field(default_factory=lambda: array("d"))
-    #: grouping labels -> this series' values of them (shared by the series' copies: labels never change)
-    keys: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    pairs: tuple[tuple[str, str], ...]  # its labels without __name__, sorted: the series' key
+    ts: array
+    values: array
+    target: tuple[str, ...]  # its values of the source's target labels
+    group: tuple[str, ...]  # of the target labels and the model label: what most queries group by
 
-    def key(self, by: tuple[str, ...]) -> tuple[str, ...]:
-        found = self.keys.get(by)
-        if found is None:
-            found = self.keys[by] = tuple([self.labels.get(label, "") for label in by])
-        return found
+    @property
+    def labels(self) -> Labels:
+        return dict(self.pairs)
+
+    def key(self, by: tuple[str, ...], target_labels: tuple[str, ...]) -> tuple[str, ...]:
+        """Its values of the labels ``by`` (the target labels, then the model label, first)."""
+        if by == target_labels:
+            return self.target
+        if len(by) == len(self.group) and by[len(target_labels):] == (MODEL_LABEL,):
+            return self.group
+        labels = self.labels
+        return tuple([labels.get(label, "") for label in by])
 
     def span(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """The indexes of the samples in the closed range ``[start_ms, end_ms]`` (a 2.x range selector)."""
@@ -141,15 +151,11 @@ class SampleMirror:
                 return None
             return Held(self._series, self.target_labels, min(end, self.time))
 
-    def _refresh(self, now: float) -> None:
-        """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
-        first time or after a gap) into a new set of held series, the old one left as it was."""
-        since = now - self.retention if self.time is None or now - self.time > self.retention - OVERLAP \
-            else self.time - OVERLAP
-        answer = self.client.query_samples(f"{self.selector}[{prom_duration(now - since)}]", now)  # type: ignore[attr-defined]
-        fresh = self.time is None or since < self.time - OVERLAP
-        series = {} if fresh else {name: dict(by_key) for name, by_key in self._series.items()}
-        for read in answer.data:
+    def _merge(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], data: Sequence[RangeSeries]
+               ) -> None:
+        """Each answer series' samples newer than those held, appended to a new copy of its series."""
+        by_model = tuple(dict.fromkeys((*self.target_labels, MODEL_LABEL)))
+        for read in data:
             labels = dict(read.labels)
             name = labels.pop("__name__", "")
             by_key = series.setdefault(name, {})
@@ -162,14 +168,35 @@ class SampleMirror:
                     ts.append(ms)
                     values.append(v)
                     last = ms
-            if ts:
-                by_key[key] = _Held(labels, ts, values) if held is None else \
-                    _Held(held.labels, held.ts + ts, held.values + values, held.keys)
+            if not ts:
+                continue
+            if held is None:
+                by_key[key] = _Held(key, ts, values, tuple([labels.get(n, "") for n in self.target_labels]),
+                                    tuple([labels.get(n, "") for n in by_model]))
+            else:
+                by_key[key] = held._replace(ts=held.ts + ts, values=held.values + values)
+
+    def _refresh(self, now: float) -> None:
+        """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
+        first time or after a gap) into a new set of held series, the old one left as it was."""
+        since = now - self.retention if self.time is None or now - self.time > self.retention - OVERLAP \
+            else self.time - OVERLAP
+        fresh = self.time is None or since < self.time - OVERLAP
+        series = {} if fresh else {name: dict(by_key) for name, by_key in self._series.items()}
+        # a read of the whole retention in pieces of at most PIECE seconds, oldest first (each within
+        # max_samples where one would not be), every later one the time since the last
+        ends = [now - k * PIECE for k in range(math.ceil((now - since) / PIECE) - 1, -1, -1)]
+        for piece_end in ends:
+            piece = min(PIECE, piece_end - since)
+            answer = self.client.query_samples(  # type: ignore[attr-defined]
+                f"{self.selector}[{prom_duration(piece)}]", piece_end)
+            self._merge(series, answer.data)
         held_from = since if fresh else max(self.held_from, now - self.retention)
         if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
             series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
         self._series = series
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
+
 
 class Held:
     """The samples a mirror held at one refresh (never changed after: a later refresh makes a new
@@ -183,7 +210,8 @@ class Held:
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
         return [h for h in self.series.get(name, {}).values()
-                if all(h.labels.get(label, "") == value for label, _, value in family.matchers) and wanted(h.labels)]
+                if (not family.matchers or all(h.labels.get(label, "") == value for label, _, value in family.matchers))
+                and wanted(h)]
 
     def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float
                ) -> list[VectorSample] | list[RangeSeries]:
@@ -224,12 +252,12 @@ class Held:
         for i, f in enumerate(GAUGE_FAMILIES[signal]):
             held = self._select(f, f.name, wanted)
             if f.positive:  # `and (min_over_time(positive[w]) > 0)`: same labels, above 0 all along
-                above = {tuple(sorted(h.labels.items())) for h in self._select(Family(f.engine, f.positive),
-                                                                               f.positive, wanted)
+                above = {h.pairs for h in self._select(Family(f.engine, f.positive), f.positive, wanted)
                          if (m := _over(h, start_ms, end_ms, min)) is not None and m > 0}
-                held = [h for h in held if tuple(sorted(h.labels.items())) in above]
-            for stat, fn in (("last", _last), ("avg", _mean), ("max", _max)):
-                per = [(h, _over(h, start_ms, end_ms, fn)) for h in held]
+                held = [h for h in held if h.pairs in above]
+            stats = [(h, _over(h, start_ms, end_ms, _stats)) for h in held]  # (last, mean, max) in one pass
+            for n, stat in enumerate(("last", "avg", "max")):
+                per = [(h, None if found is None else found[n]) for h, found in stats]
                 out += self._grouped(per, combine, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, True)
         return out
 
@@ -309,7 +337,7 @@ class Held:
             for h in self._select(Family("tgi", name), name, wanted):
                 a, b = h.span(start_ms, end_ms)
                 if b > a:
-                    out.append(RangeSeries({"__name__": name, **h.labels},
+                    out.append(RangeSeries({"__name__": name, **dict(h.pairs)},
                                            [(t / 1000.0, v) for t, v in zip(h.ts[a:b], h.values[a:b], strict=True)]))
         return out
 
@@ -322,7 +350,7 @@ class Held:
         groups: dict[tuple[str, ...], list[float]] = {}
         for held, found in per:
             if found is not None:
-                groups.setdefault(held.key(by), []).append(found)
+                groups.setdefault(held.key(by, self.target_labels), []).append(found)
         out = []
         for key, values in groups.items():
             labels = dict(tags)
@@ -342,7 +370,7 @@ def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest
         for key, held in by_key.items():
             cut = bisect_left(held.ts, oldest_ms)
             if cut < len(held.ts):
-                kept[key] = held if cut == 0 else _Held(held.labels, held.ts[cut:], held.values[cut:], held.keys)
+                kept[key] = held if cut == 0 else held._replace(ts=held.ts[cut:], values=held.values[cut:])
         if kept:
             out[name] = kept
     return out
@@ -352,15 +380,14 @@ def wanted_by(target_labels: Sequence[str], only: tuple[str, ...] | None, where:
               keys: Collection[tuple[str, ...]] | None) -> Wanted:
     """The held series of one target (``only``), of the targets with these label values
     (``where``), of a set of targets (``keys``), or all."""
-    names = tuple(target_labels)
     if only is not None:
-        return lambda labels: tuple([labels.get(n, "") for n in names]) == only
+        return lambda held: held.target == only
     if where is not None:
-        return lambda labels: all(labels.get(k, "") == v for k, v in where.items())
+        return lambda held: all(held.labels.get(k, "") == v for k, v in where.items())
     if keys is not None:
         chosen = set(keys)
-        return lambda labels: tuple([labels.get(n, "") for n in names]) in chosen
-    return lambda labels: True
+        return lambda held: held.target in chosen
+    return lambda held: True
 
 
 def _range(start: float, end: float) -> tuple[int, int]:
@@ -382,17 +409,31 @@ def _divide(a: float, b: float) -> float:
 
 
 def _increase(held: _Held, start_ms: int, end_ms: int, is_rate: bool) -> float | None:
-    a, b = held.span(start_ms, end_ms)
-    return quantiles.counter_over(held.ts[a:b], held.values[a:b], start_ms, end_ms, is_rate=is_rate)
+    """:func:`app.core.quantiles.counter_over` of the samples in the range, read in place."""
+    ts, values = held.ts, held.values
+    a, b = bisect_left(ts, start_ms), bisect_right(ts, end_ms)
+    if b - a < 2:
+        return None
+    first = prev = values[a]
+    result = values[b - 1] - first
+    for i in range(a + 1, b):  # rule 1: a value below the one before is a reset, counted from zero
+        value = values[i]
+        if value < prev:
+            result += prev
+        prev = value
+    return quantiles.extrapolate(result, first, ts[a], ts[b - 1], b - a, start_ms, end_ms, is_counter=True,
+                                 is_rate=is_rate)
 
 
-def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]], float]) -> float | None:
+def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]], _T]) -> _T | None:
+    """``fn`` of the series' values in the range (a ``*_over_time`` function); None without one."""
     a, b = held.span(start_ms, end_ms)
     return fn(held.values[a:b]) if b > a else None
 
 
-def _last(values: Sequence[float]) -> float:
-    return values[-1]
+def _stats(values: Sequence[float]) -> tuple[float, float, float]:
+    """``last_over_time``, ``avg_over_time`` and ``max_over_time`` of one series' samples."""
+    return values[-1], _mean(values), _max(values)
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -1,0 +1,75 @@
+"""What the raw-samples mirror of a source asks its server and keeps (app/promsource/mirror.py),
+against a scripted server holding known samples: a first read of the retention in pieces, then
+only the time since the last read; a sample on a piece's edge kept once; a reset between two
+reads counted as Prometheus counts it; a gap past the retention read afresh; an answer too large
+turns the mirror off (its rounds query). Agreement with a real Prometheus: the matrix tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core import quantiles
+from app.core.durations import parse_duration
+from app.promql.client import PromAPIError, QueryResult, RangeSeries
+from app.promsource.mirror import OVERLAP, PIECE, RETENTION, SampleMirror
+
+T0 = 1_800_000_000.0
+POD = {"namespace": "llm", "pod": "a", "model_name": "m"}
+
+
+class Server:
+    """Answers a range selector at ``time`` with the samples of its series in ``[time - range, time]``."""
+
+    def __init__(self, series: dict[str, list[tuple[float, float]]], too_large: bool = False) -> None:
+        self.series, self.too_large = series, too_large
+        self.asked: list[tuple[float, float]] = []  # (range seconds, evaluation time)
+
+    def query_samples(self, selector: str, time: float) -> QueryResult[RangeSeries]:
+        seconds = parse_duration(selector.rsplit("[", 1)[1].rstrip("]"))
+        self.asked.append((seconds, time))
+        if self.too_large:
+            raise PromAPIError("too_large", "the answer holds more than 10 points (max_samples)")
+        return QueryResult([RangeSeries({"__name__": name, **POD}, [(t, v) for t, v in points
+                                                                     if time - seconds <= t <= time])
+                            for name, points in self.series.items()], [])
+
+
+def test_the_first_read_comes_in_pieces_then_only_what_is_new() -> None:
+    points = [(T0 - 600 + 15 * k, 10.0 * k) for k in range(41)]  # to T0, every 15 s; one at T0 - 120 exactly
+    server = Server({"vllm:request_success_total": points})
+    mirror = SampleMirror(server, [("namespace", "=", "llm")], ["namespace", "pod"])
+    assert mirror.view(T0 - 60, T0) is not None
+    assert [round(t - T0) for _, t in server.asked] == [-240, -120, 0]
+    assert [s for s, _ in server.asked] == [PIECE] * 3 and 3 * PIECE == RETENTION
+    (held,) = mirror._series["vllm:request_success_total"].values()
+    assert list(held.ts) == [quantiles.to_millis(t) for t, _ in points if t >= T0 - RETENTION]  # each once
+    server.series["vllm:request_success_total"] = points + [(T0 + 15, 400.0), (T0 + 30, 5.0)]  # a restart
+    server.asked.clear()
+    assert mirror.view(T0 - 30, T0 + 30) is not None
+    assert server.asked == [(30 + OVERLAP, T0 + 30)]  # the time since the last read, and a little more
+    got = mirror.view(T0 - 30, T0 + 30)
+    assert got is not None
+    (rate,) = got.counter("requests_total", T0 - 30, T0 + 30, lambda held: True)
+    expected = quantiles.rate([(t, v) for t, v in server.series["vllm:request_success_total"]], T0 - 30, T0 + 30)
+    assert rate.value == pytest.approx(expected, rel=1e-12) and rate.labels == {**POD, "llm_latency_family": "0"}
+
+
+def test_a_gap_past_the_retention_is_read_afresh() -> None:
+    points = [(T0 - 600 + 15 * k, float(k)) for k in range(100)]
+    server = Server({"up": points})
+    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    assert mirror.view(T0 - 60, T0) is not None
+    server.asked.clear()
+    later = T0 + 2 * RETENTION
+    assert mirror.view(later - 60, later) is not None
+    assert len(server.asked) == 3 and mirror.held_from == later - RETENTION
+    (held,) = mirror._series["up"].values()
+    assert held.ts[0] >= quantiles.to_millis(later - RETENTION)
+
+
+def test_an_answer_too_large_turns_the_mirror_off() -> None:
+    server = Server({"up": [(T0, 1.0)]}, too_large=True)
+    mirror = SampleMirror(server, [], ["pod"])
+    assert mirror.view(T0 - 60, T0) is None and "max_samples" in mirror.refused
+    server.asked.clear()
+    assert mirror.view(T0 - 60, T0 + 30) is None and server.asked == []  # not asked again
