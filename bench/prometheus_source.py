@@ -48,7 +48,9 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   alert rounds (the default SLOs): Prometheus' CPU minus its ingest CPU over as long, this
   process' CPU (the service), the wall of each diagnosis round, the queries and answer bytes
   (decompressed) of the source's client, and VmRSS; then a least-squares fit ``a x N^b`` per
-  column and its projection to N = 10,000, printed as a projection.
+  column and its projection to N = 10,000, printed as a projection. Then the same intervals
+  again with the sources' raw samples dropped - every window queried, the design before them
+  (``measure_queried``) - and the ratios of the two: a baseline measured in the same run.
 * **The floor of a read-once design.** What Prometheus spends to read, once, every series the
   means-first round reads (an instant snapshot of all of them; or one evaluation of a per-pod
   ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
@@ -603,6 +605,25 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
                                                   for k, v in by_job.items()}, calls)
 
 
+def measure_queried(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+    """:func:`measure_intervals` with the sources' raw samples dropped (every window queried, the
+    design before them), then kept again."""
+    readers = [source.reader for source in monitor.sources.sources.values()]
+    mirrors = [reader.mirror for reader in readers]
+    for reader in readers:
+        reader.mirror = None
+    try:
+        recorder.take()
+        row = measure_intervals(monitor, recorder, prom, n, intervals)
+        recorder.take()
+    finally:
+        for reader, mirror in zip(readers, mirrors, strict=True):
+            reader.mirror = mirror
+    print(f"# N={n} queried, per interval: Prometheus +{row.prom_cpu:.2f} s CPU, service {row.service_cpu:.2f} s CPU, "
+          f"{row.queries:.0f} queries, {row.bytes_read / 1e6:.1f} MB", file=sys.stderr)
+    return row
+
+
 @dataclass
 class FloorRow:
     """What reading each series the means-first round needs costs Prometheus, once: the least
@@ -715,6 +736,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     prom.start()
     rows: list[RoundRow] = []
     interval_rows: list[IntervalRow] = []
+    queried_rows: list[IntervalRow] = []  # the same intervals with every window queried (no raw samples kept)
     floors: list[FloorRow] = []
     try:
         print(f"# Prometheus pid {prom.process.pid if prom.process else '?'} at {prom.url}", file=sys.stderr)
@@ -748,6 +770,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                 if n == max(sizes):
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
+                queried_rows.append(measure_queried(monitor, recorder, prom, n, args_intervals))
                 print(f"# N={n} per interval: Prometheus +{irow.prom_cpu:.2f} s CPU (ingest {irow.ingest_cpu:.2f} s), "
                       f"service {irow.service_cpu:.2f} s CPU, rounds {[round(w, 2) for w in irow.round_walls]} s, "
                       f"{irow.queries:.0f} queries, {irow.bytes_read / 1e6:.1f} MB; by job (queries, bytes) "
@@ -788,6 +811,15 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {r.ingest_cpu:.2f} s | {r.prom_cpu:.2f} s | {r.prom_cpu / r.ingest_cpu:.2f}x | "
               f"{r.service_cpu:.2f} s | {statistics.median(r.round_walls):.2f} s | {r.queries:.0f} | "
               f"{r.bytes_read / 1e6:.2f} MB | {r.wire_bytes / 1e6:.2f} MB | {r.rss:,.0f} MB |")
+    print("\nBaseline of the same run: the same intervals right after, with every window queried "
+          "(no raw samples kept: the design before them), and the ratios kept / queried:\n")
+    print("| N engines | queried: Prometheus extra CPU | service CPU | wall per round | queries | bytes read | "
+          "kept / queried: Prometheus | service | bytes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r, q in zip(interval_rows, queried_rows, strict=True):
+        print(f"| {r.n:,} | {q.prom_cpu:.2f} s | {q.service_cpu:.2f} s | {statistics.median(q.round_walls):.2f} s | "
+              f"{q.queries:.0f} | {q.bytes_read / 1e6:.2f} MB | {r.prom_cpu / q.prom_cpu:.2f} | "
+              f"{r.service_cpu / q.service_cpu:.2f} | {r.bytes_read / q.bytes_read:.2f} |")
     print("\nThe floor of any read-once design - every series the means-first round reads, read by Prometheus "
           "once (no buckets): an instant snapshot of all of them, or one evaluation of a per-pod rate[1m] recording "
           "rule per metric name; and the bucket series of the histograms whose tails the diagnosis judges or shows "
