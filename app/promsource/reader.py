@@ -5,7 +5,9 @@ every target of the source at once, through the client's bounded concurrency; th
 module only regroups the answers by target. Percentiles are then computed from the
 per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
 (:mod:`app.core.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
-Prometheus' own ``histogram_quantile`` answers over the same range.
+Prometheus' own ``histogram_quantile`` answers over the same range. With a
+:class:`~app.promsource.mirror.SampleMirror`, the jobs that read no bucket are answered from the
+raw samples it keeps instead, shaped as their queries' answers, and regrouped alike.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
 bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
@@ -107,7 +109,6 @@ class SourceTargets:
 #: misses a replica that lived between two steps). 10,080 points per replica over 28 d, a
 #: twentieth of what the period's bucket increases read; the answer is reused (app/promsource/slo.py).
 FIRST_SEEN_STEP = 240.0
-
 
 
 #: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
