@@ -131,7 +131,9 @@ class SampleMirror:
     def view(self, start: float, end: float, refresh: bool = True) -> Held | None:
         """The samples that answer ``[start, end]``, refreshing first (``refresh``) when ``end`` is
         more than ``lag`` after the last refresh; None for a window longer than the retention or
-        one that starts before the samples held, and once refused as too large."""
+        one that starts before the samples held, and once refused as too large. Without
+        ``refresh`` (a read of one target), only a window that ended by the last refresh: the
+        lag is for rounds that share a read, a window asked of one target ends when asked."""
         if self.refused or end - start > self.retention - OVERLAP:
             return None
         with self._lock:
@@ -145,7 +147,7 @@ class SampleMirror:
                     log.warning("the source's raw samples are too many to keep (%s): its rounds query instead",
                                 exc.message)
                     return None
-            if self.time is None or not end <= self.time + self.lag:
+            if self.time is None or not end <= self.time + (self.lag if refresh else 0.0):
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None

@@ -354,8 +354,9 @@ class SourceReader:
     def _mirrored(self, start: float, end: float, only: TargetKey | None, where: dict[str, str] | None,
                   keys: Collection[TargetKey] | None) -> tuple[Held, Wanted] | None:
         """The mirror's samples for a window read and which of its series the read takes (None:
-        every job is queried). A read of one target or service uses the samples held and never
-        refreshes them: a full read for one target would cost more than its queries."""
+        every job is queried). A read of one target or service never refreshes them (a full read
+        for one target would cost more than its queries) and takes them only for a window that
+        ended by their last read."""
         held = None if self.mirror is None else \
             self.mirror.view(start, end, refresh=only is None and where is None)
         return None if held is None else (held, wanted_by(self.target_labels, only, where, keys))

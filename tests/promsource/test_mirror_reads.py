@@ -73,3 +73,16 @@ def test_an_answer_too_large_turns_the_mirror_off() -> None:
     assert mirror.view(T0 - 60, T0) is None and "max_samples" in mirror.refused
     server.asked.clear()
     assert mirror.view(T0 - 60, T0 + 30) is None and server.asked == []  # not asked again
+
+
+def test_rounds_share_a_read_within_the_lag_and_one_target_never_lags() -> None:
+    server = Server({"up": [(T0 - 600 + 15 * k, 1.0) for k in range(50)]})
+    mirror = SampleMirror(server, [], ["namespace", "pod"], lag=20.0)
+    assert mirror.view(T0 - 60, T0) is not None
+    asked = len(server.asked)
+    shared = mirror.view(T0 + 15 - 60, T0 + 15)  # a round 15 s later: the same read, its window ending at it
+    assert shared is not None and shared.at == T0 and len(server.asked) == asked
+    assert mirror.view(T0 + 15 - 60, T0 + 15, refresh=False) is None  # one target's window: queried instead
+    one = mirror.view(T0 - 60, T0, refresh=False)
+    assert one is not None and one.at == T0
+    assert mirror.view(T0 + 25 - 60, T0 + 25) is not None and len(server.asked) == asked + 1  # past the lag
