@@ -128,16 +128,18 @@ class SampleMirror:
     def covers(self, start: float, end: float, refresh: bool = True) -> bool:
         return self.view(start, end, refresh) is not None
 
-    def view(self, start: float, end: float, refresh: bool = True) -> Held | None:
+    def view(self, start: float, end: float, refresh: bool = True, fresh: bool = False) -> Held | None:
         """The samples that answer ``[start, end]``, refreshing first (``refresh``) when ``end`` is
         more than ``lag`` after the last refresh; None for a window longer than the retention or
         one that starts before the samples held, and once refused as too large. Without
         ``refresh`` (a read of one target), only a window that ended by the last refresh: the
-        lag is for rounds that share a read, a window asked of one target ends when asked."""
+        lag is for rounds that share a read, a window asked of one target ends when asked.
+        ``fresh`` (the diagnosis round): no lag either, a refresh whenever ``end`` is past the last."""
         if self.refused or end - start > self.retention - OVERLAP:
             return None
+        lag = self.lag if refresh and not fresh else 0.0
         with self._lock:
-            if refresh and (self.time is None or end > self.time + self.lag):
+            if refresh and (self.time is None or end > self.time + lag):
                 try:
                     self._refresh(max(time.time(), end))
                 except PromAPIError as exc:
@@ -147,7 +149,7 @@ class SampleMirror:
                     log.warning("the source's raw samples are too many to keep (%s): its rounds query instead",
                                 exc.message)
                     return None
-            if self.time is None or not end <= self.time + (self.lag if refresh else 0.0):
+            if self.time is None or not end <= self.time + lag:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None

@@ -197,8 +197,8 @@ class SourceReader:
     def windows(self, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS, *,
                 only: TargetKey | None = None, where: dict[str, str] | None = None,
                 diagnosis: bool = False, histograms_only: bool = False, buckets: Collection[str] | None = None,
-                keys: Collection[TargetKey] | None = None, scalars: Collection[str] | None = None
-                ) -> dict[TargetKey, TargetWindow]:
+                keys: Collection[TargetKey] | None = None, scalars: Collection[str] | None = None,
+                fresh: bool = False) -> dict[TargetKey, TargetWindow]:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal (for ``only`` or
         ``where``, the instant ones in one request: :meth:`_combined`).
@@ -210,7 +210,8 @@ class SourceReader:
         the others are read means first, ``_sum`` and ``_count`` alone
         (:attr:`WindowHistogram.means_only`). ``keys``: only these targets (an empty collection
         reads nothing). ``scalars``: the gauge and counter signals to read (None: all, and the
-        per-rank loads); the ITL by running batch size is read with ``itl`` in ``signals``."""
+        per-rank loads); the ITL by running batch size is read with ``itl`` in ``signals``.
+        ``fresh``: from raw samples read up to ``end`` (the diagnosis round), never a shared read."""
         if keys is not None and not keys:
             return {}
         q = self._queries(only, where, keys)
@@ -254,7 +255,7 @@ class SourceReader:
                     self.refused.pop(signal or kind, None)
             return answer
 
-        mirrored = self._mirrored(start, end, only, where, keys)
+        mirrored = self._mirrored(start, end, only, where, keys, fresh)
         here = {i for i, (kind, signal, _) in enumerate(jobs) if mirrored is not None and
                 (kind in MIRRORED or (kind == "histogram" and signal in thin))}
         positions = [i for i in range(len(jobs)) if i not in here]  # of the jobs queried
@@ -352,13 +353,13 @@ class SourceReader:
         return out
 
     def _mirrored(self, start: float, end: float, only: TargetKey | None, where: dict[str, str] | None,
-                  keys: Collection[TargetKey] | None) -> tuple[Held, Wanted] | None:
+                  keys: Collection[TargetKey] | None, fresh: bool = False) -> tuple[Held, Wanted] | None:
         """The mirror's samples for a window read and which of its series the read takes (None:
         every job is queried). A read of one target or service never refreshes them (a full read
         for one target would cost more than its queries) and takes them only for a window that
         ended by their last read."""
         held = None if self.mirror is None else \
-            self.mirror.view(start, end, refresh=only is None and where is None)
+            self.mirror.view(start, end, refresh=only is None and where is None, fresh=fresh)
         return None if held is None else (held, wanted_by(self.target_labels, only, where, keys))
 
     def _combined(self, jobs: list[tuple[str, str, str]], run: Callable[[tuple[str, str, str]], Any], end: float
@@ -404,7 +405,7 @@ class SourceReader:
         the targets that need it; a :class:`~app.window.TailProbe` first asks :meth:`at_most`, for
         the targets it names at once. Every number read is the one a full read gives; a histogram
         whose buckets nobody needed keeps ``means_only`` (its mean and count exact, no quantile)."""
-        windows = self.windows(start, end, signals, diagnosis=True, buckets=())
+        windows = self.windows(start, end, signals, diagnosis=True, buckets=(), fresh=True)
         wanted: dict[str, set[TargetKey]] = defaultdict(set)
         probes: dict[TailProbe, set[TargetKey]] = defaultdict(set)
 

@@ -86,3 +86,14 @@ def test_rounds_share_a_read_within_the_lag_and_one_target_never_lags() -> None:
     one = mirror.view(T0 - 60, T0, refresh=False)
     assert one is not None and one.at == T0
     assert mirror.view(T0 + 25 - 60, T0 + 25) is not None and len(server.asked) == asked + 1  # past the lag
+
+
+def test_the_diagnosis_round_reads_what_is_new_and_the_others_share_it() -> None:
+    server = Server({"up": [(T0 - 600 + 15 * k, 1.0) for k in range(50)]})
+    mirror = SampleMirror(server, [], ["namespace", "pod"], lag=20.0)
+    assert mirror.view(T0 - 60, T0) is not None
+    asked = len(server.asked)
+    diagnosis = mirror.view(T0 + 15 - 60, T0 + 15, fresh=True)  # 15 s later: a read, its window to its end
+    assert diagnosis is not None and diagnosis.at == T0 + 15 and len(server.asked) == asked + 1
+    summaries = mirror.view(T0 + 30 - 300, T0 + 30)  # within the lag of it: shared
+    assert summaries is not None and summaries.at == T0 + 15 and len(server.asked) == asked + 1
