@@ -46,6 +46,7 @@ __all__ = [
     "select_range",
     "increase",
     "counter_over",
+    "divide",
     "extrapolate",
     "rate",
     "window_histogram",
@@ -87,6 +88,12 @@ def _go_div(a: float, b: float) -> float:
             return math.nan
         return math.copysign(math.inf, a) * math.copysign(1.0, b)
     return a / b
+
+
+def divide(a: float, b: float) -> float:
+    """PromQL's ``a / b`` between two samples: Go's float division (a zero divisor gives NaN or an
+    infinity, never an error)."""
+    return _go_div(a, b)
 
 
 def _go_sort_search(n: int, pred: Callable[[int], bool]) -> int:

@@ -306,7 +306,7 @@ class Held:
                     [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)],
                     sum, {}, (MODEL_LABEL, _rank(f)))} for part in ("sum", "count"))
                 tags = {STAT_LABEL: signal, FAMILY_LABEL: str(i)}
-                out += [VectorSample({**dict(labels), **tags}, _divide(total, counts[labels]))
+                out += [VectorSample({**dict(labels), **tags}, quantiles.divide(total, counts[labels]))
                         for labels, total in sums.items() if labels in counts]
         return out
 
@@ -316,18 +316,17 @@ class Held:
         increases and the mean running batch of each step."""
         first_ms, end_ms, step_ms = quantiles.to_millis(start + step), quantiles.to_millis(end), round(step * 1000)
         points: dict[frozenset[tuple[str, str]], list[tuple[float, float]]] = {}
-        for t_ms in range(first_ms, end_ms + 1, step_ms):
-            for i, f in enumerate(HISTOGRAM_FAMILIES["itl"]):
-                if f.engine == "tgi":
-                    continue
-                running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
-                by = (MODEL_LABEL, _rank(f))
-                parts = [("sum", [(h, _increase(h, t_ms - step_ms, t_ms, False))
-                                  for h in self._select(f, f.name + "_sum", wanted)]),
-                         ("count", [(h, _increase(h, t_ms - step_ms, t_ms, False))
-                                    for h in self._select(f, f.name + "_count", wanted)]),
-                         ("running", [(h, _over(h, t_ms - step_ms, t_ms, _mean))
-                                      for h in self._select(running, running.name, wanted)])]
+        for i, f in enumerate(HISTOGRAM_FAMILIES["itl"]):
+            if f.engine == "tgi":
+                continue
+            running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
+            by = (MODEL_LABEL, _rank(f))
+            sums, counts = self._select(f, f.name + "_sum", wanted), self._select(f, f.name + "_count", wanted)
+            batches = self._select(running, running.name, wanted)
+            for t_ms in range(first_ms, end_ms + 1, step_ms):
+                parts = [("sum", [(h, _increase(h, t_ms - step_ms, t_ms, False)) for h in sums]),
+                         ("count", [(h, _increase(h, t_ms - step_ms, t_ms, False)) for h in counts]),
+                         ("running", [(h, _over(h, t_ms - step_ms, t_ms, _mean)) for h in batches])]
                 for stat, per in parts:
                     for v in self._grouped(per, sum, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, by):
                         points.setdefault(frozenset(v.labels.items()), []).append((t_ms / 1000.0, v.value))
@@ -405,28 +404,10 @@ def _rank(family: Family) -> str:
     return "engine" if family.engine == "vllm" else "dp_rank"
 
 
-def _divide(a: float, b: float) -> float:
-    """PromQL's ``a / b`` (no error for a zero: NaN or an infinity)."""
-    if b == 0.0:
-        return math.nan if a == 0.0 or math.isnan(a) else math.copysign(math.inf, a)
-    return a / b
-
-
 def _increase(held: _Held, start_ms: int, end_ms: int, is_rate: bool) -> float | None:
-    """:func:`app.core.quantiles.counter_over` of the samples in the range, read in place."""
-    ts, values = held.ts, held.values
-    a, b = bisect_left(ts, start_ms), bisect_right(ts, end_ms)
-    if b - a < 2:
-        return None
-    first = prev = values[a]
-    result = values[b - 1] - first
-    for i in range(a + 1, b):  # rule 1: a value below the one before is a reset, counted from zero
-        value = values[i]
-        if value < prev:
-            result += prev
-        prev = value
-    return quantiles.extrapolate(result, first, ts[a], ts[b - 1], b - a, start_ms, end_ms, is_counter=True,
-                                 is_rate=is_rate)
+    """``increase`` (``is_rate``: ``rate``) of the series' samples in the range."""
+    a, b = held.span(start_ms, end_ms)
+    return quantiles.counter_over(held.ts[a:b], held.values[a:b], start_ms, end_ms, is_rate=is_rate)
 
 
 def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]], _T]) -> _T | None:
