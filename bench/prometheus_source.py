@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import math
 import multiprocessing as mp
@@ -554,15 +555,17 @@ class IntervalRow:
     wire_bytes: float  # per interval, as sent (gzip)
     rss: float  # MB, at the end
     overran: float  # seconds the work ran past its intervals (0 when it fits)
-    by_job: dict[str, tuple[float, float, float]]  # job -> (queries, bytes, Prometheus extra CPU) per interval
+    by_job: dict[str, tuple[float, ...]]  # job -> (queries, bytes, Prometheus extra CPU, service CPU) per interval
     calls: dict[str, list[tuple[str, tuple, float]]]  # job -> the queries it sent in the first interval
 
 
-def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int,
+                      profile: cProfile.Profile | None = None) -> IntervalRow:
     """``intervals`` diagnosis intervals of the service's periodic work at the default cadence
     (diagnosis every DIAGNOSIS_INTERVAL, summaries and alerts every SUMMARY_INTERVAL), driven
     here in the scheduler's order so that each interval holds exactly one of each; Prometheus'
-    process CPU over them minus its ingest CPU over an equally long quiet period just before."""
+    process CPU over them minus its ingest CPU over an equally long quiet period just before.
+    ``profile``: the jobs run under it (their CPU then includes the profiler's)."""
     span = intervals * DIAGNOSIS_INTERVAL
     source_client = recorder.client
     c0, q0 = prom.cpu(), time.monotonic()
@@ -572,18 +575,23 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
     queries0, bytes0, wire0 = source_client.queries, source_client.bytes_read, source_client.wire_bytes
     cpu0, prom0, t0 = time.process_time(), prom.cpu(), time.monotonic()
     ticks = int(DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL)
-    by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in ("diagnosis", "summaries", "alerts")}
+    by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0] for name in ("diagnosis", "summaries", "alerts")}
     calls: dict[str, list[tuple[str, tuple, float]]] = {name: [] for name in by_job}
 
     def job(name: str, fn: Callable[[], Any]) -> None:
-        q, b, c, t = source_client.queries, source_client.bytes_read, prom.cpu(), time.monotonic()
+        q, b, c = source_client.queries, source_client.bytes_read, prom.cpu()
+        t, own = time.monotonic(), time.process_time()
         recorder.take()
-        fn()
+        if profile is not None:
+            profile.runcall(fn)
+        else:
+            fn()
         if time.monotonic() - t0 < DIAGNOSIS_INTERVAL:
             calls[name] += recorder.take()
         by_job[name][0] += source_client.queries - q
         by_job[name][1] += source_client.bytes_read - b
         by_job[name][2] += prom.cpu() - c - ingest_rate * (time.monotonic() - t)
+        by_job[name][3] += time.process_time() - own
 
     for tick in range(intervals * ticks):
         time.sleep(max(0.0, t0 + tick * SUMMARY_INTERVAL - time.monotonic()))
@@ -601,8 +609,8 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
                        (time.process_time() - cpu0) / intervals, walls,
                        (source_client.queries - queries0) / intervals, (source_client.bytes_read - bytes0) / intervals,
                        (source_client.wire_bytes - wire0) / intervals,
-                       rss_mb(), elapsed - span, {k: (v[0] / intervals, v[1] / intervals, v[2] / intervals)
-                                                  for k, v in by_job.items()}, calls)
+                       rss_mb(), elapsed - span, {k: tuple(x / intervals for x in v) for k, v in by_job.items()},
+                       calls)
 
 
 def measure_queried(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
@@ -715,7 +723,7 @@ def median_time(fn: Callable[[], Any], times: int = 3) -> tuple[float, float, An
 
 
 def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: float, args_intervals: int,
-        healthy_share: float = 0.0) -> int:
+        healthy_share: float = 0.0, profile_to: Path | None = None) -> int:
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -764,7 +772,10 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                           f"{row.discovered} targets, verdicts {dict(row.verdicts)}", file=sys.stderr)
                     time.sleep(2.0)
                 recorder.take()
-                irow = measure_intervals(monitor, recorder, prom, n, args_intervals)
+                profile = cProfile.Profile() if profile_to is not None and n == max(sizes) else None
+                irow = measure_intervals(monitor, recorder, prom, n, args_intervals, profile)
+                if profile is not None and profile_to is not None:
+                    profile.dump_stats(profile_to)
                 recorder.take()
                 floors.append(measure_floor(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
                 if n == max(sizes):
@@ -833,9 +844,9 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {f.n:,} | {f.series:,} | {f.snapshot_cpu:.2f} s | {f.snapshot_bytes / 1e6:.2f} MB | "
               f"{f.rules_cpu:.2f} s | {f.bucket_series:,} | {f.bucket_cpu:.2f} s | {f.bucket_bytes / 1e6:.2f} MB | "
               f"{f.quantile_cpu:.2f} s | {f.quantile_bytes / 1e6:.2f} MB |")
-    print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU): " + "; ".join(
-        f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s"
-                                   for name, (q, b, c) in r.by_job.items()) for r in interval_rows))
+    print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU, service CPU): " + "; ".join(
+        f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s / {own:.2f} s"
+                                   for name, (q, b, c, own) in r.by_job.items()) for r in interval_rows))
     ns = [r.n for r in interval_rows]
     print(f"\nGrowth with N (least-squares fit of a * N^b over N = {', '.join(f'{n:,}' for n in ns)}) and a "
           f"**projection** to N = {PROJECT_TO:,} (extrapolated, not measured):\n")
@@ -914,6 +925,9 @@ def main() -> int:
                         help="diagnosis intervals measured per N (and as long a quiet period before)")
     parser.add_argument("--history-days", type=float, default=7.0,
                         help="days of engine-0 history and the latency API's window (7 in the table)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of the largest N's measured intervals to this file "
+                             "(the service's CPU column then includes the profiler's)")
     args = parser.parse_args()
     sizes = [10] if args.quick else sorted(int(s) for s in args.sizes.split(","))
     for binary in (PROMETHEUS, PROMTOOL):
@@ -934,7 +948,8 @@ def main() -> int:
             tmp = Path(tmp_name)
             port = parent.recv()
             print(f"# {len(SCENARIOS)} scenario replays served by pid {engines.pid} on port {port}", file=sys.stderr)
-            return run(tmp, port, sizes, replays, args.history_days, args.intervals, args.healthy_share)
+            return run(tmp, port, sizes, replays, args.history_days, args.intervals, args.healthy_share,
+                       args.profile)
     finally:
         engines.terminate()
         engines.join(30)

@@ -6,8 +6,11 @@ The reader (:mod:`app.promsource.reader`) turns each answer's series into window
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from app.core import quantiles
 from app.core.quantiles import WindowHistogram
 from app.promsource.queries import FAMILY_LABEL
 
@@ -67,3 +70,39 @@ def histogram(buckets: dict[str, float], means_only: bool = False) -> WindowHist
         count = bounds[-1][1] if bounds and bounds[-1][0] == math.inf else math.nan
     return WindowHistogram(tuple(b for b, _ in bounds), tuple(v for _, v in bounds), buckets.get("sum", math.nan),
                            count)
+
+
+@dataclass(frozen=True, slots=True)
+class Around:
+    """What a target's buckets around the thresholds tell (:meth:`app.promsource.reader.SourceReader._around`)."""
+
+    above: bool  # one of its quantiles may be above its threshold
+    histogram: WindowHistogram | None = None  # those buckets, where they tell every quantile exactly
+    upward: bool = False  # its buckets L and U are the layout's and a quantile lies above U
+
+
+def judge_around(h: WindowHistogram, total: float, limits: Sequence[tuple[float, float]],
+                 around: list[tuple[float | None, float]]) -> Around:
+    """:meth:`SourceReader._around` for one target: ``h`` holds its buckets ``L`` and ``U`` of each limit."""
+    at = {bound: value for bound, value in zip(h.bounds, h.increases, strict=True)}
+    if any((low is not None and low not in at) or up not in at for low, up in around):
+        return Around(True)  # this target's layout differs: read its buckets
+    above = False
+    for (q, threshold), (low, up) in zip(limits, around, strict=True):
+        rank = q * total
+        if low is not None and at[low] >= rank:
+            continue  # at or below L, at or below the threshold
+        if up == math.inf:
+            continue  # in +Inf: histogram_quantile gives L, at or below the threshold
+        if at[up] < rank or low == up:
+            return Around(True, upward=True)  # above U: its buckets from L up tell where
+        above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
+    return Around(above, h)
+
+
+def judge_histogram(h: WindowHistogram | None, limits: Sequence[tuple[float, float]]) -> Around | None:
+    """What one target's whole histogram tells: whether a quantile of ``limits`` lies above its
+    threshold (``histogram_quantile``'s own answer); None without an observation in the window."""
+    if h is None or not h.bounds or h.bounds[-1] != math.inf or not h.increases[-1] > 0:
+        return None
+    return Around(any(quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold for q, threshold in limits), h)

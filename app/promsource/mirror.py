@@ -1,12 +1,14 @@
-"""A source's means series, each sample read once: the raw samples since the last read.
+"""A source's means series and latency buckets, each sample read once: the raw samples since the last read.
 
 Every round of a source reads the same series over overlapping windows (the diagnosis' 60 s
-every 30 s, the summaries' 5 minutes every 15 s, the change events' 30 s), and what a query
-costs Prometheus grows with the series it touches and the functions it applies, not with
-the samples. A :class:`SampleMirror` keeps the raw samples of the series those rounds read
-that are not buckets - each histogram's ``_sum`` and ``_count``, the gauges, the counters and
-``up`` - for the longest such window; a refresh asks for those series' samples since the last
-refresh only (one plain range selector, ``{__name__=~"..."}[Δ]``), and the rounds' windows are
+every 30 s, the summaries' and the SLO alerts' 5 minutes every 15 s, the change events' 30 s),
+and what a query costs Prometheus grows with the series it touches and the functions it
+applies, not with the samples. A :class:`SampleMirror` keeps the raw samples of the series
+those rounds read every time - each histogram's ``_sum`` and ``_count``, the gauges, the
+counters, ``up``, and the buckets of :data:`HELD_BUCKETS` (TTFT and ITL: what the SLO alerts
+judge every round and the diagnosis' largest bucket reads) - for the longest such window; a
+refresh asks for those series' samples since the last refresh only (one plain range selector,
+``{__name__=~"..."}[Δ]``), and the rounds' windows are
 computed here from them, grouped as :class:`app.promsource.queries.SourceQueries`' queries
 group them, with the same per-series maths as Prometheus 2.42 (:mod:`app.core.quantiles`:
 ``increase``/``rate`` = ``extrapolatedRate``; the ``*_over_time`` functions), so the reader
@@ -59,6 +61,8 @@ TRIM_EVERY = 60.0
 #: the default ``lag`` of a running service: the rounds of one moment (diagnosis, summaries,
 #: alerts, change events) share a refresh
 SHARED_LAG = 20.0
+#: the histograms whose buckets a mirror keeps too (the others' buckets are queried where needed)
+HELD_BUCKETS = frozenset({"ttft", "itl"})
 
 _T = TypeVar("_T")
 Labels = dict[str, str]
@@ -73,6 +77,12 @@ def means_names() -> list[str]:
     names |= {f.name for families in (*GAUGE_FAMILIES.values(), *COUNTER_FAMILIES.values()) for f in families}
     names |= {f.positive for families in GAUGE_FAMILIES.values() for f in families if f.positive}
     return sorted(names | {tgi.KV_USED, tgi.KV_CAPACITY})
+
+
+def held_names() -> list[str]:
+    """Every metric name a mirror reads: :func:`means_names`, ``up`` and the buckets of :data:`HELD_BUCKETS`."""
+    buckets = {f.name + "_bucket" for signal in HELD_BUCKETS for f in HISTOGRAM_FAMILIES[signal]}
+    return sorted({*means_names(), "up", *buckets})
 
 
 class _Held(NamedTuple):
@@ -111,7 +121,7 @@ class SampleMirror:
         self.client = client
         self.target_labels = tuple(target_labels)
         self.lag, self.retention = lag, retention
-        inner = format_matchers([("__name__", "=~", any_of([*means_names(), "up"])), *matchers])
+        inner = format_matchers([("__name__", "=~", any_of(held_names())), *matchers])
         self.selector = "{" + inner + "}"
         self.time: float | None = None  # the evaluation time of the last refresh
         self.held_from = math.inf  # samples at or after this time are all held
@@ -217,10 +227,10 @@ class Held:
                 if (not family.matchers or all(h.labels.get(label, "") == value for label, _, value in family.matchers))
                 and wanted(h)]
 
-    def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float
-               ) -> list[VectorSample] | list[RangeSeries]:
+    def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
+               buckets: bool = False) -> list[VectorSample] | list[RangeSeries]:
         """The answer of a window read's job (kind, signal), shaped as its query's (``step``: the
-        ITL-by-batch split's)."""
+        ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :data:`HELD_BUCKETS`)."""
         kind, signal = job
         if kind == "ranks":
             return self.ranks(start, end, wanted)
@@ -229,19 +239,26 @@ class Held:
         if kind == "tgi_kv":
             return self.tgi_kv(start, end, wanted)
         if kind == "histogram":
-            return self.histogram_means(signal, start, end, wanted)
+            return self.histogram(signal, start, end, wanted, buckets)
         if kind == "gauge":
             return self.gauge(signal, start, end, wanted)
         if kind == "counter":
             return self.counter(signal, start, end, wanted)
         return self.scrapes(start, end, wanted) if kind == "scrapes" else self.restarts(start, end, wanted)
 
-    def histogram_means(self, signal: str, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
-        """:meth:`SourceQueries.histogram` with ``buckets=False``: per target and model the
-        ``increase`` of ``_sum`` (``le="sum"``) and of ``_count`` (``le="count"``)."""
+    def histogram(self, signal: str, start: float, end: float, wanted: Wanted, buckets: bool = False
+                  ) -> list[VectorSample]:
+        """:meth:`SourceQueries.histogram`: per target and model the ``increase`` of ``_sum``
+        (``le="sum"``), of ``_count`` (``le="count"``) and (``buckets``, a signal of
+        :data:`HELD_BUCKETS`) of every bucket, by ``le``."""
+        if buckets and signal not in HELD_BUCKETS:
+            raise ValueError(f"the buckets of {signal} are not held")
         start_ms, end_ms = _range(start, end)
         out = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
+            if buckets:
+                per = [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_bucket", wanted)]
+                out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, (MODEL_LABEL, "le"))
             for part in ("sum", "count"):
                 per = [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)]
                 out += self._grouped(per, sum, {"le": part, FAMILY_LABEL: str(i)}, True)

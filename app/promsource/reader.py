@@ -6,8 +6,9 @@ module only regroups the answers by target. Percentiles are then computed from t
 per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
 (:mod:`app.core.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
 Prometheus' own ``histogram_quantile`` answers over the same range. With a
-:class:`~app.promsource.mirror.SampleMirror`, the jobs that read no bucket are answered from the
-raw samples it keeps instead, shaped as their queries' answers, and regrouped alike.
+:class:`~app.promsource.mirror.SampleMirror`, the jobs that read no bucket, or only buckets it
+holds, are answered from the raw samples it keeps instead, shaped as their queries' answers,
+and regrouped alike.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
 bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
@@ -32,13 +33,14 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector
+from app.promsource.answers import Around, judge_around, judge_histogram
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family
 from app.promsource.answers import first_family as _first_family
 from app.promsource.answers import histogram as _histogram
 from app.promsource.answers import rescaled as _rescaled
 from app.promsource.answers import valid_le as _valid_le
-from app.promsource.mirror import MIRRORED, Held, SampleMirror, Wanted, wanted_by
+from app.promsource.mirror import HELD_BUCKETS, MIRRORED, Held, SampleMirror, Wanted, wanted_by
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -121,15 +123,6 @@ BAD_SERIES_REASONS = {
 
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
     return tuple([labels.get(name, "") for name in target_labels])
-
-
-@dataclass(frozen=True, slots=True)
-class Around:
-    """What a target's buckets around the thresholds tell (:meth:`SourceReader._around`)."""
-
-    above: bool  # one of its quantiles may be above its threshold
-    histogram: WindowHistogram | None = None  # those buckets, where they tell every quantile exactly
-    upward: bool = False  # its buckets L and U are the layout's and a quantile lies above U
 
 
 class SourceReader:
@@ -257,13 +250,14 @@ class SourceReader:
 
         mirrored = self._mirrored(start, end, only, where, keys, fresh)
         here = {i for i, (kind, signal, _) in enumerate(jobs) if mirrored is not None and
-                (kind in MIRRORED or (kind == "histogram" and signal in thin))}
+                (kind in MIRRORED or (kind == "histogram" and (signal in thin or signal in HELD_BUCKETS)))}
         positions = [i for i in range(len(jobs)) if i not in here]  # of the jobs queried
         asked = [jobs[i] for i in positions]
         queried = self._combined(asked, run, end) if only is not None or where is not None else \
             self.client.map_as_completed(run, asked)
         at = end if mirrored is None else mirrored[0].at  # a window within the mirror's lag ends at its refresh
-        answers = itertools.chain(((i, QueryResult(mirrored[0].answer(jobs[i][:2], at - w, at, mirrored[1], step), []))
+        answers = itertools.chain(((i, QueryResult(mirrored[0].answer(jobs[i][:2], at - w, at, mirrored[1], step,
+                                                                      buckets=jobs[i][1] not in thin), []))
                                    for i in sorted(here) if mirrored is not None),
                                   ((positions[n], answer) for n, answer in queried))
         out: dict[TargetKey, TargetWindow] = {}
@@ -428,9 +422,14 @@ class SourceReader:
         self.buckets_read = {signal: len(keys) for signal, keys in jobs}
         if not jobs:
             return windows
+        held = self._mirrored(start, end, None, None, None, fresh=True)  # the view the means came from
 
         def run(job: tuple[str, list[TargetKey]]) -> Any:
             signal, keys = job
+            if held is not None and signal in HELD_BUCKETS:
+                at = held[0].at
+                return QueryResult(held[0].histogram(signal, at - (end - start), at,
+                                                     wanted_by(self.target_labels, None, None, keys), buckets=True), [])
             try:
                 return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
             except PromAPIError as exc:
@@ -481,14 +480,17 @@ class SourceReader:
         """Per signal: every target's histogram increase over ``[start, end]`` per model, one query
         per signal for all targets at once (what an SLO condition reads). ``above``: signal ->
         (quantile, threshold) pairs of which the caller keeps only the targets whose quantile is
-        above the threshold and reads only those quantiles: the buckets around the thresholds
+        above the threshold and reads only those quantiles (a signal whose buckets the mirror
+        holds is answered from them in full, every target's): the buckets around the thresholds
         come first (:meth:`_around`); a target at or below every threshold is left out, one they
         tell exactly keeps those buckets (all models summed, under model ``""``), and only the
         others' buckets are read: from ``L`` up where the target's ``L`` and ``U`` are its
         family's and a quantile lies above ``U`` (:meth:`_les_below`: the histograms then hold
         the buckets from ``L`` up, exact for those quantiles), in full where its layout differs."""
         asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
-        around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s)}
+        held = self._mirrored(start, end, None, None, None)
+        mine = {s for s in asked if held is not None and s in HELD_BUCKETS}  # every bucket from the samples held
+        around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s) and s not in mine}
 
         # per signal, the reads: (targets (None: all), le values not read), one query each
         jobs: list[tuple[str, set[TargetKey] | None, dict[int, str] | None]] = []
@@ -505,6 +507,9 @@ class SourceReader:
 
         def read(job: tuple[str, set[TargetKey] | None, dict[int, str] | None]) -> Any:
             signal, keys, skip = job
+            if held is not None and signal in mine:
+                at = held[0].at
+                return QueryResult(held[0].histogram(signal, at - (end - start), at, held[1], buckets=True), [])
             return self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
                                      end)
 
@@ -539,7 +544,11 @@ class SourceReader:
         and an extrapolated ``increase`` grows with the counter's first value and its rise, both
         of which grow with the bound), so Prometheus' monotonicity fix changes nothing. ``keys``:
         only these targets; a family whose layout is not known yet makes its targets "may be
-        above", with no histogram; None: no layout is known."""
+        above", with no histogram; None: no layout is known. A signal whose buckets the mirror
+        holds is judged from them all, each target's quantiles computed."""
+        held = self._mirrored(start, end, None, None, keys) if signal in HELD_BUCKETS else None
+        if held is not None:
+            return self._judged(signal, held[0], start, end, held[1], limits)
         families = HISTOGRAM_FAMILIES[signal]
         layouts = [self._layout(signal, i) for i in range(len(families))]
         if all(layout is None for layout in layouts):
@@ -589,27 +598,21 @@ class SourceReader:
             total = h.increases[-1] if h.bounds and h.bounds[-1] == math.inf else math.nan
             if not total > 0:
                 continue  # no observation in the window: no quantile
-            out[key] = self._judge(h, total, limits, around[chosen_family[key]])
+            out[key] = judge_around(h, total, limits, around[chosen_family[key]])
         return out
 
-    @staticmethod
-    def _judge(h: WindowHistogram, total: float, limits: Sequence[tuple[float, float]],
-               around: list[tuple[float | None, float]]) -> Around:
-        """:meth:`_around` for one target: ``h`` holds its buckets ``L`` and ``U`` of each limit."""
-        at = {bound: value for bound, value in zip(h.bounds, h.increases, strict=True)}
-        if any((low is not None and low not in at) or up not in at for low, up in around):
-            return Around(True)  # this target's layout differs: read its buckets
-        above = False
-        for (q, threshold), (low, up) in zip(limits, around, strict=True):
-            rank = q * total
-            if low is not None and at[low] >= rank:
-                continue  # at or below L, at or below the threshold
-            if up == math.inf:
-                continue  # in +Inf: histogram_quantile gives L, at or below the threshold
-            if at[up] < rank or low == up:
-                return Around(True, upward=True)  # above U: its buckets from L up tell where
-            above = above or quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold
-        return Around(above, h)
+    def _judged(self, signal: str, held: Held, start: float, end: float, wanted: Wanted,
+                limits: Sequence[tuple[float, float]]) -> dict[TargetKey, Around]:
+        """:meth:`_around` from every bucket the mirror holds: each target's histogram (all models
+        summed) over the window as the view has it, and whether a quantile of ``limits`` is above
+        its threshold."""
+        data = held.histogram(signal, held.at - (end - start), held.at, wanted, buckets=True)
+        out = {}
+        for key, per_model in self._pick(data, "le", signal, None, histogram=True).items():
+            found = judge_histogram(quantiles.merge(_histogram(per_model[name]) for name in sorted(per_model)), limits)
+            if found is not None:
+                out[key] = found
+        return out
 
     def _les_at(self, signal: str, threshold: float) -> dict[int, str]:
         """Per candidate family whose layout is known and has a bucket at ``threshold`` (in

@@ -39,7 +39,7 @@ class SourceStatus:
     # live replicas that lack a value of one of service_labels (in no service), and per label how many
     unlabelled: int = 0
     unlabelled_by_label: dict[str, int] = field(default_factory=dict)
-    # the raw samples kept of its means series (app.promsource.mirror): how many series, when last
+    # the raw samples kept of its means series and TTFT/ITL buckets (app.promsource.mirror): how many series, when last
     # read, and why none are kept when its rounds query instead
     held_series: int = 0
     held_refreshed_at: float | None = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import pytest
 from app import latency
 from app.api.disaggregation import add_disaggregation
 from app.core import quantiles
+from app.core.quantiles import WindowHistogram
 from app.core.thresholds import Thresholds
 from app.diagnosis import engine as diagnosis_engine
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
@@ -829,3 +831,69 @@ def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
         expected, got = _numbers(window), _numbers(lean[key])
         assert expected.keys() == got.keys() and all(
             math.isclose(got[k], v, rel_tol=1e-9, abs_tol=1e-12) for k, v in expected.items()), key
+
+
+def _same_histogram(got: WindowHistogram | None, expected: WindowHistogram | None) -> bool:
+    """Two window histograms agree: the same bounds, every increase, sum and count to 1e-9."""
+    if got is None or expected is None:
+        return got is expected
+    return got.bounds == expected.bounds and got.means_only == expected.means_only and all(
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        for a, b in zip((*got.increases, got.sum, got.count), (*expected.increases, expected.sum, expected.count),
+                        strict=True))
+
+
+def test_the_buckets_held_give_the_queries_histograms(matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
+    """The TTFT and ITL buckets the mirror holds (``HELD_BUCKETS``) give every case's histograms
+    as Prometheus' ``increase`` does, to 1e-9: in a window read (the other histograms' buckets
+    still queried), in the SLO alerts' 5-minute read (every target's, with no query; the targets
+    the buckets around the thresholds keep have the same quantiles) and in the stall probe (the
+    same targets)."""
+    cases, client = matrix
+    queried = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
+    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0)
+    end = max(case.end for case in cases.values()) - 30.0
+    full = queried.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    lean = mirrored.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    assert lean.keys() == full.keys() and len(full) == len(cases)
+    compared = Counter[str]()
+    for key, window in full.items():
+        assert lean[key].models.keys() == window.models.keys(), key
+        for name, m in window.models.items():
+            got = lean[key].models[name].histograms
+            assert got.keys() == m.histograms.keys(), (key, name)
+            for signal, h in m.histograms.items():
+                assert _same_histogram(got[signal], h), (key, name, signal, got[signal], h)
+                compared[signal] += len(h.bounds) if h is not None else 0
+    assert compared["ttft"] > 100 and compared["itl"] > 100 and compared["prefill_time"] > 100, compared
+
+    # the SLO alerts' read: every target's TTFT and ITL from the samples held, no query
+    limits = {"ttft": [(0.99, 2.0)], "itl": [(0.99, 0.15)]}
+    before = client.queries
+    held = mirrored.histograms(["ttft", "itl"], end - 300.0, end, limits)
+    assert client.queries == before
+    every = queried.histograms(["ttft", "itl"], end - 300.0, end)
+    kept = queried.histograms(["ttft", "itl"], end - 300.0, end, limits)
+    for signal, (q, threshold) in ((s, limit[0]) for s, limit in limits.items()):
+        assert held[signal].keys() == every[signal].keys() and len(every[signal]) > 10, signal
+        for key, per_model in every[signal].items():
+            assert per_model.keys() == held[signal][key].keys(), (signal, key)
+            assert all(_same_histogram(held[signal][key][m], h) for m, h in per_model.items()), (signal, key)
+        above = set()
+        for key, per_model in held[signal].items():
+            merged = quantiles.merge(per_model[m] for m in sorted(per_model))
+            assert merged is not None
+            value = quantiles.histogram_quantile(q, merged.bounds, merged.increases)
+            if value > threshold:
+                above.add(key)
+                mine = quantiles.merge(kept[signal][key][m] for m in sorted(kept[signal][key]))
+                assert mine is not None
+                assert math.isclose(quantiles.histogram_quantile(q, mine.bounds, mine.increases), value,
+                                    rel_tol=1e-9), (signal, key)
+        assert above == set(kept[signal]) and 0 < len(above) < len(cases), (signal, above)
+
+    # the stall probe: the targets whose ITL may stall are the ones the buckets around the bounds tell
+    probe = [(1.0, 0.5), (0.99, 0.05)]
+    for keys in (None, set(list(full)[:5])):
+        assert mirrored.at_most("itl", end - WINDOW_S, end, probe, keys) == \
+            queried.at_most("itl", end - WINDOW_S, end, probe, keys)
