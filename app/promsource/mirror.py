@@ -45,6 +45,7 @@ from app.promsource.queries import (
     prom_duration,
 )
 from app.sources import tgi
+from app.vectors import any_decrease
 from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
 
 log = logging.getLogger(__name__)
@@ -94,23 +95,39 @@ class _Held(NamedTuple):
     values: array
     target: tuple[str, ...]  # its values of the source's target labels
     group: tuple[str, ...]  # of the target labels and the model label: what most queries group by
+    le: str  # a bucket's bound ("" for a series that is not a bucket)
 
     @property
     def labels(self) -> Labels:
         return dict(self.pairs)
 
-    def key(self, by: tuple[str, ...], target_labels: tuple[str, ...]) -> tuple[str, ...]:
-        """Its values of the labels ``by`` (the target labels, then the model label, first)."""
-        if by == target_labels:
-            return self.target
-        if len(by) == len(self.group) and by[len(target_labels):] == (MODEL_LABEL,):
-            return self.group
-        labels = self.labels
-        return tuple([labels.get(label, "") for label in by])
-
     def span(self, start_ms: int, end_ms: int) -> tuple[int, int]:
         """The indexes of the samples in the closed range ``[start_ms, end_ms]`` (a 2.x range selector)."""
         return bisect_left(self.ts, start_ms), bisect_right(self.ts, end_ms)
+
+
+def _key_reader(by: tuple[str, ...], target_labels: tuple[str, ...]) -> Callable[[_Held], tuple[str, ...]]:
+    """How a series' values of the labels ``by`` (the target labels first, then the model label,
+    then ``le``) are read: worked out once per grouping, not once per series."""
+    if by == target_labels:
+        return _target
+    if by[len(target_labels):] == (MODEL_LABEL,):
+        return _group
+    if by[len(target_labels):] == (MODEL_LABEL, "le"):
+        return _bucket
+    return lambda held: tuple([held.labels.get(label, "") for label in by])
+
+
+def _target(held: _Held) -> tuple[str, ...]:
+    return held.target
+
+
+def _group(held: _Held) -> tuple[str, ...]:
+    return held.group
+
+
+def _bucket(held: _Held) -> tuple[str, ...]:
+    return (*held.group, held.le)
 
 
 class SampleMirror:
@@ -128,6 +145,7 @@ class SampleMirror:
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
         self.refreshes = 0
         self._series: dict[str, dict[tuple[tuple[str, str], ...], _Held]] = {}
+        self._answers: dict[tuple, list] = {}  # the answers for every target computed since the last refresh
         self._trimmed_at = -math.inf
         self._lock = threading.Lock()
 
@@ -163,7 +181,7 @@ class SampleMirror:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None
-            return Held(self._series, self.target_labels, min(end, self.time))
+            return Held(self._series, self.target_labels, min(end, self.time), self._answers)
 
     def _merge(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], data: Sequence[RangeSeries]
                ) -> None:
@@ -177,7 +195,7 @@ class SampleMirror:
             last = held.ts[-1] if held is not None and len(held.ts) else -1
             ts, values = array("q"), array("d")
             for t, v in read.points:
-                ms = quantiles.to_millis(t)
+                ms = int(round(t * 1000.0))  # quantiles.to_millis, inlined: once per sample held
                 if ms > last:
                     ts.append(ms)
                     values.append(v)
@@ -186,7 +204,7 @@ class SampleMirror:
                 continue
             if held is None:
                 by_key[key] = _Held(key, ts, values, tuple([labels.get(n, "") for n in self.target_labels]),
-                                    tuple([labels.get(n, "") for n in by_model]))
+                                    tuple([labels.get(n, "") for n in by_model]), labels.get("le", ""))
             else:
                 by_key[key] = held._replace(ts=held.ts + ts, values=held.values + values)
 
@@ -208,7 +226,7 @@ class SampleMirror:
         held_from = since if fresh else max(self.held_from, now - self.retention)
         if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
             series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
-        self._series = series
+        self._series, self._answers = series, {}
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
 
 
@@ -217,10 +235,13 @@ class Held:
     one), answering a window read's jobs as their queries would."""
 
     def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...],
-                 at: float) -> None:
+                 at: float, answers: dict[tuple, list] | None = None) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
-        is earlier (a window within the lag is the server's answer at the refresh, not short of it)."""
+        is earlier (a window within the lag is the server's answer at the refresh, not short of it).
+        ``answers``: the answers for every target already computed from these samples (the rounds
+        that share a refresh ask the same windows: the summaries' and the SLO alerts' every 15 s)."""
         self.series, self.target_labels, self.at = series, target_labels, at
+        self.answers = {} if answers is None else answers
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
         return [h for h in self.series.get(name, {}).values()
@@ -230,7 +251,18 @@ class Held:
     def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
                buckets: bool = False) -> list[VectorSample] | list[RangeSeries]:
         """The answer of a window read's job (kind, signal), shaped as its query's (``step``: the
-        ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :data:`HELD_BUCKETS`)."""
+        ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :data:`HELD_BUCKETS`).
+        An answer for every target is computed once per refresh (the callers only read it)."""
+        if wanted is not every:
+            return self._answer(job, start, end, wanted, step, buckets)
+        key = (job, start, end, step, buckets)
+        found = self.answers.get(key)
+        if found is None:
+            found = self.answers[key] = self._answer(job, start, end, wanted, step, buckets)
+        return found
+
+    def _answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
+                buckets: bool) -> list[VectorSample] | list[RangeSeries]:
         kind, signal = job
         if kind == "ranks":
             return self.ranks(start, end, wanted)
@@ -257,10 +289,10 @@ class Held:
         out = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
             if buckets:
-                per = [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_bucket", wanted)]
+                per = _increases(self._select(f, f"{f.name}_bucket", wanted), start_ms, end_ms, False)
                 out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, (MODEL_LABEL, "le"))
             for part in ("sum", "count"):
-                per = [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)]
+                per = _increases(self._select(f, f"{f.name}_{part}", wanted), start_ms, end_ms, False)
                 out += self._grouped(per, sum, {"le": part, FAMILY_LABEL: str(i)}, True)
         return out
 
@@ -287,7 +319,7 @@ class Held:
         start_ms, end_ms = _range(start, end)
         out = []
         for i, f in enumerate(COUNTER_FAMILIES[signal]):
-            per = [(h, _increase(h, start_ms, end_ms, True)) for h in self._select(f, f.name, wanted)]
+            per = _increases(self._select(f, f.name, wanted), start_ms, end_ms, True)
             out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, True)
         return out
 
@@ -320,7 +352,7 @@ class Held:
                 if f.engine == "tgi":
                     continue
                 sums, counts = ({frozenset(v.labels.items()): v.value for v in self._grouped(
-                    [(h, _increase(h, start_ms, end_ms, False)) for h in self._select(f, f"{f.name}_{part}", wanted)],
+                    _increases(self._select(f, f"{f.name}_{part}", wanted), start_ms, end_ms, False),
                     sum, {}, (MODEL_LABEL, _rank(f)))} for part in ("sum", "count"))
                 tags = {STAT_LABEL: signal, FAMILY_LABEL: str(i)}
                 out += [VectorSample({**dict(labels), **tags}, quantiles.divide(total, counts[labels]))
@@ -341,8 +373,8 @@ class Held:
             sums, counts = self._select(f, f.name + "_sum", wanted), self._select(f, f.name + "_count", wanted)
             batches = self._select(running, running.name, wanted)
             for t_ms in range(first_ms, end_ms + 1, step_ms):
-                parts = [("sum", [(h, _increase(h, t_ms - step_ms, t_ms, False)) for h in sums]),
-                         ("count", [(h, _increase(h, t_ms - step_ms, t_ms, False)) for h in counts]),
+                parts = [("sum", _increases(sums, t_ms - step_ms, t_ms, False)),
+                         ("count", _increases(counts, t_ms - step_ms, t_ms, False)),
                          ("running", [(h, _over(h, t_ms - step_ms, t_ms, _mean)) for h in batches])]
                 for stat, per in parts:
                     for v in self._grouped(per, sum, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, by):
@@ -368,9 +400,10 @@ class Held:
         more = (MODEL_LABEL,) if extra is True else () if extra is False else extra
         by = tuple(dict.fromkeys((*self.target_labels, *more)))
         groups: dict[tuple[str, ...], list[float]] = {}
+        key_of = _key_reader(by, self.target_labels)
         for held, found in per:
             if found is not None:
-                groups.setdefault(held.key(by, self.target_labels), []).append(found)
+                groups.setdefault(key_of(held), []).append(found)
         out = []
         for key, values in groups.items():
             labels = dict(tags)
@@ -407,7 +440,12 @@ def wanted_by(target_labels: Sequence[str], only: tuple[str, ...] | None, where:
     if keys is not None:
         chosen = set(keys)
         return lambda held: held.target in chosen
-    return lambda held: True
+    return every
+
+
+def every(held: _Held) -> bool:
+    """Every series held (a read of every target)."""
+    return True
 
 
 def _range(start: float, end: float) -> tuple[int, int]:
@@ -421,10 +459,38 @@ def _rank(family: Family) -> str:
     return "engine" if family.engine == "vllm" else "dp_rank"
 
 
-def _increase(held: _Held, start_ms: int, end_ms: int, is_rate: bool) -> float | None:
-    """``increase`` (``is_rate``: ``rate``) of the series' samples in the range."""
-    a, b = held.span(start_ms, end_ms)
-    return quantiles.counter_over(held.ts[a:b], held.values[a:b], start_ms, end_ms, is_rate=is_rate)
+def _increases(helds: Sequence[_Held], start_ms: int, end_ms: int, is_rate: bool) -> list[tuple[_Held, float | None]]:
+    """Each series' ``increase`` (``is_rate``: ``rate``) over the range, as
+    :func:`quantiles.counter_over` gives it: the counter resets' correction per series, the
+    extrapolation once per first and last timestamp and sample count (a histogram's series are
+    sampled at the same instants: one factor for all of them, :func:`quantiles.extrapolate_all`)."""
+    out: list[tuple[_Held, float | None]] = []
+    # (first ms, last ms, samples) -> the positions in `out`, the reset-corrected results, the first values
+    batches: dict[tuple[int, int, int], tuple[list[int], list[float], list[float]]] = {}
+    for held in helds:
+        a, b = held.span(start_ms, end_ms)
+        out.append((held, None))
+        if b - a < 2:
+            continue  # no sample from Prometheus either
+        values = held.values[a:b]
+        first = values[0]
+        result = values[-1] - first
+        if any_decrease(values):  # a counter reset: Prometheus adds the value before it
+            prev = first
+            for v in values[1:]:
+                if v < prev:
+                    result += prev
+                prev = v
+        positions, results, firsts = batches.setdefault((held.ts[a], held.ts[b - 1], b - a), ([], [], []))
+        positions.append(len(out) - 1)
+        results.append(result)
+        firsts.append(first)
+    for (first_ms, last_ms, n), (positions, results, firsts) in batches.items():
+        found = quantiles.extrapolate_all(results, firsts, first_ms, last_ms, n, start_ms, end_ms, is_counter=True,
+                                          is_rate=is_rate)
+        for position, value in zip(positions, found, strict=True):
+            out[position] = (out[position][0], value)
+    return out
 
 
 def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]], _T]) -> _T | None:

@@ -26,7 +26,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from app.core import quantiles
 from app.core.quantiles import WindowHistogram
@@ -427,9 +427,9 @@ class SourceReader:
         def run(job: tuple[str, list[TargetKey]]) -> Any:
             signal, keys = job
             if held is not None and signal in HELD_BUCKETS:
-                at = held[0].at
-                return QueryResult(held[0].histogram(signal, at - (end - start), at,
-                                                     wanted_by(self.target_labels, None, None, keys), buckets=True), [])
+                at, mine = held[0].at, wanted_by(self.target_labels, None, None, keys)
+                data = held[0].answer(("histogram", signal), at - (end - start), at, mine, 0.0, buckets=True)
+                return QueryResult(data, [])
             try:
                 return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
             except PromAPIError as exc:
@@ -509,7 +509,8 @@ class SourceReader:
             signal, keys, skip = job
             if held is not None and signal in mine:
                 at = held[0].at
-                return QueryResult(held[0].histogram(signal, at - (end - start), at, held[1], buckets=True), [])
+                return QueryResult(held[0].answer(("histogram", signal), at - (end - start), at, held[1], 0.0,
+                                                  buckets=True), [])
             return self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
                                      end)
 
@@ -606,7 +607,8 @@ class SourceReader:
         """:meth:`_around` from every bucket the mirror holds: each target's histogram (all models
         summed) over the window as the view has it, and whether a quantile of ``limits`` is above
         its threshold."""
-        data = held.histogram(signal, held.at - (end - start), held.at, wanted, buckets=True)
+        data = cast(list[VectorSample], held.answer(("histogram", signal), held.at - (end - start), held.at, wanted,
+                                                    0.0, buckets=True))
         out = {}
         for key, per_model in self._pick(data, "le", signal, None, histogram=True).items():
             found = judge_histogram(quantiles.merge(_histogram(per_model[name]) for name in sorted(per_model)), limits)
