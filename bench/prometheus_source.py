@@ -563,11 +563,16 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
                       profile: cProfile.Profile | None = None) -> IntervalRow:
     """``intervals`` diagnosis intervals of the service's periodic work at the default cadence
     (diagnosis every DIAGNOSIS_INTERVAL, summaries and alerts every SUMMARY_INTERVAL), driven
-    here in the scheduler's order so that each interval holds exactly one of each; Prometheus'
-    process CPU over them minus its ingest CPU over an equally long quiet period just before.
+    here in the scheduler's order so that each interval holds exactly one of each, after one
+    summary and alert round; Prometheus' process CPU over them minus its ingest CPU over an
+    equally long quiet period just before.
     ``profile``: the jobs run under it (their CPU then includes the profiler's)."""
     span = intervals * DIAGNOSIS_INTERVAL
     source_client = recorder.client
+    # a service that has been running: its first summary and alert rounds (which create every
+    # gauge and alert row) are not a periodic cost
+    monitor.refresh_summaries()
+    monitor.evaluate_alerts()
     c0, q0 = prom.cpu(), time.monotonic()
     time.sleep(span)
     ingest_rate = (prom.cpu() - c0) / (time.monotonic() - q0)

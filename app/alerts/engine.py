@@ -286,9 +286,10 @@ def evaluate(session: Session, config: AlertsConfig, receivers: list[ReceiverCon
             if not (row.labels.get("slo") and row.labels.get("target") in held)
             and not (row.alertname == SLO_BURN and (row.labels.get("slo"), row.labels.get("target")) in unevaluated)}
     fired: list[tuple[AlertRow, Condition]] = []  # the alerts that start firing in this round
+    known = alert_repository.get_alerts(session, sorted(fp for fp in conditions if fp not in rows))
     for fp, cond in conditions.items():
         gk = group_key({k: cond.labels.get(k, "") for k in config.group_by})
-        row = rows.get(fp) or alert_repository.get_alert(session, fp)
+        row = rows.get(fp) or known.get(fp)
         if row is None or row.state == "resolved":
             row = alert_repository.start_alert(session, row, fp, cond.labels, cond.annotations, gk, now, cond.value)
         else:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from app.alerts import repository as alert_repository
 from app.alerts.delivery import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
@@ -265,3 +266,37 @@ def test_the_notification_log_forgets_groups_with_nothing_firing_once_group_inte
         h.down("a")
         assert h.at(3 * 3600 + 40) == {"oncall": [("firing", [("a", "firing")])]}  # a group never told: at once
         assert logs() == {"a": (1, 3 * 3600 + 40)}
+
+
+def test_alerts_that_start_together_are_read_together_and_a_resolved_one_starts_a_new_episode(
+        migrated_url: str, tmp_path: Path) -> None:
+    """25 targets go down in one round: their alerts are looked up in one query, not one each
+    (a fleet-wide incident is when the round must stay quick); resolved and down again, each
+    alert starts a new episode in its own row (same fingerprint, new ``startsAt``)."""
+    names = [f"t{i:02d}" for i in range(25)]
+    with alerting(migrated_url, tmp_path, {name: {} for name in names}, {"oncall": {}}, group_by=["alertname"]) as h:
+        engine = h.svc.monitor.sessions.kw["bind"]
+        statements: list[str] = []
+
+        def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+            statements.append(" ".join(statement.split()))
+
+        h.down(*names)
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            h.evaluate(0)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        by_fingerprint = [s for s in statements if s.startswith("SELECT") and "FROM alerts WHERE alerts.fingerprint" in s]
+        assert len(by_fingerprint) == 1, by_fingerprint  # one IN (...) for the 25, not 25 lookups
+        h.deliver(0)
+        first = h.alerts()
+        assert sorted(first) == names and {a["state"] for a in first.values()} == {"firing"}
+        h.up(*names)
+        h.at(30)
+        assert {a["state"] for a in h.alerts().values()} == {"resolved"}
+        h.down(*names)
+        assert h.at(60)["oncall"] == [("firing", [(name, "firing") for name in names])]
+        again = h.alerts()
+    assert {name: a["fingerprint"] for name, a in again.items()} == {name: a["fingerprint"] for name, a in first.items()}
+    assert {a["startsAt"] for a in again.values()} == {h.ts(60)} and {a["startsAt"] for a in first.values()} == {h.ts(0)}

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.promql.client import PromAPIError, PrometheusClient
+from app.promql.client import STREAM_FROM_BYTES, PromAPIError, PrometheusClient
 from app.promsource.queries import FAMILY_LABEL, MODEL_LABEL
 from app.promsource.reader import SourceReader
 from tests.promapi.local_api import Answer, LocalAPI, Received
@@ -102,3 +102,29 @@ def test_a_round_goes_on_without_a_refused_answer() -> None:
     good = windows[("llm", "good")].overall
     assert "ttft" not in good.histograms and good.histograms["itl"].count == 50.0
     assert reader.refused == {"ttft": "the answer holds more than 20 series (max_series)"}
+
+
+def test_a_large_answers_warnings_are_read_wherever_they_are_written() -> None:
+    """An answer past STREAM_FROM_BYTES is decoded one series at a time; its warnings (Thanos'
+    and Mimir's partial answers say so there) are read after the data, also when the key is
+    written with a JSON escape, and a body without the key has none."""
+    series = _vector(60_000, pad=40)
+    assert len(series) > STREAM_FROM_BYTES
+    bodies = {"none": series,
+              "after": series[:-1] + b',"warnings":["partial: store eu-1 is down"]}',
+              "escaped": series[:-1] + b',"\\u0077arnings":["partial: store eu-2 is down"]}',
+              "before": b'{"status":"success","warnings":["partial: 1 of 3 stores"],' + series[len(b'{"status":"success",'):]}
+
+    def answer(request: Received) -> Answer:
+        return Answer(body=bodies[request.params["query"][0]])
+
+    with LocalAPI(answer) as api:
+        client = PrometheusClient(api.url, timeout=60)
+        try:
+            found = {name: client.query(name, 1800000000) for name in bodies}
+        finally:
+            client.close()
+    assert {name: len(result.data) for name, result in found.items()} == dict.fromkeys(bodies, 60_000)
+    assert {name: result.warnings for name, result in found.items()} == {
+        "none": [], "after": ["partial: store eu-1 is down"], "escaped": ["partial: store eu-2 is down"],
+        "before": ["partial: 1 of 3 stores"]}
