@@ -96,6 +96,55 @@ def divide(a: float, b: float) -> float:
     return _go_div(a, b)
 
 
+def _kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    """``kahanSumInc`` of promql/functions.go (2.42): Neumaier's compensated addition."""
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+def sum_over_time(values: Sequence[float]) -> float:
+    """``sum_over_time`` of one series' samples (``funcSumOverTime``, 2.42: compensated)."""
+    total = c = 0.0
+    for v in values:
+        total, c = _kahan_inc(v, total, c)
+    return total if math.isinf(total) else total + c
+
+
+def avg_over_time(values: Sequence[float]) -> float:
+    """``avg_over_time`` of one series' samples (``funcAvgOverTime``, 2.42: an incremental,
+    compensated mean that keeps an infinite mean once reached)."""
+    mean = count = c = 0.0
+    for v in values:
+        count += 1
+        if math.isinf(mean) and ((math.isinf(v) and (mean > 0) == (v > 0)) or (not math.isinf(v) and v == v)):
+            continue
+        mean, c = _kahan_inc(v / count - mean / count, mean, c)
+    return mean if math.isinf(mean) else mean + c
+
+
+def sum_of(values: Sequence[float]) -> float:
+    """``sum`` over the series of a group, in their order (the aggregation, 2.42: plain ``+=``)."""
+    total = values[0]
+    for v in values[1:]:
+        total += v
+    return total
+
+
+def avg_of(values: Sequence[float]) -> float:
+    """``avg`` over the series of a group, in their order (the aggregation, 2.42: an
+    incremental mean, each side divided by the count, an infinite mean kept)."""
+    mean = values[0]
+    for count, v in enumerate(values[1:], start=2):
+        if math.isinf(mean) and ((math.isinf(v) and (mean > 0) == (v > 0)) or (not math.isinf(v) and v == v)):
+            continue
+        mean += v / count - mean / count
+    return mean
+
+
 def _go_sort_search(n: int, pred: Callable[[int], bool]) -> int:
     """Go's ``sort.Search``: smallest i in [0, n) with pred(i) true, else n.
 

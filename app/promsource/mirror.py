@@ -32,6 +32,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, TypeVar
 
 from app.core import quantiles
+from app.core.quantiles import avg_of, avg_over_time, sum_of, sum_over_time
 from app.promql.client import PromAPIError, RangeSeries, VectorSample
 from app.promql.text import any_of, format_matchers
 from app.promsource.queries import (
@@ -290,17 +291,17 @@ class Held:
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
             if buckets:
                 per = _increases(self._select(f, f"{f.name}_bucket", wanted), start_ms, end_ms, False)
-                out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, (MODEL_LABEL, "le"))
+                out += self._grouped(per, sum_of, {FAMILY_LABEL: str(i)}, (MODEL_LABEL, "le"))
             for part in ("sum", "count"):
                 per = _increases(self._select(f, f"{f.name}_{part}", wanted), start_ms, end_ms, False)
-                out += self._grouped(per, sum, {"le": part, FAMILY_LABEL: str(i)}, True)
+                out += self._grouped(per, sum_of, {"le": part, FAMILY_LABEL: str(i)}, True)
         return out
 
     def gauge(self, signal: str, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
         """:meth:`SourceQueries.gauge`: per target and model, the sum (an averaged gauge: the mean)
         of each series' last, mean and max over the window."""
         start_ms, end_ms = _range(start, end)
-        combine = _mean if signal in AVERAGED_GAUGES else sum
+        combine = avg_of if signal in AVERAGED_GAUGES else sum_of
         out = []
         for i, f in enumerate(GAUGE_FAMILIES[signal]):
             held = self._select(f, f.name, wanted)
@@ -320,14 +321,14 @@ class Held:
         out = []
         for i, f in enumerate(COUNTER_FAMILIES[signal]):
             per = _increases(self._select(f, f.name, wanted), start_ms, end_ms, True)
-            out += self._grouped(per, sum, {FAMILY_LABEL: str(i)}, True)
+            out += self._grouped(per, sum_of, {FAMILY_LABEL: str(i)}, True)
         return out
 
     def scrapes(self, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
         """:meth:`SourceQueries.scrapes`: per target, the sum of ``up`` over the window."""
         start_ms, end_ms = _range(start, end)
-        per = [(h, _over(h, start_ms, end_ms, _sum)) for h in self._select(Family("", "up"), "up", wanted)]
-        return self._grouped(per, sum, {}, False)
+        per = [(h, _over(h, start_ms, end_ms, sum_over_time)) for h in self._select(Family("", "up"), "up", wanted)]
+        return self._grouped(per, sum_of, {}, False)
 
     def restarts(self, start: float, end: float, wanted: Wanted) -> list[VectorSample]:
         """:meth:`SourceQueries.restarts`: per target, the most resets one counter series shows."""
@@ -345,15 +346,16 @@ class Held:
         for signal in RANK_GAUGES:
             for i, f in enumerate(GAUGE_FAMILIES.get(signal, [])):
                 if f.engine != "tgi":
-                    per = [(h, _over(h, start_ms, end_ms, _mean)) for h in self._select(f, f.name, wanted)]
-                    out += self._grouped(per, sum, {STAT_LABEL: signal, FAMILY_LABEL: str(i)}, (MODEL_LABEL, _rank(f)))
+                    per = [(h, _over(h, start_ms, end_ms, avg_over_time)) for h in self._select(f, f.name, wanted)]
+                    tags = {STAT_LABEL: signal, FAMILY_LABEL: str(i)}
+                    out += self._grouped(per, sum_of, tags, (MODEL_LABEL, _rank(f)))
         for signal in RANK_MEANS:
             for i, f in enumerate(HISTOGRAM_FAMILIES.get(signal, [])):
                 if f.engine == "tgi":
                     continue
                 sums, counts = ({frozenset(v.labels.items()): v.value for v in self._grouped(
                     _increases(self._select(f, f"{f.name}_{part}", wanted), start_ms, end_ms, False),
-                    sum, {}, (MODEL_LABEL, _rank(f)))} for part in ("sum", "count"))
+                    sum_of, {}, (MODEL_LABEL, _rank(f)))} for part in ("sum", "count"))
                 tags = {STAT_LABEL: signal, FAMILY_LABEL: str(i)}
                 out += [VectorSample({**dict(labels), **tags}, quantiles.divide(total, counts[labels]))
                         for labels, total in sums.items() if labels in counts]
@@ -375,9 +377,9 @@ class Held:
             for t_ms in range(first_ms, end_ms + 1, step_ms):
                 parts = [("sum", _increases(sums, t_ms - step_ms, t_ms, False)),
                          ("count", _increases(counts, t_ms - step_ms, t_ms, False)),
-                         ("running", [(h, _over(h, t_ms - step_ms, t_ms, _mean)) for h in batches])]
+                         ("running", [(h, _over(h, t_ms - step_ms, t_ms, avg_over_time)) for h in batches])]
                 for stat, per in parts:
-                    for v in self._grouped(per, sum, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, by):
+                    for v in self._grouped(per, sum_of, {STAT_LABEL: stat, FAMILY_LABEL: str(i)}, by):
                         points.setdefault(frozenset(v.labels.items()), []).append((t_ms / 1000.0, v.value))
         return [RangeSeries(dict(labels), series) for labels, series in points.items()]
 
@@ -501,15 +503,7 @@ def _over(held: _Held, start_ms: int, end_ms: int, fn: Callable[[Sequence[float]
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float]:
     """``last_over_time``, ``avg_over_time`` and ``max_over_time`` of one series' samples."""
-    return values[-1], _mean(values), _max(values)
-
-
-def _mean(values: Sequence[float]) -> float:
-    return math.fsum(values) / len(values)
-
-
-def _sum(values: Sequence[float]) -> float:
-    return math.fsum(values)
+    return values[-1], avg_over_time(values), _max(values)
 
 
 def _max(values: Sequence[float]) -> float:

@@ -287,7 +287,8 @@ def test_alerts_that_start_together_are_read_together_and_a_resolved_one_starts_
             h.evaluate(0)
         finally:
             event.remove(engine, "before_cursor_execute", seen)
-        by_fingerprint = [s for s in statements if s.startswith("SELECT") and "FROM alerts WHERE alerts.fingerprint" in s]
+        by_fingerprint = [s for s in statements
+                          if s.startswith("SELECT") and "FROM alerts WHERE alerts.fingerprint" in s]
         assert len(by_fingerprint) == 1, by_fingerprint  # one IN (...) for the 25, not 25 lookups
         h.deliver(0)
         first = h.alerts()
@@ -298,5 +299,7 @@ def test_alerts_that_start_together_are_read_together_and_a_resolved_one_starts_
         h.down(*names)
         assert h.at(60)["oncall"] == [("firing", [(name, "firing") for name in names])]
         again = h.alerts()
-    assert {name: a["fingerprint"] for name, a in again.items()} == {name: a["fingerprint"] for name, a in first.items()}
-    assert {a["startsAt"] for a in again.values()} == {h.ts(60)} and {a["startsAt"] for a in first.values()} == {h.ts(0)}
+    assert {name: a["fingerprint"] for name, a in again.items()} == \
+        {name: a["fingerprint"] for name, a in first.items()}
+    assert {a["startsAt"] for a in again.values()} == {h.ts(60)}
+    assert {a["startsAt"] for a in first.values()} == {h.ts(0)}

@@ -113,7 +113,8 @@ def test_a_large_answers_warnings_are_read_wherever_they_are_written() -> None:
     bodies = {"none": series,
               "after": series[:-1] + b',"warnings":["partial: store eu-1 is down"]}',
               "escaped": series[:-1] + b',"\\u0077arnings":["partial: store eu-2 is down"]}',
-              "before": b'{"status":"success","warnings":["partial: 1 of 3 stores"],' + series[len(b'{"status":"success",'):]}
+              "before": b'{"status":"success","warnings":["partial: 1 of 3 stores"],'
+                        + series[len(b'{"status":"success",'):]}
 
     def answer(request: Received) -> Answer:
         return Answer(body=bodies[request.params["query"][0]])
