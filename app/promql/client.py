@@ -147,11 +147,13 @@ class QueryResult(Generic[T]):
 class PromAPIError(Exception):
     """A failed API call. ``kind`` is one of :data:`ERROR_KINDS`; ``message`` is safe to show anyone."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, limit: str = "") -> None:
+        """``limit``: for ``too_large``, the limit passed (``max_series``, ``max_samples``)."""
         assert kind in ERROR_KINDS, kind
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.limit = limit
 
     def __repr__(self) -> str:
         return f"PromAPIError({self.kind!r}, {self.message!r})"
@@ -211,9 +213,11 @@ class Limits:
 
     def check(self, series: int, samples: int) -> None:
         if series > self.series:
-            raise PromAPIError("too_large", f"the answer holds more than {self.series} series (max_series)")
+            raise PromAPIError("too_large", f"the answer holds more than {self.series} series (max_series)",
+                               "max_series")
         if samples > self.samples:
-            raise PromAPIError("too_large", f"the answer holds more than {self.samples} points (max_samples)")
+            raise PromAPIError("too_large", f"the answer holds more than {self.samples} points (max_samples)",
+                               "max_samples")
 
 
 def _vector(data: Any, limits: Limits = Limits()) -> list[VectorSample]:
@@ -620,7 +624,7 @@ class PrometheusClient:
     def _read(self, response: httpx.Response, deadline: float, timeout: float) -> bytes:
         """The (decompressed) body, bounded in size and by the overall deadline."""
         limit = self.max_response_bytes
-        too_large = PromAPIError("too_large", f"answer larger than {limit} bytes")
+        too_large = PromAPIError("too_large", f"answer larger than {limit} bytes", "max_response_bytes")
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit and "content-encoding" not in response.headers:
             raise too_large

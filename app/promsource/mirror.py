@@ -58,11 +58,14 @@ RETENTION = 360.0
 OVERLAP = 15.0
 #: the longest range one read asks for: a first read of the retention comes in pieces
 PIECE = 120.0
+#: the shortest: a piece whose answer holds too many samples is read in halves down to this
+MIN_PIECE = 15.0
 #: how often the samples older than the retention are cut (seconds)
 TRIM_EVERY = 60.0
-#: the default ``lag`` of a running service: the rounds of one moment (diagnosis, summaries,
-#: alerts, change events) share a refresh
-SHARED_LAG = 20.0
+#: the default ``lag`` of a running service: the default diagnosis interval, so that the rounds
+#: between two diagnosis rounds (summaries, alerts, change events, out of step with it) share its
+#: refresh - one read of the raw samples per interval
+SHARED_LAG = 30.0
 #: the histograms whose buckets a mirror keeps too (the others' buckets are queried where needed)
 HELD_BUCKETS = frozenset({"ttft", "itl"})
 
@@ -83,8 +86,11 @@ def means_names() -> list[str]:
 
 def held_names() -> list[str]:
     """Every metric name a mirror reads: :func:`means_names`, ``up`` and the buckets of :data:`HELD_BUCKETS`."""
-    buckets = {f.name + "_bucket" for signal in HELD_BUCKETS for f in HISTOGRAM_FAMILIES[signal]}
-    return sorted({*means_names(), "up", *buckets})
+    return sorted({*means_names(), "up", *(name for signal in HELD_BUCKETS for name in bucket_names(signal))})
+
+
+def bucket_names(signal: str) -> list[str]:
+    return sorted({f.name + "_bucket" for f in HISTOGRAM_FAMILIES[signal]})
 
 
 class _Held(NamedTuple):
@@ -139,11 +145,16 @@ class SampleMirror:
         self.client = client
         self.target_labels = tuple(target_labels)
         self.lag, self.retention = lag, retention
-        inner = format_matchers([("__name__", "=~", any_of(held_names())), *matchers])
-        self.selector = "{" + inner + "}"
+        # one read per group of names, each answer within the limits on its own: the means series,
+        # then each histogram's buckets (None: the means, "ttft": its buckets, ...)
+        self.selectors = {group: "{" + format_matchers([("__name__", "=~", any_of(names)), *matchers]) + "}"
+                          for group, names in [(None, [*means_names(), "up"]),
+                                               *((signal, bucket_names(signal)) for signal in sorted(HELD_BUCKETS))]}
+        self.buckets = set(HELD_BUCKETS)  # the histograms whose buckets are held
         self.time: float | None = None  # the evaluation time of the last refresh
         self.held_from = math.inf  # samples at or after this time are all held
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
+        self.refused_buckets: dict[str, str] = {}  # histogram -> why its buckets are not held (queried)
         self.refreshes = 0
         self._series: dict[str, dict[tuple[tuple[str, str], ...], _Held]] = {}
         self._answers: dict[tuple, list] = {}  # the answers for every target computed since the last refresh
@@ -182,7 +193,7 @@ class SampleMirror:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None
-            return Held(self._series, self.target_labels, min(end, self.time), self._answers)
+            return Held(self._series, self.target_labels, min(end, self.time), self._answers, frozenset(self.buckets))
 
     def _merge(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], data: Sequence[RangeSeries]
                ) -> None:
@@ -219,11 +230,19 @@ class SampleMirror:
         # a read of the whole retention in pieces of at most PIECE seconds, oldest first (each within
         # max_samples where one would not be), every later one the time since the last
         ends = [now - k * PIECE for k in range(math.ceil((now - since) / PIECE) - 1, -1, -1)]
-        for piece_end in ends:
-            piece = min(PIECE, piece_end - since)
-            answer = self.client.query_samples(  # type: ignore[attr-defined]
-                f"{self.selector}[{prom_duration(piece)}]", piece_end)
-            self._merge(series, answer.data)
+        for group, selector in list(self.selectors.items()):
+            try:
+                for piece_end in ends:
+                    self._read(series, selector, piece_end - min(PIECE, piece_end - since), piece_end)
+            except PromAPIError as exc:
+                if exc.kind != "too_large" or group is None:
+                    raise
+                log.warning("the source's %s buckets are too many to keep (%s): they are queried", group, exc.message)
+                del self.selectors[group]
+                self.buckets.discard(group)
+                self.refused_buckets[group] = exc.message
+                for name in bucket_names(group):
+                    series.pop(name, None)
         held_from = since if fresh else max(self.held_from, now - self.retention)
         if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
             series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
@@ -231,18 +250,36 @@ class SampleMirror:
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
 
 
+    def _read(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], selector: str, start: float,
+              end: float) -> None:
+        """The samples of ``selector`` in ``[start, end]`` into ``series``; an answer with too many
+        samples (or bytes) is read again in halves, down to :data:`MIN_PIECE`."""
+        try:
+            answer = self.client.query_samples(  # type: ignore[attr-defined]
+                f"{selector}[{prom_duration(end - start)}]", end)
+        except PromAPIError as exc:
+            if exc.kind != "too_large" or exc.limit == "max_series" or end - start < 2 * MIN_PIECE:
+                raise
+            middle = end - round((end - start) * 500) / 1000  # whole milliseconds, as the range is
+            self._read(series, selector, start, middle)
+            self._read(series, selector, middle, end)
+            return
+        self._merge(series, answer.data)
+
+
 class Held:
     """The samples a mirror held at one refresh (never changed after: a later refresh makes a new
     one), answering a window read's jobs as their queries would."""
 
     def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...],
-                 at: float, answers: dict[tuple, list] | None = None) -> None:
+                 at: float, answers: dict[tuple, list] | None = None, buckets: frozenset[str] = HELD_BUCKETS) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
         is earlier (a window within the lag is the server's answer at the refresh, not short of it).
         ``answers``: the answers for every target already computed from these samples (the rounds
         that share a refresh ask the same windows: the summaries' and the SLO alerts' every 15 s)."""
         self.series, self.target_labels, self.at = series, target_labels, at
         self.answers = {} if answers is None else answers
+        self.buckets = buckets  # the histograms whose buckets are held
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
         return [h for h in self.series.get(name, {}).values()
@@ -284,7 +321,7 @@ class Held:
         """:meth:`SourceQueries.histogram`: per target and model the ``increase`` of ``_sum``
         (``le="sum"``), of ``_count`` (``le="count"``) and (``buckets``, a signal of
         :data:`HELD_BUCKETS`) of every bucket, by ``le``."""
-        if buckets and signal not in HELD_BUCKETS:
+        if buckets and signal not in self.buckets:
             raise ValueError(f"the buckets of {signal} are not held")
         start_ms, end_ms = _range(start, end)
         out = []

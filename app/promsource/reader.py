@@ -250,7 +250,7 @@ class SourceReader:
 
         mirrored = self._mirrored(start, end, only, where, keys, fresh)
         here = {i for i, (kind, signal, _) in enumerate(jobs) if mirrored is not None and
-                (kind in MIRRORED or (kind == "histogram" and (signal in thin or signal in HELD_BUCKETS)))}
+                (kind in MIRRORED or (kind == "histogram" and (signal in thin or signal in mirrored[0].buckets)))}
         positions = [i for i in range(len(jobs)) if i not in here]  # of the jobs queried
         asked = [jobs[i] for i in positions]
         queried = self._combined(asked, run, end) if only is not None or where is not None else \
@@ -426,7 +426,7 @@ class SourceReader:
 
         def run(job: tuple[str, list[TargetKey]]) -> Any:
             signal, keys = job
-            if held is not None and signal in HELD_BUCKETS:
+            if held is not None and signal in held[0].buckets:
                 at, mine = held[0].at, wanted_by(self.target_labels, None, None, keys)
                 data = held[0].answer(("histogram", signal), at - (end - start), at, mine, 0.0, buckets=True)
                 return QueryResult(data, [])
@@ -489,7 +489,7 @@ class SourceReader:
         the buckets from ``L`` up, exact for those quantiles), in full where its layout differs."""
         asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
         held = self._mirrored(start, end, None, None, None)
-        mine = {s for s in asked if held is not None and s in HELD_BUCKETS}  # every bucket from the samples held
+        mine = {s for s in asked if held is not None and s in held[0].buckets}  # every bucket from the samples held
         around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s) and s not in mine}
 
         # per signal, the reads: (targets (None: all), le values not read), one query each
@@ -548,7 +548,7 @@ class SourceReader:
         above", with no histogram; None: no layout is known. A signal whose buckets the mirror
         holds is judged from them all, each target's quantiles computed."""
         held = self._mirrored(start, end, None, None, keys) if signal in HELD_BUCKETS else None
-        if held is not None:
+        if held is not None and signal in held[0].buckets:
             return self._judged(signal, held[0], start, end, held[1], limits)
         families = HISTOGRAM_FAMILIES[signal]
         layouts = [self._layout(signal, i) for i in range(len(families))]

@@ -217,7 +217,9 @@ class SourceService:
             source.status.held_series = 0 if mirror is None else mirror.series_held()
             source.status.held_refreshed_at = None if mirror is None else mirror.time
             source.status.held_note = "off: every window is queried" if mirror is None else \
-                f"off: {mirror.refused}; its rounds query instead" if mirror.refused else ""
+                f"off: {mirror.refused}; its rounds query instead" if mirror.refused else \
+                "; ".join(f"{signal} buckets not kept ({why}): queried"
+                          for signal, why in sorted(mirror.refused_buckets.items()))
         return [s.status for s in self.sources.values()]
 
     def close(self) -> None:

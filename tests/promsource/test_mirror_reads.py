@@ -6,6 +6,8 @@ turns the mirror off (its rounds query). Agreement with a real Prometheus: the m
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.core import quantiles
@@ -18,20 +20,35 @@ POD = {"namespace": "llm", "pod": "a", "model_name": "m"}
 
 
 class Server:
-    """Answers a range selector at ``time`` with the samples of its series in ``[time - range, time]``."""
+    """Answers a range selector at ``time`` with the samples in ``[time - range, time]`` of its
+    series (``name`` or ``name|le``) whose names the selector's ``__name__=~"..."`` matches;
+    ``max_samples``/``max_series``:
+    an answer holding more is refused as too large, naming the limit."""
 
-    def __init__(self, series: dict[str, list[tuple[float, float]]], too_large: bool = False) -> None:
+    def __init__(self, series: dict[str, list[tuple[float, float]]], too_large: bool = False,
+                 max_samples: int | None = None, max_series: int | None = None) -> None:
         self.series, self.too_large = series, too_large
-        self.asked: list[tuple[float, float]] = []  # (range seconds, evaluation time)
+        self.max_samples, self.max_series = max_samples, max_series
+        self.asked: list[tuple[float, float]] = []  # the means series' reads: (range seconds, evaluation time)
+        self.asked_buckets: list[tuple[float, float]] = []  # the buckets' reads
 
     def query_samples(self, selector: str, time: float) -> QueryResult[RangeSeries]:
         seconds = parse_duration(selector.rsplit("[", 1)[1].rstrip("]"))
-        self.asked.append((seconds, time))
+        names = re.search(r'__name__=~"([^"]*)"', selector)
+        assert names is not None, selector
+        wanted = re.compile(names.group(1).replace("\\\\", "\\"))
+        (self.asked if wanted.fullmatch("up") else self.asked_buckets).append((seconds, time))
         if self.too_large:
-            raise PromAPIError("too_large", "the answer holds more than 10 points (max_samples)")
-        return QueryResult([RangeSeries({"__name__": name, **POD}, [(t, v) for t, v in points
-                                                                     if time - seconds <= t <= time])
-                            for name, points in self.series.items()], [])
+            raise PromAPIError("too_large", "the answer holds more than 10 points (max_samples)", "max_samples")
+        out = [RangeSeries({"__name__": name, **POD, **({"le": le} if le else {})},
+                           [(t, v) for t, v in points if time - seconds <= t <= time])
+               for name, le, points in ((*key.partition("|")[::2], points) for key, points in self.series.items())
+               if wanted.fullmatch(name)]
+        if self.max_series is not None and len(out) > self.max_series:
+            raise PromAPIError("too_large", f"more than {self.max_series} series (max_series)", "max_series")
+        if self.max_samples is not None and sum(len(r.points) for r in out) > self.max_samples:
+            raise PromAPIError("too_large", f"more than {self.max_samples} points (max_samples)", "max_samples")
+        return QueryResult(out, [])
 
 
 def test_the_first_read_comes_in_pieces_then_only_what_is_new() -> None:
@@ -97,3 +114,44 @@ def test_the_diagnosis_round_reads_what_is_new_and_the_others_share_it() -> None
     assert diagnosis is not None and diagnosis.at == T0 + 15 and len(server.asked) == asked + 1
     summaries = mirror.view(T0 + 30 - 300, T0 + 30)  # within the lag of it: shared
     assert summaries is not None and summaries.at == T0 + 15 and len(server.asked) == asked + 1
+
+
+def test_a_piece_with_too_many_samples_is_read_in_halves() -> None:
+    """A 2-minute piece of 4 series every 15 s holds 36 samples; past max_samples (20) it is read
+    again as two minutes' halves, each sample kept once; too many series is not split in time."""
+    points = [(T0 - 600 + 15 * k, float(k)) for k in range(41)]
+    names = ["up", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"]
+    server = Server({name: points for name in names}, max_samples=20)
+    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    assert mirror.view(T0 - 60, T0) is not None and not mirror.refused
+    # each 120 s piece refused, then its two 60 s halves
+    assert [s for s, _ in server.asked] == [PIECE, PIECE / 2, PIECE / 2] * 3
+    assert [round(t - T0) for _, t in server.asked] == [-240, -300, -240, -120, -180, -120, 0, -60, 0]
+    for name in names:
+        (held,) = mirror._series[name].values()
+        assert list(held.ts) == [quantiles.to_millis(t) for t, _ in points if t >= T0 - RETENTION]
+    narrow = Server({name: points for name in names}, max_series=3)
+    refused = SampleMirror(narrow, [], ["namespace", "pod"])
+    assert refused.view(T0 - 60, T0) is None and "max_series" in refused.refused and len(narrow.asked) == 1
+
+
+def test_buckets_too_many_to_keep_are_queried_and_the_means_kept() -> None:
+    """The TTFT buckets' answer holds more series than max_series: they are dropped from the
+    mirror (their windows queried, the reason kept), the means series and the ITL buckets kept."""
+    points = [(T0 - 600 + 15 * k, float(k)) for k in range(41)]
+    series = {"up": points, "vllm:request_success_total": points,
+              "vllm:inter_token_latency_seconds_bucket|+Inf": points}
+    series |= {f"vllm:time_to_first_token_seconds_bucket|{le}": points for le in ("0.1", "1.0", "+Inf")}
+    server = Server(series, max_series=2)
+    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    held = mirror.view(T0 - 60, T0)
+    assert held is not None and not mirror.refused
+    assert held.buckets == {"itl"} and mirror.buckets == {"itl"} and "max_series" in mirror.refused_buckets["ttft"]
+    assert "vllm:time_to_first_token_seconds_bucket" not in mirror._series
+    assert {"up", "vllm:request_success_total", "vllm:inter_token_latency_seconds_bucket"} <= mirror._series.keys()
+    with pytest.raises(ValueError, match="ttft are not held"):
+        held.answer(("histogram", "ttft"), T0 - 60, T0, lambda h: True, 0.0, buckets=True)
+    (itl,) = held.answer(("histogram", "itl"), T0 - 60, T0, lambda h: True, 0.0, buckets=True)[:1]
+    assert itl.labels["le"] == "+Inf" and itl.value == pytest.approx(4.0)  # 1 a scrape over 60 s
+    asked = len(server.asked_buckets)
+    assert mirror.view(T0 - 30, T0 + 30) is not None and len(server.asked_buckets) == asked + 1  # ITL's only
