@@ -191,7 +191,7 @@ class SourceReader:
                 only: TargetKey | None = None, where: dict[str, str] | None = None,
                 diagnosis: bool = False, histograms_only: bool = False, buckets: Collection[str] | None = None,
                 keys: Collection[TargetKey] | None = None, scalars: Collection[str] | None = None,
-                fresh: bool = False) -> dict[TargetKey, TargetWindow]:
+                fresh: bool = False, view: bool = False) -> dict[TargetKey, TargetWindow]:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal (for ``only`` or
         ``where``, the instant ones in one request: :meth:`_combined`).
@@ -204,7 +204,9 @@ class SourceReader:
         (:attr:`WindowHistogram.means_only`). ``keys``: only these targets (an empty collection
         reads nothing). ``scalars``: the gauge and counter signals to read (None: all, and the
         per-rank loads); the ITL by running batch size is read with ``itl`` in ``signals``.
-        ``fresh``: from raw samples read up to ``end`` (the diagnosis round), never a shared read."""
+        ``fresh``: from raw samples read up to ``end`` (the diagnosis round), never a shared read.
+        ``view``: a read for a reader (the status page's fleet table), exact at ``end`` as one
+        target's is: it never refreshes the raw samples nor takes a window within their lag."""
         if keys is not None and not keys:
             return {}
         q = self._queries(only, where, keys)
@@ -248,7 +250,7 @@ class SourceReader:
                     self.refused.pop(signal or kind, None)
             return answer
 
-        mirrored = self._mirrored(start, end, only, where, keys, fresh)
+        mirrored = self._mirrored(start, end, only, where, keys, fresh, view)
         here = {i for i, (kind, signal, _) in enumerate(jobs) if mirrored is not None and
                 (kind in MIRRORED or (kind == "histogram" and (signal in thin or signal in mirrored[0].buckets)))}
         positions = [i for i in range(len(jobs)) if i not in here]  # of the jobs queried
@@ -347,13 +349,14 @@ class SourceReader:
         return out
 
     def _mirrored(self, start: float, end: float, only: TargetKey | None, where: dict[str, str] | None,
-                  keys: Collection[TargetKey] | None, fresh: bool = False) -> tuple[Held, Wanted] | None:
+                  keys: Collection[TargetKey] | None, fresh: bool = False, view: bool = False
+                  ) -> tuple[Held, Wanted] | None:
         """The mirror's samples for a window read and which of its series the read takes (None:
-        every job is queried). A read of one target or service never refreshes them (a full read
-        for one target would cost more than its queries) and takes them only for a window that
-        ended by their last read."""
+        every job is queried). A read of one target or service, or a ``view``, never refreshes them
+        (a full read for one target would cost more than its queries) and takes them only for a
+        window that ended by their last read."""
         held = None if self.mirror is None else \
-            self.mirror.view(start, end, refresh=only is None and where is None, fresh=fresh)
+            self.mirror.view(start, end, refresh=only is None and where is None and not view, fresh=fresh)
         return None if held is None else (held, wanted_by(self.target_labels, only, where, keys))
 
     def _combined(self, jobs: list[tuple[str, str, str]], run: Callable[[tuple[str, str, str]], Any], end: float

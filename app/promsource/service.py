@@ -430,13 +430,14 @@ class SourceService:
 
     def windows_and_failures(self, targets: Sequence[TargetView], start: float, end: float,
                              signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,
-                             buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None
-                             ) -> tuple[dict[int, TargetWindow], set[int]]:
+                             buckets: Sequence[str] | None = None, scalars: Collection[str] | None = None,
+                             view: bool = False) -> tuple[dict[int, TargetWindow], set[int]]:
         """:meth:`windows_of`, plus the ids of the targets whose source could not answer: their
-        numbers are unknown, not absent (an alert on them must neither fire nor resolve)."""
+        numbers are unknown, not absent (an alert on them must neither fire nor resolve).
+        ``view``: a read for a reader, exact at ``end`` (:meth:`SourceReader.windows`)."""
         return self._per_source(targets, lambda source: source.reader.windows(
                                     start, end, signals, diagnosis=diagnosis, histograms_only=histograms_only,
-                                    buckets=buckets, scalars=scalars),
+                                    buckets=buckets, scalars=scalars, view=view),
                                 lambda source, target, windows: with_labelled_role(
                                     source.config, target.labels, windows.get(source.key_of(target))), "windows")
 

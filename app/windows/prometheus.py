@@ -143,7 +143,7 @@ class PrometheusWindows:
             if self._fleet is not None and self._fleet[0] == key:
                 return self._fleet[1]
         found = self.sources.windows_and_failures(current, start, end, (*FLEET_SIGNALS, *TTFT_PARTS),
-                                                  histograms_only=True)[0] if current else {}
+                                                  histograms_only=True, view=True)[0] if current else {}
         out = {target_id: {s: summary for s, summary in latency.summarize_histograms(window.overall.histograms).items()
                            if s in FLEET_SIGNALS} for target_id, window in found.items()}
         with self._lock:
