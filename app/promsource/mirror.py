@@ -84,12 +84,8 @@ def means_names() -> list[str]:
     return sorted(names | {tgi.KV_USED, tgi.KV_CAPACITY})
 
 
-def held_names() -> list[str]:
-    """Every metric name a mirror reads: :func:`means_names`, ``up`` and the buckets of :data:`HELD_BUCKETS`."""
-    return sorted({*means_names(), "up", *(name for signal in HELD_BUCKETS for name in bucket_names(signal))})
-
-
 def bucket_names(signal: str) -> list[str]:
+    """The bucket series' names of one histogram, every engine's."""
     return sorted({f.name + "_bucket" for f in HISTOGRAM_FAMILIES[signal]})
 
 
