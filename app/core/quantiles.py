@@ -249,15 +249,21 @@ def _extrapolated_rate(
     if n < 2:
         return None
     first_v = values[0]
-    result = values[-1] - first_v
-    if is_counter:
-        prev = first_v
-        for v in values[1:]:
-            if v < prev:
-                result += prev
-            prev = v
+    result = reset_corrected(values) if is_counter else values[-1] - first_v
     return extrapolate(result, first_v, ts_ms[0], ts_ms[-1], n, start_ms, end_ms, is_counter=is_counter,
                        is_rate=is_rate)
+
+
+def reset_corrected(values: Sequence[float]) -> float:
+    """Rule 1 of :func:`_extrapolated_rate` for a counter: ``last - first``, plus the value
+    before each reset (a value lower than its predecessor), added in time order."""
+    result = values[-1] - values[0]
+    prev = values[0]
+    for v in values[1:]:
+        if v < prev:
+            result += prev
+        prev = v
+    return result
 
 
 def extrapolate(result: float, first_v: float, first_ms: int, last_ms: int, n: int, start_ms: int, end_ms: int,

@@ -146,7 +146,6 @@ class SampleMirror:
         self.selectors = {group: "{" + format_matchers([("__name__", "=~", any_of(names)), *matchers]) + "}"
                           for group, names in [(None, [*means_names(), "up"]),
                                                *((signal, bucket_names(signal)) for signal in sorted(HELD_BUCKETS))]}
-        self.buckets = set(HELD_BUCKETS)  # the histograms whose buckets are held
         self.time: float | None = None  # the evaluation time of the last refresh
         self.held_from = math.inf  # samples at or after this time are all held
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
@@ -158,6 +157,11 @@ class SampleMirror:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ reading
+    @property
+    def buckets(self) -> frozenset[str]:
+        """The histograms whose buckets are held (those not refused as too many)."""
+        return frozenset(group for group in self.selectors if group is not None)
+
     def series_held(self) -> int:
         return sum(len(by_key) for by_key in self._series.values())
 
@@ -189,7 +193,7 @@ class SampleMirror:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None
-            return Held(self._series, self.target_labels, min(end, self.time), self._answers, frozenset(self.buckets))
+            return Held(self._series, self.target_labels, min(end, self.time), self._answers, self.buckets)
 
     def _merge(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], data: Sequence[RangeSeries]
                ) -> None:
@@ -203,7 +207,7 @@ class SampleMirror:
             last = held.ts[-1] if held is not None and len(held.ts) else -1
             ts, values = array("q"), array("d")
             for t, v in read.points:
-                ms = int(round(t * 1000.0))  # quantiles.to_millis, inlined: once per sample held
+                ms = quantiles.to_millis(t)
                 if ms > last:
                     ts.append(ms)
                     values.append(v)
@@ -235,7 +239,6 @@ class SampleMirror:
                     raise
                 log.warning("the source's %s buckets are too many to keep (%s): they are queried", group, exc.message)
                 del self.selectors[group]
-                self.buckets.discard(group)
                 self.refused_buckets[group] = exc.message
                 for name in bucket_names(group):
                     series.pop(name, None)
@@ -294,6 +297,11 @@ class Held:
         if found is None:
             found = self.answers[key] = self._answer(job, start, end, wanted, step, buckets)
         return found
+
+    def buckets_over(self, signal: str, length: float, wanted: Wanted) -> list[VectorSample]:
+        """:meth:`answer` of ``signal``'s histogram with its buckets over the ``length`` seconds
+        that end at :attr:`at`."""
+        return self.answer(("histogram", signal), self.at - length, self.at, wanted, 0.0, buckets=True)  # type: ignore[return-value]
 
     def _answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
                 buckets: bool) -> list[VectorSample] | list[RangeSeries]:
@@ -509,13 +517,8 @@ def _increases(helds: Sequence[_Held], start_ms: int, end_ms: int, is_rate: bool
             continue  # no sample from Prometheus either
         values = held.values[a:b]
         first = values[0]
-        result = values[-1] - first
-        if any_decrease(values):  # a counter reset: Prometheus adds the value before it
-            prev = first
-            for v in values[1:]:
-                if v < prev:
-                    result += prev
-                prev = v
+        # a counter reset (a value falls): Prometheus' correction, walked only then
+        result = quantiles.reset_corrected(values) if any_decrease(values) else values[-1] - first
         positions, results, firsts = batches.setdefault((held.ts[a], held.ts[b - 1], b - a), ([], [], []))
         positions.append(len(out) - 1)
         results.append(result)

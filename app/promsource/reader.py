@@ -26,7 +26,7 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from app.core import quantiles
 from app.core.quantiles import WindowHistogram
@@ -430,9 +430,8 @@ class SourceReader:
         def run(job: tuple[str, list[TargetKey]]) -> Any:
             signal, keys = job
             if held is not None and signal in held[0].buckets:
-                at, mine = held[0].at, wanted_by(self.target_labels, None, None, keys)
-                data = held[0].answer(("histogram", signal), at - (end - start), at, mine, 0.0, buckets=True)
-                return QueryResult(data, [])
+                return QueryResult(held[0].buckets_over(signal, end - start,
+                                                        wanted_by(self.target_labels, None, None, keys)), [])
             try:
                 return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
             except PromAPIError as exc:
@@ -511,9 +510,7 @@ class SourceReader:
         def read(job: tuple[str, set[TargetKey] | None, dict[int, str] | None]) -> Any:
             signal, keys, skip = job
             if held is not None and signal in mine:
-                at = held[0].at
-                return QueryResult(held[0].answer(("histogram", signal), at - (end - start), at, held[1], 0.0,
-                                                  buckets=True), [])
+                return QueryResult(held[0].buckets_over(signal, end - start, held[1]), [])
             return self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
                                      end)
 
@@ -610,8 +607,7 @@ class SourceReader:
         """:meth:`_around` from every bucket the mirror holds: each target's histogram (all models
         summed) over the window as the view has it, and whether a quantile of ``limits`` is above
         its threshold."""
-        data = cast(list[VectorSample], held.answer(("histogram", signal), held.at - (end - start), held.at, wanted,
-                                                    0.0, buckets=True))
+        data = held.buckets_over(signal, end - start, wanted)
         out = {}
         for key, per_model in self._pick(data, "le", signal, None, histogram=True).items():
             found = judge_histogram(quantiles.merge(_histogram(per_model[name]) for name in sorted(per_model)), limits)
