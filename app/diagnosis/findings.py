@@ -97,40 +97,44 @@ class Evidence:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
-def finite_json(value: object) -> object:
-    """``value`` with every infinite or NaN float as null: JSON has none (PostgreSQL's json type
-    refuses them), e.g. the +Inf edge of a bucket, or a ratio of a source's non-finite numbers."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
-def as_plain(obj: Any) -> Any:
-    """:func:`dataclasses.asdict` without its deep copies of every leaf value: dataclasses to
-    dicts, lists and tuples and dicts rebuilt, the rest (numbers, strings) shared: a diagnosis
-    round converts thousands of findings and signals, so the common types are dispatched on
-    first (a leaf is returned before any dataclass check)."""
+def plain_json(obj: Any) -> Any:
+    """The JSON form of a diagnosis' values in one pass: :func:`dataclasses.asdict` without its
+    deep copies (numbers and strings shared), tuples as lists, and every infinite or NaN float as
+    null - JSON has none (PostgreSQL's json type refuses them), e.g. the +Inf edge of a bucket, or
+    a ratio of a source's non-finite numbers. A diagnosis round converts thousands of findings
+    and signals, so the common types are dispatched on first."""
     cls = type(obj)
+    if cls is float:
+        return obj if math.isfinite(obj) else None
     if cls in _LEAVES:
         return obj
     names = _FIELD_NAMES.get(cls)
     if names is not None:
-        return {name: as_plain(getattr(obj, name)) for name in names}
+        return {name: plain_json(getattr(obj, name)) for name in names}
     if cls is list or cls is tuple:
-        return cls(as_plain(v) for v in obj)
+        return [plain_json(v) for v in obj]
     if cls is dict:
-        return {k: as_plain(v) for k, v in obj.items()}
+        return {k: plain_json(v) for k, v in obj.items()}
     if is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(obj))
-        return {name: as_plain(getattr(obj, name)) for name in names}
+        return {name: plain_json(getattr(obj, name)) for name in field_names(cls)}
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: plain_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_json(v) for v in obj]
     return obj
 
 
-_LEAVES = frozenset({float, int, str, bool, type(None)})
+def field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass' field names (looked up once per class)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+_LEAVES = frozenset({int, str, bool, type(None)})
 
 
 def window_dict(start: float, end: float) -> dict:
@@ -172,7 +176,7 @@ class Finding:
         return runbook_link(self.regime)
 
     def to_dict(self) -> dict:
-        data = finite_json(as_plain(self))
+        data = plain_json(self)
         assert isinstance(data, dict)
         start, end = data.pop("window_start"), data.pop("window_end")
         data["window"] = window_dict(start, end) if start is not None and end is not None else None

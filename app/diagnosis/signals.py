@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from app import latency
 from app.core import human, quantiles
 from app.core.quantiles import LatencySummary, WindowHistogram
-from app.diagnosis.findings import as_plain, finite_json
+from app.diagnosis.findings import field_names, plain_json
 from app.diagnosis.profile import PREFILL_MFU, HardwareProfile
 from app.diagnosis.step_budget import StepBudget
 from app.diagnosis.step_budget import infer as infer_step_budget
@@ -209,7 +209,8 @@ class Signals:
 
     def to_dict(self) -> dict:
         """The JSON form (stored with each diagnosis): an infinite bucket edge (+Inf) becomes null."""
-        return {k: finite_json(v) for k, v in as_plain(self).items() if v not in (None, [], {})}
+        values = {name: getattr(self, name) for name in field_names(type(self))}
+        return {k: plain_json(v) for k, v in values.items() if v not in (None, [], {})}
 
 
 def _mean(h: LatencySummary | None) -> float | None:

@@ -28,7 +28,8 @@ import threading
 import time
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
 from app.core import quantiles
@@ -71,7 +72,7 @@ HELD_BUCKETS = frozenset({"ttft", "itl"})
 
 _T = TypeVar("_T")
 Labels = dict[str, str]
-Wanted = Callable[["_Held"], bool]
+Series = dict[str, dict[tuple[tuple[str, str], ...], "_Held"]]
 #: the jobs of a window read (app.promsource.reader) a mirror answers, with the means-only histograms
 MIRRORED = frozenset({"gauge", "counter", "scrapes", "restarts", "ranks", "itl_intervals", "tgi_kv"})
 
@@ -133,6 +134,19 @@ def _bucket(held: _Held) -> tuple[str, ...]:
     return (*held.group, held.le)
 
 
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """Which held series a read takes: those of the targets ``targets`` (None: of every target)
+    whose labels have the values ``where``."""
+
+    targets: frozenset[tuple[str, ...]] | None = None
+    where: tuple[tuple[str, str], ...] = ()
+
+
+#: every series held (a read of every target)
+EVERY = Wanted()
+
+
 class SampleMirror:
     """The raw samples of one source's means series over the last :data:`RETENTION` seconds."""
 
@@ -151,8 +165,9 @@ class SampleMirror:
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
         self.refused_buckets: dict[str, str] = {}  # histogram -> why its buckets are not held (queried)
         self.refreshes = 0
-        self._series: dict[str, dict[tuple[tuple[str, str], ...], _Held]] = {}
+        self._series: Series = {}
         self._answers: dict[tuple, list] = {}  # the answers for every target computed since the last refresh
+        self._index: dict[str, dict[tuple[str, ...], list[_Held]]] = {}  # and the series by target (Held._by_target)
         self._trimmed_at = -math.inf
         self._lock = threading.Lock()
 
@@ -193,10 +208,10 @@ class SampleMirror:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None
-            return Held(self._series, self.target_labels, min(end, self.time), self._answers, self.buckets)
+            return Held(self._series, self.target_labels, min(end, self.time), self._answers, self.buckets,
+                        self._index)
 
-    def _merge(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], data: Sequence[RangeSeries]
-               ) -> None:
+    def _merge(self, series: Series, data: Sequence[RangeSeries]) -> None:
         """Each answer series' samples newer than those held, appended to a new copy of its series."""
         by_model = tuple(dict.fromkeys((*self.target_labels, MODEL_LABEL)))
         for read in data:
@@ -218,7 +233,7 @@ class SampleMirror:
                 by_key[key] = _Held(key, ts, values, tuple([labels.get(n, "") for n in self.target_labels]),
                                     tuple([labels.get(n, "") for n in by_model]), labels.get("le", ""))
             else:
-                by_key[key] = held._replace(ts=held.ts + ts, values=held.values + values)
+                by_key[key] = _Held(key, held.ts + ts, held.values + values, held.target, held.group, held.le)
 
     def _refresh(self, now: float) -> None:
         """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
@@ -245,12 +260,11 @@ class SampleMirror:
         held_from = since if fresh else max(self.held_from, now - self.retention)
         if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
             series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
-        self._series, self._answers = series, {}
+        self._series, self._answers, self._index = series, {}, {}
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
 
 
-    def _read(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], selector: str, start: float,
-              end: float) -> None:
+    def _read(self, series: Series, selector: str, start: float, end: float) -> None:
         """The samples of ``selector`` in ``[start, end]`` into ``series``; an answer with too many
         samples (or bytes) is read again in halves, down to :data:`MIN_PIECE`."""
         try:
@@ -270,27 +284,46 @@ class Held:
     """The samples a mirror held at one refresh (never changed after: a later refresh makes a new
     one), answering a window read's jobs as their queries would."""
 
-    def __init__(self, series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], target_labels: tuple[str, ...],
-                 at: float, answers: dict[tuple, list] | None = None, buckets: frozenset[str] = HELD_BUCKETS) -> None:
+    def __init__(self, series: Series, target_labels: tuple[str, ...],
+                 at: float, answers: dict[tuple, list] | None = None, buckets: frozenset[str] = HELD_BUCKETS,
+                 index: dict[str, dict[tuple[str, ...], list[_Held]]] | None = None) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
         is earlier (a window within the lag is the server's answer at the refresh, not short of it).
         ``answers``: the answers for every target already computed from these samples (the rounds
         that share a refresh ask the same windows: the summaries' and the SLO alerts' every 15 s)."""
         self.series, self.target_labels, self.at = series, target_labels, at
         self.answers = {} if answers is None else answers
+        self.index = {} if index is None else index  # name -> target -> its series (shared like answers)
         self.buckets = buckets  # the histograms whose buckets are held
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
-        return [h for h in self.series.get(name, {}).values()
-                if (not family.matchers or all(h.labels.get(label, "") == value for label, _, value in family.matchers))
-                and wanted(h)]
+        found: Iterable[_Held]
+        if wanted.targets is None:
+            found = self.series.get(name, {}).values()
+        else:  # a few targets' series found through the index, not by a look at every series
+            chosen = wanted.targets
+            found = [h for target, helds in self._by_target(name).items() if target in chosen for h in helds]
+        matchers = [*((label, value) for label, _, value in family.matchers), *wanted.where]
+        if not matchers:
+            return list(found)
+        return [h for h in found if all(h.labels.get(label, "") == value for label, value in matchers)]
+
+    def _by_target(self, name: str) -> dict[tuple[str, ...], list[_Held]]:
+        """``name``'s series by target, in the order held (made once per refresh, when first asked)."""
+        by_target = self.index.get(name)
+        if by_target is None:
+            by_target = {}
+            for held in self.series.get(name, {}).values():
+                by_target.setdefault(held.target, []).append(held)
+            self.index[name] = by_target
+        return by_target
 
     def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
                buckets: bool = False) -> list[VectorSample] | list[RangeSeries]:
         """The answer of a window read's job (kind, signal), shaped as its query's (``step``: the
         ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :data:`HELD_BUCKETS`).
         An answer for every target is computed once per refresh (the callers only read it)."""
-        if wanted is not every:
+        if wanted != EVERY:
             return self._answer(job, start, end, wanted, step, buckets)
         key = (job, start, end, step, buckets)
         found = self.answers.get(key)
@@ -457,8 +490,7 @@ class Held:
         return out
 
 
-def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest_ms: int
-             ) -> dict[str, dict[tuple[tuple[str, str], ...], _Held]]:
+def _trimmed(series: Series, oldest_ms: int) -> Series:
     """``series`` without the samples before ``oldest_ms`` (a series left with none is dropped)."""
     out = {}
     for name, by_key in series.items():
@@ -466,29 +498,22 @@ def _trimmed(series: dict[str, dict[tuple[tuple[str, str], ...], _Held]], oldest
         for key, held in by_key.items():
             cut = bisect_left(held.ts, oldest_ms)
             if cut < len(held.ts):
-                kept[key] = held if cut == 0 else held._replace(ts=held.ts[cut:], values=held.values[cut:])
+                kept[key] = held if cut == 0 else \
+                    _Held(key, held.ts[cut:], held.values[cut:], held.target, held.group, held.le)
         if kept:
             out[name] = kept
     return out
 
 
-def wanted_by(target_labels: Sequence[str], only: tuple[str, ...] | None, where: dict[str, str] | None,
+def wanted_by(only: tuple[str, ...] | None, where: dict[str, str] | None,
               keys: Collection[tuple[str, ...]] | None) -> Wanted:
     """The held series of one target (``only``), of the targets with these label values
     (``where``), of a set of targets (``keys``), or all."""
     if only is not None:
-        return lambda held: held.target == only
+        return Wanted(frozenset([only]))
     if where is not None:
-        return lambda held: all(held.labels.get(k, "") == v for k, v in where.items())
-    if keys is not None:
-        chosen = set(keys)
-        return lambda held: held.target in chosen
-    return every
-
-
-def every(held: _Held) -> bool:
-    """Every series held (a read of every target)."""
-    return True
+        return Wanted(where=tuple(where.items()))
+    return EVERY if keys is None else Wanted(frozenset(keys))
 
 
 def _range(start: float, end: float) -> tuple[int, int]:

@@ -357,7 +357,7 @@ class SourceReader:
         window that ended by their last read."""
         held = None if self.mirror is None else \
             self.mirror.view(start, end, refresh=only is None and where is None and not view, fresh=fresh)
-        return None if held is None else (held, wanted_by(self.target_labels, only, where, keys))
+        return None if held is None else (held, wanted_by(only, where, keys))
 
     def _combined(self, jobs: list[tuple[str, str, str]], run: Callable[[tuple[str, str, str]], Any], end: float
                   ) -> Iterable[tuple[int, Any]]:
@@ -431,7 +431,7 @@ class SourceReader:
             signal, keys = job
             if held is not None and signal in held[0].buckets:
                 return QueryResult(held[0].buckets_over(signal, end - start,
-                                                        wanted_by(self.target_labels, None, None, keys)), [])
+                                                        wanted_by(None, None, keys)), [])
             try:
                 return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
             except PromAPIError as exc:
@@ -741,11 +741,20 @@ class SourceReader:
         names = self.target_labels
         families = HISTOGRAM_FAMILIES[signal] if histogram else \
             GAUGE_FAMILIES[signal] if sub_label == STAT_LABEL else COUNTER_FAMILIES[signal]
+        # an answer repeats a few family tags and bucket bounds over every target: each read once
+        family_of: dict[str, int | None] = {}
+        bound_ok: dict[str, bool] = {}
         for sample in samples:
             labels = sample.labels
             key = tuple([labels.get(name, "") for name in names])
-            family = _family(labels, len(families))
-            if family is None or (histogram and not _valid_le(labels.get("le", ""))):
+            tag = labels.get(FAMILY_LABEL, "0")
+            if tag not in family_of:
+                family_of[tag] = _family({FAMILY_LABEL: tag}, len(families))
+            family = family_of[tag]
+            sub = labels.get(sub_label, "") if sub_label else ""
+            if histogram and sub not in bound_ok:
+                bound_ok[sub] = _valid_le(sub)
+            if family is None or (histogram and not bound_ok[sub]):
                 self._drop(drops, key, signal, "bad_label" if family is None else "bad_bound")
                 continue
             by_family = grouped.get(key)
@@ -758,7 +767,7 @@ class SourceReader:
             subs = per_model.get(name)
             if subs is None:
                 subs = per_model[name] = {}
-            subs[labels.get(sub_label, "") if sub_label else ""] = sample.value
+            subs[sub] = sample.value
         if not histogram:
             return {key: _first_family(by_family) for key, by_family in grouped.items()}
         seen: dict[int, set[str]] = defaultdict(set)

@@ -157,13 +157,24 @@ def test_engine_config_from_info_metrics(stored) -> None:
 
 
 def test_the_diagnosis_json_is_what_asdict_gives(tmp_path: Path) -> None:
-    """``as_plain`` (asdict without deep copies) converts signals and findings to the same values,
-    nested dataclasses, tuples and lists included."""
+    """``plain_json`` (asdict without deep copies, in one pass) converts signals and findings to
+    the values asdict gives, nested dataclasses, tuples and lists included, with tuples as lists
+    and every non-finite float as null (as JSON holds them)."""
+    import math
     from dataclasses import asdict
+
+    def json_form(value: object) -> object:  # what asdict's values are in JSON
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: json_form(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [json_form(v) for v in value]
+        return value
 
     from app.core.thresholds import Thresholds
     from app.diagnosis import engine as diagnosis_engine
-    from app.diagnosis.findings import as_plain
+    from app.diagnosis.findings import plain_json
     from tests.diagnosis.harness import T0 as HARNESS_T0
     from tests.diagnosis.harness import OfflineTarget, profile_of
 
@@ -179,5 +190,6 @@ def test_the_diagnosis_json_is_what_asdict_gives(tmp_path: Path) -> None:
     finally:
         target.close()
     assert s.step_budget is not None and s.itl_by_batch and s.ttft is not None  # nested values present
-    assert as_plain(s) == asdict(s)
-    assert diagnosis.findings and all(as_plain(f) == asdict(f) for f in diagnosis.findings)
+    assert plain_json(s) == json_form(asdict(s))
+    assert diagnosis.findings and all(plain_json(f) == json_form(asdict(f)) for f in diagnosis.findings)
+    assert plain_json({"edges": (1.0, math.inf), "ratio": math.nan}) == {"edges": [1.0, None], "ratio": None}

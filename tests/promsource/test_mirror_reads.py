@@ -13,7 +13,7 @@ import pytest
 from app.core import quantiles
 from app.core.durations import parse_duration
 from app.promql.client import PromAPIError, QueryResult, RangeSeries
-from app.promsource.mirror import OVERLAP, PIECE, RETENTION, SampleMirror
+from app.promsource.mirror import EVERY, OVERLAP, PIECE, RETENTION, SampleMirror
 
 T0 = 1_800_000_000.0
 POD = {"namespace": "llm", "pod": "a", "model_name": "m"}
@@ -66,7 +66,7 @@ def test_the_first_read_comes_in_pieces_then_only_what_is_new() -> None:
     assert server.asked == [(30 + OVERLAP, T0 + 30)]  # the time since the last read, and a little more
     got = mirror.view(T0 - 30, T0 + 30)
     assert got is not None
-    (rate,) = got.counter("requests_total", T0 - 30, T0 + 30, lambda held: True)
+    (rate,) = got.counter("requests_total", T0 - 30, T0 + 30, EVERY)
     expected = quantiles.rate([(t, v) for t, v in server.series["vllm:request_success_total"]], T0 - 30, T0 + 30)
     assert rate.value == pytest.approx(expected, rel=1e-12) and rate.labels == {**POD, "llm_latency_family": "0"}
 
@@ -150,8 +150,8 @@ def test_buckets_too_many_to_keep_are_queried_and_the_means_kept() -> None:
     assert "vllm:time_to_first_token_seconds_bucket" not in mirror._series
     assert {"up", "vllm:request_success_total", "vllm:inter_token_latency_seconds_bucket"} <= mirror._series.keys()
     with pytest.raises(ValueError, match="ttft are not held"):
-        held.answer(("histogram", "ttft"), T0 - 60, T0, lambda h: True, 0.0, buckets=True)
-    (itl,) = held.answer(("histogram", "itl"), T0 - 60, T0, lambda h: True, 0.0, buckets=True)[:1]
+        held.answer(("histogram", "ttft"), T0 - 60, T0, EVERY, 0.0, buckets=True)
+    (itl,) = held.answer(("histogram", "itl"), T0 - 60, T0, EVERY, 0.0, buckets=True)[:1]
     assert itl.labels["le"] == "+Inf" and itl.value == pytest.approx(4.0)  # 1 a scrape over 60 s
     asked = len(server.asked_buckets)
     assert mirror.view(T0 - 30, T0 + 30) is not None and len(server.asked_buckets) == asked + 1  # ITL's only
