@@ -30,7 +30,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from app.core import quantiles
 from app.core.quantiles import avg_of, avg_over_time, sum_of, sum_over_time
@@ -166,7 +166,7 @@ class SampleMirror:
         self.refused_buckets: dict[str, str] = {}  # histogram -> why its buckets are not held (queried)
         self.refreshes = 0
         self._series: Series = {}
-        self._answers: dict[tuple, list] = {}  # the answers for every target computed since the last refresh
+        self._answers: dict[tuple, Any] = {}  # the answers for every target computed since the last refresh
         self._index: dict[str, dict[tuple[str, ...], list[_Held]]] = {}  # and the series by target (Held._by_target)
         self._trimmed_at = -math.inf
         self._lock = threading.Lock()
@@ -285,14 +285,14 @@ class Held:
     one), answering a window read's jobs as their queries would."""
 
     def __init__(self, series: Series, target_labels: tuple[str, ...],
-                 at: float, answers: dict[tuple, list] | None = None, buckets: frozenset[str] = HELD_BUCKETS,
+                 at: float, answers: dict[tuple, Any] | None = None, buckets: frozenset[str] = HELD_BUCKETS,
                  index: dict[str, dict[tuple[str, ...], list[_Held]]] | None = None) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
         is earlier (a window within the lag is the server's answer at the refresh, not short of it).
         ``answers``: the answers for every target already computed from these samples (the rounds
         that share a refresh ask the same windows: the summaries' and the SLO alerts' every 15 s)."""
         self.series, self.target_labels, self.at = series, target_labels, at
-        self.answers = {} if answers is None else answers
+        self.answers: dict[tuple, Any] = {} if answers is None else answers
         self.index = {} if index is None else index  # name -> target -> its series (shared like answers)
         self.buckets = buckets  # the histograms whose buckets are held
 
@@ -325,11 +325,14 @@ class Held:
         An answer for every target is computed once per refresh (the callers only read it)."""
         if wanted != EVERY:
             return self._answer(job, start, end, wanted, step, buckets)
-        key = (job, start, end, step, buckets)
-        found = self.answers.get(key)
-        if found is None:
-            found = self.answers[key] = self._answer(job, start, end, wanted, step, buckets)
-        return found
+        return self.memo((job, start, end, step, buckets), lambda: self._answer(job, start, end, wanted, step, buckets))
+
+    def memo(self, key: tuple, compute: Callable[[], _T]) -> _T:
+        """``compute()`` once per refresh for ``key``, a read of every target: the rounds that
+        share a refresh ask the same (the caller must not change what it returns)."""
+        if key not in self.answers:
+            self.answers[key] = compute()
+        return self.answers[key]
 
     def buckets_over(self, signal: str, length: float, wanted: Wanted) -> list[VectorSample]:
         """:meth:`answer` of ``signal``'s histogram with its buckets over the ``length`` seconds

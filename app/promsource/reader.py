@@ -472,9 +472,7 @@ class SourceReader:
         q = self._queries(None, None)
         les = None if threshold is None else self._les_at(signal, threshold)
         answers = self.client.map(lambda w: self.client.query(q.histogram(signal, w, les=les), end), list(windows))
-        return [{key: {name: _histogram(b) for name, b in per_model.items()}
-                 for key, per_model in self._pick(answer.data, "le", signal, None, histogram=True).items()}
-                for answer in answers]
+        return [self._histograms(answer.data, signal) for answer in answers]
 
     def histograms(self, signals: Sequence[str], start: float, end: float,
                    above: Mapping[str, Sequence[tuple[float, float]]] | None = None
@@ -507,22 +505,29 @@ class SourceReader:
             jobs += [(signal, keys, skip) for keys, skip in ((upward, self._les_below(signal, above[signal])),
                                                             (rest, None)) if keys]
 
-        def read(job: tuple[str, set[TargetKey] | None, dict[int, str] | None]) -> Any:
+        def read(job: tuple[str, set[TargetKey] | None, dict[int, str] | None]
+                 ) -> dict[TargetKey, dict[str, WindowHistogram]]:
             signal, keys, skip = job
             if held is not None and signal in mine:
-                return QueryResult(held[0].buckets_over(signal, end - start, held[1]), [])
-            return self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
-                                     end)
+                view, every = held  # the SLO alerts' rounds that share a refresh ask the same
+                return view.memo(("histograms", signal, view.at - (end - start), view.at),
+                                 lambda: self._histograms(view.buckets_over(signal, end - start, every), signal))
+            answer = self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
+                                       end)
+            return self._histograms(answer.data, signal)
 
         out: dict[str, dict[TargetKey, dict[str, WindowHistogram]]] = {signal: {} for signal in asked}
-        for (signal, keys, _), answer in zip(jobs, self.client.map(read, jobs), strict=True):
-            picked = self._pick(answer.data, "le", signal, None, histogram=True)
-            out[signal].update({key: {name: _histogram(b) for name, b in per_model.items()}
-                                for key, per_model in picked.items() if keys is None or key in keys})
+        for (signal, keys, _), found in zip(jobs, self.client.map(read, jobs), strict=True):
+            out[signal].update({key: per_model for key, per_model in found.items() if keys is None or key in keys})
         for signal, found in around.items():
             out[signal].update({key: {"": a.histogram} for key, a in (found or {}).items()
                                 if a.above and a.histogram is not None})
         return out
+
+    def _histograms(self, samples: Sequence[_Sample], signal: str) -> dict[TargetKey, dict[str, WindowHistogram]]:
+        """A histogram answer's series -> target -> model -> its window histogram."""
+        return {key: {name: _histogram(b) for name, b in per_model.items()}
+                for key, per_model in self._pick(samples, "le", signal, None, histogram=True).items()}
 
     def at_most(self, signal: str, start: float, end: float, limits: Sequence[tuple[float, float]],
                 keys: Collection[TargetKey] | None = None) -> set[TargetKey] | None:

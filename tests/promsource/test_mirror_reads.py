@@ -13,7 +13,7 @@ import pytest
 from app.core import quantiles
 from app.core.durations import parse_duration
 from app.promql.client import PromAPIError, QueryResult, RangeSeries
-from app.promsource.mirror import EVERY, OVERLAP, PIECE, RETENTION, SampleMirror
+from app.promsource.mirror import EVERY, OVERLAP, PIECE, RETENTION, SampleMirror, wanted_by
 
 T0 = 1_800_000_000.0
 POD = {"namespace": "llm", "pod": "a", "model_name": "m"}
@@ -155,3 +155,43 @@ def test_buckets_too_many_to_keep_are_queried_and_the_means_kept() -> None:
     assert itl.labels["le"] == "+Inf" and itl.value == pytest.approx(4.0)  # 1 a scrape over 60 s
     asked = len(server.asked_buckets)
     assert mirror.view(T0 - 30, T0 + 30) is not None and len(server.asked_buckets) == asked + 1  # ITL's only
+
+
+def test_reads_that_share_a_refresh_compute_each_answer_once_and_a_few_targets_read_theirs() -> None:
+    """Every target's answers are computed once per refresh (the SLO alerts' and summaries' rounds
+    that share one ask the same), a new refresh computes them again, and a read of some targets
+    (found through the index by target) gives those targets' numbers of the full read."""
+    points = [(T0 - 600 + 15 * k, 10.0 * k) for k in range(41)]
+    later = [(T0 - 600 + 15 * k, 3.0 * k) for k in range(43)]
+    pods = {"a": points, "b": [(t, 2 * v) for t, v in points], "c": [(t, v + 1) for t, v in points]}
+
+    class Pods(Server):  # the same series for three pods
+        def query_samples(self, selector: str, time: float) -> QueryResult[RangeSeries]:
+            out = []
+            for pod, series in pods.items():
+                self.series = {"vllm:request_success_total": series}
+                answer = super().query_samples(selector, time)
+                out += [RangeSeries({**r.labels, "pod": pod}, r.points) for r in answer.data]
+            return QueryResult(out, [])
+
+    mirror = SampleMirror(Pods({}), [], ["namespace", "pod"], lag=30.0)
+    held = mirror.view(T0 - 60, T0)
+    assert held is not None
+    computed = []
+    first = held.memo(("k",), lambda: computed.append(1) or ["answer"])
+    again = mirror.view(T0 - 45, T0 + 15)  # within the lag: the same refresh, its answers
+    assert again is not None and again.memo(("k",), lambda: computed.append(2) or ["other"]) is first
+    assert computed == [1]
+    job = ("counter", "requests_total")
+    every = held.answer(job, T0 - 60, T0, EVERY, 0.0)
+    assert held.answer(job, T0 - 60, T0, EVERY, 0.0) is every  # kept
+    by_pod = {s.labels["pod"]: s.value for s in every}
+    assert sorted(by_pod) == ["a", "b", "c"] and by_pod["b"] == 2 * by_pod["a"] > 0
+    some = held.answer(job, T0 - 60, T0, wanted_by(None, None, [("llm", "c"), ("llm", "a")]), 0.0)
+    assert {s.labels["pod"]: s.value for s in some} == {"a": by_pod["a"], "c": by_pod["c"]}
+    one = held.answer(job, T0 - 60, T0, wanted_by(("llm", "b"), None, None), 0.0)
+    assert [(s.labels["pod"], s.value) for s in one] == [("b", by_pod["b"])]
+    pods.update(a=later)
+    fresh = mirror.view(T0 - 30, T0 + 45)  # past the lag: a new refresh, its own answers
+    assert fresh is not None and fresh.memo(("k",), lambda: computed.append(3) or ["new"]) == ["new"]
+    assert computed == [1, 3]
