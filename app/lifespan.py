@@ -332,13 +332,16 @@ class Monitor:
         """A firing alert's ``what_changed`` annotation: its target's attribution in one sentence,
         over the time since its condition began (and the diagnosis window before: the change that
         made it true), 2 minutes to an hour, against the same time before it or before the last
-        change event in it; None when it cannot be read now."""
+        change event in it, ending where the round's read of the target ends (a source's raw
+        samples: their last refresh, so it reads no query where they hold both windows); None
+        when it cannot be read now."""
         target = target_repository.get_target(session, target_name)
         if target is None:
             return None
         window = min(3600.0, max(120.0, now - since + self.diagnosis_config.window))
+        end = self.windows.shared_end(target, now)  # where the round's read ends: its condition's numbers
         try:
-            found = events_reads.what_changed(self.windows, session, target, now,
+            found = events_reads.what_changed(self.windows, session, target, end,
                                               prefill_seconds_per_token(target.hardware), window=window,
                                               lookback=window, fallbacks=("previous",))
         except WindowError:

@@ -56,6 +56,10 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
   tails the diagnosis judges or shows (read once; or their p99 per pod computed by Prometheus):
   no design that reads each of those series once per interval can cost Prometheus less.
+* **The wire format of a refresh.** The raw samples' three reads (means, TTFT and ITL buckets,
+  30 s) as the service sends them (the JSON API, gzip) and through Prometheus' remote read
+  (protobuf, snappy: the samples, or the raw XOR chunks that hold them): Prometheus' CPU and
+  the bytes on the wire of each.
 
 Measured per round: wall time, CPU time of this process (``time.process_time``: the round's
 threads included; Prometheus and the page server are other processes), HTTP API calls
@@ -694,6 +698,87 @@ def measure_floor(prom: Prometheus, n: int, ingest_rate: float, repeats: int = 5
                     quantile_cpu, quantile_bytes)
 
 
+@dataclass
+class WireRow:
+    """What one refresh of the raw samples costs Prometheus per wire format: the JSON API the
+    service uses, and Prometheus' remote read (protobuf, snappy) as samples and as raw chunks."""
+
+    n: int
+    series: int  # the series of the refresh's three reads (means, TTFT buckets, ITL buckets)
+    costs: dict[str, tuple[float, int]]  # format -> (Prometheus CPU, bytes received)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _field(number: int, value: int | bytes) -> bytes:
+    """One protobuf field: a varint, or length-delimited bytes."""
+    if isinstance(value, int):
+        return _varint(number << 3) + _varint(value)
+    return _varint(number << 3 | 2) + _varint(len(value)) + value
+
+
+def _snappy_literal(data: bytes) -> bytes:
+    """``data`` as a snappy block of literals only (valid snappy, not compressed): what the
+    remote-read endpoint requires of a request body, without a compression library."""
+    out = bytearray(_varint(len(data)))  # the uncompressed length
+    for i in range(0, len(data), 65536):
+        chunk = data[i:i + 65536]
+        out += bytes([61 << 2]) + (len(chunk) - 1).to_bytes(2, "little") + chunk
+    return bytes(out)
+
+
+def remote_read_body(selector_matchers: list[tuple[int, str, str]], start: float, end: float, chunks: bool) -> bytes:
+    """A prompb.ReadRequest for one query (matchers: (type 0 EQ / 2 RE, name, value)), snappy-framed."""
+    query = _field(1, int(start * 1000)) + _field(2, int(end * 1000)) + b"".join(
+        _field(3, _field(1, kind) + _field(2, name.encode()) + _field(3, value.encode()))
+        for kind, name, value in selector_matchers)
+    return _snappy_literal(_field(1, query) + _field(2, 1 if chunks else 0))
+
+
+def measure_wire(prom: Prometheus, n: int, ingest_rate: float, repeats: int = 5) -> WireRow:
+    """Prometheus' CPU and the bytes received for one refresh's three reads of 30 s of raw samples
+    (the service's selectors), per format, each repeated ``repeats`` times, minus ingest."""
+    from app.promsource.mirror import SampleMirror, bucket_names
+
+    groups = {"means": [*means_names(), "up"], "ttft": bucket_names("ttft"), "itl": bucket_names("itl")}
+    selectors = SampleMirror(None, [("namespace", "=", NAMESPACE)], ["namespace", "pod"]).selectors
+    regexes = {group: "|".join(names) for group, names in groups.items()}
+    end = time.time()
+    series = sum(int(prom.scalar(f'count({{__name__=~"{r}", namespace="{NAMESPACE}"}})')) for r in regexes.values())
+    headers = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
+               "X-Prometheus-Remote-Read-Version": "0.1.0"}
+    costs: dict[str, tuple[float, int]] = {}
+    with httpx.Client(timeout=120) as client:
+        def send(fmt: str) -> int:
+            size = 0
+            for group, selector in selectors.items():
+                if fmt == "json":
+                    form = {"query": f"{selector}[30s]", "time": f"{end:.3f}"}
+                    r = client.post(f"{prom.url}/api/v1/query", data=form, headers={"Accept-Encoding": "gzip"})
+                else:
+                    body = remote_read_body([(2, "__name__", regexes[group or "means"]), (0, "namespace", NAMESPACE)],
+                                            end - 30, end, chunks=fmt == "chunks")
+                    r = client.post(f"{prom.url}/api/v1/read", content=body, headers=headers)
+                size += r.num_bytes_downloaded  # on the wire (the JSON gzipped, the protobuf snappy)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{fmt} read failed: HTTP {r.status_code}: {r.text[:200]}")
+            return size
+
+        for fmt in ("json", "samples", "chunks"):
+            c0, t0, size = prom.cpu(), time.monotonic(), 0
+            for _ in range(repeats):
+                size = send(fmt)
+            costs[fmt] = ((prom.cpu() - c0 - ingest_rate * (time.monotonic() - t0)) / repeats, size)
+    return WireRow(n, series, costs)
+
+
 def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
     """Least-squares fit of ``value = a * N^b`` on log-log axes: (a, b); None with fewer than two
     positive points."""
@@ -751,6 +836,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     interval_rows: list[IntervalRow] = []
     queried_rows: list[IntervalRow] = []  # the same intervals with every window queried (no raw samples kept)
     floors: list[FloorRow] = []
+    wires: list[WireRow] = []
     try:
         print(f"# Prometheus pid {prom.process.pid if prom.process else '?'} at {prom.url}", file=sys.stderr)
         (tmp / "targets.yaml").write_text(config_yaml(prom.url))
@@ -783,6 +869,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                     profile.dump_stats(profile_to)
                 recorder.take()
                 floors.append(measure_floor(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
+                wires.append(measure_wire(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
                 if n == max(sizes):
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
@@ -849,6 +936,15 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {f.n:,} | {f.series:,} | {f.snapshot_cpu:.2f} s | {f.snapshot_bytes / 1e6:.2f} MB | "
               f"{f.rules_cpu:.2f} s | {f.bucket_series:,} | {f.bucket_cpu:.2f} s | {f.bucket_bytes / 1e6:.2f} MB | "
               f"{f.quantile_cpu:.2f} s | {f.quantile_bytes / 1e6:.2f} MB |")
+    print("\nOne refresh of the raw samples (30 s of the means series, TTFT and ITL buckets: the three reads) "
+          "per wire format - the JSON API's range selector (what the service sends), and Prometheus' remote read "
+          "(protobuf, snappy) as samples or as raw XOR chunks (whole chunks, decoded by the client):\n")
+    print("| N engines | series | JSON: Prometheus CPU | JSON: bytes (gzip) | remote read samples: Prometheus CPU "
+          "| samples: bytes | remote read chunks: Prometheus CPU | chunks: bytes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for wr in wires:
+        cells = [f"{wr.costs[fmt][0]:.2f} s | {wr.costs[fmt][1] / 1e6:.2f} MB" for fmt in ("json", "samples", "chunks")]
+        print(f"| {wr.n:,} | {wr.series:,} | " + " | ".join(cells) + " |")
     print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU, service CPU): " + "; ".join(
         f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s / {own:.2f} s"
                                    for name, (q, b, c, own) in r.by_job.items()) for r in interval_rows))

@@ -52,8 +52,10 @@ from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
 
 log = logging.getLogger(__name__)
 
-#: the longest window a mirror serves (the summaries' 5 minutes), and the scrapes before it
-RETENTION = 360.0
+#: how far back a mirror holds the samples: the longest windows its rounds read - the summaries'
+#: 5 minutes, and a firing alert's attribution (the 2 minutes of its ``for`` and the diagnosis
+#: window, then as long before them: ~6.5 minutes at the defaults) - and the scrapes before them
+RETENTION = 480.0
 #: how far before the last refresh a refresh reads again: a scrape whose samples Prometheus
 #: committed after that refresh, stamped before it (a scrape that took up to this long)
 OVERLAP = 15.0

@@ -348,6 +348,14 @@ class SourceReader:
             tw.overall = _overall(tw.models)
         return out
 
+    def shared_end(self, now: float) -> float:
+        """The raw samples' last refresh when it is at most their lag before ``now`` (a read of
+        one target ending there is answered from them), else ``now``."""
+        mirror = self.mirror
+        if mirror is None or mirror.refused or mirror.time is None or not now - mirror.lag <= mirror.time <= now:
+            return now
+        return mirror.time
+
     def _mirrored(self, start: float, end: float, only: TargetKey | None, where: dict[str, str] | None,
                   keys: Collection[TargetKey] | None, fresh: bool = False, view: bool = False
                   ) -> tuple[Held, Wanted] | None:

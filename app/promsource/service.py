@@ -421,6 +421,11 @@ class SourceService:
                 prefill[row.name] = window
         return (sorted(prefill), merge_windows(prefill, start, end)) if prefill else None
 
+    def shared_end(self, target: TargetView, now: float) -> float:
+        """:meth:`SourceReader.shared_end` of ``target``'s source (``now`` for none)."""
+        source = self.get(target.origin) if target.source in (SOURCE_KIND, SERVICE_KIND) else None
+        return now if source is None else source.reader.shared_end(now)
+
     def windows_of(self, targets: Sequence[TargetView], start: float, end: float,
                    signals: Sequence[str]) -> dict[int, TargetWindow]:
         """Windows of many discovered targets (the status page's fleet table), by target id: one

@@ -75,6 +75,9 @@ class Windows:
             out.failed |= read.failed
         return out
 
+    def shared_end(self, target: TargetView, now: float) -> float:
+        return self.reader(target).shared_end(target, now)
+
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
         out: dict[int, dict[str, WindowSummary]] = {}

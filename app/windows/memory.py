@@ -170,6 +170,10 @@ class MemoryWindows:
                  needs: BucketNeeds | None = None) -> None:
         """Nothing: its targets are those given to :meth:`add`."""
 
+    def shared_end(self, target: TargetView, now: float) -> float:
+        """``now``: every read ends where it is asked."""
+        return now
+
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
         out = {}

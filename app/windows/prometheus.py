@@ -131,6 +131,9 @@ class PrometheusWindows:
         """One query per signal and source, for all its replicas (an aggregate's members are read)."""
         return HistogramsRead(*self.sources.histograms_of(targets, start, end, signals, above))
 
+    def shared_end(self, target: TargetView, now: float) -> float:
+        return self.sources.shared_end(target, now)
+
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
         """One set of queries per source, the histograms alone; none for a source whose last round

@@ -62,6 +62,10 @@ class StoreWindows:
                  needs: BucketNeeds | None = None) -> None:
         """Nothing: the store's targets are those configured and discovered by the scraper."""
 
+    def shared_end(self, target: TargetView, now: float) -> float:
+        """``now``: every read of the store ends where it is asked."""
+        return now
+
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
                         ) -> dict[int, dict[str, WindowSummary]]:
         """From the raw snapshots of the few series the table shows (cheaper than whole windows):

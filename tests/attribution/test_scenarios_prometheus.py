@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.attribution import reads, rounds
+from app.attribution import drivers, reads, rounds
 from app.attribution.events import ChangeEvent
 from app.emulator.scenarios import ScenarioPlan
 from app.emulator.simulation import Simulation
@@ -175,3 +175,42 @@ def test_the_dashboards_restart_and_configuration_annotations_mark_the_change(re
     assert marked(configs, "prefix-caching-turned-off", CHANGE_AT - 60) == []
     for pod in ("steady", "load-step"):
         assert marked(restarts, pod, after) == [] and marked(configs, pod, after) == []
+
+
+def test_a_firing_alerts_attribution_reads_the_raw_samples_held(recorded: Recorded) -> None:
+    """A firing alert's attribution (app/lifespan.py ``what_changed``) ends where the round's shared
+    read of the source does: its raw samples' last refresh, within their lag. At the defaults
+    (``for`` 2 minutes and the diagnosis minute: 3-minute windows, the one before as long) both
+    windows and the baseline's parts lie in the samples held: each window's read asks only the
+    target's configuration (info series), and the attribution is the one the queries give."""
+    (source,) = recorded.windows.sources.sources.sources.values()  # type: ignore[attr-defined]
+    mirror, client = source.reader.mirror, source.client
+    refreshed = round(T0 + END, 3)
+    assert mirror is not None and mirror.time == refreshed
+    mirror.lag = 30.0  # the service's (SHARED_LAG)
+    try:
+        with recorded.sessions() as session:
+            view = target_repository.get_target(session, f"m.llm.{_pod(next(iter(CASES)))}")
+            assert view is not None
+            assert recorded.windows.shared_end(view, refreshed + 20.0) == refreshed  # within the lag
+            assert recorded.windows.shared_end(view, refreshed + 31.0) == refreshed + 31.0  # past it: now
+
+            def attributed() -> tuple[Any, int]:
+                before = client.queries
+                found = reads.what_changed(recorded.windows, session, view, refreshed, window=180.0,
+                                           lookback=180.0, fallbacks=("previous",))
+                return found, client.queries - before
+
+            held, held_queries = attributed()
+            source.reader.mirror = None  # every window queried
+            try:
+                queried, queried_queries = attributed()
+            finally:
+                source.reader.mirror = mirror
+    finally:
+        mirror.lag = 0.0
+    assert held is not None and queried is not None
+    windows_read = 2 + drivers.PARTS
+    assert held_queries == windows_read and queried_queries >= 3 * windows_read, (held_queries, queried_queries)
+    assert held.to_dict() == queried.to_dict()  # every number, bit for bit
+    assert held.window == (refreshed - 180.0, refreshed) and held.signals, held.summary

@@ -823,10 +823,10 @@ def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
                 compared += 1
             assert lean[key].infos == window.infos
         assert compared > 30 * len(full)
-        # the first read refreshes once (6 minutes of every held series, in 3 pieces for each of the
+        # the first read refreshes once (8 minutes of every held series, in 4 pieces for each of the
         # means series, the TTFT buckets and the ITL buckets), an earlier end none; the configuration
         # (info series) is still queried
-        assert mirror.refreshes == 1 and asked == (1 + 3 * 3 if at == end - 30.0 and keys is None else 1), asked
+        assert mirror.refreshes == 1 and asked == (1 + 3 * 4 if at == end - 30.0 and keys is None else 1), asked
     assert mirror.time is not None and mirror.time >= end - 30.0
     assert not mirror.covers(end - 1000.0, end - 30.0)  # longer than what is held: queried
     refreshes = mirror.refreshes

@@ -56,8 +56,8 @@ def test_the_first_read_comes_in_pieces_then_only_what_is_new() -> None:
     server = Server({"vllm:request_success_total": points})
     mirror = SampleMirror(server, [("namespace", "=", "llm")], ["namespace", "pod"])
     assert mirror.view(T0 - 60, T0) is not None
-    assert [round(t - T0) for _, t in server.asked] == [-240, -120, 0]
-    assert [s for s, _ in server.asked] == [PIECE] * 3 and 3 * PIECE == RETENTION
+    assert [round(t - T0) for _, t in server.asked] == [-360, -240, -120, 0]
+    assert [s for s, _ in server.asked] == [PIECE] * 4 and 4 * PIECE == RETENTION
     (held,) = mirror._series["vllm:request_success_total"].values()
     assert list(held.ts) == [quantiles.to_millis(t) for t, _ in points if t >= T0 - RETENTION]  # each once
     server.series["vllm:request_success_total"] = points + [(T0 + 15, 400.0), (T0 + 30, 5.0)]  # a restart
@@ -79,7 +79,7 @@ def test_a_gap_past_the_retention_is_read_afresh() -> None:
     server.asked.clear()
     later = T0 + 2 * RETENTION
     assert mirror.view(later - 60, later) is not None
-    assert len(server.asked) == 3 and mirror.held_from == later - RETENTION
+    assert len(server.asked) == RETENTION / PIECE == 4 and mirror.held_from == later - RETENTION
     (held,) = mirror._series["up"].values()
     assert held.ts[0] >= quantiles.to_millis(later - RETENTION)
 
@@ -125,8 +125,9 @@ def test_a_piece_with_too_many_samples_is_read_in_halves() -> None:
     mirror = SampleMirror(server, [], ["namespace", "pod"])
     assert mirror.view(T0 - 60, T0) is not None and not mirror.refused
     # each 120 s piece refused, then its two 60 s halves
-    assert [s for s, _ in server.asked] == [PIECE, PIECE / 2, PIECE / 2] * 3
-    assert [round(t - T0) for _, t in server.asked] == [-240, -300, -240, -120, -180, -120, 0, -60, 0]
+    assert [s for s, _ in server.asked] == [PIECE, PIECE / 2, PIECE / 2] * 4
+    assert [round(t - T0) for _, t in server.asked] == [-360, -420, -360, -240, -300, -240, -120, -180, -120,
+                                                          0, -60, 0]
     for name in names:
         (held,) = mirror._series[name].values()
         assert list(held.ts) == [quantiles.to_millis(t) for t, _ in points if t >= T0 - RETENTION]
