@@ -300,10 +300,12 @@ class Held:
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
         found: Iterable[_Held]
-        if wanted.targets is None:
+        chosen = wanted.targets
+        if chosen is None:
             found = self.series.get(name, {}).values()
-        else:  # a few targets' series found through the index, not by a look at every series
-            chosen = wanted.targets
+        elif len(chosen) == 1:  # one target's series, found through the index
+            found = self._by_target(name).get(next(iter(chosen)), [])
+        else:  # some targets' series, in the order held, without a look at every series
             found = [h for target, helds in self._by_target(name).items() if target in chosen for h in helds]
         matchers = [*((label, value) for label, _, value in family.matchers), *wanted.where]
         if not matchers:
