@@ -134,8 +134,9 @@ class WindowReader(Protocol):
     def shared_end(self, target: TargetView, now: float) -> float:
         """Where the rounds' windows of ``target`` end at ``now``: ``now``, or for a backend whose
         rounds share one read (a source's raw samples, refreshed once per diagnosis interval) the
-        time of that read, when it is at most its lag ago. What a round reads of one target at
-        that end costs no query - a firing alert's attribution ends where its condition did."""
+        time of that read, when it is at most its lag ago. A read of one target ending there is
+        answered from what that read holds - a firing alert's attribution ends where its
+        condition did."""
         ...
 
     def fleet_summaries(self, session: Session, targets: Sequence[TargetView], start: float, end: float
