@@ -111,6 +111,10 @@ class _Held(NamedTuple):
         """The indexes of the samples in the closed range ``[start_ms, end_ms]`` (a 2.x range selector)."""
         return bisect_left(self.ts, start_ms), bisect_right(self.ts, end_ms)
 
+    def with_samples(self, ts: array, values: array) -> _Held:
+        """The same series holding these samples."""
+        return _Held(self.pairs, ts, values, self.target, self.group, self.le)
+
 
 def _key_reader(by: tuple[str, ...], target_labels: tuple[str, ...]) -> Callable[[_Held], tuple[str, ...]]:
     """How a series' values of the labels ``by`` (the target labels first, then the model label,
@@ -168,8 +172,7 @@ class SampleMirror:
         self.refused_buckets: dict[str, str] = {}  # histogram -> why its buckets are not held (queried)
         self.refreshes = 0
         self._series: Series = {}
-        self._answers: dict[tuple, Any] = {}  # the answers for every target computed since the last refresh
-        self._index: dict[str, dict[tuple[str, ...], list[_Held]]] = {}  # and the series by target (Held._by_target)
+        self._answers: dict[tuple, Any] = {}  # what was computed from the samples since the last refresh (Held.memo)
         self._trimmed_at = -math.inf
         self._lock = threading.Lock()
 
@@ -210,8 +213,7 @@ class SampleMirror:
                 return None
             if self.held_from > min(end, self.time) - (end - start):
                 return None
-            return Held(self._series, self.target_labels, min(end, self.time), self._answers, self.buckets,
-                        self._index)
+            return Held(self._series, self.target_labels, min(end, self.time), self._answers, self.buckets)
 
     def _merge(self, series: Series, data: Sequence[RangeSeries]) -> None:
         """Each answer series' samples newer than those held, appended to a new copy of its series."""
@@ -235,7 +237,7 @@ class SampleMirror:
                 by_key[key] = _Held(key, ts, values, tuple([labels.get(n, "") for n in self.target_labels]),
                                     tuple([labels.get(n, "") for n in by_model]), labels.get("le", ""))
             else:
-                by_key[key] = _Held(key, held.ts + ts, held.values + values, held.target, held.group, held.le)
+                by_key[key] = held.with_samples(held.ts + ts, held.values + values)
 
     def _refresh(self, now: float) -> None:
         """Read the samples since the last refresh (less :data:`OVERLAP`; all the retention the
@@ -262,7 +264,7 @@ class SampleMirror:
         held_from = since if fresh else max(self.held_from, now - self.retention)
         if fresh or now - self._trimmed_at >= TRIM_EVERY:  # older samples are never selected: cut them now and then
             series, self._trimmed_at = _trimmed(series, quantiles.to_millis(held_from)), now
-        self._series, self._answers, self._index = series, {}, {}
+        self._series, self._answers = series, {}
         self.time, self.held_from, self.refreshes = now, held_from, self.refreshes + 1
 
 
@@ -287,15 +289,13 @@ class Held:
     one), answering a window read's jobs as their queries would."""
 
     def __init__(self, series: Series, target_labels: tuple[str, ...],
-                 at: float, answers: dict[tuple, Any] | None = None, buckets: frozenset[str] = HELD_BUCKETS,
-                 index: dict[str, dict[tuple[str, ...], list[_Held]]] | None = None) -> None:
+                 at: float, answers: dict[tuple, Any] | None = None, buckets: frozenset[str] = HELD_BUCKETS) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
         is earlier (a window within the lag is the server's answer at the refresh, not short of it).
         ``answers``: the answers for every target already computed from these samples (the rounds
         that share a refresh ask the same windows: the summaries' and the SLO alerts' every 15 s)."""
         self.series, self.target_labels, self.at = series, target_labels, at
         self.answers: dict[tuple, Any] = {} if answers is None else answers
-        self.index = {} if index is None else index  # name -> target -> its series (shared like answers)
         self.buckets = buckets  # the histograms whose buckets are held
 
     def _select(self, family: Family, name: str, wanted: Wanted) -> list[_Held]:
@@ -314,13 +314,12 @@ class Held:
 
     def _by_target(self, name: str) -> dict[tuple[str, ...], list[_Held]]:
         """``name``'s series by target, in the order held (made once per refresh, when first asked)."""
-        by_target = self.index.get(name)
-        if by_target is None:
-            by_target = {}
+        def index() -> dict[tuple[str, ...], list[_Held]]:
+            by_target: dict[tuple[str, ...], list[_Held]] = {}
             for held in self.series.get(name, {}).values():
                 by_target.setdefault(held.target, []).append(held)
-            self.index[name] = by_target
-        return by_target
+            return by_target
+        return self.memo(("by target", name), index)
 
     def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
                buckets: bool = False) -> list[VectorSample] | list[RangeSeries]:
@@ -332,8 +331,9 @@ class Held:
         return self.memo((job, start, end, step, buckets), lambda: self._answer(job, start, end, wanted, step, buckets))
 
     def memo(self, key: tuple, compute: Callable[[], _T]) -> _T:
-        """``compute()`` once per refresh for ``key``, a read of every target: the rounds that
-        share a refresh ask the same (the caller must not change what it returns)."""
+        """``compute()`` once per refresh for ``key`` (a read of every target, an index of these
+        samples): the rounds that share a refresh ask the same (the caller must not change what
+        it returns)."""
         if key not in self.answers:
             self.answers[key] = compute()
         return self.answers[key]
@@ -505,8 +505,7 @@ def _trimmed(series: Series, oldest_ms: int) -> Series:
         for key, held in by_key.items():
             cut = bisect_left(held.ts, oldest_ms)
             if cut < len(held.ts):
-                kept[key] = held if cut == 0 else \
-                    _Held(key, held.ts[cut:], held.values[cut:], held.target, held.group, held.le)
+                kept[key] = held if cut == 0 else held.with_samples(held.ts[cut:], held.values[cut:])
         if kept:
             out[name] = kept
     return out
