@@ -6,7 +6,10 @@ A baseline is ``previous`` (the window of the same length just before), an offse
 event; the current window then starts at the event, as long as the window asked, up to now).
 Reads: the current window and the baseline (diagnosis reads: ITL by scrape interval, counter
 resets, scrapes) and the baseline again as :data:`app.attribution.drivers.PARTS` sub-windows
-(the drivers' noise, the gaps) - a fixed number of reads whatever is asked.
+(the drivers' noise, the gaps) - a fixed number of reads whatever is asked. An attribution
+shows quantiles of its signals alone (:data:`QUANTILE_SIGNALS`, the two windows compared): every
+other histogram, and every histogram of the sub-windows, is read as its mean (``_sum`` and
+``_count``: a source reads no bucket for them).
 """
 
 from __future__ import annotations
@@ -79,9 +82,14 @@ def choose(spec: str | float | int, window: float, end: float,
     return ComparedWindows(f"offset:{format_duration(spec)}", end - window, end, end - window - spec, end - spec)
 
 
+#: the histograms whose quantiles an attribution shows (its signals' p50 and p99, before and after)
+QUANTILE_SIGNALS = explain.ORDER
+
+
 def _facts(reader: WindowReader, session: Session, target: TargetView, start: float, end: float,
-           model: str | None) -> Facts:
-    return facts_of(reader.window(session, target, start, end, ATTRIBUTION_HISTOGRAMS, diagnosis=True), model)
+           model: str | None, buckets: tuple[str, ...] = QUANTILE_SIGNALS) -> Facts:
+    return facts_of(reader.window(session, target, start, end, ATTRIBUTION_HISTOGRAMS, diagnosis=True,
+                                  buckets=buckets), model)
 
 
 def read(reader: WindowReader, session: Session, target: TargetView, chosen: ComparedWindows,
@@ -92,7 +100,7 @@ def read(reader: WindowReader, session: Session, target: TargetView, chosen: Com
     after = _facts(reader, session, target, chosen.start, chosen.end, model)
     width = (chosen.baseline_end - chosen.baseline_start) / drivers.PARTS
     parts = [_facts(reader, session, target, chosen.baseline_start + i * width,
-                    chosen.baseline_start + (i + 1) * width, model) for i in range(drivers.PARTS)]
+                    chosen.baseline_start + (i + 1) * width, model, buckets=()) for i in range(drivers.PARTS)]
     return before, after, parts
 
 

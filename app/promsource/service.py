@@ -376,20 +376,22 @@ class SourceService:
         return out
 
     # ------------------------------------------------------------------ on demand
-    def window(self, target: TargetView, start: float, end: float,
-               signals: Sequence[str] = HISTOGRAM_SIGNALS, diagnosis: bool = False) -> TargetWindow:
+    def window(self, target: TargetView, start: float, end: float, signals: Sequence[str] = HISTOGRAM_SIGNALS,
+               diagnosis: bool = False, buckets: Collection[str] | None = None) -> TargetWindow:
         """One discovered target's window, for the latency API or a diagnosis of a range
-        (``diagnosis``: successful scrapes too; raises PromAPIError)."""
+        (``diagnosis``: successful scrapes too; ``buckets``: the histograms whose buckets are read,
+        None: all; raises PromAPIError)."""
         source = self.get(target.origin)
         if source is None:
             raise SourceMissing(f"source {target.origin!r} is not configured")
         if target.source == SERVICE_KIND:
             where = {name: target.labels.get(name, "") for name in source.config.service_labels}
-            windows = source.reader.windows(start, end, signals, diagnosis=diagnosis, where=where)
+            windows = source.reader.windows(start, end, signals, diagnosis=diagnosis, where=where, buckets=buckets)
             return merge_windows({target_name(source.config.name, key): w for key, w in windows.items()}, start, end)
         key = source.key_of(target)
         return with_labelled_role(source.config, target.labels,
-                                  source.reader.windows(start, end, signals, diagnosis=diagnosis, only=key).get(key)) \
+                                  source.reader.windows(start, end, signals, diagnosis=diagnosis, only=key,
+                                                        buckets=buckets).get(key)) \
             or TargetWindow(start, end)
 
     def prefill_of(self, session: Session, target: TargetView, start: float, end: float

@@ -47,8 +47,9 @@ class Windows:
         return self.sources if target.source in DISCOVERED_BY_SOURCES else self.store
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
-        return self.reader(target).window(session, target, start, end, signals, diagnosis)
+               signals: Sequence[str], diagnosis: bool = False, buckets: Collection[str] | None = None
+               ) -> TargetWindow:
+        return self.reader(target).window(session, target, start, end, signals, diagnosis, buckets)
 
     def _split(self, targets: Sequence[TargetView]) -> list[tuple[WindowReader, list[TargetView]]]:
         """``targets`` by backend, leaving out a backend with none (it is not asked)."""

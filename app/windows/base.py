@@ -92,9 +92,11 @@ class WindowReader(Protocol):
     :class:`WindowError` but :meth:`windows`, which reports failures per target instead."""
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False, buckets: Collection[str] | None = None
+               ) -> TargetWindow:
         """The target's window ``[start, end]``: histograms, gauges and rates, overall and per
-        model, and its engine configuration (``infos``); ``diagnosis`` as in :meth:`windows`."""
+        model, and its engine configuration (``infos``); ``diagnosis`` and ``buckets`` as in
+        :meth:`windows`."""
         ...
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,

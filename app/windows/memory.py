@@ -148,7 +148,8 @@ class MemoryWindows:
 
     # ------------------------------------------------------------------ WindowReader
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False, buckets: Collection[str] | None = None
+               ) -> TargetWindow:
         return self._window(target.id, start, end, signals, diagnosis)
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,

@@ -108,9 +108,10 @@ class PrometheusWindows:
             self._round = ((now - window, now, tuple(signals)), found)
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False, buckets: Collection[str] | None = None
+               ) -> TargetWindow:
         with _answering(target):
-            return self.sources.window(target, start, end, signals, diagnosis)
+            return self.sources.window(target, start, end, signals, diagnosis, buckets)
 
     def windows(self, session: Session, targets: Sequence[TargetView], start: float, end: float,
                 signals: Sequence[str], diagnosis: bool = False, histograms_only: bool = False,

@@ -35,7 +35,9 @@ class StoreWindows:
     """:class:`~app.windows.base.WindowReader` over the samples in the service's database."""
 
     def window(self, session: Session, target: TargetView, start: float, end: float,
-               signals: Sequence[str], diagnosis: bool = False) -> TargetWindow:
+               signals: Sequence[str], diagnosis: bool = False, buckets: Collection[str] | None = None
+               ) -> TargetWindow:
+        """``buckets`` changes nothing here (see :meth:`windows`)."""
         window = reads.store_window(session, [target.id], start, end, signals, diagnosis=diagnosis)
         if not diagnosis:  # a diagnosis window has them already
             window.infos = [CanonicalInfo(i.name, i.model, i.rank, dict(i.labels))

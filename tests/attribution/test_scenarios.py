@@ -121,9 +121,9 @@ class _Counted(StoreWindows):
         super().__init__()
         self.read: list[tuple[float, float]] = []
 
-    def window(self, session, target, start, end, signals, diagnosis=False):  # type: ignore[no-untyped-def]
+    def window(self, session, target, start, end, signals, diagnosis=False, buckets=None):  # type: ignore[no-untyped-def]
         self.read.append((start, end))
-        return super().window(session, target, start, end, signals, diagnosis)
+        return super().window(session, target, start, end, signals, diagnosis, buckets)
 
 
 def test_a_baseline_without_history_costs_one_read(tmp_path: Path) -> None:

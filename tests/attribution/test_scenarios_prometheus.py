@@ -214,3 +214,46 @@ def test_a_firing_alerts_attribution_reads_the_raw_samples_held(recorded: Record
     assert held_queries == windows_read and queried_queries >= 3 * windows_read, (held_queries, queried_queries)
     assert held.to_dict() == queried.to_dict()  # every number, bit for bit
     assert held.window == (refreshed - 180.0, refreshed) and held.signals, held.summary
+
+
+class _EveryBucket:
+    """The windows of ``inner``, every histogram's buckets read (the attribution asks for its
+    signals' alone)."""
+
+    def __init__(self, inner: Windows) -> None:
+        self.inner = inner
+
+    def window(self, session, target, start, end, signals, diagnosis=False, buckets=None):  # type: ignore[no-untyped-def]
+        return self.inner.window(session, target, start, end, signals, diagnosis, None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_an_attribution_reads_buckets_only_for_the_quantiles_it_shows(recorded: Recorded) -> None:
+    """Every window queried: an attribution shows quantiles of its signals alone (TTFT, ITL, TPOT,
+    end-to-end, the two windows compared), so its components' histograms and the baseline's
+    parts are read as means - the same attribution, number for number, as with every bucket read,
+    for fewer bytes."""
+    (source,) = recorded.windows.sources.sources.sources.values()  # type: ignore[attr-defined]
+    mirror, client = source.reader.mirror, source.client
+    source.reader.mirror = None
+    try:
+        with recorded.sessions() as session:
+            view = target_repository.get_target(session, f"m.llm.{_pod(next(iter(CASES)))}")
+            assert view is not None
+
+            def attributed(windows: Any) -> tuple[Any, int]:
+                before = client.bytes_read
+                found = reads.what_changed(windows, session, view, T0 + END, window=180.0, lookback=180.0,
+                                           fallbacks=("previous",))
+                return found, client.bytes_read - before
+
+            narrow, narrow_bytes = attributed(recorded.windows)
+            every, every_bytes = attributed(_EveryBucket(recorded.windows))
+    finally:
+        source.reader.mirror = mirror
+    assert narrow is not None and every is not None and narrow.signals
+    assert narrow.to_dict() == every.to_dict()  # every number, bit for bit
+    assert any(c.after is not None and c.after.p99 is not None for c in narrow.signals.values())
+    assert narrow_bytes < 0.5 * every_bytes, (narrow_bytes, every_bytes)
