@@ -779,6 +779,47 @@ def measure_wire(prom: Prometheus, n: int, ingest_rate: float, repeats: int = 5)
     return WireRow(n, series, costs)
 
 
+@dataclass
+class UnionRow:
+    """Prometheus' CPU for one histogram query of the service (prefill time, every engine's family:
+    18 branches) for a fifth of the pods and for all, its branches joined as a chain of ``or``
+    (the baseline: the query before) and as the balanced tree the service sends."""
+
+    n: int
+    costs: dict[tuple[str, str], float]  # (pods, "chain" / "tree") -> Prometheus CPU per query
+
+
+def measure_union(prom: Prometheus, n: int, ingest_rate: float) -> UnionRow:
+    """Each form repeated for two scrape intervals (a scrape's ingest comes in bursts)."""
+    from app.promql import text
+    from app.promsource import queries
+
+    def branches(pods: list[str]) -> list[str]:
+        got: list[list[str]] = []
+        queries.union = lambda parts: (got.append(list(parts)), "")[1]  # type: ignore[assignment]
+        try:
+            queries.SourceQueries(("namespace", "pod"), (("namespace", "=", NAMESPACE), ("pod", "=~", "|".join(pods))),
+                                  ).histogram("prefill_time", 60.0)
+        finally:
+            queries.union = text.union
+        return got[0]
+
+    costs: dict[tuple[str, str], float] = {}
+    with httpx.Client(timeout=120) as client:
+        for share, pods in (("a fifth", [f"engine-{i}" for i in range(0, n, 5)]),
+                            ("all", [f"engine-{i}" for i in range(n)])):
+            parts = branches(pods)
+            for form, query in (("chain", " or ".join(parts)), ("tree", text.union(parts))):
+                repeats, c0, t0 = 0, prom.cpu(), time.monotonic()
+                while repeats < 3 or time.monotonic() - t0 < 2 * SCRAPE_INTERVAL:
+                    r = client.post(f"{prom.url}/api/v1/query", data={"query": query})
+                    if r.status_code != 200:
+                        raise RuntimeError(f"union query failed: HTTP {r.status_code}: {r.text[:200]}")
+                    repeats += 1
+                costs[(share, form)] = (prom.cpu() - c0 - ingest_rate * (time.monotonic() - t0)) / repeats
+    return UnionRow(n, costs)
+
+
 def fit_power(ns: list[int], values: list[float]) -> tuple[float, float] | None:
     """Least-squares fit of ``value = a * N^b`` on log-log axes: (a, b); None with fewer than two
     positive points."""
@@ -837,6 +878,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     queried_rows: list[IntervalRow] = []  # the same intervals with every window queried (no raw samples kept)
     floors: list[FloorRow] = []
     wires: list[WireRow] = []
+    unions: list[UnionRow] = []
     try:
         print(f"# Prometheus pid {prom.process.pid if prom.process else '?'} at {prom.url}", file=sys.stderr)
         (tmp / "targets.yaml").write_text(config_yaml(prom.url))
@@ -870,6 +912,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                 recorder.take()
                 floors.append(measure_floor(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
                 wires.append(measure_wire(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
+                unions.append(measure_union(prom, n, irow.ingest_cpu / DIAGNOSIS_INTERVAL))
                 if n == max(sizes):
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
@@ -945,6 +988,16 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     for wr in wires:
         cells = [f"{wr.costs[fmt][0]:.2f} s | {wr.costs[fmt][1] / 1e6:.2f} MB" for fmt in ("json", "samples", "chunks")]
         print(f"| {wr.n:,} | {wr.series:,} | " + " | ".join(cells) + " |")
+    print("\nOne histogram query of the service (prefill time, every engine's family: 18 branches), its branches "
+          "joined as a chain of `or` (**baseline**: the query before) and as the balanced tree sent now - "
+          "Prometheus' CPU per query:\n")
+    print("| N engines | pods asked | chain | tree | tree / chain |")
+    print("|---:|---|---:|---:|---:|")
+    for u in unions:
+        for share in ("a fifth", "all"):
+            chain, tree = u.costs[(share, "chain")], u.costs[(share, "tree")]
+            print(f"| {u.n:,} | {share} | {chain * 1000:.0f} ms | {tree * 1000:.0f} ms | "
+                  f"{tree / chain if chain > 0 else math.nan:.2f} |")
     print("\nPer job and interval (queries, bytes decoded, Prometheus extra CPU, service CPU): " + "; ".join(
         f"N={r.n:,}: " + ", ".join(f"{name} {q:.0f} / {b / 1e6:.1f} MB / {c:.2f} s / {own:.2f} s"
                                    for name, (q, b, c, own) in r.by_job.items()) for r in interval_rows))

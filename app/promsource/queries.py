@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.promql.text import format_matchers, millis_duration
+from app.promql.text import format_matchers, millis_duration, union
 from app.sources import sglang, tgi, trtllm, vllm
 from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS
 from app.window import AVERAGED_GAUGES, RANK_GAUGES, RANK_MEANS
@@ -144,7 +144,7 @@ class SourceQueries:
                 bucket = _selector(f.name + "_bucket", (*f.matchers, *only), sel)
                 parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
             parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (total, count)]
-        return " or ".join(parts)
+        return union(parts)
 
     def first_seen(self, signal: str, span: float, step: float) -> str:
         """Per target, the timestamp of its first ``signal`` histogram sample in the ``span``
@@ -154,9 +154,9 @@ class SourceQueries:
         window = f"{prom_duration(span)}:{prom_duration(step)}"
         counts = [_selector(f.name + "_count", f.matchers, list(self.matchers)) for f in HISTOGRAM_FAMILIES[signal]]
         # `or timestamp(...)`: a replica younger than the last step boundary is seen by no step
-        return " or ".join(
+        return union([
             _tag(f"min by ({by}) (min_over_time(timestamp({count})[{window}]) or timestamp({count}))", FAMILY_LABEL,
-                 str(i)) for i, count in enumerate(counts))
+                 str(i)) for i, count in enumerate(counts)])
 
     def gauge(self, signal: str, window: float) -> str:
         w = prom_duration(window)
@@ -172,15 +172,15 @@ class SourceQueries:
                     over = f"({over} and (min_over_time({positive}[{w}]) > 0))"
                 expr = f"{combine} by ({by}) ({over})"
                 parts.append(_tag(_tag(expr, STAT_LABEL, stat), FAMILY_LABEL, str(i)))
-        return " or ".join(parts)
+        return union(parts)
 
     def counter(self, signal: str, window: float) -> str:
         w = prom_duration(window)
         by = _by(*self.target_labels, MODEL_LABEL)
-        return " or ".join(
+        return union([
             _tag(f"sum by ({by}) (rate({_selector(f.name, f.matchers, list(self.matchers))}[{w}]))", FAMILY_LABEL,
                  str(i))
-            for i, f in enumerate(COUNTER_FAMILIES[signal]))
+            for i, f in enumerate(COUNTER_FAMILIES[signal])])
 
     def presence(self) -> str:
         """Which targets run which engine now: one series per target and engine metric name, with
@@ -208,9 +208,9 @@ class SourceQueries:
         series a target, not one per family."""
         by = _by(*self.target_labels)
         names = sorted({f.name for families in COUNTER_FAMILIES.values() for f in families if not f.matchers})
-        return f"max by ({by}) (" + " or ".join(
+        return f"max by ({by}) (" + union([
             _tag(f"max by ({by}) (resets({_selector(name, (), list(self.matchers))}[{prom_duration(window)}]))",
-                 FAMILY_LABEL, str(i)) for i, name in enumerate(names)) + ")"
+                 FAMILY_LABEL, str(i)) for i, name in enumerate(names)]) + ")"
 
     def infos(self) -> str:
         names = "|".join(metric for _, metric in INFO_FAMILIES)
@@ -233,7 +233,7 @@ class SourceQueries:
             running = next(g for g in GAUGE_FAMILIES["running"] if g.engine == f.engine)
             expr = f"sum by ({by}) (avg_over_time({_selector(running.name, running.matchers, sel)}[{w}]))"
             parts.append(_tag(_tag(expr, STAT_LABEL, "running"), FAMILY_LABEL, str(i)))
-        return " or ".join(parts)
+        return union(parts)
 
     def rank_gauges(self, window: float) -> str:
         """Per target, model and data-parallel rank (vLLM ``engine``, SGLang ``dp_rank``): the mean
@@ -259,7 +259,7 @@ class SourceQueries:
                 expr = " / ".join(f"sum by ({by}) (increase({_selector(h.name + part, h.matchers, sel)}[{w}]))"
                                   for part in ("_sum", "_count"))
                 parts.append(_tag(_tag(f"({expr})", STAT_LABEL, signal), FAMILY_LABEL, str(i)))
-        return " or ".join(parts)
+        return union(parts)
 
     def tgi_kv_samples(self, window: float) -> str:
         """TGI has no KV-usage gauge: its raw used/capacity samples, divided sample by sample

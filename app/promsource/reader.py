@@ -32,7 +32,7 @@ from app.core import quantiles
 from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
-from app.promql.text import any_of, format_matchers, parse_selector
+from app.promql.text import any_of, format_matchers, parse_selector, union
 from app.promsource.answers import Around, judge_around, judge_histogram
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family
@@ -376,7 +376,7 @@ class SourceReader:
         alone = ("itl_intervals", "tgi_kv")
         single = [i for i, (kind, _, _) in enumerate(jobs) if kind not in alone]
         others = [i for i, (kind, _, _) in enumerate(jobs) if kind in alone]
-        text = " or ".join(_tag(jobs[i][2], JOB_LABEL, str(n)) for n, i in enumerate(single))
+        text = union([_tag(jobs[i][2], JOB_LABEL, str(n)) for n, i in enumerate(single)])
         answer = None
         if single:
             try:
@@ -593,7 +593,7 @@ class SourceReader:
         if unknown:  # the targets with a histogram of such a family (not tagged: never a bucket)
             inner = format_matchers([("__name__", "=~", any_of(unknown)), *matchers])
             parts.append(f"group by ({by}) ({{{inner}}})")
-        answer = self.client.query(" or ".join(parts), end)
+        answer = self.client.query(union(parts), end)
         out: dict[TargetKey, Around] = {}
         for sample in answer.data:
             if "le" not in sample.labels:
@@ -733,7 +733,7 @@ class SourceReader:
         if not asked:
             return {}
         q = self._queries(only, where)
-        text = " or ".join(_tag_signal(f"({q.first_seen(s, span, step)})", s) for s in asked)
+        text = union([_tag_signal(f"({q.first_seen(s, span, step)})", s) for s in asked])
         out: dict[str, float] = {}
         for sample in self.client.query(text, end).data:
             signal = sample.labels.get(SIGNAL_LABEL, "")
