@@ -208,8 +208,7 @@ def union(parts: Sequence[str]) -> str:
     """``a or b or c ...`` as a balanced tree of ``or`` - the same answer (``or`` is associative),
     for less of the server's CPU: Prometheus 2.x handles every series of an ``or``'s left side
     at each level, so in a chain of k parts the first part's series are handled k - 1 times,
-    in a balanced tree about log2(k) times (a vLLM histogram read with the other engines'
-    families, 18 parts, at 200 replicas: ``bench/prometheus_source.py``'s union row)."""
+    in a balanced tree about log2(k) times (``bench/prometheus_source.py`` measures both)."""
     if len(parts) <= 2:
         return " or ".join(parts)
     middle = len(parts) // 2
