@@ -97,7 +97,7 @@ class TargetWindow:
     infos: list[CanonicalInfo] = field(default_factory=list)  # engine configuration (info metrics)
     replicas: dict[str, TargetWindow] = field(default_factory=dict)  # a service's replicas, by target name
     # series its source sent that could not be read, and why: (signal, reason) -> series
-    # (app.promsource.reader.BAD_SERIES_REASONS); the numbers above are without them
+    # (app.promsource.answers.BAD_SERIES_REASONS); the numbers above are without them
     dropped: dict[tuple[str, str], int] = field(default_factory=dict)
     # counter resets in the window (an engine restart sets every counter back to zero): the most any
     # one counter series of the target shows, summed over a service's replicas; None: not read (only a

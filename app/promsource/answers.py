@@ -14,6 +14,13 @@ from app.core import quantiles
 from app.core.quantiles import WindowHistogram
 from app.promsource.queries import FAMILY_LABEL
 
+#: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
+BAD_SERIES_REASONS = {
+    "bad_bound": "a histogram bucket whose le label is not a number",
+    "bad_count": "a count of scrapes or counter resets that is not a finite number >= 0",
+    "bad_label": "a label the query sets itself that is not one it set",
+}
+
 
 def bound(le: str) -> float:
     return math.inf if le in ("+Inf", "Inf", "+inf", "inf") else float(le)

@@ -14,7 +14,7 @@ A histogram's ``_sum`` and ``_count`` ride in the same answer as its buckets, ta
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from app.promql.text import format_matchers, millis_duration, union
@@ -125,14 +125,18 @@ class SourceQueries:
     service_labels: tuple[str, ...] = ()
 
     def histogram(self, signal: str, window: float, buckets: bool = True, les: Mapping[int, str] | None = None,
-                  skip_les: Mapping[int, str] | None = None) -> str:
+                  skip_les: Mapping[int, str] | None = None, families: Collection[int] | None = None) -> str:
         """Per target and model, the ``increase`` of every bucket (``buckets``: else none, the
         means-first read: a bucket query touches ~20 series per target, ``_sum``/``_count`` 2),
         of ``_sum`` and of ``_count`` over ``window``. ``les``: per candidate family, a regex of
-        the ``le`` values to read; ``skip_les``: of those not to read (the others' buckets all)."""
+        the ``le`` values to read; ``skip_les``: of those not to read (the others' buckets all).
+        ``families``: the candidate families asked (None: all; each branch costs the server even
+        where it matches nothing)."""
         w = prom_duration(window)
         parts = []
         for i, f in enumerate(HISTOGRAM_FAMILIES[signal]):
+            if families is not None and i not in families:
+                continue
             sel = list(self.matchers)
             by = _by(*self.target_labels, MODEL_LABEL)
             total = _tag(f"sum by ({by}) (increase({_selector(f.name + '_sum', f.matchers, sel)}[{w}]))", "le", "sum")

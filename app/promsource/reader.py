@@ -33,6 +33,7 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector, union
+from app.promsource.answers import BAD_SERIES_REASONS as BAD_SERIES_REASONS  # the reader counts drops by these
 from app.promsource.answers import Around, judge_around, judge_histogram
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family
@@ -113,14 +114,6 @@ class SourceTargets:
 FIRST_SEEN_STEP = 240.0
 
 
-#: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
-BAD_SERIES_REASONS = {
-    "bad_bound": "a histogram bucket whose le label is not a number",
-    "bad_count": "a count of scrapes or counter resets that is not a finite number >= 0",
-    "bad_label": "a label the query sets itself that is not one it set",
-}
-
-
 def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
     return tuple([labels.get(name, "") for name in target_labels])
 
@@ -191,7 +184,8 @@ class SourceReader:
                 only: TargetKey | None = None, where: dict[str, str] | None = None,
                 diagnosis: bool = False, histograms_only: bool = False, buckets: Collection[str] | None = None,
                 keys: Collection[TargetKey] | None = None, scalars: Collection[str] | None = None,
-                fresh: bool = False, view: bool = False) -> dict[TargetKey, TargetWindow]:
+                fresh: bool = False, view: bool = False, families: dict[str, set[int]] | None = None
+                ) -> dict[TargetKey, TargetWindow]:
         """Every target's window ``[start, end]`` (``only``: one target's; ``where``: those with
         these label values, e.g. one service's), in one query per signal (for ``only`` or
         ``where``, the instant ones in one request: :meth:`_combined`).
@@ -206,7 +200,8 @@ class SourceReader:
         per-rank loads); the ITL by running batch size is read with ``itl`` in ``signals``.
         ``fresh``: from raw samples read up to ``end`` (the diagnosis round), never a shared read.
         ``view``: a read for a reader (the status page's fleet table), exact at ``end`` as one
-        target's is: it never refreshes the raw samples nor takes a window within their lag."""
+        target's is: it never refreshes the raw samples nor takes a window within their lag.
+        ``families``: filled with the family each histogram's answer took for some target."""
         if keys is not None and not keys:
             return {}
         q = self._queries(only, where, keys)
@@ -288,7 +283,8 @@ class SourceReader:
             if answer is None:
                 continue  # refused as too large: the windows lack it
             if kind == "histogram":
-                for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True).items():
+                took = None if families is None else families.setdefault(signal, set())
+                for key, per_model in self._pick(answer.data, "le", signal, drops, histogram=True, took=took).items():
                     for name, read in per_model.items():
                         model(key, name).histograms[signal] = _histogram(read, signal in thin)
             elif kind == "gauge":
@@ -410,7 +406,8 @@ class SourceReader:
         the targets that need it; a :class:`~app.window.TailProbe` first asks :meth:`at_most`, for
         the targets it names at once. Every number read is the one a full read gives; a histogram
         whose buckets nobody needed keeps ``means_only`` (its mean and count exact, no quantile)."""
-        windows = self.windows(start, end, signals, diagnosis=True, buckets=(), fresh=True)
+        took: dict[str, set[int]] = {}  # a target's buckets are of the family its means came from
+        windows = self.windows(start, end, signals, diagnosis=True, buckets=(), fresh=True, families=took)
         wanted: dict[str, set[TargetKey]] = defaultdict(set)
         probes: dict[TailProbe, set[TargetKey]] = defaultdict(set)
 
@@ -441,7 +438,8 @@ class SourceReader:
                 return QueryResult(held[0].buckets_over(signal, end - start,
                                                         wanted_by(None, None, keys)), [])
             try:
-                return self.client.query(self._queries(None, None, keys).histogram(signal, end - start), end)
+                return self.client.query(self._queries(None, None, keys).histogram(
+                    signal, end - start, families=took.get(signal) or None), end)
             except PromAPIError as exc:
                 if exc.kind != "too_large":
                     raise
@@ -745,11 +743,11 @@ class SourceReader:
         return out
 
     def _pick(self, samples: Sequence[_Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
-              histogram: bool = False) -> dict[TargetKey, dict[str, dict[str, float]]]:
+              histogram: bool = False, took: set[int] | None = None) -> dict[TargetKey, dict[str, dict[str, float]]]:
         """Samples of ``signal``'s query -> target -> model -> {sub label value: value}, from the
-        first family (engine name, newest first) that answered for the target; a ``histogram``'s
-        buckets in seconds whatever the unit of the family chosen. A series whose family tag or
-        bucket bound is not valid is dropped (counted in ``drops``)."""
+        first family (engine name, newest first) that answered for the target (added to ``took``);
+        a ``histogram``'s buckets in seconds whatever the unit of the family chosen. A series whose
+        family tag or bucket bound is not valid is dropped (counted in ``drops``)."""
         grouped: dict[TargetKey, dict[int, dict[str, dict[str, float]]]] = {}
         names = self.target_labels
         families = HISTOGRAM_FAMILIES[signal] if histogram else \
@@ -781,6 +779,8 @@ class SourceReader:
             if subs is None:
                 subs = per_model[name] = {}
             subs[sub] = sample.value
+        if took is not None:
+            took.update(min(by_family) for by_family in grouped.values())
         if not histogram:
             return {key: _first_family(by_family) for key, by_family in grouped.items()}
         seen: dict[int, set[str]] = defaultdict(set)

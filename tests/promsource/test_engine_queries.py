@@ -114,3 +114,29 @@ def test_sglang_speculation_gauges_count_only_while_speculating() -> None:
             '(min_over_time(sglang:spec_accept_length{namespace="llm"}[1m]) > 0))') in text
     vllm_like = SourceQueries(("pod",)).gauge("running", 60)
     assert "min_over_time" not in vllm_like
+
+
+class _MeansToo(FakeClient):
+    """Answers SGLang's KV-transfer family to its means-first query too."""
+
+    def query(self, promql: str, time: float) -> _Answer:
+        self.queries.append(promql)
+        return _Answer(self.samples if "sglang:kv_transfer_latency_ms_sum" in promql else [])
+
+
+def test_a_rounds_bucket_query_asks_only_the_families_its_means_came_from() -> None:
+    """Every branch of a query costs the server, even one that matches nothing. A round reads
+    means first; the buckets a target then needs can only be of the family its means came from
+    (a family before it would have answered the means too), so only that family is asked - 2 of
+    5 KV-transfer families' names here, SGLang's, where the means-first query named all 5."""
+    index = next(i for i, f in enumerate(HISTOGRAM_FAMILIES["kv_transfer_time"])
+                 if f.name == "sglang:kv_transfer_latency_ms")
+    tag = {FAMILY_LABEL: str(index), "pod": "p0", "model_name": "m"}
+    client = _MeansToo([_Sample({**tag, "le": le}, v) for le, v in (("sum", 1750.0), ("count", 20))])
+    reader = SourceReader(client, ["pod"])
+    reader.round_windows(0.0, 60.0, ("kv_transfer_time",), lambda key, window: {"kv_transfer_time"})
+    means, buckets = [q for q in client.queries if "sglang:kv_transfer_latency_ms_sum" in q]
+    assert "vllm:nixl_xfer_time_seconds_sum" in means and "trtllm_kv_transfer_latency_seconds_sum" in means
+    assert "sglang:kv_transfer_latency_ms_bucket" in buckets and "_bucket" not in means
+    assert "vllm:" not in buckets and "trtllm" not in buckets and "per_stage" not in buckets
+    assert reader.buckets_read == {"kv_transfer_time": 1}
