@@ -12,7 +12,7 @@ and regrouped alike.
 
 Every series is checked where it is decoded: one that cannot be what its query reads (a
 bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
-query sets that it did not set) is dropped and counted by reason (:data:`BAD_SERIES_REASONS`,
+query sets that it did not set) is dropped and counted by reason (:data:`app.promsource.answers.BAD_SERIES_REASONS`,
 :attr:`SourceReader.bad_series`), and the target's window names what it lacks
 (:attr:`app.window.TargetWindow.dropped`). No error of bad data leaves the reader.
 """
@@ -33,7 +33,6 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector, union
-from app.promsource.answers import BAD_SERIES_REASONS as BAD_SERIES_REASONS  # the reader counts drops by these
 from app.promsource.answers import Around, judge_around, judge_histogram
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family

@@ -25,6 +25,7 @@ from app.api.routes.targets import TARGET_LATENCY_OUT
 from app.core.thresholds import Thresholds
 from app.diagnosis.engine import diagnose
 from app.diagnosis.signals import DIAGNOSIS_HISTOGRAMS, from_window
+from app.promsource.answers import BAD_SERIES_REASONS
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -34,7 +35,7 @@ from app.promsource.queries import (
     MODEL_LABEL,
     STAT_LABEL,
 )
-from app.promsource.reader import BAD_SERIES_REASONS, SourceReader
+from app.promsource.reader import SourceReader
 from app.sources.base import COUNTER_SIGNALS
 from app.window import merge_windows
 
