@@ -791,25 +791,16 @@ class UnionRow:
 
 def measure_union(prom: Prometheus, n: int, ingest_rate: float) -> UnionRow:
     """Each form repeated for two scrape intervals (a scrape's ingest comes in bursts)."""
-    from app.promql import text
-    from app.promsource import queries
-
-    def branches(pods: list[str]) -> list[str]:
-        got: list[list[str]] = []
-        queries.union = lambda parts: (got.append(list(parts)), "")[1]  # type: ignore[assignment]
-        try:
-            queries.SourceQueries(("namespace", "pod"), (("namespace", "=", NAMESPACE), ("pod", "=~", "|".join(pods))),
-                                  ).histogram("prefill_time", 60.0)
-        finally:
-            queries.union = text.union
-        return got[0]
+    from app.promql.text import union
+    from app.promsource.queries import SourceQueries
 
     costs: dict[tuple[str, str], float] = {}
     with httpx.Client(timeout=120) as client:
         for share, pods in (("a fifth", [f"engine-{i}" for i in range(0, n, 5)]),
                             ("all", [f"engine-{i}" for i in range(n)])):
-            parts = branches(pods)
-            for form, query in (("chain", " or ".join(parts)), ("tree", text.union(parts))):
+            parts = SourceQueries(("namespace", "pod"), (("namespace", "=", NAMESPACE), ("pod", "=~", "|".join(pods))),
+                                  ).histogram_branches("prefill_time", 60.0)
+            for form, query in (("chain", " or ".join(parts)), ("tree", union(parts))):
                 repeats, c0, t0 = 0, prom.cpu(), time.monotonic()
                 while repeats < 3 or time.monotonic() - t0 < 2 * SCRAPE_INTERVAL:
                     r = client.post(f"{prom.url}/api/v1/query", data={"query": query})

@@ -126,6 +126,12 @@ class SourceQueries:
 
     def histogram(self, signal: str, window: float, buckets: bool = True, les: Mapping[int, str] | None = None,
                   skip_les: Mapping[int, str] | None = None, families: Collection[int] | None = None) -> str:
+        """:meth:`histogram_branches` joined in one query."""
+        return union(self.histogram_branches(signal, window, buckets, les, skip_les, families))
+
+    def histogram_branches(self, signal: str, window: float, buckets: bool = True,
+                           les: Mapping[int, str] | None = None, skip_les: Mapping[int, str] | None = None,
+                           families: Collection[int] | None = None) -> list[str]:
         """Per target and model, the ``increase`` of every bucket (``buckets``: else none, the
         means-first read: a bucket query touches ~20 series per target, ``_sum``/``_count`` 2),
         of ``_sum`` and of ``_count`` over ``window``. ``les``: per candidate family, a regex of
@@ -148,7 +154,7 @@ class SourceQueries:
                 bucket = _selector(f.name + "_bucket", (*f.matchers, *only), sel)
                 parts.append(_tag(f"sum by ({by}, le) (increase({bucket}[{w}]))", FAMILY_LABEL, str(i)))
             parts += [_tag(e, FAMILY_LABEL, str(i)) for e in (total, count)]
-        return union(parts)
+        return parts
 
     def first_seen(self, signal: str, span: float, step: float) -> str:
         """Per target, the timestamp of its first ``signal`` histogram sample in the ``span``

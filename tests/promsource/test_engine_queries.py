@@ -26,15 +26,16 @@ class _Answer:
 
 
 class FakeClient:
-    """Answers the one SGLang transfer family (index of ``sglang:kv_transfer_latency_ms``), nothing else."""
+    """Answers the one SGLang transfer family (index of ``sglang:kv_transfer_latency_ms``) to the
+    queries that name ``answered`` (its buckets, by default), nothing else."""
 
-    def __init__(self, samples: list[_Sample]) -> None:
-        self.samples = samples
+    def __init__(self, samples: list[_Sample], answered: str = "sglang:kv_transfer_latency_ms_bucket") -> None:
+        self.samples, self.answered = samples, answered
         self.queries: list[str] = []
 
     def query(self, promql: str, time: float) -> _Answer:
         self.queries.append(promql)
-        return _Answer(self.samples if "sglang:kv_transfer_latency_ms_bucket" in promql else [])
+        return _Answer(self.samples if self.answered in promql else [])
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> _Answer:
         self.queries.append(promql)
@@ -116,14 +117,6 @@ def test_sglang_speculation_gauges_count_only_while_speculating() -> None:
     assert "min_over_time" not in vllm_like
 
 
-class _MeansToo(FakeClient):
-    """Answers SGLang's KV-transfer family to its means-first query too."""
-
-    def query(self, promql: str, time: float) -> _Answer:
-        self.queries.append(promql)
-        return _Answer(self.samples if "sglang:kv_transfer_latency_ms_sum" in promql else [])
-
-
 def test_a_rounds_bucket_query_asks_only_the_families_its_means_came_from() -> None:
     """Every branch of a query costs the server, even one that matches nothing. A round reads
     means first; the buckets a target then needs can only be of the family its means came from
@@ -132,7 +125,8 @@ def test_a_rounds_bucket_query_asks_only_the_families_its_means_came_from() -> N
     index = next(i for i, f in enumerate(HISTOGRAM_FAMILIES["kv_transfer_time"])
                  if f.name == "sglang:kv_transfer_latency_ms")
     tag = {FAMILY_LABEL: str(index), "pod": "p0", "model_name": "m"}
-    client = _MeansToo([_Sample({**tag, "le": le}, v) for le, v in (("sum", 1750.0), ("count", 20))])
+    client = FakeClient([_Sample({**tag, "le": le}, v) for le, v in (("sum", 1750.0), ("count", 20))],
+                        answered="sglang:kv_transfer_latency_ms_sum")  # the means-first query too
     reader = SourceReader(client, ["pod"])
     reader.round_windows(0.0, 60.0, ("kv_transfer_time",), lambda key, window: {"kv_transfer_time"})
     means, buckets = [q for q in client.queries if "sglang:kv_transfer_latency_ms_sum" in q]
