@@ -44,8 +44,8 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
 * **Per diagnosis interval.** Then, per N, Prometheus' process CPU (``/proc/<pid>/stat``) over
   a quiet period of ``--intervals`` x 30 s with the service idle (its ingest: the baseline),
   then the same length with the service's periodic work at its default cadence, driven here
-  so that each 30 s interval holds exactly one diagnosis round, two summary rounds and two
-  alert rounds (the default SLOs): Prometheus' CPU minus its ingest CPU over as long, this
+  so that each 30 s interval holds exactly one diagnosis round, two summary rounds, two
+  alert rounds (the default SLOs) and one change events round: Prometheus' CPU minus its ingest CPU over as long, this
   process' CPU (the service), the wall of each diagnosis round, the queries and answer bytes
   (decompressed) of the source's client, and VmRSS; then a least-squares fit ``a x N^b`` per
   column and its projection to N = 10,000, printed as a projection. Then the same intervals
@@ -126,6 +126,7 @@ WINDOW_FILL = 75.0  # seconds of scrapes every engine has before a round (window
 CONCURRENCY = 8  # the source's max_concurrency (the config default)
 TARGET_ROUND_WALL, TARGET_QUERIES, TARGET_LATENCY_7D = 5.0, 40, 1.0
 DIAGNOSIS_INTERVAL, SUMMARY_INTERVAL = 30.0, 15.0  # the service's defaults (alerts: every 15 s too)
+CHANGES_INTERVAL = 30.0  # the change events round's default
 # Issue 41, per diagnosis interval at N = 1,000: Prometheus' extra CPU, the service's CPU, answer bytes
 TARGET_PROM_CPU, TARGET_SERVICE_CPU, TARGET_BYTES = 1.0, 1.5, 10e6
 PROJECT_TO = 10_000
@@ -546,7 +547,8 @@ def measure_round(client: Any, monitor: Any, recorder: Recorder, prom_url: str, 
 class IntervalRow:
     """What the service's periodic work costs per diagnosis interval at N engines: every job a
     service with default settings runs against its source in one interval (one diagnosis round,
-    two summary rounds, two alert rounds), against Prometheus' own ingest over a quiet interval."""
+    two summary rounds, two alert rounds, one change events round), against Prometheus' own
+    ingest over a quiet interval."""
 
     n: int
     intervals: int
@@ -566,10 +568,10 @@ class IntervalRow:
 def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int,
                       profile: cProfile.Profile | None = None) -> IntervalRow:
     """``intervals`` diagnosis intervals of the service's periodic work at the default cadence
-    (diagnosis every DIAGNOSIS_INTERVAL, summaries and alerts every SUMMARY_INTERVAL), driven
-    here in the scheduler's order so that each interval holds exactly one of each, after one
-    summary and alert round; Prometheus' process CPU over them minus its ingest CPU over an
-    equally long quiet period just before.
+    (diagnosis every DIAGNOSIS_INTERVAL, summaries and alerts every SUMMARY_INTERVAL, change
+    events every CHANGES_INTERVAL), driven here in the scheduler's order so that each interval
+    holds exactly those rounds, after one summary and alert round; Prometheus' process CPU over
+    them minus its ingest CPU over an equally long quiet period just before.
     ``profile``: the jobs run under it (their CPU then includes the profiler's)."""
     span = intervals * DIAGNOSIS_INTERVAL
     source_client = recorder.client
@@ -584,7 +586,8 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
     queries0, bytes0, wire0 = source_client.queries, source_client.bytes_read, source_client.wire_bytes
     cpu0, prom0, t0 = time.process_time(), prom.cpu(), time.monotonic()
     ticks = int(DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL)
-    by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0] for name in ("diagnosis", "summaries", "alerts")}
+    jobs = ("diagnosis", "summaries", "alerts", "changes")
+    by_job: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0] for name in jobs}
     calls: dict[str, list[tuple[str, tuple, float]]] = {name: [] for name in by_job}
 
     def job(name: str, fn: Callable[[], Any]) -> None:
@@ -610,6 +613,8 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
             walls.append(time.perf_counter() - w0)
         job("summaries", monitor.refresh_summaries)
         job("alerts", monitor.evaluate_alerts)
+        if tick % int(CHANGES_INTERVAL / SUMMARY_INTERVAL) == 1:  # out of step with the diagnosis, as scheduled
+            job("changes", monitor.detect_changes)
     elapsed = time.monotonic() - t0
     time.sleep(max(0.0, t0 + span - time.monotonic()))  # the last interval runs to its end
     elapsed = max(elapsed, span)
@@ -938,7 +943,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
 
     p99_api, p99_prom = report["ttft"]["p99"], float(answer[0]["value"][1])
     print(f"\n## What the service costs per {DIAGNOSIS_INTERVAL:g} s diagnosis interval (default settings: one "
-          f"diagnosis round, {DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL:g} summary and alert rounds; Prometheus 2.42, "
+          f"diagnosis round, {DIAGNOSIS_INTERVAL / SUMMARY_INTERVAL:g} summary and alert rounds, "
+          f"{DIAGNOSIS_INTERVAL / CHANGES_INTERVAL:g} change events round; Prometheus 2.42, "
           f"15 s scrapes; engines healthy: {f'{healthy_share:.0%}' if healthy_share else '2 of 8 scenarios'}; "
           f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f} at the end)\n")
     print("| N engines | Prometheus ingest CPU (quiet) | Prometheus extra CPU | extra / ingest | service CPU "

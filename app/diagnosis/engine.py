@@ -92,15 +92,17 @@ def judge(rule: Rule, s: Signals, t: Thresholds, outcomes: list[Outcome]) -> Fin
     return finding
 
 
-def diagnose(s: Signals, t: Thresholds) -> Diagnosis:
+def diagnose(s: Signals, t: Thresholds, keep_signals: bool = True) -> Diagnosis:
     """Run every rule on one target/model's signals and rank what fired.
 
     The verdict is the primary finding's regime; ``insufficient_data`` when the window has too
     little engine traffic; ``not_judged`` when nothing fired but some rule could not be judged;
     ``healthy`` only when every rule that applies was judged, none fired, and the latency is in
-    its expected range (``unexplained``, judged last from the others' outcomes, says otherwise)."""
+    its expected range (``unexplained``, judged last from the others' outcomes, says otherwise).
+    ``keep_signals`` False: the diagnosis holds no copy of the signals (a caller that reads only
+    its findings)."""
     diagnosis = Diagnosis(s.target, s.model, s.engine, s.window_start, s.window_end, "healthy",
-                          signals=s.to_dict())
+                          signals=s.to_dict() if keep_signals else {})
     if s.ttft_derived:
         diagnosis.notes.append("TTFT derived as queue + prefill batch time (the engine exports no TTFT histogram)")
     if s.probe_baseline:

@@ -68,7 +68,7 @@ def buckets_needed(window: TargetWindow, target: str, engine: str, thresholds: T
     needed: set[str | TailProbe] = set()
     for s in from_window(window, target, engine):
         needed |= _tail_possible(s, thresholds)
-        diagnosis = diagnose(s, thresholds)
+        diagnosis = diagnose(s, thresholds, keep_signals=False)
         for regime in [f.regime for f in diagnosis.findings] + [n["regime"] for n in diagnosis.not_judged]:
             needed |= EVIDENCE_BUCKETS.get(regime, frozenset())
     return frozenset(needed)
