@@ -686,6 +686,9 @@ def summarize(h: WindowHistogram | None) -> LatencySummary:
     """
     if h is None:
         return LatencySummary(None, None, None, None, None, 0.0)
+    mean = _finite_or_none(h.sum / h.count) if h.count > 0 else None
+    if not h.bounds:  # means only (or no bucket): no quantile, as bucket_quantiles would say
+        return LatencySummary(None, None, None, None, mean, h.count, count_estimate=h.count != 0)
     qs: dict[str, float | None] = {}
     intervals: dict[str, tuple[float, float]] = {}
     answers = bucket_quantiles([q for _, q in QUANTILES], h.bounds, h.increases)
@@ -693,6 +696,5 @@ def summarize(h: WindowHistogram | None) -> LatencySummary:
         qs[name] = _finite_or_none(value)
         if qs[name] is not None and interval is not None:
             intervals[name] = interval
-    mean = _finite_or_none(h.sum / h.count) if h.count > 0 else None
     return LatencySummary(mean=mean, count=h.count, intervals=intervals,
                           count_estimate=h.count != 0, **qs)
