@@ -329,6 +329,11 @@ def test_summarize_values_and_json_friendly_none() -> None:
                                intervals={"p50": (0.1, 0.5), "p90": (1.0, INF), "p95": (1.0, INF),
                                           "p99": (1.0, INF)}, count_estimate=True)
     assert summarize(None) == LatencySummary(None, None, None, None, None, 0.0)
+    # means only (a source's _sum/_count without buckets): the mean and count, no quantile
+    means = summarize(WindowHistogram(bounds=(), increases=(), sum=42.0, count=100.0, means_only=True))
+    assert means == LatencySummary(None, None, None, None, mean=0.42, count=100.0, count_estimate=True)
+    assert summarize(WindowHistogram(bounds=(), increases=(), sum=0.0, count=0.0, means_only=True)) == \
+        LatencySummary(None, None, None, None, None, 0.0)
     # zero observations: every quantile NaN -> None, mean undefined
     z = summarize(WindowHistogram(bounds=B4, increases=(0, 0, 0, 0), sum=0.0, count=0.0))
     assert z == LatencySummary(None, None, None, None, None, 0.0)
