@@ -2,7 +2,7 @@
 Prometheus and the service per diagnosis interval at N engines, one discovery + diagnosis round,
 and the 7-day latency API, against a real Prometheus 2.42 measured in the same run.
 
-    python3 bench/prometheus_source.py --sizes 100,1000,3000   # ~30 minutes on 2 cores
+    python3 bench/prometheus_source.py --sizes 100,1000,3000   # ~60 minutes on 2 cores (7 days of history)
     python3 bench/prometheus_source.py --quick                 # N = 10 only, ~5 minutes
     python3 bench/prometheus_source.py --healthy-share 0.9     # 90 % of the engines healthy
 
@@ -45,10 +45,11 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   a quiet period of ``--intervals`` x 30 s with the service idle (its ingest: the baseline),
   then the same length with the service's periodic work at its default cadence, driven here
   so that each 30 s interval holds exactly one diagnosis round, two summary rounds, two
-  alert rounds (the default SLOs) and one change events round: Prometheus' CPU minus its ingest CPU over as long, this
-  process' CPU (the service), the wall of each diagnosis round, the queries and answer bytes
-  (decompressed) of the source's client, and VmRSS; then a least-squares fit ``a x N^b`` per
-  column and its projection to N = 10,000, printed as a projection. Then the same intervals
+  alert rounds (the default SLOs) and one change events round: Prometheus' CPU minus its
+  ingest CPU over as long, this process' CPU (the service), the wall of each diagnosis round,
+  the queries and answer bytes (decompressed) of the source's client, and VmRSS; then a
+  least-squares fit ``a x N^b`` per column and its projection to N = 10,000, printed as a
+  projection. Then the same intervals
   again with the sources' raw samples dropped - every window queried, the design before them
   (``measure_queried``) - and the ratios of the two: a baseline measured in the same run.
 * **The floor of a read-once design.** What Prometheus spends to read, once, every series the
