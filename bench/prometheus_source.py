@@ -49,9 +49,9 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   ingest CPU over as long, this process' CPU (the service), the wall of each diagnosis round,
   the queries and answer bytes (decompressed) of the source's client, and VmRSS; then a
   least-squares fit ``a x N^b`` per column and its projection to N = 10,000, printed as a
-  projection. Then the same intervals
-  again with the sources' raw samples dropped - every window queried, the design before them
-  (``measure_queried``) - and the ratios of the two: a baseline measured in the same run.
+  projection. Then the same intervals again with the sources' raw samples dropped - every
+  window queried, the design before them (``measure_queried``) - and the ratios of the two: a
+  baseline measured in the same run.
 * **The floor of a read-once design.** What Prometheus spends to read, once, every series the
   means-first round reads (an instant snapshot of all of them; or one evaluation of a per-pod
   ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
