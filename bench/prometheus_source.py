@@ -51,7 +51,8 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   least-squares fit ``a x N^b`` per column and its projection to N = 10,000, printed as a
   projection. Then the same intervals again with the sources' raw samples dropped - every
   window queried, the design before them (``measure_queried``) - and the ratios of the two: a
-  baseline measured in the same run.
+  baseline measured in the same run; and once more with the TTFT and ITL buckets kept too
+  (``hold_buckets: [ttft, itl]``, ``measure_held``).
 * **The floor of a read-once design.** What Prometheus spends to read, once, every series the
   means-first round reads (an instant snapshot of all of them; or one evaluation of a per-pod
   ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
@@ -647,6 +648,29 @@ def measure_queried(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, 
     return row
 
 
+def measure_held(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+    """:func:`measure_intervals` with the TTFT and ITL buckets' raw samples kept too
+    (``hold_buckets: [ttft, itl]``), after one diagnosis round that makes their first read."""
+    from app.promsource.mirror import SampleMirror
+
+    readers = [source.reader for source in monitor.sources.sources.values()]
+    mirrors = [reader.mirror for reader in readers]
+    for reader, mirror in zip(readers, mirrors, strict=True):
+        reader.mirror = SampleMirror(reader.client, reader.matchers, reader.target_labels, mirror.lag,
+                                     buckets=("ttft", "itl"))
+    try:
+        monitor.evaluate_diagnoses(now=time.time())
+        recorder.take()
+        row = measure_intervals(monitor, recorder, prom, n, intervals)
+        recorder.take()
+    finally:
+        for reader, mirror in zip(readers, mirrors, strict=True):
+            reader.mirror = mirror
+    print(f"# N={n} buckets kept, per interval: Prometheus +{row.prom_cpu:.2f} s CPU, service {row.service_cpu:.2f} s "
+          f"CPU, {row.queries:.0f} queries, {row.bytes_read / 1e6:.1f} MB", file=sys.stderr)
+    return row
+
+
 @dataclass
 class FloorRow:
     """What reading each series the means-first round needs costs Prometheus, once: the least
@@ -873,6 +897,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     rows: list[RoundRow] = []
     interval_rows: list[IntervalRow] = []
     queried_rows: list[IntervalRow] = []  # the same intervals with every window queried (no raw samples kept)
+    held_rows: list[IntervalRow] = []  # the same intervals with the TTFT and ITL buckets kept too
     floors: list[FloorRow] = []
     wires: list[WireRow] = []
     unions: list[UnionRow] = []
@@ -914,6 +939,8 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
                 queried_rows.append(measure_queried(monitor, recorder, prom, n, args_intervals))
+                held_rows.append(measure_held(monitor, recorder, prom, n, args_intervals))
+                monitor.evaluate_diagnoses(now=time.time())  # the default mirror again, refreshed after the gap
                 print(f"# N={n} per interval: Prometheus +{irow.prom_cpu:.2f} s CPU (ingest {irow.ingest_cpu:.2f} s), "
                       f"service {irow.service_cpu:.2f} s CPU, rounds {[round(w, 2) for w in irow.round_walls]} s, "
                       f"{irow.queries:.0f} queries, {irow.bytes_read / 1e6:.1f} MB; by job (queries, bytes) "
@@ -964,6 +991,15 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {q.prom_cpu:.2f} s | {q.service_cpu:.2f} s | {statistics.median(q.round_walls):.2f} s | "
               f"{q.queries:.0f} | {q.bytes_read / 1e6:.2f} MB | {r.prom_cpu / q.prom_cpu:.2f} | "
               f"{r.service_cpu / q.service_cpu:.2f} | {r.bytes_read / q.bytes_read:.2f} |")
+    print("\nThe same intervals with the TTFT and ITL buckets' raw samples kept too (`hold_buckets: [ttft, itl]`), "
+          "and the ratios default / kept:\n")
+    print("| N engines | kept: Prometheus extra CPU | service CPU | wall per round | queries | bytes read | "
+          "default / kept: Prometheus | service | bytes |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r, h in zip(interval_rows, held_rows, strict=True):
+        print(f"| {r.n:,} | {h.prom_cpu:.2f} s | {h.service_cpu:.2f} s | {statistics.median(h.round_walls):.2f} s | "
+              f"{h.queries:.0f} | {h.bytes_read / 1e6:.2f} MB | {r.prom_cpu / h.prom_cpu:.2f} | "
+              f"{r.service_cpu / h.service_cpu:.2f} | {r.bytes_read / h.bytes_read:.2f} |")
     print("\nThe floor of any read-once design - every series the means-first round reads, read by Prometheus "
           "once (no buckets): an instant snapshot of all of them, or one evaluation of a per-pod rate[1m] recording "
           "rule per metric name; and the bucket series of the histograms whose tails the diagnosis judges or shows "

@@ -117,6 +117,12 @@ class PrometheusSourceConfig(BaseModel):
         WINDOW_INTERVALS, ge=1, le=100,
         description="The diagnosis window of this source's targets is at least this many scrape intervals (a "
                     "longer diagnosis.window is kept); so are the range selectors of the rules exported for it")
+    hold_buckets: list[Literal["ttft", "itl"]] = Field(
+        default_factory=list, max_length=2,
+        description="Histograms whose buckets the source's raw samples keep too, every replica's (the means "
+                    "series are always kept). Unset: their buckets are queried for the replicas that need them "
+                    "(cheaper for a fleet where few replicas breach an objective or show a tail); kept: no query "
+                    "for them, at the cost of reading ~20 bucket series per replica each interval")
     pd_pair_labels: list[LabelName] = Field(
         default_factory=list, max_length=MAX_GROUP_LABELS,
         description="P/D disaggregation: the replicas sharing these label values form one deployment; a decode "

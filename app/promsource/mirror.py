@@ -5,8 +5,9 @@ every 30 s, the summaries' and the SLO alerts' 5 minutes every 15 s, the change 
 and what a query costs Prometheus grows with the series it touches and the functions it
 applies, not with the samples. A :class:`SampleMirror` keeps the raw samples of the series
 those rounds read every time - each histogram's ``_sum`` and ``_count``, the gauges, the
-counters, ``up``, and the buckets of :data:`HELD_BUCKETS` (TTFT and ITL: what the SLO alerts
-judge every round and the diagnosis' largest bucket reads) - for the longest such window; a
+counters, ``up``, and, where configured (``hold_buckets``), the buckets of :data:`HOLDABLE` (TTFT
+and ITL: what the SLO alerts judge every round and the diagnosis' largest bucket reads) - for the
+longest such window; a
 refresh asks for those series' samples since the last refresh only (one plain range selector,
 ``{__name__=~"..."}[Δ]``), and the rounds' windows are
 computed here from them, grouped as :class:`app.promsource.queries.SourceQueries`' queries
@@ -69,8 +70,8 @@ TRIM_EVERY = 60.0
 #: between two diagnosis rounds (summaries, alerts, change events, out of step with it) share its
 #: refresh - one read of the raw samples per interval
 SHARED_LAG = 30.0
-#: the histograms whose buckets a mirror keeps too (the others' buckets are queried where needed)
-HELD_BUCKETS = frozenset({"ttft", "itl"})
+#: the histograms whose buckets a mirror can keep too (``hold_buckets``; the others' are queried where needed)
+HOLDABLE = frozenset({"ttft", "itl"})
 
 _T = TypeVar("_T")
 Labels = dict[str, str]
@@ -157,7 +158,10 @@ class SampleMirror:
     """The raw samples of one source's means series over the last :data:`RETENTION` seconds."""
 
     def __init__(self, client: object, matchers: Sequence[tuple[str, str, str]], target_labels: Sequence[str],
-                 lag: float = 0.0, retention: float = RETENTION) -> None:
+                 lag: float = 0.0, retention: float = RETENTION, buckets: Collection[str] = ()) -> None:
+        """``buckets``: the histograms of :data:`HOLDABLE` whose buckets are kept too."""
+        if other := sorted(set(buckets) - HOLDABLE):
+            raise ValueError(f"only the buckets of {sorted(HOLDABLE)} can be kept, not {other}")
         self.client = client
         self.target_labels = tuple(target_labels)
         self.lag, self.retention = lag, retention
@@ -165,7 +169,7 @@ class SampleMirror:
         # then each histogram's buckets (None: the means, "ttft": its buckets, ...)
         self.selectors = {group: "{" + format_matchers([("__name__", "=~", any_of(names)), *matchers]) + "}"
                           for group, names in [(None, [*means_names(), "up"]),
-                                               *((signal, bucket_names(signal)) for signal in sorted(HELD_BUCKETS))]}
+                                               *((signal, bucket_names(signal)) for signal in sorted(buckets))]}
         self.time: float | None = None  # the evaluation time of the last refresh
         self.held_from = math.inf  # samples at or after this time are all held
         self.refused = ""  # why the mirror is off (an answer too large): its rounds query instead
@@ -289,7 +293,7 @@ class Held:
     one), answering a window read's jobs as their queries would."""
 
     def __init__(self, series: Series, target_labels: tuple[str, ...],
-                 at: float, answers: dict[tuple, Any] | None = None, buckets: frozenset[str] = HELD_BUCKETS) -> None:
+                 at: float, answers: dict[tuple, Any] | None = None, buckets: frozenset[str] = frozenset()) -> None:
         """``at``: where the windows asked of it end - the end asked, or the refresh's time when that
         is earlier (a window within the lag is the server's answer at the refresh, not short of it).
         ``answers``: the answers for every target already computed from these samples (the rounds
@@ -324,7 +328,7 @@ class Held:
     def answer(self, job: tuple[str, str], start: float, end: float, wanted: Wanted, step: float,
                buckets: bool = False) -> list[VectorSample] | list[RangeSeries]:
         """The answer of a window read's job (kind, signal), shaped as its query's (``step``: the
-        ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :data:`HELD_BUCKETS`).
+        ITL-by-batch split's; ``buckets``: a histogram's buckets too, one of :attr:`buckets`).
         An answer for every target is computed once per refresh (the callers only read it)."""
         if wanted != EVERY:
             return self._answer(job, start, end, wanted, step, buckets)
@@ -363,8 +367,8 @@ class Held:
     def histogram(self, signal: str, start: float, end: float, wanted: Wanted, buckets: bool = False
                   ) -> list[VectorSample]:
         """:meth:`SourceQueries.histogram`: per target and model the ``increase`` of ``_sum``
-        (``le="sum"``), of ``_count`` (``le="count"``) and (``buckets``, a signal of
-        :data:`HELD_BUCKETS`) of every bucket, by ``le``."""
+        (``le="sum"``), of ``_count`` (``le="count"``) and (``buckets``, a signal whose buckets are
+        held) of every bucket, by ``le``."""
         if buckets and signal not in self.buckets:
             raise ValueError(f"the buckets of {signal} are not held")
         start_ms, end_ms = _range(start, end)

@@ -1,19 +1,16 @@
 """Answers of a Prometheus source's queries -> one :class:`app.window.TargetWindow` per target.
 
-A round runs a fixed set of queries (:mod:`app.promsource.queries`), each answering for
-every target of the source at once, through the client's bounded concurrency; this
-module only regroups the answers by target. Percentiles are then computed from the
-per-bucket ``increase`` Prometheus itself returned, with the same ``histogram_quantile``
-(:mod:`app.core.quantiles`, rule for rule promql/quantile.go) - so a percentile equals what
-Prometheus' own ``histogram_quantile`` answers over the same range. With a
-:class:`~app.promsource.mirror.SampleMirror`, the jobs that read no bucket, or only buckets it
-holds, are answered from the raw samples it keeps instead, shaped as their queries' answers,
-and regrouped alike.
+A round runs a fixed set of queries (:mod:`app.promsource.queries`), each answering for every
+target at once, through the client's bounded concurrency; this module regroups the answers by
+target. Percentiles come from the per-bucket ``increase`` Prometheus returned, with its own
+``histogram_quantile`` rules (:mod:`app.core.quantiles`): equal to Prometheus' over the same
+range. With a :class:`~app.promsource.mirror.SampleMirror`, the jobs that read no bucket, or only
+buckets it holds, are answered from its raw samples instead, shaped as their queries' answers.
 
-Every series is checked where it is decoded: one that cannot be what its query reads (a
-bucket whose ``le`` is not a number, a count of scrapes or resets that is not a finite count, a label the
-query sets that it did not set) is dropped and counted by reason (:data:`app.promsource.answers.BAD_SERIES_REASONS`,
-:attr:`SourceReader.bad_series`), and the target's window names what it lacks
+Every series is checked where it is decoded: one that cannot be what its query reads (an ``le``
+that is not a number, a count of scrapes or resets that is not a finite count, a label the query
+sets that it did not set) is dropped and counted by reason (:attr:`SourceReader.bad_series`,
+:data:`app.promsource.answers.BAD_SERIES_REASONS`), and the target's window names what it lacks
 (:attr:`app.window.TargetWindow.dropped`). No error of bad data leaves the reader.
 """
 
@@ -40,7 +37,7 @@ from app.promsource.answers import first_family as _first_family
 from app.promsource.answers import histogram as _histogram
 from app.promsource.answers import rescaled as _rescaled
 from app.promsource.answers import valid_le as _valid_le
-from app.promsource.mirror import HELD_BUCKETS, MIRRORED, Held, SampleMirror, Wanted, wanted_by
+from app.promsource.mirror import MIRRORED, Held, SampleMirror, Wanted, wanted_by
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -121,15 +118,16 @@ class SourceReader:
     """Reads windows and the current target set of one source through a query client."""
 
     def __init__(self, client: QueryClient, target_labels: Sequence[str], selector: str = "",
-                 service_labels: Sequence[str] = (), mirror_lag: float | None = None) -> None:
+                 service_labels: Sequence[str] = (), mirror_lag: float | None = None,
+                 hold_buckets: Collection[str] = ()) -> None:
         """``mirror_lag``: the :class:`~app.promsource.mirror.SampleMirror`'s lag (None: no mirror,
-        every window is queried)."""
+        every window is queried); ``hold_buckets``: the histograms whose buckets it keeps too."""
         self.client = client
         self.target_labels = tuple(target_labels)
         self.service_labels = tuple(service_labels)
         self.matchers = tuple(parse_selector(selector))
         self.mirror = None if mirror_lag is None else \
-            SampleMirror(client, self.matchers, self.target_labels, mirror_lag)
+            SampleMirror(client, self.matchers, self.target_labels, mirror_lag, buckets=hold_buckets)
         self.bad_series: Counter[str] = Counter()  # series dropped since the start, by reason
         self.refused: dict[str, str] = {}  # the query (signal or kind) -> why its last answer was refused
         self.buckets_read: dict[str, int] = {}  # the last round's bucket reads: histogram -> targets
@@ -483,17 +481,23 @@ class SourceReader:
                    above: Mapping[str, Sequence[tuple[float, float]]] | None = None
                    ) -> dict[str, dict[TargetKey, dict[str, WindowHistogram]]]:
         """Per signal: every target's histogram increase over ``[start, end]`` per model, one query
-        per signal for all targets at once (what an SLO condition reads). ``above``: signal ->
-        (quantile, threshold) pairs of which the caller keeps only the targets whose quantile is
-        above the threshold and reads only those quantiles (a signal whose buckets the mirror
-        holds is answered from them in full, every target's): the buckets around the thresholds
-        come first (:meth:`_around`); a target at or below every threshold is left out, one they
-        tell exactly keeps those buckets (all models summed, under model ``""``), and only the
-        others' buckets are read: from ``L`` up where the target's ``L`` and ``U`` are its
-        family's and a quantile lies above ``U`` (:meth:`_les_below`: the histograms then hold
-        the buckets from ``L`` up, exact for those quantiles), in full where its layout differs."""
-        asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
+        per signal (an SLO condition's read). ``above``: signal -> (quantile, threshold) pairs; the
+        buckets around the thresholds come first (:meth:`_around`): a target at or below every
+        threshold is left out, one they tell exactly keeps them (model ``""``), the others' are
+        read from ``L`` up (:meth:`_les_below`) or in full where the layout differs; buckets the
+        mirror holds answer every target in full. Within the raw samples' lag the window ends at
+        their refresh, computed once per refresh (the SLO alert rounds in between ask the same)."""
         held = self._mirrored(start, end, None, None, None)
+        if held is None:
+            return self._histograms_read(signals, start, end, above, None)
+        at, limits = held[0].at, tuple(sorted((s, tuple(pairs)) for s, pairs in (above or {}).items()))
+        return held[0].memo(("histograms", tuple(signals), at - (end - start), at, limits),
+                            lambda: self._histograms_read(signals, at - (end - start), at, above, held))
+
+    def _histograms_read(self, signals: Sequence[str], start: float, end: float,
+                         above: Mapping[str, Sequence[tuple[float, float]]] | None, held: tuple[Held, Wanted] | None
+                         ) -> dict[str, dict[TargetKey, dict[str, WindowHistogram]]]:
+        asked = [s for s in signals if s in HISTOGRAM_FAMILIES]  # a signal no engine exports costs no query
         mine = {s for s in asked if held is not None and s in held[0].buckets}  # every bucket from the samples held
         around = {s: self._around(s, start, end, above[s]) for s in asked if above and above.get(s) and s not in mine}
 
@@ -514,9 +518,7 @@ class SourceReader:
                  ) -> dict[TargetKey, dict[str, WindowHistogram]]:
             signal, keys, skip = job
             if held is not None and signal in mine:
-                view, every = held  # the SLO alerts' rounds that share a refresh ask the same
-                return view.memo(("histograms", signal, view.at - (end - start), view.at),
-                                 lambda: self._histograms(view.buckets_over(signal, end - start, every), signal))
+                return self._histograms(held[0].buckets_over(signal, end - start, held[1]), signal)
             answer = self.client.query(self._queries(None, None, keys).histogram(signal, end - start, skip_les=skip),
                                        end)
             return self._histograms(answer.data, signal)
@@ -557,7 +559,7 @@ class SourceReader:
         only these targets; a family whose layout is not known yet makes its targets "may be
         above", with no histogram; None: no layout is known. A signal whose buckets the mirror
         holds is judged from them all, each target's quantiles computed."""
-        held = self._mirrored(start, end, None, None, keys) if signal in HELD_BUCKETS else None
+        held = self._mirrored(start, end, None, None, keys) if self.mirror and signal in self.mirror.buckets else None
         if held is not None and signal in held[0].buckets:
             return self._judged(signal, held[0], start, end, held[1], limits)
         families = HISTOGRAM_FAMILIES[signal]

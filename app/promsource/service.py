@@ -136,7 +136,7 @@ class PrometheusSource:
             insecure_skip_verify=config.tls.insecure_skip_verify, timeout=config.query_timeout,
             max_concurrency=config.max_concurrency, max_series=config.max_series, max_samples=config.max_samples)
         self.reader = SourceReader(self.client, config.target_labels, config.selector, config.service_labels,
-                                   mirror_lag)
+                                   mirror_lag, config.hold_buckets)
         self.status = SourceStatus(config.name, config.kind, public_url(config.url), list(config.target_labels))
         self.keys: dict[str, TargetKey] = {}  # target name -> label values, for on-demand reads
         self.interval = intervals.configured(config.scrape_interval) if config.scrape_interval is not None \

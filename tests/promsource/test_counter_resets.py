@@ -135,7 +135,8 @@ def test_a_restart_between_rounds_reads_as_prometheus_counts_it(tmp_path: Path) 
                 client = PrometheusClient(prom.url, timeout=30)
                 try:
                     reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
-                    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0)
+                    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0,
+                                            hold_buckets=("ttft", "itl"))
                     first = time.time() - 1.0
                     before = _agrees(reader, client, first)
                     _mirror_agrees(mirrored, reader, first)

@@ -582,20 +582,22 @@ def test_same_verdict_from_victoria_metrics(vm_matrix: tuple[dict[str, Case], Pr
 
 
 def _means_first_agrees(client: PrometheusClient, cases: dict[str, Case], case: Case, shift: float = 0.0,
-                        mirror_lag: float | None = None) -> int:
+                        mirror_lag: float | None = None, hold: tuple[str, ...] = ()) -> int:
     """The round's means-first read of every case (app/diagnosis/tails.py says whose buckets)
     against one full read: the same verdict, findings (evidence included) and not-judged list
     for ``case``, and each number of its signals the same; the histograms read means first keep
     their mean and count and lose only their quantiles. ``mirror_lag``: the round reads from a
-    mirror of the raw samples (its TTFT and ITL buckets too). Returns how many histograms of
+    mirror of the raw samples (``hold``: the buckets it keeps too). Returns how many histograms of
     ``case`` were read means first."""
     end, start = case.end, case.end - WINDOW_S
     thresholds = Thresholds()
     reader = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
     rounds = reader if mirror_lag is None else \
-        SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=mirror_lag)
+        SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=mirror_lag, hold_buckets=hold)
     engines = {c.pod: c.engine for c in cases.values()}
     full = reader.windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
+    if rounds is not reader:  # a running service knows the bucket layouts (the stall probe's) from earlier reads
+        rounds.windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS)
     lean = rounds.round_windows(start + shift, end + shift, DIAGNOSIS_HISTOGRAMS,
                                 lambda key, w: buckets_needed(w, key[1], engines[key[1]], thresholds))
     assert mirror_lag is None or (rounds.mirror is not None and rounds.mirror.refreshes == 1)
@@ -625,14 +627,17 @@ def _means_first_agrees(client: PrometheusClient, cases: dict[str, Case], case: 
     return len(thin)
 
 
-@pytest.mark.parametrize("mirror_lag", [None, 0.0], ids=["queried", "mirror"])
+@pytest.mark.parametrize(("mirror_lag", "hold"), [(None, ()), (0.0, ()), (0.0, ("ttft", "itl"))],
+                         ids=["queried", "mirror", "mirror-with-buckets"])
 def test_a_round_reads_means_first_and_concludes_what_a_full_read_does(
-        matrix: tuple[dict[str, Case], PrometheusClient], mirror_lag: float | None) -> None:
+        matrix: tuple[dict[str, Case], PrometheusClient], mirror_lag: float | None, hold: tuple[str, ...]) -> None:
     """Every case of the matrix, from Prometheus 2.42: the round's read (``_sum``/``_count`` of
     every histogram, buckets only where a distribution can matter) diagnoses as the full read,
-    queried or from the raw samples kept (the TTFT and ITL buckets among them)."""
+    queried or from the raw samples kept (the means series; with ``hold_buckets``, the TTFT and
+    ITL buckets too)."""
     cases, client = matrix
-    thin = {pod: _means_first_agrees(client, cases, case, mirror_lag=mirror_lag) for pod, case in cases.items()}
+    thin = {pod: _means_first_agrees(client, cases, case, mirror_lag=mirror_lag, hold=hold)
+            for pod, case in cases.items()}
     # healthy: every histogram means first (11 on vLLM's page); prefill_compute and queueing all but
     # TTFT, whose p99 their findings show; prefill_interference, bandwidth_bound and the regimes whose
     # ITL has stalls or a slow p99 also the ITL, prompt, step and prefill buckets
@@ -823,10 +828,9 @@ def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
                 compared += 1
             assert lean[key].infos == window.infos
         assert compared > 30 * len(full)
-        # the first read refreshes once (8 minutes of every held series, in 4 pieces for each of the
-        # means series, the TTFT buckets and the ITL buckets), an earlier end none; the configuration
-        # (info series) is still queried
-        assert mirror.refreshes == 1 and asked == (1 + 3 * 4 if at == end - 30.0 and keys is None else 1), asked
+        # the first read refreshes once (8 minutes of the means series in 4 pieces), an earlier end
+        # none; the configuration (info series) is still queried
+        assert mirror.refreshes == 1 and asked == (1 + 4 if at == end - 30.0 and keys is None else 1), asked
     assert mirror.time is not None and mirror.time >= end - 30.0
     assert not mirror.covers(end - 1000.0, end - 30.0)  # longer than what is held: queried
     refreshes = mirror.refreshes
@@ -841,6 +845,22 @@ def test_the_mirror_of_raw_samples_gives_the_queries_numbers(
         assert expected.keys() == got.keys() and all(
             got[k] == v or (math.isnan(v) and math.isnan(got[k])) for k, v in expected.items()), key
 
+    # the SLO alerts' read, buckets not held: queried over the window that ends at the refresh,
+    # once per refresh (the next alert round within the lag asks nothing), the queried numbers
+    limits = {"ttft": [(0.99, 2.0)], "itl": [(0.99, 0.15)]}
+    before = client.queries
+    first = mirrored.histograms(["ttft", "itl"], end + 10.0 - 300.0, end + 10.0, limits)
+    sent = client.queries - before
+    again = mirrored.histograms(["ttft", "itl"], end + 15.0 - 300.0, end + 15.0, limits)
+    assert sent >= 2 and client.queries == before + sent and again is first and mirror.refreshes == refreshes + 1
+    expected_slo = queried.histograms(["ttft", "itl"], mirror.time - 300.0, mirror.time, limits)
+    assert first.keys() == expected_slo.keys() and sum(len(by_key) for by_key in first.values()) > 0
+    for signal, by_key in expected_slo.items():
+        assert first[signal].keys() == by_key.keys(), signal
+        for key, per_model in by_key.items():
+            assert per_model.keys() == first[signal][key].keys(), (signal, key)
+            assert all(_same_histogram(first[signal][key][m], h) for m, h in per_model.items()), (signal, key)
+
 
 def _same_histogram(got: WindowHistogram | None, expected: WindowHistogram | None) -> bool:
     """Two window histograms agree: the same bounds, every increase, sum and count, bit for bit."""
@@ -853,14 +873,15 @@ def _same_histogram(got: WindowHistogram | None, expected: WindowHistogram | Non
 
 
 def test_the_buckets_held_give_the_queries_histograms(matrix: tuple[dict[str, Case], PrometheusClient]) -> None:
-    """The TTFT and ITL buckets the mirror holds (``HELD_BUCKETS``) give every case's histograms
+    """The TTFT and ITL buckets the mirror holds (``hold_buckets``) give every case's histograms
     as Prometheus' ``increase`` does, bit for bit: in a window read (the other histograms' buckets
     still queried), in the SLO alerts' 5-minute read (every target's, with no query; the targets
     the buckets around the thresholds keep have the same quantiles) and in the stall probe (the
     same targets)."""
     cases, client = matrix
     queried = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}')
-    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0)
+    mirrored = SourceReader(client, ["namespace", "pod"], '{namespace="llm"}', mirror_lag=0.0,
+                            hold_buckets=("ttft", "itl"))
     end = max(case.end for case in cases.values()) - 30.0
     full = queried.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)
     lean = mirrored.windows(end - WINDOW_S, end, DIAGNOSIS_HISTOGRAMS, diagnosis=True)

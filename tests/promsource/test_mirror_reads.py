@@ -51,6 +51,23 @@ class Server:
         return QueryResult(out, [])
 
 
+def test_only_the_buckets_configured_are_kept() -> None:
+    """By default a mirror keeps the means series alone (one read), and refuses to keep the
+    buckets of a histogram whose rounds do not read them from it."""
+    points = [(T0 - 600 + 15 * k, float(k)) for k in range(41)]
+    series = {"up": points, "vllm:time_to_first_token_seconds_bucket|+Inf": points}
+    server = Server(series)
+    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    held = mirror.view(T0 - 60, T0)
+    assert held is not None and held.buckets == frozenset() and mirror.buckets == frozenset()
+    assert server.asked_buckets == [] and len(server.asked) == 4  # the means series, in 4 pieces
+    assert mirror.series_held() == 1 and "vllm:time_to_first_token_seconds_bucket" not in mirror._series
+    with pytest.raises(ValueError, match="buckets of"):
+        held.answer(("histogram", "ttft"), T0 - 60, T0, EVERY, 0.0, buckets=True)
+    with pytest.raises(ValueError, match=r"can be kept, not \['prefill_time'\]"):
+        SampleMirror(server, [], ["pod"], buckets=("ttft", "prefill_time"))
+
+
 def test_the_first_read_comes_in_pieces_then_only_what_is_new() -> None:
     points = [(T0 - 600 + 15 * k, 10.0 * k) for k in range(41)]  # to T0, every 15 s; one at T0 - 120 exactly
     server = Server({"vllm:request_success_total": points})
@@ -144,7 +161,7 @@ def test_buckets_too_many_to_keep_are_queried_and_the_means_kept() -> None:
               "vllm:inter_token_latency_seconds_bucket|+Inf": points}
     series |= {f"vllm:time_to_first_token_seconds_bucket|{le}": points for le in ("0.1", "1.0", "+Inf")}
     server = Server(series, max_series=2)
-    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    mirror = SampleMirror(server, [], ["namespace", "pod"], buckets=("ttft", "itl"))
     held = mirror.view(T0 - 60, T0)
     assert held is not None and not mirror.refused
     assert held.buckets == {"itl"} and mirror.buckets == {"itl"} and "max_series" in mirror.refused_buckets["ttft"]
