@@ -51,8 +51,8 @@ What runs (all on 127.0.0.1, every process stopped by its PID at the end):
   least-squares fit ``a x N^b`` per column and its projection to N = 10,000, printed as a
   projection. Then the same intervals again with the sources' raw samples dropped - every
   window queried, the design before them (``measure_queried``) - and the ratios of the two: a
-  baseline measured in the same run; and once more with the TTFT and ITL buckets kept too
-  (``hold_buckets: [ttft, itl]``, ``measure_held``).
+  baseline measured in the same run; and once more with the means series kept alone, the TTFT
+  and ITL buckets queried where needed (``hold_buckets: []``, ``measure_means_only``).
 * **The floor of a read-once design.** What Prometheus spends to read, once, every series the
   means-first round reads (an instant snapshot of all of them; or one evaluation of a per-pod
   ``rate[1m]`` recording rule per name), and every pod's bucket series of the histograms whose
@@ -629,35 +629,15 @@ def measure_intervals(monitor: Any, recorder: Recorder, prom: Prometheus, n: int
                        calls)
 
 
-def measure_queried(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
-    """:func:`measure_intervals` with the sources' raw samples dropped (every window queried, the
-    design before them), then kept again."""
+def measure_swapped(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int, what: str,
+                    mirror_of: Callable[[Any], Any]) -> IntervalRow:
+    """:func:`measure_intervals` with each source's raw samples replaced by ``mirror_of(reader)``
+    (None: none, every window queried), after one diagnosis round that makes their first read;
+    the service's own kept again after."""
     readers = [source.reader for source in monitor.sources.sources.values()]
     mirrors = [reader.mirror for reader in readers]
     for reader in readers:
-        reader.mirror = None
-    try:
-        recorder.take()
-        row = measure_intervals(monitor, recorder, prom, n, intervals)
-        recorder.take()
-    finally:
-        for reader, mirror in zip(readers, mirrors, strict=True):
-            reader.mirror = mirror
-    print(f"# N={n} queried, per interval: Prometheus +{row.prom_cpu:.2f} s CPU, service {row.service_cpu:.2f} s CPU, "
-          f"{row.queries:.0f} queries, {row.bytes_read / 1e6:.1f} MB", file=sys.stderr)
-    return row
-
-
-def measure_held(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
-    """:func:`measure_intervals` with the TTFT and ITL buckets' raw samples kept too
-    (``hold_buckets: [ttft, itl]``), after one diagnosis round that makes their first read."""
-    from app.promsource.mirror import SampleMirror
-
-    readers = [source.reader for source in monitor.sources.sources.values()]
-    mirrors = [reader.mirror for reader in readers]
-    for reader, mirror in zip(readers, mirrors, strict=True):
-        reader.mirror = SampleMirror(reader.client, reader.matchers, reader.target_labels, mirror.lag,
-                                     buckets=("ttft", "itl"))
+        reader.mirror = mirror_of(reader)
     try:
         monitor.evaluate_diagnoses(now=time.time())
         recorder.take()
@@ -666,9 +646,22 @@ def measure_held(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, int
     finally:
         for reader, mirror in zip(readers, mirrors, strict=True):
             reader.mirror = mirror
-    print(f"# N={n} buckets kept, per interval: Prometheus +{row.prom_cpu:.2f} s CPU, service {row.service_cpu:.2f} s "
-          f"CPU, {row.queries:.0f} queries, {row.bytes_read / 1e6:.1f} MB", file=sys.stderr)
+    print(f"# N={n} {what}, per interval: Prometheus +{row.prom_cpu:.2f} s CPU, service {row.service_cpu:.2f} s CPU, "
+          f"{row.queries:.0f} queries, {row.bytes_read / 1e6:.1f} MB", file=sys.stderr)
     return row
+
+
+def measure_queried(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+    """The intervals with every window queried: the design before the raw samples were kept."""
+    return measure_swapped(monitor, recorder, prom, n, intervals, "queried", lambda reader: None)
+
+
+def measure_means_only(monitor: Any, recorder: Recorder, prom: Prometheus, n: int, intervals: int) -> IntervalRow:
+    """The intervals with the means series' raw samples kept alone (``hold_buckets: []``)."""
+    from app.promsource.mirror import SampleMirror
+
+    return measure_swapped(monitor, recorder, prom, n, intervals, "means kept alone", lambda reader: SampleMirror(
+        reader.client, reader.matchers, reader.target_labels, reader.mirror.lag, buckets=()))
 
 
 @dataclass
@@ -897,7 +890,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
     rows: list[RoundRow] = []
     interval_rows: list[IntervalRow] = []
     queried_rows: list[IntervalRow] = []  # the same intervals with every window queried (no raw samples kept)
-    held_rows: list[IntervalRow] = []  # the same intervals with the TTFT and ITL buckets kept too
+    means_rows: list[IntervalRow] = []  # the same intervals with the means series kept alone
     floors: list[FloorRow] = []
     wires: list[WireRow] = []
     unions: list[UnionRow] = []
@@ -939,7 +932,7 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
                     job_costs = {job: serial_costs(prom.url, calls) for job, calls in irow.calls.items()}
                 interval_rows.append(irow)
                 queried_rows.append(measure_queried(monitor, recorder, prom, n, args_intervals))
-                held_rows.append(measure_held(monitor, recorder, prom, n, args_intervals))
+                means_rows.append(measure_means_only(monitor, recorder, prom, n, args_intervals))
                 monitor.evaluate_diagnoses(now=time.time())  # the default mirror again, refreshed after the gap
                 print(f"# N={n} per interval: Prometheus +{irow.prom_cpu:.2f} s CPU (ingest {irow.ingest_cpu:.2f} s), "
                       f"service {irow.service_cpu:.2f} s CPU, rounds {[round(w, 2) for w in irow.round_walls]} s, "
@@ -991,12 +984,12 @@ def run(tmp: Path, port: int, sizes: list[int], replays: list[Replay], days: flo
         print(f"| {r.n:,} | {q.prom_cpu:.2f} s | {q.service_cpu:.2f} s | {statistics.median(q.round_walls):.2f} s | "
               f"{q.queries:.0f} | {q.bytes_read / 1e6:.2f} MB | {r.prom_cpu / q.prom_cpu:.2f} | "
               f"{r.service_cpu / q.service_cpu:.2f} | {r.bytes_read / q.bytes_read:.2f} |")
-    print("\nThe same intervals with the TTFT and ITL buckets' raw samples kept too (`hold_buckets: [ttft, itl]`), "
-          "and the ratios default / kept:\n")
-    print("| N engines | kept: Prometheus extra CPU | service CPU | wall per round | queries | bytes read | "
-          "default / kept: Prometheus | service | bytes |")
+    print("\nThe same intervals with the means series' raw samples kept alone, the TTFT and ITL buckets queried "
+          "where needed (`hold_buckets: []`), and the ratios default / that:\n")
+    print("| N engines | means alone: Prometheus extra CPU | service CPU | wall per round | queries | bytes read | "
+          "default / means alone: Prometheus | service | bytes |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r, h in zip(interval_rows, held_rows, strict=True):
+    for r, h in zip(interval_rows, means_rows, strict=True):
         print(f"| {r.n:,} | {h.prom_cpu:.2f} s | {h.service_cpu:.2f} s | {statistics.median(h.round_walls):.2f} s | "
               f"{h.queries:.0f} | {h.bytes_read / 1e6:.2f} MB | {r.prom_cpu / h.prom_cpu:.2f} | "
               f"{r.service_cpu / h.service_cpu:.2f} | {r.bytes_read / h.bytes_read:.2f} |")

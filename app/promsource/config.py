@@ -84,6 +84,10 @@ def _label_list(names: list[str], field: str) -> list[str]:
     return names
 
 
+#: the histograms whose buckets a source's raw samples can keep (app.promsource.mirror.HOLDABLE)
+HoldableBuckets = Literal["ttft", "itl"]
+
+
 class PrometheusSourceConfig(BaseModel):
     """One Prometheus-compatible HTTP API whose engine series become targets."""
 
@@ -117,12 +121,13 @@ class PrometheusSourceConfig(BaseModel):
         WINDOW_INTERVALS, ge=1, le=100,
         description="The diagnosis window of this source's targets is at least this many scrape intervals (a "
                     "longer diagnosis.window is kept); so are the range selectors of the rules exported for it")
-    hold_buckets: list[Literal["ttft", "itl"]] = Field(
-        default_factory=list, max_length=2,
+    hold_buckets: list[HoldableBuckets] = Field(
+        default_factory=lambda: list[HoldableBuckets](["ttft", "itl"]), max_length=2,
         description="Histograms whose buckets the source's raw samples keep too, every replica's (the means "
-                    "series are always kept). Unset: their buckets are queried for the replicas that need them "
-                    "(cheaper for a fleet where few replicas breach an objective or show a tail); kept: no query "
-                    "for them, at the cost of reading ~20 bucket series per replica each interval")
+                    "series are always kept): the SLO alerts, the stall probe and the attributions read them with "
+                    "no query. [] queries them for the replicas that need them instead: less CPU and fewer bytes "
+                    "for the service where few replicas breach an objective or show a tail, more CPU for "
+                    "Prometheus where many do")
     pd_pair_labels: list[LabelName] = Field(
         default_factory=list, max_length=MAX_GROUP_LABELS,
         description="P/D disaggregation: the replicas sharing these label values form one deployment; a decode "

@@ -5,16 +5,15 @@ every 30 s, the summaries' and the SLO alerts' 5 minutes every 15 s, the change 
 and what a query costs Prometheus grows with the series it touches and the functions it
 applies, not with the samples. A :class:`SampleMirror` keeps the raw samples of the series
 those rounds read every time - each histogram's ``_sum`` and ``_count``, the gauges, the
-counters, ``up``, and, where configured (``hold_buckets``), the buckets of :data:`HOLDABLE` (TTFT
-and ITL: what the SLO alerts judge every round and the diagnosis' largest bucket reads) - for the
-longest such window; a
-refresh asks for those series' samples since the last refresh only (one plain range selector,
-``{__name__=~"..."}[Δ]``), and the rounds' windows are
-computed here from them, grouped as :class:`app.promsource.queries.SourceQueries`' queries
-group them, with the same per-series maths as Prometheus 2.42 (:mod:`app.core.quantiles`:
+counters, ``up``, and (``hold_buckets``, by default) the buckets of :data:`HOLDABLE` (TTFT and
+ITL: what the SLO alerts judge every round and the diagnosis' largest bucket reads) - for the
+longest such window; a refresh asks for those series' samples since the last refresh only (one
+plain range selector per group, ``{__name__=~"..."}[Δ]``), and the rounds' windows are computed
+here from them, grouped as :class:`app.promsource.queries.SourceQueries`' queries group them,
+with the same per-series maths as Prometheus 2.42 (:mod:`app.core.quantiles`:
 ``increase``/``rate`` = ``extrapolatedRate``; the ``*_over_time`` functions), so the reader
 regroups them unchanged and the numbers are the server's over the same samples
-(``tests/promsource/test_mirror.py``).
+(``tests/promsource/test_mirror_reads.py``, ``tests/promsource/test_matrix_both_modes.py``).
 
 A window ending at most ``lag`` seconds after the last refresh is computed from it as it was at
 the refresh (the same length, ending then): the rounds of one moment share one read, and a
@@ -158,7 +157,7 @@ class SampleMirror:
     """The raw samples of one source's means series over the last :data:`RETENTION` seconds."""
 
     def __init__(self, client: object, matchers: Sequence[tuple[str, str, str]], target_labels: Sequence[str],
-                 lag: float = 0.0, retention: float = RETENTION, buckets: Collection[str] = ()) -> None:
+                 lag: float = 0.0, retention: float = RETENTION, buckets: Collection[str] = HOLDABLE) -> None:
         """``buckets``: the histograms of :data:`HOLDABLE` whose buckets are kept too."""
         if other := sorted(set(buckets) - HOLDABLE):
             raise ValueError(f"only the buckets of {sorted(HOLDABLE)} can be kept, not {other}")

@@ -37,7 +37,7 @@ from app.promsource.answers import first_family as _first_family
 from app.promsource.answers import histogram as _histogram
 from app.promsource.answers import rescaled as _rescaled
 from app.promsource.answers import valid_le as _valid_le
-from app.promsource.mirror import MIRRORED, Held, SampleMirror, Wanted, wanted_by
+from app.promsource.mirror import HOLDABLE, MIRRORED, Held, SampleMirror, Wanted, wanted_by
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -119,7 +119,7 @@ class SourceReader:
 
     def __init__(self, client: QueryClient, target_labels: Sequence[str], selector: str = "",
                  service_labels: Sequence[str] = (), mirror_lag: float | None = None,
-                 hold_buckets: Collection[str] = ()) -> None:
+                 hold_buckets: Collection[str] = HOLDABLE) -> None:
         """``mirror_lag``: the :class:`~app.promsource.mirror.SampleMirror`'s lag (None: no mirror,
         every window is queried); ``hold_buckets``: the histograms whose buckets it keeps too."""
         self.client = client

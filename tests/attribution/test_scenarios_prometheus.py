@@ -181,9 +181,8 @@ def test_a_firing_alerts_attribution_reads_the_raw_samples_held(recorded: Record
     """A firing alert's attribution (app/lifespan.py ``what_changed``) ends where the round's shared
     read of the source does: its raw samples' last refresh, within their lag. At the defaults
     (``for`` 2 minutes and the diagnosis minute: 3-minute windows, the one before as long) both
-    windows and the baseline's parts lie in the samples held: each window's read is one request
-    (the target's configuration, and for the two windows compared the TTFT and ITL buckets, which
-    the source does not hold by default), and the attribution is the one the queries give."""
+    windows and the baseline's parts lie in the samples held: each window's read asks only the
+    target's configuration (info series), and the attribution is the one the queries give."""
     (source,) = recorded.windows.sources.sources.sources.values()  # type: ignore[attr-defined]
     mirror, client = source.reader.mirror, source.client
     refreshed = round(T0 + END, 3)

@@ -52,12 +52,12 @@ class Server:
 
 
 def test_only_the_buckets_configured_are_kept() -> None:
-    """By default a mirror keeps the means series alone (one read), and refuses to keep the
-    buckets of a histogram whose rounds do not read them from it."""
+    """With ``hold_buckets: []`` a mirror keeps the means series alone (one read); it refuses to
+    keep the buckets of a histogram whose rounds do not read them from it."""
     points = [(T0 - 600 + 15 * k, float(k)) for k in range(41)]
     series = {"up": points, "vllm:time_to_first_token_seconds_bucket|+Inf": points}
     server = Server(series)
-    mirror = SampleMirror(server, [], ["namespace", "pod"])
+    mirror = SampleMirror(server, [], ["namespace", "pod"], buckets=())
     held = mirror.view(T0 - 60, T0)
     assert held is not None and held.buckets == frozenset() and mirror.buckets == frozenset()
     assert server.asked_buckets == [] and len(server.asked) == 4  # the means series, in 4 pieces
