@@ -9,11 +9,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from pydantic import ValidationError
 
 from app.core import quantiles
 from app.core.durations import parse_duration
 from app.promql.client import PromAPIError, QueryResult, RangeSeries
+from app.promsource.config import PrometheusSourceConfig
 from app.promsource.mirror import EVERY, OVERLAP, PIECE, RETENTION, SampleMirror, wanted_by
+from app.promsource.service import PrometheusSource
 
 T0 = 1_800_000_000.0
 POD = {"namespace": "llm", "pod": "a", "model_name": "m"}
@@ -213,3 +216,20 @@ def test_reads_that_share_a_refresh_compute_each_answer_once_and_a_few_targets_r
     fresh = mirror.view(T0 - 30, T0 + 45)  # past the lag: a new refresh, its own answers
     assert fresh is not None and fresh.memo(("k",), lambda: computed.append(3) or ["new"]) == ["new"]
     assert computed == [1, 3]
+
+
+def test_the_source_configuration_says_which_buckets_are_kept() -> None:
+    """``hold_buckets`` reaches the source's mirror: TTFT and ITL by default, none with ``[]``;
+    any other histogram is refused when the configuration is read, naming the field."""
+    def config(**extra: object) -> PrometheusSourceConfig:
+        return PrometheusSourceConfig.model_validate({"name": "prod", "url": "http://127.0.0.1:9", "target_labels":
+                                                      ["namespace", "pod"], **extra})
+
+    for extra, kept in (({}, {"ttft", "itl"}), ({"hold_buckets": []}, set()), ({"hold_buckets": ["itl"]}, {"itl"})):
+        source = PrometheusSource(config(**extra), mirror_lag=0.0)
+        try:
+            assert source.reader.mirror is not None and source.reader.mirror.buckets == kept, extra
+        finally:
+            source.close()
+    with pytest.raises(ValidationError, match=r"hold_buckets\.0\n  Input should be 'ttft' or 'itl'"):
+        config(hold_buckets=["prefill_time"])
