@@ -54,12 +54,23 @@ def settle(c: Cluster, n: int) -> None:
     time.sleep(3 * HEARTBEAT + INTERVAL)  # hand-overs done
 
 
-def assert_shared_without_overlap(c: Cluster) -> None:
+def assert_shared_without_overlap(c: Cluster, windows: int = 3) -> None:
+    """Every target is scraped by its owner alone: in no observation window by another replica,
+    and by its owner within ``windows`` of them (a replica starved on a loaded machine may skip
+    one; the gaps after each change are bounded separately)."""
     live = sorted(c.replicas)
-    scraped = who_scraped(c, 3 * INTERVAL + 1)
     expected = {t: {owner(t, live)} for t in c.targets}
-    assert scraped == expected, {t: (scraped[t], expected[t]) for t in c.targets if scraped[t] != expected[t]}
-    assert {r for owners in scraped.values() for r in owners} == set(live)  # every replica has a share
+    seen: dict[str, set[str]] = {t: set() for t in c.targets}
+    for _ in range(windows):
+        scraped = who_scraped(c, 3 * INTERVAL + 1)
+        wrong = {t: (scraped[t], expected[t]) for t in c.targets if not scraped[t] <= expected[t]}
+        assert not wrong, wrong  # nobody scrapes a target it does not own
+        for t in c.targets:
+            seen[t] |= scraped[t]
+        if seen == expected:
+            break
+    assert seen == expected, {t: (seen[t], expected[t]) for t in c.targets if seen[t] != expected[t]}
+    assert {r for owners in seen.values() for r in owners} == set(live)  # every replica has a share
 
 
 @pytest.mark.postgres
