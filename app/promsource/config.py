@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
@@ -84,8 +84,9 @@ def _label_list(names: list[str], field: str) -> list[str]:
     return names
 
 
-#: the histograms whose buckets a source's raw samples can keep (app.promsource.mirror.HOLDABLE)
+#: the histograms whose buckets a source's raw samples can keep (kept by default)
 HoldableBuckets = Literal["ttft", "itl"]
+HOLDABLE: frozenset[str] = frozenset(get_args(HoldableBuckets))
 
 
 class PrometheusSourceConfig(BaseModel):
@@ -122,7 +123,7 @@ class PrometheusSourceConfig(BaseModel):
         description="The diagnosis window of this source's targets is at least this many scrape intervals (a "
                     "longer diagnosis.window is kept); so are the range selectors of the rules exported for it")
     hold_buckets: list[HoldableBuckets] = Field(
-        default_factory=lambda: list[HoldableBuckets](["ttft", "itl"]), max_length=2,
+        default_factory=lambda: list[HoldableBuckets](get_args(HoldableBuckets)), max_length=len(HOLDABLE),
         description="Histograms whose buckets the source's raw samples keep too, every replica's (the means "
                     "series are always kept): the SLO alerts, the stall probe and the attributions read them with "
                     "no query. [] queries them for the replicas that need them instead: less CPU and fewer bytes "

@@ -36,6 +36,7 @@ from app.core import quantiles
 from app.core.quantiles import avg_of, avg_over_time, sum_of, sum_over_time
 from app.promql.client import PromAPIError, RangeSeries, VectorSample
 from app.promql.text import any_of, format_matchers
+from app.promsource.config import HOLDABLE
 from app.promsource.queries import (
     COUNTER_FAMILIES,
     FAMILY_LABEL,
@@ -69,8 +70,6 @@ TRIM_EVERY = 60.0
 #: between two diagnosis rounds (summaries, alerts, change events, out of step with it) share its
 #: refresh - one read of the raw samples per interval
 SHARED_LAG = 30.0
-#: the histograms whose buckets a mirror can keep too (``hold_buckets``; the others' are queried where needed)
-HOLDABLE = frozenset({"ttft", "itl"})
 
 _T = TypeVar("_T")
 Labels = dict[str, str]
