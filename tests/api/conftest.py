@@ -40,14 +40,17 @@ def service(migrated_url: str, tmp_path: Path) -> Iterator[Service]:
 
 
 def make_quiet_service(url: str, tmp_path: Path, **settings: object) -> Iterator[Service]:
-    """A service whose periodic jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
-    heartbeat and lease) do not run during the test, so every statement on the engine belongs to
-    the request under test."""
+    """A service whose scheduled jobs (summaries, diagnosis, alerts, outbox, downsampling, the replica
+    heartbeat and lease, and the scrapes of the targets a test adds: one may be due within a second
+    of its creation) do not run during the test, so every statement on the engine belongs to the
+    request under test."""
     config = tmp_path / "config.yaml"
     config.write_text("diagnosis:\n  interval: 1h\n")
-    yield from make_service(url, tmp_path, config_file=config, summary_interval="1h", alert_interval="1h",
-                            delivery_interval="1h", downsample_interval="1h", replica_heartbeat="1h",
-                            replica_expiry="2h", **settings)
+    for service in make_service(url, tmp_path, config_file=config, summary_interval="1h", alert_interval="1h",
+                                delivery_interval="1h", downsample_interval="1h", replica_heartbeat="1h",
+                                replica_expiry="2h", **settings):
+        service.client.portal.call(service.monitor.scheduler.pause)
+        yield service
 
 
 @pytest.fixture

@@ -270,9 +270,12 @@ def test_queueing_with_16_streams_on_2_slots(service: Service, vllm_server: Vllm
     assert ttft["count"] == STREAMS and queue["count"] == STREAMS
     assert 100 <= report["prompt_tokens"]["mean"] <= 250
     assert report["generation_tokens"]["mean"] == MAX_TOKENS
-    # Mid-load scrapes saw the queue; the slot cap held.
+    # Mid-load scrapes saw the queue, deeper than the slots (so not the running gauge misread) and never
+    # deeper than the streams the slots leave waiting; the slot cap held. How deep a scrape catches it
+    # depends on when it lands (14 at the start, 2 fewer per decode round; [0, 0, 8, 4, 4] seen when
+    # a loaded machine slowed the scrapes to one per round).
     assert any(w > 0 for w in waiting_seen), waiting_seen
-    assert report["gauges"]["waiting"]["max"] >= 10, waiting_seen
+    assert MAX_NUM_SEQS < report["gauges"]["waiting"]["max"] <= STREAMS - MAX_NUM_SEQS, waiting_seen
     assert report["gauges"]["running"]["max"] == MAX_NUM_SEQS, running_seen
     # 16 arrivals on 2 slots: stream k waits k//2 full decode rounds (0..7, 3.5 on
     # average) while its own prefill is one engine step, so queue time is nearly all of
