@@ -1,4 +1,5 @@
-"""How a source's answers read: bucket bounds, the family tag its queries set, histograms.
+"""How a source's answers read: bucket bounds, the family tag its queries set, histograms, and
+the answers regrouped per target (and model, and rank).
 
 The reader (:mod:`app.promsource.reader`) turns each answer's series into windows with these.
 """
@@ -6,13 +7,37 @@ The reader (:mod:`app.promsource.reader`) turns each answer's series into window
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from app.core import quantiles
 from app.core.quantiles import WindowHistogram
-from app.promsource.queries import FAMILY_LABEL
+from app.promsource.queries import FAMILY_LABEL, INFO_FAMILIES, MODEL_LABEL, STAT_LABEL
+from app.sources import tgi
+from app.sources.base import DISAGGREGATION_INFO, CanonicalInfo
+from app.window import GaugeStats, ItlInterval, ModelWindow, combine_gauges
+
+TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
+#: how a regrouping reports a series it drops: (target, signal, reason)
+Drop = Callable[[TargetKey, str, str], None]
+INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
+
+
+class Sample(Protocol):
+    labels: dict[str, str]
+    value: float
+
+
+class Series(Protocol):
+    labels: dict[str, str]
+    points: list[tuple[float, float]]
+
+
+def key_of(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
+    """A series' target: its values of the target labels."""
+    return tuple([labels.get(name, "") for name in target_labels])
 
 #: Why a series of an answer was dropped (``llm_latency_source_bad_series_total{reason}``).
 BAD_SERIES_REASONS = {
@@ -113,3 +138,112 @@ def judge_histogram(h: WindowHistogram | None, limits: Sequence[tuple[float, flo
     if h is None or not h.bounds or h.bounds[-1] != math.inf or not h.increases[-1] > 0:
         return None
     return Around(any(quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold for q, threshold in limits), h)
+
+
+def ranks(samples: Sequence[Sample], target_labels: Sequence[str], drop: Drop
+          ) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
+    """The per-rank loads' answer -> target -> model -> rank -> {gauge signal: mean}, from the first
+    family per signal and target."""
+    # target -> signal -> family -> model -> rank -> value
+    grouped: dict[TargetKey, dict[str, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
+    for sample in samples:
+        index = family(sample.labels)
+        signal = sample.labels.get(STAT_LABEL, "")
+        if index is None:
+            drop(key_of(sample.labels, target_labels), signal, "bad_label")
+            continue
+        rank = sample.labels.get("engine", sample.labels.get("dp_rank", "")) or "0"
+        per_family = grouped[key_of(sample.labels, target_labels)].setdefault(signal, {})
+        per_family.setdefault(index, {}).setdefault(sample.labels.get(MODEL_LABEL, ""), {})[rank] = sample.value
+    out: dict[TargetKey, dict[str, dict[str, dict[str, float]]]] = {}
+    for key, by_signal in grouped.items():
+        per_model: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        for signal, by_family in by_signal.items():
+            for model_name, by_rank in first_family(by_family).items():
+                for rank, value in by_rank.items():
+                    if not math.isnan(value):
+                        per_model[model_name][rank][signal] = value
+        out[key] = {m: dict(r) for m, r in per_model.items()}
+    return out
+
+
+def tgi_kv(series: Sequence[Series], target_labels: Sequence[str]) -> dict[TargetKey, GaugeStats]:
+    """TGI's used and capacity gauges' raw samples -> per target the KV usage's last, mean and max
+    (their ratio sample by sample, as the scraper computes it)."""
+    used: dict[TargetKey, dict[float, float]] = {}
+    capacity: dict[TargetKey, dict[float, float]] = {}
+    for s in series:
+        side = used if s.labels.get("__name__") == tgi.KV_USED else capacity
+        side.setdefault(key_of(s.labels, target_labels), {}).update(s.points)
+    out = {}
+    for key, used_points in used.items():
+        cap = capacity.get(key, {})
+        ratios = [min(u / cap[t], 1.0) for t, u in sorted(used_points.items()) if cap.get(t)]
+        if ratios:
+            out[key] = GaugeStats(ratios[-1], sum(ratios) / len(ratios), max(ratios))
+    return out
+
+
+def infos(samples: Sequence[Sample], target_labels: Sequence[str]) -> dict[TargetKey, list[CanonicalInfo]]:
+    """The configuration's info series -> per target its canonical infos."""
+    out: dict[TargetKey, list[CanonicalInfo]] = defaultdict(list)
+    skip = {"__name__", MODEL_LABEL, "engine", *target_labels}
+    for sample in samples:
+        name = INFO_NAMES.get(sample.labels.get("__name__", ""))
+        if name is None:
+            continue
+        labels = {k: v for k, v in sample.labels.items() if k not in skip}
+        if name == "sleep_state":
+            if not sample.value:
+                continue
+            labels = {"sleep_state": sample.labels.get("sleep_state", "")}
+        elif name == DISAGGREGATION_INFO:  # as the SGLang adapter keeps it (app.sources.sglang.roles)
+            if not sample.labels.get("engine_type"):
+                continue
+            labels = {"disaggregation_mode": sample.labels["engine_type"]}
+        out[key_of(sample.labels, target_labels)].append(
+            CanonicalInfo(name, sample.labels.get(MODEL_LABEL, ""),
+                          sample.labels.get("engine") or sample.labels.get("dp_rank") or "0", labels))
+    return out
+
+
+def itl_intervals(series: Sequence[Series], target_labels: Sequence[str], drop: Drop
+                  ) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
+    """The ITL-by-batch split's answer -> per target and model its steps (ITL sum, count, mean batch)."""
+    # target -> family -> (model, rank) -> stat -> {t: value}
+    grouped: dict[TargetKey, dict[int, dict[tuple[str, str], dict[str, dict[float, float]]]]] = \
+        defaultdict(dict)
+    for s in series:
+        index = family(s.labels)
+        if index is None:
+            drop(key_of(s.labels, target_labels), "itl", "bad_label")
+            continue
+        rank = s.labels.get("engine", s.labels.get("dp_rank", ""))
+        ranks = grouped[key_of(s.labels, target_labels)].setdefault(index, {})
+        ranks.setdefault((s.labels.get(MODEL_LABEL, ""), rank), {})[s.labels.get(STAT_LABEL, "")] = \
+            dict(s.points)
+    out: dict[TargetKey, dict[str, list[ItlInterval]]] = {}
+    for key, by_family in grouped.items():
+        per_model: dict[str, list[ItlInterval]] = defaultdict(list)
+        for (model_name, _), stats in sorted(first_family(by_family).items()):
+            sums, counts, running = stats.get("sum", {}), stats.get("count", {}), stats.get("running", {})
+            for t in sorted(counts):
+                d_count, d_sum, batch = counts[t], sums.get(t), running.get(t)
+                if d_count > 0 and d_sum is not None and d_sum >= 0 and batch is not None:
+                    per_model[model_name].append(ItlInterval(d_sum, d_count, batch))
+        out[key] = dict(per_model)
+    return out
+
+
+def overall(models: dict[str, ModelWindow]) -> ModelWindow:
+    """All models of a target: histograms summed by ``le``, gauges combined, rates summed."""
+    out = ModelWindow()
+    names = sorted(models)
+    for signal in sorted({s for m in models.values() for s in m.histograms}):
+        out.histograms[signal] = quantiles.merge(models[n].histograms.get(signal) for n in names)
+    for signal in sorted({s for m in models.values() for s in m.gauges}):
+        out.gauges[signal] = combine_gauges(signal, [models[n].gauges[signal] for n in names
+                                                     if signal in models[n].gauges])
+    for signal in sorted({s for m in models.values() for s in m.rates}):
+        out.rates[signal] = sum(models[n].rates[signal] for n in names if signal in models[n].rates)
+    return out

@@ -16,6 +16,7 @@ sets that it did not set) is dropped and counted by reason (:attr:`SourceReader.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -30,12 +31,17 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector, union
-from app.promsource.answers import Around, judge_around, judge_histogram
+from app.promsource.answers import Around, Sample, TargetKey, judge_around, judge_histogram, key_of
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family
 from app.promsource.answers import first_family as _first_family
 from app.promsource.answers import histogram as _histogram
+from app.promsource.answers import infos as _infos
+from app.promsource.answers import itl_intervals as _itl_intervals
+from app.promsource.answers import overall as _overall
+from app.promsource.answers import ranks as _ranks
 from app.promsource.answers import rescaled as _rescaled
+from app.promsource.answers import tgi_kv as _tgi_kv
 from app.promsource.answers import valid_le as _valid_le
 from app.promsource.mirror import HOLDABLE, MIRRORED, Held, SampleMirror, Wanted, wanted_by
 from app.promsource.queries import (
@@ -43,7 +49,6 @@ from app.promsource.queries import (
     FAMILY_LABEL,
     GAUGE_FAMILIES,
     HISTOGRAM_FAMILIES,
-    INFO_FAMILIES,
     JOB_LABEL,
     MODEL_LABEL,
     PRESENCE_FAMILIES,
@@ -54,30 +59,17 @@ from app.promsource.queries import (
     prom_duration,
 )
 from app.slo.buckets import bound_index
-from app.sources import tgi
-from app.sources.base import COUNTER_SIGNALS, DISAGGREGATION_INFO, GAUGE_SIGNALS, HISTOGRAM_SIGNALS, CanonicalInfo
-from app.window import GaugeStats, ItlInterval, ModelWindow, TailProbe, TargetWindow, combine_gauges, merge_windows
+from app.sources.base import COUNTER_SIGNALS, GAUGE_SIGNALS, HISTOGRAM_SIGNALS
+from app.window import GaugeStats, ModelWindow, TailProbe, TargetWindow, merge_windows
 
 log = logging.getLogger(__name__)
-TargetKey = tuple[str, ...]  # the values of the source's target labels, in their order
 #: Series dropped while reading one window, per target: (signal, reason) -> series.
 Drops = dict[TargetKey, Counter[tuple[str, str]]]
-INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
 SIGNAL_LABEL = "llm_latency_signal"  # the signal of each branch of a query that asks for several
 
 
 def _tag_signal(expr: str, signal: str) -> str:
     return f'label_replace({expr}, "{SIGNAL_LABEL}", "{signal}", "", "")'
-
-
-class _Sample(Protocol):
-    labels: dict[str, str]
-    value: float
-
-
-class _Series(Protocol):
-    labels: dict[str, str]
-    points: list[tuple[float, float]]
 
 
 class QueryClient(Protocol):
@@ -108,10 +100,6 @@ class SourceTargets:
 #: misses a replica that lived between two steps). 10,080 points per replica over 28 d, a
 #: twentieth of what the period's bucket increases read; the answer is reused (app/promsource/slo.py).
 FIRST_SEEN_STEP = 240.0
-
-
-def _key(labels: dict[str, str], target_labels: Sequence[str]) -> TargetKey:
-    return tuple([labels.get(name, "") for name in target_labels])
 
 
 class SourceReader:
@@ -169,11 +157,11 @@ class SourceReader:
         for sample in presence.data:
             engine = engines.get(sample.labels.get("__name__", ""))
             if engine is not None:
-                key = _key(sample.labels, self.target_labels)
+                key = key_of(sample.labels, self.target_labels)
                 found.engines.setdefault(key, engine)
                 found.service.setdefault(key, {name: sample.labels.get(name, "") for name in self.service_labels})
         for sample in up.data:
-            found.up[_key(sample.labels, self.target_labels)] = sample.value
+            found.up[key_of(sample.labels, self.target_labels)] = sample.value
         return found
 
     # ------------------------------------------------------------------ windows
@@ -273,6 +261,7 @@ class SourceReader:
         tgi_kv: Any = None
         ranks_answer: Any = None
         drops: Drops = {}
+        drop = functools.partial(self._drop, drops)
         # Each answer is regrouped as soon as it arrives, while the other queries are still
         # running on the server; the ITL split last, as it keeps only models other answers found.
         for index, answer in answers:
@@ -296,14 +285,14 @@ class SourceReader:
                             model(key, name).rates[signal] = values[""]
             elif kind == "scrapes":
                 for sample in answer.data:
-                    key = _key(sample.labels, self.target_labels)
+                    key = key_of(sample.labels, self.target_labels)
                     if math.isfinite(sample.value) and sample.value >= 0:
                         window(key).scrapes = int(sample.value)
                     else:
                         self._drop(drops, key, "scrapes", "bad_count")
             elif kind == "restarts":  # one series per target and counter family: the most of them
                 for sample in answer.data:
-                    key = _key(sample.labels, self.target_labels)
+                    key = key_of(sample.labels, self.target_labels)
                     if math.isfinite(sample.value) and sample.value >= 0:
                         window(key).restarts = max(window(key).restarts or 0, round(sample.value))
                     else:
@@ -313,20 +302,20 @@ class SourceReader:
             elif kind == "ranks":
                 ranks_answer = answer  # after the others: it keeps only models they found
             elif kind == "infos":
-                for key, infos in self._infos(answer.data).items():
+                for key, infos in _infos(answer.data, self.target_labels).items():
                     window(key).infos = infos
             else:
                 intervals = answer
         if tgi_kv is not None:
-            for key, kv in self._tgi_kv(tgi_kv.data).items():
+            for key, kv in _tgi_kv(tgi_kv.data, self.target_labels).items():
                 model(key, "").gauges.setdefault("kv_usage", kv)
         if ranks_answer is not None:
-            for key, rank_models in self._ranks(ranks_answer.data, drops).items():
+            for key, rank_models in _ranks(ranks_answer.data, self.target_labels, drop).items():
                 for name, ranks in rank_models.items():
                     if len(ranks) > 1 and name in window(key).models:
                         model(key, name).ranks = dict(sorted(ranks.items()))
         if intervals is not None:
-            for key, by_model in self._intervals(intervals.data, drops).items():
+            for key, by_model in _itl_intervals(intervals.data, self.target_labels, drop).items():
                 for name, intervals_of_model in by_model.items():
                     if name in window(key).models:
                         model(key, name).itl_intervals = intervals_of_model
@@ -531,7 +520,7 @@ class SourceReader:
                                 if a.above and a.histogram is not None})
         return out
 
-    def _histograms(self, samples: Sequence[_Sample], signal: str) -> dict[TargetKey, dict[str, WindowHistogram]]:
+    def _histograms(self, samples: Sequence[Sample], signal: str) -> dict[TargetKey, dict[str, WindowHistogram]]:
         """A histogram answer's series -> target -> model -> its window histogram."""
         return {key: {name: _histogram(b) for name, b in per_model.items()}
                 for key, per_model in self._pick(samples, "le", signal, None, histogram=True).items()}
@@ -596,12 +585,12 @@ class SourceReader:
         out: dict[TargetKey, Around] = {}
         for sample in answer.data:
             if "le" not in sample.labels:
-                out[_key(sample.labels, self.target_labels)] = Around(True)
+                out[key_of(sample.labels, self.target_labels)] = Around(True)
         chosen_family: dict[TargetKey, int] = {}
         for sample in answer.data:
             index = _family(sample.labels, len(families))
             if "le" in sample.labels and index is not None:
-                key = _key(sample.labels, self.target_labels)
+                key = key_of(sample.labels, self.target_labels)
                 chosen_family[key] = min(index, chosen_family.get(key, index))
         found = [sample for sample in answer.data if "le" in sample.labels]
         for key, per_model in self._pick(found, "le", signal, None, histogram=True).items():
@@ -676,7 +665,7 @@ class SourceReader:
         answer = self.client.query(self._queries(None, None).first_seen(signal, span, FIRST_SEEN_STEP), end)
         out: dict[TargetKey, float] = {}
         for sample in answer.data:
-            key = _key(sample.labels, self.target_labels)
+            key = key_of(sample.labels, self.target_labels)
             if math.isfinite(sample.value):
                 out[key] = min(out.get(key, sample.value), sample.value)
         return out
@@ -703,7 +692,7 @@ class SourceReader:
         grouped: dict[TargetKey, dict[int, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
         families = HISTOGRAM_FAMILIES[signal]
         for series in answer.data:
-            key = _key(series.labels, self.target_labels)
+            key = key_of(series.labels, self.target_labels)
             family, le = _family(series.labels, len(families)), series.labels.get("le", "")
             if family is None or not _valid_le(le):
                 self._drop(None, key, signal, "bad_label" if family is None else "bad_bound")
@@ -737,13 +726,13 @@ class SourceReader:
         for sample in self.client.query(text, end).data:
             signal = sample.labels.get(SIGNAL_LABEL, "")
             if signal not in asked:
-                self._drop(None, _key(sample.labels, self.target_labels), signal, "bad_label")
+                self._drop(None, key_of(sample.labels, self.target_labels), signal, "bad_label")
                 continue
             if math.isfinite(sample.value):
                 out[signal] = min(out.get(signal, sample.value), sample.value)
         return out
 
-    def _pick(self, samples: Sequence[_Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
+    def _pick(self, samples: Sequence[Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
               histogram: bool = False, took: set[int] | None = None) -> dict[TargetKey, dict[str, dict[str, float]]]:
         """Samples of ``signal``'s query -> target -> model -> {sub label value: value}, from the
         first family (engine name, newest first) that answered for the target (added to ``took``);
@@ -796,105 +785,6 @@ class SourceReader:
                     self._layouts.setdefault((signal, family), set()).update(les)
         return {key: {name: _rescaled(buckets, families[min(by_family)].scale)
                       for name, buckets in _first_family(by_family).items()} for key, by_family in grouped.items()}
-
-    def _ranks(self, samples: Sequence[_Sample], drops: Drops
-               ) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
-        """target -> model -> rank -> {gauge signal: mean}, from the first family per signal and target."""
-        # target -> signal -> family -> model -> rank -> value
-        grouped: dict[TargetKey, dict[str, dict[int, dict[str, dict[str, float]]]]] = defaultdict(dict)
-        for sample in samples:
-            family = _family(sample.labels)
-            signal = sample.labels.get(STAT_LABEL, "")
-            if family is None:
-                self._drop(drops, _key(sample.labels, self.target_labels), signal, "bad_label")
-                continue
-            rank = sample.labels.get("engine", sample.labels.get("dp_rank", "")) or "0"
-            per_family = grouped[_key(sample.labels, self.target_labels)].setdefault(signal, {})
-            per_family.setdefault(family, {}).setdefault(sample.labels.get(MODEL_LABEL, ""), {})[rank] = sample.value
-        out: dict[TargetKey, dict[str, dict[str, dict[str, float]]]] = {}
-        for key, by_signal in grouped.items():
-            per_model: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-            for signal, by_family in by_signal.items():
-                for model_name, ranks in _first_family(by_family).items():
-                    for rank, value in ranks.items():
-                        if not math.isnan(value):
-                            per_model[model_name][rank][signal] = value
-            out[key] = {m: dict(r) for m, r in per_model.items()}
-        return out
-
-    def _tgi_kv(self, series: Sequence[_Series]) -> dict[TargetKey, GaugeStats]:
-        used: dict[TargetKey, dict[float, float]] = {}
-        capacity: dict[TargetKey, dict[float, float]] = {}
-        for s in series:
-            side = used if s.labels.get("__name__") == tgi.KV_USED else capacity
-            side.setdefault(_key(s.labels, self.target_labels), {}).update(s.points)
-        out = {}
-        for key, used_points in used.items():
-            cap = capacity.get(key, {})
-            ratios = [min(u / cap[t], 1.0) for t, u in sorted(used_points.items()) if cap.get(t)]
-            if ratios:
-                out[key] = GaugeStats(ratios[-1], sum(ratios) / len(ratios), max(ratios))
-        return out
-
-    def _infos(self, samples: Sequence[_Sample]) -> dict[TargetKey, list[CanonicalInfo]]:
-        out: dict[TargetKey, list[CanonicalInfo]] = defaultdict(list)
-        skip = {"__name__", MODEL_LABEL, "engine", *self.target_labels}
-        for sample in samples:
-            name = INFO_NAMES.get(sample.labels.get("__name__", ""))
-            if name is None:
-                continue
-            labels = {k: v for k, v in sample.labels.items() if k not in skip}
-            if name == "sleep_state":
-                if not sample.value:
-                    continue
-                labels = {"sleep_state": sample.labels.get("sleep_state", "")}
-            elif name == DISAGGREGATION_INFO:  # as the SGLang adapter keeps it (app.sources.sglang.roles)
-                if not sample.labels.get("engine_type"):
-                    continue
-                labels = {"disaggregation_mode": sample.labels["engine_type"]}
-            out[_key(sample.labels, self.target_labels)].append(
-                CanonicalInfo(name, sample.labels.get(MODEL_LABEL, ""),
-                              sample.labels.get("engine") or sample.labels.get("dp_rank") or "0", labels))
-        return out
-
-    def _intervals(self, series: Sequence[_Series], drops: Drops) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
-        # target -> family -> (model, rank) -> stat -> {t: value}
-        grouped: dict[TargetKey, dict[int, dict[tuple[str, str], dict[str, dict[float, float]]]]] = \
-            defaultdict(dict)
-        for s in series:
-            family = _family(s.labels)
-            if family is None:
-                self._drop(drops, _key(s.labels, self.target_labels), "itl", "bad_label")
-                continue
-            rank = s.labels.get("engine", s.labels.get("dp_rank", ""))
-            ranks = grouped[_key(s.labels, self.target_labels)].setdefault(family, {})
-            ranks.setdefault((s.labels.get(MODEL_LABEL, ""), rank), {})[s.labels.get(STAT_LABEL, "")] = \
-                dict(s.points)
-        out: dict[TargetKey, dict[str, list[ItlInterval]]] = {}
-        for key, by_family in grouped.items():
-            per_model: dict[str, list[ItlInterval]] = defaultdict(list)
-            for (model_name, _), stats in sorted(_first_family(by_family).items()):
-                sums, counts, running = stats.get("sum", {}), stats.get("count", {}), stats.get("running", {})
-                for t in sorted(counts):
-                    d_count, d_sum, batch = counts[t], sums.get(t), running.get(t)
-                    if d_count > 0 and d_sum is not None and d_sum >= 0 and batch is not None:
-                        per_model[model_name].append(ItlInterval(d_sum, d_count, batch))
-            out[key] = dict(per_model)
-        return out
-
-
-def _overall(models: dict[str, ModelWindow]) -> ModelWindow:
-    """All models of a target: histograms summed by ``le``, gauges combined, rates summed."""
-    overall = ModelWindow()
-    names = sorted(models)
-    for signal in sorted({s for m in models.values() for s in m.histograms}):
-        overall.histograms[signal] = quantiles.merge(models[n].histograms.get(signal) for n in names)
-    for signal in sorted({s for m in models.values() for s in m.gauges}):
-        overall.gauges[signal] = combine_gauges(signal, [models[n].gauges[signal] for n in names
-                                                         if signal in models[n].gauges])
-    for signal in sorted({s for m in models.values() for s in m.rates}):
-        overall.rates[signal] = sum(models[n].rates[signal] for n in names if signal in models[n].rates)
-    return overall
 
 
 __all__ = ["SourceTargets", "GAUGE_FAMILIES", "SourceReader", "TargetKey"]
