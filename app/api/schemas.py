@@ -152,6 +152,12 @@ class SourceOut(BaseModel):
                                             "counters, up), each read once: the rounds' means are computed from them")
     held_refreshed_at: float | None = Field(None, description="Unix time those samples were last read up to")
     held_note: str = Field("", description="Why no samples are kept (an answer too large): its rounds query instead")
+    native_histograms: dict[str, int] = Field(
+        default_factory=dict, description="Per histogram name, the live replicas whose Prometheus holds it as a native "
+                                          "histogram alone (Prometheus 3's convert_classic_histograms_to_nhcb), "
+                                          "without the classic _bucket/_sum/_count series the service reads: those "
+                                          "replicas lack that histogram (keep the classic series with "
+                                          "always_scrape_classic_histograms: true)")
     scrape_interval_from: str | None = Field(None, description="config (the source's scrape_interval) or server "
                                                                "(its /api/v1/targets)")
     scrape_interval_note: str = Field("", description="How the interval was learned, or why it is unknown")

@@ -92,6 +92,12 @@ GAUGE_FAMILIES = _gauge_families()
 COUNTER_FAMILIES = _counter_families()
 # One always-present gauge per engine: a target is an engine whose running-requests gauge exists.
 PRESENCE_FAMILIES = GAUGE_FAMILIES["running"]
+#: a histogram's own name -> its signals: a series under that name is a native histogram (Prometheus 3's
+#: ``convert_classic_histograms_to_nhcb`` stores a classic one so), which the queries (``_bucket``,
+#: ``_sum``, ``_count``) do not read
+NATIVE_NAMES: dict[str, frozenset[str]] = {
+    name: frozenset(s for s, families in HISTOGRAM_FAMILIES.items() if any(f.name == name for f in families))
+    for name in sorted({f.name for families in HISTOGRAM_FAMILIES.values() for f in families})}
 # (canonical name, metric); SGLang's P/D role is the ``engine_type`` label of a scheduler family
 INFO_FAMILIES = (*vllm.INFOS.items(), (DISAGGREGATION_INFO, sglang.ROLE_FAMILY))
 
@@ -194,8 +200,9 @@ class SourceQueries:
 
     def presence(self) -> str:
         """Which targets run which engine now: one series per target and engine metric name, with
-        the service labels that group replicas into a service."""
-        names = "|".join(f.name for f in PRESENCE_FAMILIES)
+        the service labels that group replicas into a service; and which histograms a target has
+        as native histograms (:data:`NATIVE_NAMES`: none in a classic setup, at no cost then)."""
+        names = "|".join([*(f.name for f in PRESENCE_FAMILIES), *NATIVE_NAMES])
         inner = format_matchers([("__name__", "=~", names), *self.matchers])
         return f"group by ({_by(*self.target_labels, *self.service_labels, '__name__')}) ({{{inner}}})"
 

@@ -51,6 +51,7 @@ from app.promsource.queries import (
     HISTOGRAM_FAMILIES,
     JOB_LABEL,
     MODEL_LABEL,
+    NATIVE_NAMES,
     PRESENCE_FAMILIES,
     STAT_LABEL,
     SourceQueries,
@@ -93,6 +94,7 @@ class SourceTargets:
     engines: dict[TargetKey, str] = field(default_factory=dict)
     up: dict[TargetKey, float] = field(default_factory=dict)
     service: dict[TargetKey, dict[str, str]] = field(default_factory=dict)  # service label values
+    native: dict[TargetKey, set[str]] = field(default_factory=dict)  # its histograms' names held as native ones
 
 
 #: The step of the subquery that finds where a source's data of a period begins: under
@@ -155,11 +157,14 @@ class SourceReader:
         engines = {f.name: f.engine for f in PRESENCE_FAMILIES}
         found = SourceTargets()
         for sample in presence.data:
-            engine = engines.get(sample.labels.get("__name__", ""))
+            name = sample.labels.get("__name__", "")
+            engine = engines.get(name)
             if engine is not None:
                 key = key_of(sample.labels, self.target_labels)
                 found.engines.setdefault(key, engine)
                 found.service.setdefault(key, {name: sample.labels.get(name, "") for name in self.service_labels})
+            elif name in NATIVE_NAMES:
+                found.native.setdefault(key_of(sample.labels, self.target_labels), set()).add(name)
         for sample in up.data:
             found.up[key_of(sample.labels, self.target_labels)] = sample.value
         return found

@@ -16,6 +16,7 @@ import math
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -29,6 +30,7 @@ from app.latency import LABELLED_ROLE_INFO, pd_role
 from app.promql.client import PromAPIError, PrometheusClient
 from app.promsource import intervals
 from app.promsource.config import PrometheusSourceConfig
+from app.promsource.queries import NATIVE_NAMES
 from app.promsource.reader import SourceReader, SourceTargets, TargetKey
 from app.promsource.status import SourceStatus
 from app.sources.base import HISTOGRAM_SIGNALS, CanonicalInfo
@@ -100,6 +102,17 @@ def with_labelled_role(config: PrometheusSourceConfig, labels: dict[str, str] | 
     if window is not None:
         window.infos = [*window.infos, *labelled_role(config, labels)]
     return window
+
+
+def native_alone(found: SourceTargets, windows: Mapping[TargetKey, TargetWindow]) -> dict[str, int]:
+    """Per histogram name, the replicas that hold it as a native histogram and lack a signal it
+    carries in their window (no classic ``_sum``/``_count`` beside it): what the round did not read."""
+    out: Counter[str] = Counter()
+    for key, names in found.native.items():
+        window = windows.get(key)
+        read = window.overall.histograms if window is not None else {}
+        out.update(name for name in names if any(signal not in read for signal in NATIVE_NAMES[name]))
+    return dict(sorted(out.items()))
 
 
 class SourceMissing(LookupError):
@@ -268,6 +281,12 @@ class SourceService:
         status.targets = sum(1 for t in result.targets if t.kind == SOURCE_KIND)
         live_keys = set(source.keys.values())
         status.down = sum(1 for key, up in found.up.items() if up == 0 and key in live_keys)
+        native = native_alone(found, windows)
+        if native.keys() != status.native_histograms.keys() and native:  # told again when the histograms change
+            log.warning("source %s: histograms stored as native histograms alone are not read (replicas per "
+                        "histogram: %s): keep their classic series (always_scrape_classic_histograms: true)",
+                        source.config.name, native)
+        status.native_histograms = native
         return result
 
     @staticmethod

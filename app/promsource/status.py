@@ -44,6 +44,8 @@ class SourceStatus:
     held_series: int = 0
     held_refreshed_at: float | None = None
     held_note: str = ""
+    # per histogram name, the live replicas that have it as a native histogram alone: not read
+    native_histograms: dict[str, int] = field(default_factory=dict)
 
     last_round_ok: bool | None = None  # None until the first round
 

@@ -14,22 +14,9 @@ from app.emulator.server import EmulatorFleet, TargetSpec
 from tests.api.conftest import make_service
 from tests.status.helpers import levels, rows, stat, text_of
 from tests.support.prometheus import FileSD, free_port, running_prometheus
+from tests.support.sources import source_config
 
 WINDOW = 20.0
-
-
-def _config(path: Path, prometheus_url: str) -> Path:
-    path.write_text(f"""
-targets: []
-diagnosis: {{interval: 1h, window: {int(WINDOW)}s}}
-sources:
-  - name: prod
-    url: {prometheus_url}
-    selector: '{{namespace="llm"}}'
-    target_labels: [namespace, pod]
-    query_timeout: 10s
-""")
-    return path
 
 
 def _banner(page: str) -> str | None:
@@ -49,7 +36,8 @@ def test_sources_on_the_status_page(migrated_url: str, tmp_path: Path) -> None:
         sd.set({"a": fleet.urls["a"], "b": fleet.urls["b"]}, namespace="llm")
         with running_prometheus(tmp_path / "prom", sd.scrape_configs(scrape_interval="1s")) as prom:
             prom.wait_for_samples('vllm:num_requests_running{namespace="llm"}', int(WINDOW) + 2, timeout=60)
-            for svc in make_service(migrated_url, tmp_path, config_file=_config(tmp_path / "t.yaml", prom.url)):
+            config = source_config(tmp_path / "t.yaml", prom.url, WINDOW)
+            for svc in make_service(migrated_url, tmp_path, config_file=config):
                 c, monitor = svc.client, svc.monitor
                 results = monitor.evaluate_diagnoses(now=time.time())
                 verdicts = {d.target: d.verdict for d, _ in results}

@@ -67,6 +67,7 @@ def list_sources(monitor: MonitorDep) -> list[SourceOut]:
                       targets=s.targets, services=s.services, down=s.down, gone=s.gone, bad_series=s.bad_series,
                       refused_answers=s.refused, scrape_interval=s.scrape_interval, held_series=s.held_series,
                       held_refreshed_at=s.held_refreshed_at, held_note=s.held_note,
+                      native_histograms=s.native_histograms,
                       scrape_interval_from=s.scrape_interval_origin or None,
                       scrape_interval_note=s.scrape_interval_note, diagnosis_window=s.diagnosis_window,
                       window_note=s.window_note, window_warning=source_window_warning(monitor, s),
