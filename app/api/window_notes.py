@@ -3,7 +3,8 @@
 Per Prometheus source: the window its targets are judged over (``diagnosis.window``, at least
 ``window_intervals`` of its scrape intervals, :mod:`app.promsource.intervals`), the rules that
 window still holds too few scrapes for (:mod:`app.diagnosis.sampling`), and the pods in no
-service for lack of a service label. For the targets this service scrapes itself: the rules
+service for lack of a service label, and the histograms it cannot read (held as native histograms
+alone). For the targets this service scrapes itself: the rules
 ``diagnosis.window`` at their scrape interval leaves unjudged, per interval.
 """
 
@@ -44,6 +45,14 @@ def unlabelled_text(status: SourceStatus) -> str:
     return f"{pods} lack a value of service_labels ({which}): diagnosed as replicas only, in no service"
 
 
+def native_text(status: SourceStatus) -> str:
+    """The histograms a source's replicas hold as native histograms alone, which are not read."""
+    held = "; ".join(f"{name} on {count} replica{'' if count == 1 else 's'}"
+                     for name, count in status.native_histograms.items())
+    return (f"histograms held as native histograms alone are not read ({held}): keep their classic series "
+            f"(always_scrape_classic_histograms: true)")
+
+
 def window_notes(monitor: Any, targets: Sequence[TargetView]) -> list[WindowNote]:
     """Every note of the page, warnings first."""
     notes: list[WindowNote] = []
@@ -57,6 +66,8 @@ def window_notes(monitor: Any, targets: Sequence[TargetView]) -> list[WindowNote
             notes.append(WindowNote("note", subject, status.window_note))
         if status.unlabelled:
             notes.append(WindowNote("note", subject, unlabelled_text(status)))
+        if status.native_histograms:
+            notes.append(WindowNote("warning", subject, native_text(status)))
     by_interval: dict[float, list[str]] = {}
     for target in targets:
         if target.source not in DISCOVERED_BY_SOURCES:

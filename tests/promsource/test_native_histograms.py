@@ -1,7 +1,8 @@
 """A source whose Prometheus holds a histogram as a native histogram alone (what Prometheus 3's
 ``convert_classic_histograms_to_nhcb`` does to a classic one): the service reads the classic
 ``_bucket``/``_sum``/``_count`` series, so that histogram is not read - and ``GET /api/v1/sources``
-says so, per histogram and replica count, instead of the replica silently lacking it.
+says so, per histogram and replica count, and the status page's banner too, instead of the
+replica silently lacking it.
 
 Prometheus 2.42 stores native histograms scraped in the protobuf exposition with
 ``--enable-feature=native-histograms`` (exponential buckets: NHCB's custom buckets are 3.x, but a
@@ -12,6 +13,7 @@ its ITL as a classic histogram in the same protobuf page, another its TTFT in th
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -76,6 +78,10 @@ def test_a_histogram_held_as_a_native_histogram_alone_is_named_not_silently_miss
                 assert source["state"] == "ok" and source["targets"] == 2, source
                 # one replica lacks its TTFT for that reason; c's TTFT and n's classic ITL are read
                 assert source["native_histograms"] == {"vllm:time_to_first_token_seconds": 1}, source
+                banner = re.search(r'<section class="banner window-notes[^>]*>(.*?)</section>', c.get("/").text, re.S)
+                assert banner is not None and "Not judged · source prod:</strong> histograms held as native " \
+                    "histograms alone are not read (vllm:time_to_first_token_seconds on 1 replica): keep their " \
+                    "classic series (always_scrape_classic_histograms: true)." in banner.group(1), banner
 
                 params = {"window": f"{WINDOW}s", "end": now}
                 n_latency = c.get("/api/v1/targets/prod.llm.n/latency", params=params).json()
