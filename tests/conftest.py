@@ -62,7 +62,7 @@ SLOW_TESTS = frozenset({
     "tests/promsource/test_read_flood.py",
     "tests/promsource/test_bad_series_live.py",
     "tests/promsource/test_counter_resets.py",
-    "tests/promsource/test_native_histograms.py",
+    "tests/promsource/test_native_histograms.py::test_a_histogram_held_as_a_native_histogram_alone_is_named_not_silently_missing",
     "tests/slo/test_burn_emulated.py",
     "tests/attribution/test_scenarios.py",
     "tests/status/test_status_sources.py::test_sources_on_the_status_page",

@@ -105,10 +105,12 @@ def with_labelled_role(config: PrometheusSourceConfig, labels: dict[str, str] | 
 
 
 def native_alone(found: SourceTargets, windows: Mapping[TargetKey, TargetWindow]) -> dict[str, int]:
-    """Per histogram name, the replicas that hold it as a native histogram and lack a signal it
-    carries in their window (no classic ``_sum``/``_count`` beside it): what the round did not read."""
+    """Per histogram name, the replicas (engines found) that hold it as a native histogram and lack a
+    signal it carries in their window (no classic ``_sum``/``_count`` beside it): what the round did not read."""
     out: Counter[str] = Counter()
     for key, names in found.native.items():
+        if key not in found.engines:
+            continue  # not an engine's series: no replica lacks it
         window = windows.get(key)
         read = window.overall.histograms if window is not None else {}
         out.update(name for name in names if any(signal not in read for signal in NATIVE_NAMES[name]))

@@ -17,6 +17,10 @@ import re
 import time
 from pathlib import Path
 
+from app.core.quantiles import WindowHistogram
+from app.promsource.reader import SourceTargets
+from app.promsource.service import native_alone
+from app.window import ModelWindow, TargetWindow
 from tests.api.conftest import make_service
 from tests.support import protobuf_pages as pb
 from tests.support.pages import StaticPageServer
@@ -91,3 +95,20 @@ def test_a_histogram_held_as_a_native_histogram_alone_is_named_not_silently_miss
                 assert math.isclose(n_latency["itl"]["p99"], float(expected["result"][0]["value"][1]), rel_tol=1e-9)
                 c_latency = c.get("/api/v1/targets/prod.llm.c/latency", params=params).json()
                 assert c_latency["ttft"]["count"] > 0
+
+
+def test_only_engines_lacking_a_histogram_are_counted() -> None:
+    """A replica whose classic series sit beside the native one has the histogram read (not counted);
+    a series of a pod that is no engine counts for no replica; a name that carries two signals (TGI's
+    batch inference duration: ITL and prefill) counts where either is missing."""
+    ttft = WindowHistogram((0.1, math.inf), (1.0, 2.0), 0.3, 2.0)
+    both = TargetWindow(0.0, 10.0, overall=ModelWindow(histograms={"ttft": ttft}))
+    tgi_half = TargetWindow(0.0, 10.0, overall=ModelWindow(histograms={"itl": ttft}))
+    found = SourceTargets(engines={("a",): "vllm", ("b",): "vllm", ("t",): "tgi"},
+                          native={("a",): {"vllm:time_to_first_token_seconds"},
+                                  ("b",): {"vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds"},
+                                  ("x",): {"vllm:time_to_first_token_seconds"},
+                                  ("t",): {"tgi_batch_inference_duration"}})
+    counted = native_alone(found, {("a",): both, ("b",): TargetWindow(0.0, 10.0), ("t",): tgi_half})
+    assert counted == {"tgi_batch_inference_duration": 1, "vllm:e2e_request_latency_seconds": 1,
+                       "vllm:time_to_first_token_seconds": 1}
