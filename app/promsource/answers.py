@@ -25,12 +25,12 @@ Drop = Callable[[TargetKey, str, str], None]
 INFO_NAMES = {metric: name for name, metric in INFO_FAMILIES}
 
 
-class Sample(Protocol):
+class AnswerSample(Protocol):
     labels: dict[str, str]
     value: float
 
 
-class Series(Protocol):
+class AnswerSeries(Protocol):
     labels: dict[str, str]
     points: list[tuple[float, float]]
 
@@ -140,7 +140,7 @@ def judge_histogram(h: WindowHistogram | None, limits: Sequence[tuple[float, flo
     return Around(any(quantiles.histogram_quantile(q, h.bounds, h.increases) > threshold for q, threshold in limits), h)
 
 
-def ranks(samples: Sequence[Sample], target_labels: Sequence[str], drop: Drop
+def ranks(samples: Sequence[AnswerSample], target_labels: Sequence[str], drop: Drop
           ) -> dict[TargetKey, dict[str, dict[str, dict[str, float]]]]:
     """The per-rank loads' answer -> target -> model -> rank -> {gauge signal: mean}, from the first
     family per signal and target."""
@@ -167,7 +167,7 @@ def ranks(samples: Sequence[Sample], target_labels: Sequence[str], drop: Drop
     return out
 
 
-def tgi_kv(series: Sequence[Series], target_labels: Sequence[str]) -> dict[TargetKey, GaugeStats]:
+def tgi_kv(series: Sequence[AnswerSeries], target_labels: Sequence[str]) -> dict[TargetKey, GaugeStats]:
     """TGI's used and capacity gauges' raw samples -> per target the KV usage's last, mean and max
     (their ratio sample by sample, as the scraper computes it)."""
     used: dict[TargetKey, dict[float, float]] = {}
@@ -184,7 +184,7 @@ def tgi_kv(series: Sequence[Series], target_labels: Sequence[str]) -> dict[Targe
     return out
 
 
-def infos(samples: Sequence[Sample], target_labels: Sequence[str]) -> dict[TargetKey, list[CanonicalInfo]]:
+def infos(samples: Sequence[AnswerSample], target_labels: Sequence[str]) -> dict[TargetKey, list[CanonicalInfo]]:
     """The configuration's info series -> per target its canonical infos."""
     out: dict[TargetKey, list[CanonicalInfo]] = defaultdict(list)
     skip = {"__name__", MODEL_LABEL, "engine", *target_labels}
@@ -207,7 +207,7 @@ def infos(samples: Sequence[Sample], target_labels: Sequence[str]) -> dict[Targe
     return out
 
 
-def itl_intervals(series: Sequence[Series], target_labels: Sequence[str], drop: Drop
+def itl_intervals(series: Sequence[AnswerSeries], target_labels: Sequence[str], drop: Drop
                   ) -> dict[TargetKey, dict[str, list[ItlInterval]]]:
     """The ITL-by-batch split's answer -> per target and model its steps (ITL sum, count, mean batch)."""
     # target -> family -> (model, rank) -> stat -> {t: value}

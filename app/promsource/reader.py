@@ -31,7 +31,7 @@ from app.core.quantiles import WindowHistogram
 from app.latency import series_point
 from app.promql.client import PromAPIError, QueryResult, VectorSample
 from app.promql.text import any_of, format_matchers, parse_selector, union
-from app.promsource.answers import Around, Sample, TargetKey, judge_around, judge_histogram, key_of
+from app.promsource.answers import AnswerSample, Around, TargetKey, judge_around, judge_histogram, key_of
 from app.promsource.answers import bound as _bound
 from app.promsource.answers import family as _family
 from app.promsource.answers import first_family as _first_family
@@ -525,7 +525,7 @@ class SourceReader:
                                 if a.above and a.histogram is not None})
         return out
 
-    def _histograms(self, samples: Sequence[Sample], signal: str) -> dict[TargetKey, dict[str, WindowHistogram]]:
+    def _histograms(self, samples: Sequence[AnswerSample], signal: str) -> dict[TargetKey, dict[str, WindowHistogram]]:
         """A histogram answer's series -> target -> model -> its window histogram."""
         return {key: {name: _histogram(b) for name, b in per_model.items()}
                 for key, per_model in self._pick(samples, "le", signal, None, histogram=True).items()}
@@ -737,7 +737,7 @@ class SourceReader:
                 out[signal] = min(out.get(signal, sample.value), sample.value)
         return out
 
-    def _pick(self, samples: Sequence[Sample], sub_label: str | None, signal: str, drops: Drops | None, *,
+    def _pick(self, samples: Sequence[AnswerSample], sub_label: str | None, signal: str, drops: Drops | None, *,
               histogram: bool = False, took: set[int] | None = None) -> dict[TargetKey, dict[str, dict[str, float]]]:
         """Samples of ``signal``'s query -> target -> model -> {sub label value: value}, from the
         first family (engine name, newest first) that answered for the target (added to ``took``);
