@@ -45,14 +45,6 @@ def unlabelled_text(status: SourceStatus) -> str:
     return f"{pods} lack a value of service_labels ({which}): diagnosed as replicas only, in no service"
 
 
-def native_text(status: SourceStatus) -> str:
-    """The histograms a source's replicas hold as native histograms alone, which are not read."""
-    held = "; ".join(f"{name} on {count} replica{'' if count == 1 else 's'}"
-                     for name, count in status.native_histograms.items())
-    return (f"histograms held as native histograms alone are not read ({held}): keep their classic series "
-            f"(always_scrape_classic_histograms: true)")
-
-
 def window_notes(monitor: Any, targets: Sequence[TargetView]) -> list[WindowNote]:
     """Every note of the page, warnings first."""
     notes: list[WindowNote] = []
@@ -67,7 +59,7 @@ def window_notes(monitor: Any, targets: Sequence[TargetView]) -> list[WindowNote
         if status.unlabelled:
             notes.append(WindowNote("note", subject, unlabelled_text(status)))
         if status.native_histograms:
-            notes.append(WindowNote("warning", subject, native_text(status)))
+            notes.append(WindowNote("warning", subject, status.native_note()))
     by_interval: dict[float, list[str]] = {}
     for target in targets:
         if target.source not in DISCOVERED_BY_SOURCES:

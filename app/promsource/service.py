@@ -284,11 +284,10 @@ class SourceService:
         live_keys = set(source.keys.values())
         status.down = sum(1 for key, up in found.up.items() if up == 0 and key in live_keys)
         native = native_alone(found, windows)
-        if native.keys() != status.native_histograms.keys() and native:  # told again when the histograms change
-            log.warning("source %s: histograms stored as native histograms alone are not read (replicas per "
-                        "histogram: %s): keep their classic series (always_scrape_classic_histograms: true)",
-                        source.config.name, native)
+        told = native.keys() != status.native_histograms.keys()  # told again when the histograms change
         status.native_histograms = native
+        if told and native:
+            log.warning("source %s: %s", source.config.name, status.native_note())
         return result
 
     @staticmethod

@@ -52,3 +52,12 @@ class SourceStatus:
     @property
     def failing(self) -> bool:
         return self.last_round_ok is False
+
+    def native_note(self) -> str:
+        """What :attr:`native_histograms` means for the reader ("" when there are none)."""
+        if not self.native_histograms:
+            return ""
+        held = "; ".join(f"{name} on {count} replica{'' if count == 1 else 's'}"
+                         for name, count in self.native_histograms.items())
+        return (f"histograms held as native histograms alone are not read ({held}): keep their classic series "
+                f"(always_scrape_classic_histograms: true)")
